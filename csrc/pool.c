@@ -1,0 +1,656 @@
+#define _GNU_SOURCE
+#include "pool.h"
+#include "redistribution.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#ifdef FLINKBUF_DEBUG
+static int64_t debug_segments_out;
+#define DEBUG_OUT(n) __atomic_add_fetch(&debug_segments_out, (n), __ATOMIC_RELAXED)
+#else
+#define DEBUG_OUT(n) ((void)0)
+#endif
+
+int64_t fb_debug_segments_out(void)
+{
+#ifdef FLINKBUF_DEBUG
+    return __atomic_load_n(&debug_segments_out, __ATOMIC_RELAXED);
+#else
+    return -1;
+#endif
+}
+
+/* ---- time ------------------------------------------------------------ */
+
+int64_t fb_monotonic_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+int64_t fb_deadline_after(double seconds)
+{
+    int64_t now = fb_monotonic_ns();
+    if (isnan(seconds) || seconds <= 0)
+        return now;
+    if (seconds >= (double)(FB_WAIT_FOREVER - now) / 1e9)
+        return FB_WAIT_FOREVER;
+    return now + (int64_t)(seconds * 1e9);
+}
+
+static int init_cond(pthread_cond_t *cv)
+{
+    pthread_condattr_t attr;
+    int rc;
+    if (pthread_condattr_init(&attr) != 0)
+        return -1;
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    rc = pthread_cond_init(cv, &attr);
+    pthread_condattr_destroy(&attr);
+    return rc == 0 ? 0 : -1;
+}
+
+/* Wait on cv until deadline; ETIMEDOUT once it has passed. */
+static int wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t deadline_ns)
+{
+    struct timespec ts;
+    if (deadline_ns == FB_WAIT_FOREVER)
+        return pthread_cond_wait(cv, mu);
+    ts.tv_sec = deadline_ns / 1000000000LL;
+    ts.tv_nsec = deadline_ns % 1000000000LL;
+    return pthread_cond_timedwait(cv, mu, &ts);
+}
+
+/* ---- lists (lock held) ----------------------------------------------- */
+
+static inline int32_t global_pop(fb_netpool_t *np)
+{
+    int32_t i = np->free_head;
+    np->free_head = np->link[i];
+    np->num_free--;
+    return i;
+}
+
+static inline void global_push(fb_netpool_t *np, int32_t i)
+{
+    np->state[i] = FB_SEG_GLOBAL;
+    np->link[i] = np->free_head;
+    np->free_head = i;
+    np->num_free++;
+}
+
+static inline int32_t local_pop(fb_localpool_t *lp)
+{
+    int32_t i = lp->avail_head;
+    lp->avail_head = lp->net->link[i];
+    lp->num_avail--;
+    return i;
+}
+
+static inline void local_push(fb_localpool_t *lp, int32_t i)
+{
+    lp->net->state[i] = FB_SEG_LOCAL;
+    lp->net->link[i] = lp->avail_head;
+    lp->avail_head = i;
+    lp->num_avail++;
+}
+
+static void release_arena_if_idle(fb_netpool_t *np)
+{
+    if (np->destroyed && np->num_free == np->num_segments)
+        fb_arena_free(&np->arena);
+}
+
+/* Segments came back to the global list: wake whoever may want them. */
+static void notify_global_return(fb_netpool_t *np)
+{
+    size_t i;
+    if (np->unpooled_waiters > 0)
+        pthread_cond_broadcast(&np->unpooled_cv);
+    if (np->num_blocked > 0)
+        for (i = 0; i < np->num_pools; i++)
+            if (np->pools[i]->waiters > 0)
+                pthread_cond_broadcast(&np->pools[i]->cv);
+    release_arena_if_idle(np);
+}
+
+/* Hand a segment owned by lp back to the global list. */
+static inline void return_to_global(fb_localpool_t *lp, int32_t i)
+{
+    lp->num_requested--;
+    global_push(lp->net, i);
+}
+
+/* Flink's lazy shrink: give idle segments beyond the pool size back. */
+static int return_excess(fb_localpool_t *lp)
+{
+    int returned = 0;
+    while (lp->num_avail > 0 && (lp->num_overdraft > 0 || lp->num_requested > lp->size)) {
+        if (lp->num_overdraft > 0)
+            lp->num_overdraft--;
+        return_to_global(lp, local_pop(lp));
+        returned = 1;
+    }
+    return returned;
+}
+
+static void set_size_locked(fb_localpool_t *lp, int64_t n)
+{
+    int32_t old = lp->size;
+    lp->size = (int32_t)(n < lp->max_buffers ? n : lp->max_buffers);
+    return_excess(lp);
+    if (lp->size > old && lp->waiters > 0)
+        pthread_cond_broadcast(&lp->cv);
+}
+
+static void redistribute(fb_netpool_t *np)
+{
+    size_t i, n = np->num_pools;
+    int64_t *mins = np->scratch, *maxs = mins + np->cap_pools, *out = maxs + np->cap_pools;
+    for (i = 0; i < n; i++) {
+        mins[i] = np->pools[i]->min_buffers;
+        maxs[i] = np->pools[i]->max_buffers;
+    }
+    fb_redistribute((int64_t)np->num_segments - np->total_required, n, mins, maxs, out);
+    for (i = 0; i < n; i++)
+        set_size_locked(np->pools[i], out[i]);
+}
+
+/* ---- network pool ---------------------------------------------------- */
+
+int fb_netpool_init(fb_netpool_t *np, int32_t num_segments, int32_t segment_size,
+                    size_t alignment)
+{
+    size_t stride, total;
+    int32_t i;
+    pthread_mutexattr_t ma;
+
+    memset(np, 0, sizeof(*np));
+    if (num_segments <= 0 || segment_size <= 0 || !fb_is_pow2(alignment) ||
+        alignment < FB_CACHE_LINE)
+        return FB_EINVAL;
+    stride = fb_stride((size_t)segment_size);
+    if (stride == 0 || (size_t)num_segments > SIZE_MAX / stride)
+        return FB_ENOMEM;
+    total = stride * (size_t)num_segments;
+    np->link = malloc(sizeof(int32_t) * (size_t)num_segments);
+    np->channel = malloc(sizeof(int32_t) * (size_t)num_segments);
+    np->state = malloc((size_t)num_segments);
+    np->cap_pools = 16;
+    np->pools = malloc(sizeof(fb_localpool_t *) * np->cap_pools);
+    np->scratch = malloc(sizeof(int64_t) * 3 * np->cap_pools);
+    if (!np->link || !np->channel || !np->state || !np->pools || !np->scratch ||
+        fb_arena_alloc(&np->arena, total, alignment) != 0)
+        goto nomem;
+    if (init_cond(&np->unpooled_cv) != 0)
+        goto nomem;
+    pthread_mutexattr_init(&ma);
+#ifdef PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP
+    pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_ADAPTIVE_NP);
+#endif
+    if (pthread_mutex_init(&np->mu, &ma) != 0) {
+        pthread_mutexattr_destroy(&ma);
+        pthread_cond_destroy(&np->unpooled_cv);
+        goto nomem;
+    }
+    pthread_mutexattr_destroy(&ma);
+    np->base = np->arena.base;
+    np->stride = stride;
+    np->segment_size = segment_size;
+    np->num_segments = num_segments;
+    /* Free list in address order: segment 0 is handed out first. */
+    for (i = 0; i < num_segments; i++) {
+        np->link[i] = i + 1 < num_segments ? i + 1 : -1;
+        np->channel[i] = FB_NO_CHANNEL;
+        np->state[i] = FB_SEG_GLOBAL;
+    }
+    np->free_head = 0;
+    np->num_free = num_segments;
+    return FB_OK;
+nomem:
+    fb_arena_free(&np->arena);
+    free(np->link);
+    free(np->channel);
+    free(np->state);
+    free(np->pools);
+    free(np->scratch);
+    memset(np, 0, sizeof(*np));
+    return FB_ENOMEM;
+}
+
+static void localpool_destroy_locked(fb_localpool_t *lp)
+{
+    lp->destroyed = 1;
+    while (lp->num_avail > 0) {
+        if (lp->num_overdraft > 0)
+            lp->num_overdraft--;
+        return_to_global(lp, local_pop(lp));
+    }
+    pthread_cond_broadcast(&lp->cv);
+}
+
+int32_t fb_netpool_destroy(fb_netpool_t *np)
+{
+    size_t i;
+    int32_t out;
+    pthread_mutex_lock(&np->mu);
+    if (!np->destroyed) {
+        np->destroyed = 1;
+        for (i = 0; i < np->num_pools; i++) {
+            np->total_required -= np->pools[i]->min_buffers;
+            localpool_destroy_locked(np->pools[i]);
+        }
+        np->num_pools = 0;
+        pthread_cond_broadcast(&np->unpooled_cv);
+        release_arena_if_idle(np);
+    }
+    out = np->num_segments - np->num_free;
+    pthread_mutex_unlock(&np->mu);
+    return out;
+}
+
+void fb_netpool_free(fb_netpool_t *np)
+{
+    if (np->link == NULL)
+        return; /* never initialised */
+    fb_arena_free(&np->arena);
+    pthread_mutex_destroy(&np->mu);
+    pthread_cond_destroy(&np->unpooled_cv);
+    free(np->link);
+    free(np->channel);
+    free(np->state);
+    free(np->pools);
+    free(np->scratch);
+    memset(np, 0, sizeof(*np));
+}
+
+#define LOCKED_READ(np, expr)                                                                      \
+    do {                                                                                           \
+        int64_t v_;                                                                                \
+        pthread_mutex_lock(&(np)->mu);                                                             \
+        v_ = (expr);                                                                               \
+        pthread_mutex_unlock(&(np)->mu);                                                           \
+        return v_;                                                                                 \
+    } while (0)
+
+int32_t fb_netpool_num_free(fb_netpool_t *np) { LOCKED_READ(np, np->num_free); }
+int64_t fb_netpool_total_required(fb_netpool_t *np) { LOCKED_READ(np, np->total_required); }
+int32_t fb_netpool_num_unpooled(fb_netpool_t *np) { LOCKED_READ(np, np->num_unpooled); }
+int32_t fb_netpool_num_outstanding(fb_netpool_t *np)
+{
+    LOCKED_READ(np, np->num_segments - np->num_free);
+}
+int fb_netpool_arena_released(fb_netpool_t *np) { LOCKED_READ(np, np->arena.base == NULL); }
+int fb_netpool_is_destroyed(fb_netpool_t *np) { LOCKED_READ(np, np->destroyed); }
+
+int fb_netpool_request_unpooled(fb_netpool_t *np, int32_t n, int64_t deadline_ns, int32_t *out)
+{
+    int32_t k;
+    int rc = FB_OK;
+    if (n <= 0)
+        return FB_EINVAL;
+    pthread_mutex_lock(&np->mu);
+    if (np->destroyed) {
+        rc = FB_EDESTROYED;
+        goto done;
+    }
+    if (np->total_required + n > np->num_segments) {
+        rc = FB_EINSUFFICIENT;
+        goto done;
+    }
+    np->total_required += n;
+    redistribute(np);
+    while (np->num_free < n) {
+        int w;
+        if (np->destroyed) {
+            rc = FB_EDESTROYED;
+            goto done;
+        }
+        if (deadline_ns <= fb_monotonic_ns()) {
+            rc = FB_ETIMEDOUT;
+            break;
+        }
+        np->unpooled_waiters++;
+        w = wait_until(&np->unpooled_cv, &np->mu, deadline_ns);
+        np->unpooled_waiters--;
+        (void)w; /* loop re-checks both the count and the clock */
+    }
+    if (rc == FB_ETIMEDOUT) {
+        np->total_required -= n;
+        redistribute(np);
+        goto done;
+    }
+    for (k = 0; k < n; k++) {
+        out[k] = global_pop(np);
+        np->state[out[k]] = FB_SEG_UNPOOLED;
+    }
+    np->num_unpooled += n;
+    DEBUG_OUT(n);
+done:
+    pthread_mutex_unlock(&np->mu);
+    return rc;
+}
+
+#define FB_SEG_MARK 0x80
+
+int fb_netpool_recycle_unpooled(fb_netpool_t *np, const int32_t *idx, int32_t n)
+{
+    int32_t k;
+    int rc = FB_OK;
+    if (n < 0)
+        return FB_EINVAL;
+    pthread_mutex_lock(&np->mu);
+    /* Validate the whole batch (duplicates included) before changing anything. */
+    for (k = 0; k < n; k++) {
+        if (idx[k] < 0 || idx[k] >= np->num_segments || np->state[idx[k]] != FB_SEG_UNPOOLED) {
+            rc = FB_ESTATE;
+            break;
+        }
+        np->state[idx[k]] |= FB_SEG_MARK;
+    }
+    if (rc != FB_OK) {
+        while (k-- > 0)
+            np->state[idx[k]] &= ~FB_SEG_MARK;
+        goto done;
+    }
+    for (k = 0; k < n; k++)
+        global_push(np, idx[k]);
+    np->num_unpooled -= n;
+    if (!np->destroyed) {
+        np->total_required -= n;
+        redistribute(np);
+    }
+    DEBUG_OUT(-n);
+    notify_global_return(np);
+done:
+    pthread_mutex_unlock(&np->mu);
+    return rc;
+}
+
+/* ---- local pools ----------------------------------------------------- */
+
+int fb_localpool_create(fb_netpool_t *np, fb_localpool_t *lp, int32_t min_buffers,
+                        int32_t max_buffers, int32_t num_subpartitions,
+                        int32_t max_per_channel, int32_t max_overdraft)
+{
+    int rc = FB_OK;
+    memset(lp, 0, sizeof(*lp));
+    if (min_buffers <= 0 || max_buffers < min_buffers || num_subpartitions < 0 ||
+        max_per_channel <= 0 || max_overdraft < 0)
+        return FB_EINVAL;
+    if (num_subpartitions > 0) {
+        lp->channel_count = calloc((size_t)num_subpartitions, sizeof(int32_t));
+        if (lp->channel_count == NULL)
+            return FB_ENOMEM;
+    }
+    if (init_cond(&lp->cv) != 0) {
+        free(lp->channel_count);
+        return FB_ENOMEM;
+    }
+    lp->net = np;
+    lp->min_buffers = min_buffers;
+    lp->max_buffers = max_buffers;
+    lp->size = min_buffers;
+    lp->avail_head = -1;
+    lp->max_overdraft = max_overdraft;
+    lp->num_subpartitions = num_subpartitions;
+    lp->max_per_channel = max_per_channel;
+
+    pthread_mutex_lock(&np->mu);
+    if (np->destroyed) {
+        rc = FB_EDESTROYED;
+    } else if (np->total_required + min_buffers > np->num_segments) {
+        rc = FB_EINSUFFICIENT;
+    } else if (np->num_pools == np->cap_pools) {
+        size_t cap = np->cap_pools * 2;
+        fb_localpool_t **pools = realloc(np->pools, sizeof(*pools) * cap);
+        int64_t *scratch = pools ? malloc(sizeof(int64_t) * 3 * cap) : NULL;
+        if (pools)
+            np->pools = pools;
+        if (scratch) {
+            free(np->scratch);
+            np->scratch = scratch;
+            np->cap_pools = cap;
+        } else {
+            rc = FB_ENOMEM;
+        }
+    }
+    if (rc == FB_OK) {
+        np->pools[np->num_pools++] = lp;
+        np->total_required += min_buffers;
+        redistribute(np);
+    }
+    pthread_mutex_unlock(&np->mu);
+    if (rc != FB_OK) {
+        pthread_cond_destroy(&lp->cv);
+        free(lp->channel_count);
+        memset(lp, 0, sizeof(*lp));
+    }
+    return rc;
+}
+
+void fb_localpool_destroy(fb_localpool_t *lp)
+{
+    fb_netpool_t *np = lp->net;
+    size_t i;
+    if (np == NULL)
+        return;
+    pthread_mutex_lock(&np->mu);
+    if (!lp->destroyed) {
+        for (i = 0; i < np->num_pools; i++)
+            if (np->pools[i] == lp) {
+                memmove(np->pools + i, np->pools + i + 1, (np->num_pools - i - 1) * sizeof(lp));
+                np->num_pools--;
+                np->total_required -= lp->min_buffers;
+                break;
+            }
+        localpool_destroy_locked(lp);
+        redistribute(np);
+        notify_global_return(np);
+    }
+    pthread_mutex_unlock(&np->mu);
+}
+
+void fb_localpool_free(fb_localpool_t *lp)
+{
+    if (lp->net == NULL)
+        return;
+    pthread_cond_destroy(&lp->cv);
+    free(lp->channel_count);
+    memset(lp, 0, sizeof(*lp));
+}
+
+static inline int try_take(fb_localpool_t *lp, int32_t channel, int32_t *index)
+{
+    fb_netpool_t *np = lp->net;
+    int32_t i;
+    if (lp->num_avail > 0) {
+        i = local_pop(lp);
+    } else if (np->num_free > 0 &&
+               (lp->num_requested < lp->size || lp->num_overdraft < lp->max_overdraft)) {
+        if (lp->num_requested >= lp->size)
+            lp->num_overdraft++;
+        i = global_pop(np);
+        lp->num_requested++;
+    } else {
+        return FB_EMPTY;
+    }
+    np->state[i] = FB_SEG_OUT;
+    np->channel[i] = channel;
+    if (channel >= 0 && ++lp->channel_count[channel] == lp->max_per_channel)
+        lp->num_unavailable_channels++;
+    DEBUG_OUT(1);
+    *index = i;
+    return FB_OK;
+}
+
+static inline int valid_channel(fb_localpool_t *lp, int32_t channel)
+{
+    return channel == FB_NO_CHANNEL || (channel >= 0 && channel < lp->num_subpartitions);
+}
+
+int fb_localpool_request(fb_localpool_t *lp, int32_t channel, int32_t *index)
+{
+    int rc;
+    if (!valid_channel(lp, channel))
+        return FB_EINVAL;
+    pthread_mutex_lock(&lp->net->mu);
+    rc = lp->destroyed ? FB_EDESTROYED : try_take(lp, channel, index);
+    pthread_mutex_unlock(&lp->net->mu);
+    return rc;
+}
+
+int fb_localpool_request_blocking(fb_localpool_t *lp, int32_t channel, int64_t deadline_ns,
+                                  int32_t *index)
+{
+    fb_netpool_t *np = lp->net;
+    int rc;
+    if (!valid_channel(lp, channel))
+        return FB_EINVAL;
+    pthread_mutex_lock(&np->mu);
+    for (;;) {
+        if (lp->destroyed) {
+            rc = FB_EDESTROYED;
+            break;
+        }
+        rc = try_take(lp, channel, index);
+        if (rc == FB_OK)
+            break;
+        if (deadline_ns <= fb_monotonic_ns()) {
+            rc = FB_ETIMEDOUT;
+            break;
+        }
+        lp->waiters++;
+        np->num_blocked++;
+        wait_until(&lp->cv, &np->mu, deadline_ns);
+        lp->waiters--;
+        np->num_blocked--;
+    }
+    pthread_mutex_unlock(&np->mu);
+    return rc;
+}
+
+int fb_localpool_recycle(fb_localpool_t *lp, int32_t index)
+{
+    fb_netpool_t *np = lp->net;
+    int32_t ch;
+    pthread_mutex_lock(&np->mu);
+    if (index < 0 || index >= np->num_segments || np->state[index] != FB_SEG_OUT) {
+        pthread_mutex_unlock(&np->mu);
+        return FB_ESTATE;
+    }
+    ch = np->channel[index];
+    if (ch >= 0 && lp->channel_count[ch]-- == lp->max_per_channel)
+        lp->num_unavailable_channels--;
+    np->channel[index] = FB_NO_CHANNEL;
+    DEBUG_OUT(-1);
+    if (lp->destroyed || lp->num_overdraft > 0 || lp->num_requested > lp->size) {
+        if (lp->num_overdraft > 0)
+            lp->num_overdraft--;
+        return_to_global(lp, index);
+        notify_global_return(np);
+    } else {
+        local_push(lp, index);
+    }
+    if (lp->waiters > 0)
+        pthread_cond_broadcast(&lp->cv);
+    pthread_mutex_unlock(&np->mu);
+    return FB_OK;
+}
+
+int fb_localpool_set_num_buffers(fb_localpool_t *lp, int32_t n)
+{
+    fb_netpool_t *np = lp->net;
+    int rc = FB_OK;
+    pthread_mutex_lock(&np->mu);
+    if (lp->destroyed)
+        rc = FB_EDESTROYED;
+    else if (n < lp->min_buffers)
+        rc = FB_EINVAL;
+    else {
+        int32_t before = np->num_free;
+        set_size_locked(lp, n);
+        if (np->num_free != before)
+            notify_global_return(np);
+    }
+    pthread_mutex_unlock(&np->mu);
+    return rc;
+}
+
+static inline int is_available_locked(fb_localpool_t *lp)
+{
+    return !lp->destroyed && lp->num_unavailable_channels == 0 &&
+           (lp->num_avail > 0 || (lp->net->num_free > 0 && lp->num_requested < lp->size));
+}
+
+int fb_localpool_is_available(fb_localpool_t *lp)
+{
+    int r;
+    pthread_mutex_lock(&lp->net->mu);
+    r = is_available_locked(lp);
+    pthread_mutex_unlock(&lp->net->mu);
+    return r;
+}
+
+int fb_localpool_wait_available(fb_localpool_t *lp, int64_t deadline_ns)
+{
+    fb_netpool_t *np = lp->net;
+    int rc;
+    pthread_mutex_lock(&np->mu);
+    for (;;) {
+        if (lp->destroyed) {
+            rc = FB_EDESTROYED;
+            break;
+        }
+        if (is_available_locked(lp)) {
+            rc = FB_OK;
+            break;
+        }
+        if (deadline_ns <= fb_monotonic_ns()) {
+            rc = FB_ETIMEDOUT;
+            break;
+        }
+        lp->waiters++;
+        np->num_blocked++;
+        wait_until(&lp->cv, &np->mu, deadline_ns);
+        lp->waiters--;
+        np->num_blocked--;
+    }
+    pthread_mutex_unlock(&np->mu);
+    return rc;
+}
+
+void fb_localpool_stats(fb_localpool_t *lp, fb_localpool_stats_t *out)
+{
+    pthread_mutex_lock(&lp->net->mu);
+    out->size = lp->size;
+    out->num_requested = lp->num_requested;
+    out->num_avail = lp->num_avail;
+    out->num_overdraft = lp->num_overdraft;
+    out->num_unavailable_channels = lp->num_unavailable_channels;
+    out->destroyed = lp->destroyed;
+    pthread_mutex_unlock(&lp->net->mu);
+}
+
+int32_t fb_localpool_channel_count(fb_localpool_t *lp, int32_t channel)
+{
+    int32_t c = 0;
+    pthread_mutex_lock(&lp->net->mu);
+    if (channel >= 0 && channel < lp->num_subpartitions)
+        c = lp->channel_count[channel];
+    pthread_mutex_unlock(&lp->net->mu);
+    return c;
+}
+
+void fb_netpool_redistribute(fb_netpool_t *np)
+{
+    pthread_mutex_lock(&np->mu);
+    redistribute(np);
+    notify_global_return(np);
+    pthread_mutex_unlock(&np->mu);
+}

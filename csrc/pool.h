@@ -1,0 +1,151 @@
+/* Network buffer pools: one arena of segments shared by local buffer pools.
+ *
+ * All state of a network pool and of its local pools is guarded by the
+ * network pool's mutex.  Segments are numbered 0..num_segments-1; the global
+ * free list and every local free list are threaded through one link array,
+ * since a segment sits on at most one list.  Blocking calls wait on a
+ * condition variable and must be made without the GIL.  Nothing here calls
+ * back into the caller, so no callback ever runs under the lock. */
+#ifndef FLINKBUF_POOL_H
+#define FLINKBUF_POOL_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "arena.h"
+
+/* Result codes (0 is success). */
+enum {
+    FB_OK = 0,
+    FB_EMPTY = 1,          /* non-blocking request found nothing */
+    FB_ETIMEDOUT = 2,      /* deadline passed */
+    FB_EDESTROYED = 3,     /* pool (or its network pool) destroyed */
+    FB_EINSUFFICIENT = 4,  /* required buffers would exceed the total */
+    FB_EINVAL = 5,         /* bad argument */
+    FB_ESTATE = 6,         /* segment not in the state the call needs */
+    FB_ENOMEM = 7
+};
+
+/* Segment states. */
+enum { FB_SEG_GLOBAL = 0, FB_SEG_LOCAL = 1, FB_SEG_OUT = 2, FB_SEG_UNPOOLED = 3 };
+
+#define FB_UNBOUNDED INT32_MAX
+#define FB_NO_CHANNEL (-1)
+#define FB_WAIT_FOREVER INT64_MAX
+
+typedef struct fb_localpool fb_localpool_t;
+
+typedef struct fb_netpool {
+    pthread_mutex_t mu;
+    pthread_cond_t unpooled_cv;
+    fb_arena_t arena;
+    char *base;
+    size_t stride;
+    int32_t segment_size;
+    int32_t num_segments;
+    int32_t *link;          /* free-list successor per segment, -1 ends */
+    int32_t *channel;       /* channel a handed-out segment was requested for */
+    uint8_t *state;         /* FB_SEG_* per segment */
+    int32_t free_head;
+    int32_t num_free;
+    int64_t total_required; /* sum of live pools' mins + unpooled reservations */
+    int32_t num_unpooled;   /* unpooled segments handed out */
+    int32_t unpooled_waiters;
+    int32_t num_blocked;    /* threads blocked in any local pool */
+    fb_localpool_t **pools; /* live pools, creation order */
+    size_t num_pools, cap_pools;
+    int64_t *scratch;       /* 3 * cap_pools int64 for redistribution */
+    int destroyed;
+} fb_netpool_t;
+
+struct fb_localpool {
+    fb_netpool_t *net;
+    pthread_cond_t cv;
+    int32_t min_buffers;
+    int32_t max_buffers;     /* FB_UNBOUNDED for no limit */
+    int32_t size;            /* current pool size (num_buffers) */
+    int32_t num_requested;   /* segments taken from the network pool */
+    int32_t avail_head;
+    int32_t num_avail;       /* idle segments held here */
+    int32_t max_overdraft;
+    int32_t num_overdraft;
+    int32_t num_subpartitions;
+    int32_t max_per_channel; /* FB_UNBOUNDED for no cap */
+    int32_t *channel_count;
+    int32_t num_unavailable_channels;
+    int32_t waiters;         /* blocked requests and availability waits */
+    int destroyed;
+};
+
+/* Network pool lifecycle. init: 0, FB_EINVAL or FB_ENOMEM. */
+int fb_netpool_init(fb_netpool_t *np, int32_t num_segments, int32_t segment_size,
+                    size_t alignment);
+/* Destroy every local pool, fail unpooled waiters, refuse new work.  The
+ * arena is unmapped once no segment is out.  Returns segments still out. */
+int32_t fb_netpool_destroy(fb_netpool_t *np);
+/* Release everything; no local pool may be used afterwards. */
+void fb_netpool_free(fb_netpool_t *np);
+
+static inline char *fb_segment_address(const fb_netpool_t *np, int32_t index)
+{
+    return np->base + (size_t)index * np->stride;
+}
+
+int32_t fb_netpool_num_free(fb_netpool_t *np);
+int64_t fb_netpool_total_required(fb_netpool_t *np);
+int32_t fb_netpool_num_unpooled(fb_netpool_t *np);
+int32_t fb_netpool_num_outstanding(fb_netpool_t *np); /* not on the global list */
+int fb_netpool_arena_released(fb_netpool_t *np);
+int fb_netpool_is_destroyed(fb_netpool_t *np);
+/* Recompute every pool size now (benchmarks; normally automatic). */
+void fb_netpool_redistribute(fb_netpool_t *np);
+
+/* Reserve n segments (they count as required), then wait until deadline_ns
+ * (CLOCK_MONOTONIC, FB_WAIT_FOREVER, or <= now for one try) for n free
+ * segments and take them all at once into out.  FB_EINSUFFICIENT at once if
+ * the reservation can never be met. */
+int fb_netpool_request_unpooled(fb_netpool_t *np, int32_t n, int64_t deadline_ns, int32_t *out);
+/* Return unpooled segments; FB_ESTATE (changing nothing) if any is not out. */
+int fb_netpool_recycle_unpooled(fb_netpool_t *np, const int32_t *idx, int32_t n);
+
+/* Local pool lifecycle.  create: FB_EINSUFFICIENT if the mins would exceed
+ * the total, FB_EDESTROYED, FB_ENOMEM, FB_EINVAL.  lp is caller memory. */
+int fb_localpool_create(fb_netpool_t *np, fb_localpool_t *lp, int32_t min_buffers,
+                        int32_t max_buffers, int32_t num_subpartitions,
+                        int32_t max_per_channel, int32_t max_overdraft);
+/* Lazy destroy: idle segments go back now, handed-out ones on recycle. */
+void fb_localpool_destroy(fb_localpool_t *lp);
+/* Free lp's own memory; lp must be destroyed and have nothing out. */
+void fb_localpool_free(fb_localpool_t *lp);
+
+/* Take one segment: FB_OK, FB_EMPTY or FB_EDESTROYED.  channel is
+ * FB_NO_CHANNEL or in [0, num_subpartitions). */
+int fb_localpool_request(fb_localpool_t *lp, int32_t channel, int32_t *index);
+/* As above but wait (no GIL!) until deadline_ns: FB_ETIMEDOUT, FB_EDESTROYED. */
+int fb_localpool_request_blocking(fb_localpool_t *lp, int32_t channel, int64_t deadline_ns,
+                                  int32_t *index);
+/* Give a segment back; FB_ESTATE if it is not out (double recycle). */
+int fb_localpool_recycle(fb_localpool_t *lp, int32_t index);
+/* FB_EINVAL if n < min_buffers; FB_EDESTROYED if destroyed. */
+int fb_localpool_set_num_buffers(fb_localpool_t *lp, int32_t n);
+int fb_localpool_is_available(fb_localpool_t *lp);
+/* Wait until available: FB_OK, FB_ETIMEDOUT or FB_EDESTROYED. */
+int fb_localpool_wait_available(fb_localpool_t *lp, int64_t deadline_ns);
+
+/* Snapshot of a local pool's counters, taken under the lock. */
+typedef struct fb_localpool_stats {
+    int32_t size, num_requested, num_avail, num_overdraft, num_unavailable_channels;
+    int destroyed;
+} fb_localpool_stats_t;
+void fb_localpool_stats(fb_localpool_t *lp, fb_localpool_stats_t *out);
+int32_t fb_localpool_channel_count(fb_localpool_t *lp, int32_t channel);
+
+/* Monotonic clock in ns, and now + seconds as a deadline (saturating). */
+int64_t fb_monotonic_ns(void);
+int64_t fb_deadline_after(double seconds);
+
+/* Debug build: segments handed out by all pools of the process. */
+int64_t fb_debug_segments_out(void);
+
+#endif

@@ -1,0 +1,110 @@
+# Layer 1, the buffer core: MemorySegment, Buffer, NetworkBufferPool,
+# LocalBufferPool, compiled as one extension over csrc/ (layer 0).
+# Compiler directives are set once, in setup.py.
+
+cimport cython
+from cpython.buffer cimport PyBuffer_FillInfo, PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
+from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.exc cimport PyErr_CheckSignals, PyErr_Occurred
+from cpython.mem cimport PyMem_Malloc, PyMem_Free
+from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.string cimport memmove, memcmp
+
+from flinkbuf._csrc cimport *
+
+import enum
+import resource
+
+from flinkbuf.errors import (
+    BufferRequestTimeoutError,
+    ExportedBufferError,
+    InsufficientBuffersError,
+    PoolDestroyedError,
+    RecycledBufferError,
+    SegmentFreedError,
+)
+
+cdef extern from *:
+    """
+    #ifdef FLINKBUF_DEBUG
+    static Py_ssize_t fb_dbg_counters[2];
+    #define FB_DBG_ADD(i, n) (fb_dbg_counters[(i)] += (n))
+    #define FB_DBG_GET(i) (fb_dbg_counters[(i)])
+    #define FB_DBG_ENABLED 1
+    #else
+    #define FB_DBG_ADD(i, n) ((void)0)
+    #define FB_DBG_GET(i) ((Py_ssize_t)-1)
+    #define FB_DBG_ENABLED 0
+    #endif
+    #define FB_DBG_SEGMENTS 0
+    #define FB_DBG_BUFFERS 1
+    """
+    void FB_DBG_ADD(int i, int n)
+    Py_ssize_t FB_DBG_GET(int i)
+    int FB_DBG_ENABLED
+    int FB_DBG_SEGMENTS
+    int FB_DBG_BUFFERS
+
+cdef extern from "Python.h":
+    void PyErr_WriteUnraisable(object obj)
+
+
+include "memory_segment.pyx"
+include "buffer.pyx"
+include "buffer_pool.pyx"
+
+
+def debug_counters():
+    """Live-object counters of a debug build (``FLINKBUF_DEBUG=1``), else None:
+    MemorySegment and Buffer objects alive, segments handed out by pools."""
+    if not FB_DBG_ENABLED:
+        return None
+    return {
+        "segment_objects": FB_DBG_GET(FB_DBG_SEGMENTS),
+        "buffer_objects": FB_DBG_GET(FB_DBG_BUFFERS),
+        "segments_out": fb_debug_segments_out(),
+    }
+
+
+def redistribute(available, pools):
+    """The sizes Flink's redistribution gives ``pools``, a sequence of
+    ``(min_buffers, max_buffers)`` in creation order (``max_buffers`` None
+    for unbounded), when ``available`` segments exceed all requirements."""
+    cdef list spec = list(pools)
+    cdef Py_ssize_t n = len(spec), i
+    cdef int64_t avail = available
+    if avail < 0:
+        raise ValueError(f"available must be >= 0, got {available}")
+    cdef int64_t *arr = <int64_t *>PyMem_Malloc(sizeof(int64_t) * 3 * (n if n else 1))
+    if arr == NULL:
+        raise MemoryError()
+    try:
+        for i in range(n):
+            mn, mx = spec[i]
+            arr[i] = _as_count(mn, "min_buffers", 0)
+            arr[n + i] = FB_UNBOUNDED if mx is None else _as_count(mx, "max_buffers", 0)
+            if arr[n + i] < arr[i]:
+                raise ValueError(f"pool {i}: max_buffers {mx} < min_buffers {mn}")
+        fb_redistribute(avail, <size_t>n, arr, arr + n, arr + 2 * n)
+        return [arr[2 * n + i] for i in range(n)]
+    finally:
+        PyMem_Free(arr)
+
+
+def _c_request_recycle_loop(LocalBufferPool pool not None, Py_ssize_t iterations):
+    """Benchmark: request+recycle pairs in C without the GIL; ns per pair."""
+    cdef int32_t index
+    cdef Py_ssize_t i
+    cdef int64_t t0, t1
+    cdef int rc = FB_OK
+    with nogil:
+        t0 = fb_monotonic_ns()
+        for i in range(iterations):
+            rc = fb_localpool_request(&pool._c, FB_NO_CHANNEL, &index)
+            if rc != FB_OK:
+                break
+            fb_localpool_recycle(&pool._c, index)
+        t1 = fb_monotonic_ns()
+    if rc != FB_OK:
+        raise RuntimeError("pool had no buffer for the benchmark loop")
+    return (t1 - t0) / <double>(iterations if iterations > 0 else 1)

@@ -1,0 +1,95 @@
+# Declarations of the plain-C layer (csrc/).  No Python API lives there.
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+
+
+cdef extern from "arena.h" nogil:
+    int fb_is_pow2(size_t x)
+    size_t fb_stride(size_t segment_size)
+    void *fb_aligned_alloc(size_t size, size_t alignment)
+    void fb_aligned_free(void *p)
+
+
+cdef extern from "redistribution.h" nogil:
+    void fb_redistribute(int64_t avail, size_t n, const int64_t *mins,
+                         const int64_t *maxs, int64_t *out)
+
+
+cdef extern from "pool.h" nogil:
+    enum:
+        FB_OK
+        FB_EMPTY
+        FB_ETIMEDOUT
+        FB_EDESTROYED
+        FB_EINSUFFICIENT
+        FB_EINVAL
+        FB_ESTATE
+        FB_ENOMEM
+        FB_UNBOUNDED
+        FB_NO_CHANNEL
+    int64_t FB_WAIT_FOREVER
+
+    ctypedef struct fb_netpool_t:
+        int32_t segment_size
+        int32_t num_segments
+        size_t stride
+        char *base
+
+    ctypedef struct fb_localpool_t:
+        fb_netpool_t *net
+        int32_t min_buffers
+        int32_t max_buffers
+        int32_t num_subpartitions
+        int32_t max_per_channel
+        int32_t max_overdraft
+
+    ctypedef struct fb_localpool_stats_t:
+        int32_t size, num_requested, num_avail, num_overdraft, num_unavailable_channels
+        int destroyed
+
+    int fb_netpool_init(fb_netpool_t *np, int32_t num_segments, int32_t segment_size,
+                        size_t alignment)
+    int32_t fb_netpool_destroy(fb_netpool_t *np)
+    void fb_netpool_free(fb_netpool_t *np)
+    char *fb_segment_address(const fb_netpool_t *np, int32_t index)
+    int32_t fb_netpool_num_free(fb_netpool_t *np)
+    int64_t fb_netpool_total_required(fb_netpool_t *np)
+    int32_t fb_netpool_num_unpooled(fb_netpool_t *np)
+    int32_t fb_netpool_num_outstanding(fb_netpool_t *np)
+    int fb_netpool_arena_released(fb_netpool_t *np)
+    int fb_netpool_is_destroyed(fb_netpool_t *np)
+    void fb_netpool_redistribute(fb_netpool_t *np)
+    int fb_netpool_request_unpooled(fb_netpool_t *np, int32_t n, int64_t deadline_ns,
+                                    int32_t *out)
+    int fb_netpool_recycle_unpooled(fb_netpool_t *np, const int32_t *idx, int32_t n)
+
+    int fb_localpool_create(fb_netpool_t *np, fb_localpool_t *lp, int32_t min_buffers,
+                            int32_t max_buffers, int32_t num_subpartitions,
+                            int32_t max_per_channel, int32_t max_overdraft)
+    void fb_localpool_destroy(fb_localpool_t *lp)
+    void fb_localpool_free(fb_localpool_t *lp)
+    int fb_localpool_request(fb_localpool_t *lp, int32_t channel, int32_t *index)
+    int fb_localpool_request_blocking(fb_localpool_t *lp, int32_t channel,
+                                      int64_t deadline_ns, int32_t *index)
+    int fb_localpool_recycle(fb_localpool_t *lp, int32_t index)
+    int fb_localpool_set_num_buffers(fb_localpool_t *lp, int32_t n)
+    int fb_localpool_is_available(fb_localpool_t *lp)
+    int fb_localpool_wait_available(fb_localpool_t *lp, int64_t deadline_ns)
+    void fb_localpool_stats(fb_localpool_t *lp, fb_localpool_stats_t *out)
+    int32_t fb_localpool_channel_count(fb_localpool_t *lp, int32_t channel)
+
+    int64_t fb_monotonic_ns()
+    int64_t fb_deadline_after(double seconds)
+    int64_t fb_debug_segments_out()
+
+
+cdef extern from "byteorder.h" nogil:
+    uint16_t fb_load_u16(const char *p, int big)
+    uint32_t fb_load_u32(const char *p, int big)
+    uint64_t fb_load_u64(const char *p, int big)
+    void fb_store_u16(char *p, uint16_t v, int big)
+    void fb_store_u32(char *p, uint32_t v, int big)
+    void fb_store_u64(char *p, uint64_t v, int big)
+    float fb_load_f32(const char *p, int big)
+    double fb_load_f64(const char *p, int big)
+    void fb_store_f32(char *p, float v, int big)
+    void fb_store_f64(char *p, double v, int big)

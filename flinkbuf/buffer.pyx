@@ -1,0 +1,212 @@
+# Buffer: a reference-counted view of one pooled segment.  Included by _core.pyx.
+
+class DataType(enum.IntEnum):
+    """What a buffer carries: serialized records or an in-band event."""
+    DATA_BUFFER = 0
+    EVENT_BUFFER = 1
+
+
+@cython.final
+@cython.no_gc_clear
+@cython.freelist(64)
+cdef class Buffer:
+    """One pooled memory segment with reader and writer indices.
+
+    ``size`` (the writer index) counts the bytes written; ``reader_index``
+    marks how far they were read; ``memoryview(buf)`` is the unread bytes
+    ``[reader_index, size)``.  The buffer is reference counted: ``retain()``
+    adds a reference, ``recycle()`` drops one, and the segment goes back to
+    its pool exactly once, when the count reaches zero.  After that every
+    use raises :class:`RecycledBufferError`; recycling while views are
+    exported raises :class:`ExportedBufferError`.  A buffer dropped without
+    recycling is recycled when it is garbage collected.
+    """
+
+    def __cinit__(self):
+        FB_DBG_ADD(FB_DBG_BUFFERS, 1)
+
+    def __init__(self):
+        raise TypeError("Buffers come from LocalBufferPool.request_buffer()")
+
+    def __dealloc__(self):
+        FB_DBG_ADD(FB_DBG_BUFFERS, -1)
+        if self._data != NULL:
+            self._data = NULL
+            self._refcnt = 0
+            fb_localpool_recycle(&self._pool._c, self._index)
+            if self._pool._nbp._listening:
+                try:
+                    self._pool._nbp._dispatch_listeners()
+                except BaseException:
+                    PyErr_WriteUnraisable(self)
+
+    cdef int _check(self) except -1:
+        if self._data == NULL:
+            raise RecycledBufferError("buffer was recycled")
+        return 0
+
+    cdef int _release(self) except -1:
+        """Drop one reference; the last one returns the segment."""
+        if self._data == NULL:
+            raise RecycledBufferError("buffer was already recycled")
+        if self._refcnt == 1:
+            if self._exports or self._seg_exports:
+                raise ExportedBufferError(
+                    f"buffer has {self._exports + self._seg_exports} exported view(s); "
+                    "release them before the last recycle")
+            self._data = NULL
+            self._refcnt = 0
+            if fb_localpool_recycle(&self._pool._c, self._index) != FB_OK:
+                raise RuntimeError("internal error: segment was not out of its pool")
+            if self._pool._nbp._listening:
+                self._pool._nbp._dispatch_listeners()
+        else:
+            self._refcnt -= 1
+        return 0
+
+    def recycle(self):
+        """Drop one reference; the last returns the segment to its pool."""
+        self._release()
+
+    def retain(self):
+        """Add a reference (to be dropped by another ``recycle()``); returns self."""
+        self._check()
+        self._refcnt += 1
+        return self
+
+    def __enter__(self):
+        self._check()
+        return self
+
+    def __exit__(self, *exc):
+        self._release()
+
+    @property
+    def ref_count(self):
+        """References still held; 0 once recycled."""
+        return self._refcnt
+
+    @property
+    def is_recycled(self):
+        return self._data == NULL
+
+    @property
+    def pool(self):
+        """The :class:`LocalBufferPool` the segment returns to."""
+        return self._pool
+
+    @property
+    def segment(self):
+        """The whole underlying :class:`MemorySegment` (writable); valid until
+        the buffer is recycled."""
+        self._check()
+        cdef MemorySegment seg = MemorySegment.__new__(MemorySegment)
+        seg._data = self._data
+        seg._size = self._capacity
+        seg._owner = self
+        seg._index = self._index
+        seg._kind = SEG_BUFFER
+        return seg
+
+    @property
+    def capacity(self):
+        """Bytes the buffer can hold (the pool's segment size)."""
+        return self._capacity
+
+    @property
+    def size(self):
+        """The writer index: bytes written so far."""
+        self._check()
+        return self._writer
+
+    @size.setter
+    def size(self, Py_ssize_t value):
+        self._check()
+        if value < self._reader or value > self._capacity:
+            raise ValueError(f"size must be in [{self._reader}, {self._capacity}], got {value}")
+        self._writer = value
+
+    @property
+    def reader_index(self):
+        """Bytes already read; ``0 <= reader_index <= size``."""
+        self._check()
+        return self._reader
+
+    @reader_index.setter
+    def reader_index(self, Py_ssize_t value):
+        self._check()
+        if value < 0 or value > self._writer:
+            raise ValueError(f"reader_index must be in [0, {self._writer}], got {value}")
+        self._reader = value
+
+    @property
+    def readable_bytes(self):
+        self._check()
+        return self._writer - self._reader
+
+    @property
+    def writable_bytes(self):
+        self._check()
+        return self._capacity - self._writer
+
+    @property
+    def data_type(self):
+        """:class:`DataType` of the contents (data by default)."""
+        self._check()
+        return DataType(self._data_type)
+
+    @data_type.setter
+    def data_type(self, value):
+        self._check()
+        self._data_type = int(DataType(value))
+
+    @property
+    def is_buffer(self):
+        """True for data, False for an event."""
+        self._check()
+        return self._data_type == 0
+
+    def write(self, data):
+        """Append a bytes-like object at the writer index (``ValueError`` if it
+        does not fit); returns the number of bytes written."""
+        self._check()
+        cdef Py_buffer pb
+        PyObject_GetBuffer(data, &pb, PyBUF_SIMPLE)
+        try:
+            if pb.len > self._capacity - self._writer:
+                raise ValueError(f"{pb.len} bytes do not fit in the "
+                                 f"{self._capacity - self._writer} writable bytes")
+            memmove(self._data + self._writer, pb.buf, pb.len)
+            self._writer += pb.len
+            return pb.len
+        finally:
+            PyBuffer_Release(&pb)
+
+    def read(self, Py_ssize_t n=-1):
+        """Up to ``n`` unread bytes (all if negative), advancing the reader index."""
+        self._check()
+        cdef Py_ssize_t avail = self._writer - self._reader
+        if n < 0 or n > avail:
+            n = avail
+        out = PyBytes_FromStringAndSize(self._data + self._reader, n)
+        self._reader += n
+        return out
+
+    def __len__(self):
+        self._check()
+        return self._writer - self._reader
+
+    def __getbuffer__(self, Py_buffer *view, int flags):
+        self._check()
+        PyBuffer_FillInfo(view, self, self._data + self._reader,
+                          self._writer - self._reader, 0, flags)
+        self._exports += 1
+
+    def __releasebuffer__(self, Py_buffer *view):
+        self._exports -= 1
+
+    def __repr__(self):
+        if self._data == NULL:
+            return "<flinkbuf.Buffer recycled>"
+        return (f"<flinkbuf.Buffer size={self._writer} reader_index={self._reader} "
+                f"capacity={self._capacity} ref_count={self._refcnt}>")

@@ -1,0 +1,50 @@
+"""The exceptions flinkbuf raises.
+
+Every error is a :class:`FlinkbufError` and also derives from the closest
+builtin, so ``except MemoryError`` or ``except TimeoutError`` keep working.
+Plain argument errors (a negative size, an index out of bounds) are the
+builtin ``ValueError`` / ``TypeError`` / ``IndexError``.
+"""
+
+__all__ = [
+    "FlinkbufError",
+    "InsufficientBuffersError",
+    "BufferRequestTimeoutError",
+    "PoolDestroyedError",
+    "RecycledBufferError",
+    "SegmentFreedError",
+    "ExportedBufferError",
+    "CorruptRecordError",
+]
+
+
+class FlinkbufError(Exception):
+    """Root of all flinkbuf errors."""
+
+
+class InsufficientBuffersError(FlinkbufError, MemoryError):
+    """The required buffers would exceed the segments of the network pool."""
+
+
+class BufferRequestTimeoutError(FlinkbufError, TimeoutError):
+    """A blocking request did not get its buffer or segments in time."""
+
+
+class PoolDestroyedError(FlinkbufError, RuntimeError):
+    """The pool was destroyed (before or while the call waited)."""
+
+
+class RecycledBufferError(FlinkbufError, ValueError):
+    """A buffer (or a segment view of it) was used after its last recycle."""
+
+
+class SegmentFreedError(FlinkbufError, ValueError):
+    """A memory segment was used after it was freed or returned."""
+
+
+class ExportedBufferError(FlinkbufError, BufferError):
+    """Memory cannot be recycled or freed while buffer views of it exist."""
+
+
+class CorruptRecordError(FlinkbufError, ValueError):
+    """A serialized record stream is malformed."""

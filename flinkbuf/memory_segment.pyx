@@ -1,0 +1,247 @@
+# MemorySegment: a bounds-checked window onto off-heap memory.
+# Included by _core.pyx.
+
+@cython.final
+@cython.no_gc_clear
+cdef class MemorySegment:
+    """A fixed-size block of off-heap memory: an address and a length.
+
+    Segments come from :meth:`allocate` (standalone, freed by :meth:`free`),
+    from :meth:`NetworkBufferPool.request_unpooled_segments`, or as
+    :attr:`Buffer.segment`.  Every access is bounds-checked (``IndexError``);
+    access after free, return or recycle raises :class:`SegmentFreedError`
+    or :class:`RecycledBufferError`.  The segment supports the buffer
+    protocol: ``memoryview(seg)`` is writable and ``numpy.frombuffer(seg,
+    ...)`` is zero-copy; while such views exist it cannot be freed.
+    """
+
+    def __cinit__(self):
+        self._data = NULL
+        self._size = 0
+        self._owner = None
+        self._index = -1
+        self._kind = SEG_STANDALONE
+        self._exports = 0
+        FB_DBG_ADD(FB_DBG_SEGMENTS, 1)
+
+    def __init__(self):
+        raise TypeError("MemorySegment cannot be created directly; use "
+                        "MemorySegment.allocate() or a pool")
+
+    def __dealloc__(self):
+        FB_DBG_ADD(FB_DBG_SEGMENTS, -1)
+        if self._data == NULL:
+            return
+        if self._kind == SEG_STANDALONE:
+            fb_aligned_free(self._data)
+        elif self._kind == SEG_UNPOOLED:
+            # Dropped without recycle_unpooled_segments: give it back.
+            fb_netpool_recycle_unpooled(&(<NetworkBufferPool>self._owner)._c, &self._index, 1)
+        self._data = NULL
+
+    @staticmethod
+    def allocate(Py_ssize_t size, Py_ssize_t alignment=64):
+        """A standalone zeroed segment of ``size`` bytes aligned to ``alignment``
+        (a power of two >= 64).  Release it with :meth:`free`."""
+        if size <= 0:
+            raise ValueError(f"size must be positive, got {size}")
+        if alignment < 64 or not fb_is_pow2(<size_t>alignment):
+            raise ValueError(f"alignment must be a power of two >= 64, got {alignment}")
+        cdef void *p = fb_aligned_alloc(<size_t>size, <size_t>alignment)
+        if p == NULL:
+            raise MemoryError(f"cannot allocate a segment of {size} bytes")
+        cdef MemorySegment seg = MemorySegment.__new__(MemorySegment)
+        seg._data = <char *>p
+        seg._size = size
+        return seg
+
+    cdef int _check(self, Py_ssize_t offset, Py_ssize_t n) except -1:
+        if self._data == NULL:
+            raise SegmentFreedError("memory segment was freed or returned to its pool")
+        if self._kind == SEG_BUFFER and (<Buffer>self._owner)._data == NULL:
+            raise RecycledBufferError("the buffer of this segment was recycled")
+        if offset < 0 or n < 0 or offset > self._size - n:
+            raise IndexError(f"access of {n} bytes at offset {offset} is out of "
+                             f"bounds of a {self._size}-byte segment")
+        return 0
+
+    cdef int _invalidate(self) except -1:
+        if self._exports:
+            raise ExportedBufferError(
+                f"segment has {self._exports} exported buffer view(s); release them first")
+        self._data = NULL
+        return 0
+
+    @property
+    def address(self):
+        """The address of the first byte (an ``int``)."""
+        self._check(0, 0)
+        return <size_t>self._data
+
+    @property
+    def size(self):
+        """The size in bytes."""
+        return self._size
+
+    @property
+    def is_freed(self):
+        """True once the segment may no longer be accessed."""
+        if self._data == NULL:
+            return True
+        return self._kind == SEG_BUFFER and (<Buffer>self._owner)._data == NULL
+
+    def free(self):
+        """Free a standalone segment.  ``ExportedBufferError`` while views
+        exist, ``SegmentFreedError`` if already freed; pooled segments are
+        returned through their pool instead (``TypeError``)."""
+        if self._kind == SEG_UNPOOLED:
+            raise TypeError("return unpooled segments with "
+                            "NetworkBufferPool.recycle_unpooled_segments()")
+        if self._kind == SEG_BUFFER:
+            raise TypeError("a buffer's segment is returned by Buffer.recycle()")
+        if self._data == NULL:
+            raise SegmentFreedError("memory segment was already freed")
+        cdef char *p = self._data
+        self._invalidate()
+        fb_aligned_free(p)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self._kind == SEG_STANDALONE and self._data != NULL:
+            self.free()
+
+    def __len__(self):
+        return self._size
+
+    def __repr__(self):
+        state = "freed" if self.is_freed else f"address=0x{<size_t>self._data:x}"
+        return f"<flinkbuf.MemorySegment size={self._size} {state}>"
+
+    def __getbuffer__(self, Py_buffer *view, int flags):
+        self._check(0, 0)
+        PyBuffer_FillInfo(view, self, self._data, self._size, 0, flags)
+        self._exports += 1
+        if self._kind == SEG_BUFFER:
+            (<Buffer>self._owner)._seg_exports += 1
+
+    def __releasebuffer__(self, Py_buffer *view):
+        self._exports -= 1
+        if self._kind == SEG_BUFFER:
+            (<Buffer>self._owner)._seg_exports -= 1
+
+    # -- typed access ------------------------------------------------------
+
+    def get_int8(self, Py_ssize_t offset):
+        self._check(offset, 1)
+        return <int8_t>self._data[offset]
+
+    def get_uint8(self, Py_ssize_t offset):
+        self._check(offset, 1)
+        return <uint8_t>self._data[offset]
+
+    def put_int8(self, Py_ssize_t offset, int8_t value):
+        self._check(offset, 1)
+        self._data[offset] = <char>value
+
+    def put_uint8(self, Py_ssize_t offset, uint8_t value):
+        self._check(offset, 1)
+        self._data[offset] = <char>value
+
+    def get_int16(self, Py_ssize_t offset, bint big_endian=False):
+        self._check(offset, 2)
+        return <int16_t>fb_load_u16(self._data + offset, big_endian)
+
+    def get_uint16(self, Py_ssize_t offset, bint big_endian=False):
+        self._check(offset, 2)
+        return fb_load_u16(self._data + offset, big_endian)
+
+    def put_int16(self, Py_ssize_t offset, int16_t value, bint big_endian=False):
+        self._check(offset, 2)
+        fb_store_u16(self._data + offset, <uint16_t>value, big_endian)
+
+    def put_uint16(self, Py_ssize_t offset, uint16_t value, bint big_endian=False):
+        self._check(offset, 2)
+        fb_store_u16(self._data + offset, value, big_endian)
+
+    def get_int32(self, Py_ssize_t offset, bint big_endian=False):
+        self._check(offset, 4)
+        return <int32_t>fb_load_u32(self._data + offset, big_endian)
+
+    def get_uint32(self, Py_ssize_t offset, bint big_endian=False):
+        self._check(offset, 4)
+        return fb_load_u32(self._data + offset, big_endian)
+
+    def put_int32(self, Py_ssize_t offset, int32_t value, bint big_endian=False):
+        self._check(offset, 4)
+        fb_store_u32(self._data + offset, <uint32_t>value, big_endian)
+
+    def put_uint32(self, Py_ssize_t offset, uint32_t value, bint big_endian=False):
+        self._check(offset, 4)
+        fb_store_u32(self._data + offset, value, big_endian)
+
+    def get_int64(self, Py_ssize_t offset, bint big_endian=False):
+        self._check(offset, 8)
+        return <int64_t>fb_load_u64(self._data + offset, big_endian)
+
+    def get_uint64(self, Py_ssize_t offset, bint big_endian=False):
+        self._check(offset, 8)
+        return fb_load_u64(self._data + offset, big_endian)
+
+    def put_int64(self, Py_ssize_t offset, int64_t value, bint big_endian=False):
+        self._check(offset, 8)
+        fb_store_u64(self._data + offset, <uint64_t>value, big_endian)
+
+    def put_uint64(self, Py_ssize_t offset, uint64_t value, bint big_endian=False):
+        self._check(offset, 8)
+        fb_store_u64(self._data + offset, value, big_endian)
+
+    def get_float32(self, Py_ssize_t offset, bint big_endian=False):
+        self._check(offset, 4)
+        return fb_load_f32(self._data + offset, big_endian)
+
+    def put_float32(self, Py_ssize_t offset, float value, bint big_endian=False):
+        self._check(offset, 4)
+        fb_store_f32(self._data + offset, value, big_endian)
+
+    def get_float64(self, Py_ssize_t offset, bint big_endian=False):
+        self._check(offset, 8)
+        return fb_load_f64(self._data + offset, big_endian)
+
+    def put_float64(self, Py_ssize_t offset, double value, bint big_endian=False):
+        self._check(offset, 8)
+        fb_store_f64(self._data + offset, value, big_endian)
+
+    # -- bulk access -------------------------------------------------------
+
+    def get_bytes(self, Py_ssize_t offset, Py_ssize_t length):
+        """``length`` bytes from ``offset`` as ``bytes``."""
+        self._check(offset, length)
+        return PyBytes_FromStringAndSize(self._data + offset, length)
+
+    def put_bytes(self, Py_ssize_t offset, data):
+        """Copy a bytes-like object to ``offset``."""
+        cdef Py_buffer pb
+        PyObject_GetBuffer(data, &pb, PyBUF_SIMPLE)
+        try:
+            self._check(offset, pb.len)
+            memmove(self._data + offset, pb.buf, pb.len)
+        finally:
+            PyBuffer_Release(&pb)
+
+    def copy_to(self, Py_ssize_t offset, MemorySegment target not None,
+                Py_ssize_t target_offset, Py_ssize_t length):
+        """Copy ``length`` bytes at ``offset`` into ``target`` at ``target_offset``
+        (the two ranges may overlap)."""
+        self._check(offset, length)
+        target._check(target_offset, length)
+        memmove(target._data + target_offset, self._data + offset, length)
+
+    def compare(self, MemorySegment other not None, Py_ssize_t offset,
+                Py_ssize_t other_offset, Py_ssize_t length):
+        """Compare bytes lexicographically (unsigned): -1, 0 or 1."""
+        self._check(offset, length)
+        other._check(other_offset, length)
+        cdef int c = memcmp(self._data + offset, other._data + other_offset, length)
+        return (c > 0) - (c < 0)

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Create (or refresh) the project's virtualenv with everything the build,
+# the tests and the benchmarks need.  Usage: bootstrap.sh PYTHON VENV
+set -euo pipefail
+PYTHON=${1:-python3}
+VENV=${2:-.venv}
+if ! "$PYTHON" -c 'import venv, ensurepip' >/dev/null 2>&1; then
+    echo "bootstrap: $PYTHON lacks venv/ensurepip; installing python3-venv" >&2
+    apt-get update -qq && apt-get install -y -qq python3-venv python3-dev
+fi
+if ! command -v gcc >/dev/null 2>&1; then
+    apt-get update -qq && apt-get install -y -qq build-essential
+fi
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+"$VENV/bin/python" -m pip install -q --upgrade pip "setuptools>=68" wheel
+"$VENV/bin/python" -m pip install -q "Cython>=3.0,<4" "numpy>=1.26"
+# The package itself (editable, no isolation: the build uses the venv's Cython).
+"$VENV/bin/python" -m pip install -q --no-build-isolation -e ".[dev]"
