@@ -55,13 +55,14 @@ include "buffer_pool.pyx"
 
 
 def debug_counters():
-    """Live-object counters of a debug build (``FLINKBUF_DEBUG=1``), else None:
-    MemorySegment and Buffer objects alive, segments handed out by pools."""
+    """Counters of a debug build (``FLINKBUF_DEBUG=1``), else None: standalone
+    segments allocated and not freed, buffers not yet recycled, and segments
+    handed out by pools (pooled and unpooled) and not yet returned."""
     if not FB_DBG_ENABLED:
         return None
     return {
-        "segment_objects": FB_DBG_GET(FB_DBG_SEGMENTS),
-        "buffer_objects": FB_DBG_GET(FB_DBG_BUFFERS),
+        "standalone_segments": FB_DBG_GET(FB_DBG_SEGMENTS),
+        "live_buffers": FB_DBG_GET(FB_DBG_BUFFERS),
         "segments_out": fb_debug_segments_out(),
     }
 

@@ -22,15 +22,12 @@ cdef class Buffer:
     recycling is recycled when it is garbage collected.
     """
 
-    def __cinit__(self):
-        FB_DBG_ADD(FB_DBG_BUFFERS, 1)
-
     def __init__(self):
         raise TypeError("Buffers come from LocalBufferPool.request_buffer()")
 
     def __dealloc__(self):
-        FB_DBG_ADD(FB_DBG_BUFFERS, -1)
         if self._data != NULL:
+            FB_DBG_ADD(FB_DBG_BUFFERS, -1)
             self._data = NULL
             self._refcnt = 0
             fb_localpool_recycle(&self._pool._c, self._index)
@@ -56,6 +53,7 @@ cdef class Buffer:
                     "release them before the last recycle")
             self._data = NULL
             self._refcnt = 0
+            FB_DBG_ADD(FB_DBG_BUFFERS, -1)
             if fb_localpool_recycle(&self._pool._c, self._index) != FB_OK:
                 raise RuntimeError("internal error: segment was not out of its pool")
             if self._pool._nbp._listening:
@@ -191,10 +189,6 @@ cdef class Buffer:
         out = PyBytes_FromStringAndSize(self._data + self._reader, n)
         self._reader += n
         return out
-
-    def __len__(self):
-        self._check()
-        return self._writer - self._reader
 
     def __getbuffer__(self, Py_buffer *view, int flags):
         self._check()

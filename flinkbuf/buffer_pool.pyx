@@ -17,6 +17,8 @@ cdef double _as_timeout(object timeout) except? -2.0:
     """Seconds to wait: None means forever (-1.0)."""
     if timeout is None:
         return -1.0
+    if isinstance(timeout, (str, bytes, bytearray)) or not hasattr(type(timeout), "__float__"):
+        raise TypeError(f"timeout must be None or a number, got {type(timeout).__name__}")
     cdef double t = float(timeout)
     if t != t or t < 0:
         raise ValueError(f"timeout must be None or a non-negative number, got {timeout!r}")
@@ -384,6 +386,7 @@ cdef class LocalBufferPool:
         buf._data = fb_segment_address(self._c.net, index)
         buf._capacity = self._c.net.segment_size
         buf._refcnt = 1
+        FB_DBG_ADD(FB_DBG_BUFFERS, 1)
         return buf
 
     cdef int32_t _channel_arg(self, object channel) except? -2:

@@ -53,7 +53,7 @@ def run_demo(phase_seconds=1.0, segment_size=4096, out=print):
             buf = handoff.popleft()
             if consumer_delay[0]:
                 time.sleep(consumer_delay[0])
-            consumed[0] += len(buf) // segment_size
+            consumed[0] += buf.readable_bytes // segment_size
             buf.recycle()
 
     threads = [threading.Thread(target=producer, name="producer"),

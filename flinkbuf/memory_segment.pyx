@@ -22,17 +22,16 @@ cdef class MemorySegment:
         self._index = -1
         self._kind = SEG_STANDALONE
         self._exports = 0
-        FB_DBG_ADD(FB_DBG_SEGMENTS, 1)
 
     def __init__(self):
         raise TypeError("MemorySegment cannot be created directly; use "
                         "MemorySegment.allocate() or a pool")
 
     def __dealloc__(self):
-        FB_DBG_ADD(FB_DBG_SEGMENTS, -1)
         if self._data == NULL:
             return
         if self._kind == SEG_STANDALONE:
+            FB_DBG_ADD(FB_DBG_SEGMENTS, -1)
             fb_aligned_free(self._data)
         elif self._kind == SEG_UNPOOLED:
             # Dropped without recycle_unpooled_segments: give it back.
@@ -53,6 +52,7 @@ cdef class MemorySegment:
         cdef MemorySegment seg = MemorySegment.__new__(MemorySegment)
         seg._data = <char *>p
         seg._size = size
+        FB_DBG_ADD(FB_DBG_SEGMENTS, 1)
         return seg
 
     cdef int _check(self, Py_ssize_t offset, Py_ssize_t n) except -1:
@@ -103,6 +103,7 @@ cdef class MemorySegment:
             raise SegmentFreedError("memory segment was already freed")
         cdef char *p = self._data
         self._invalidate()
+        FB_DBG_ADD(FB_DBG_SEGMENTS, -1)
         fb_aligned_free(p)
 
     def __enter__(self):

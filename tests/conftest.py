@@ -38,5 +38,5 @@ def no_leaks():
         return
     gc.collect()
     counters = core.debug_counters()
-    assert counters == {"segment_objects": 0, "buffer_objects": 0, "segments_out": 0}, (
+    assert counters == {"standalone_segments": 0, "live_buffers": 0, "segments_out": 0}, (
         f"leaked flinkbuf objects after the test: {counters}")

@@ -1,0 +1,32 @@
+"""Small helpers shared by the tests."""
+
+import threading
+import time
+
+
+def run_in_thread(fn, *args, **kwargs):
+    """Start fn in a daemon thread; returns (thread, result) where result is a
+    dict that gets 'value' or 'error' and 'elapsed'."""
+    result = {}
+
+    def target():
+        t0 = time.monotonic()
+        try:
+            result["value"] = fn(*args, **kwargs)
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            result["error"] = e
+        result["elapsed"] = time.monotonic() - t0
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    return t, result
+
+
+def wait_until(predicate, timeout=5.0, interval=0.001):
+    """Poll predicate until true; False on timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
