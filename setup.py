@@ -10,6 +10,7 @@ import os
 import numpy
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 DEBUG = os.environ.get("FLINKBUF_DEBUG", "") not in ("", "0")
 SANITIZE = os.environ.get("FLINKBUF_SANITIZE", "")
@@ -24,6 +25,8 @@ DIRECTIVES = {
     "cdivision": True,
     "embedsignature": True,
 }
+
+MODE = f"asan-{SANITIZE}" if SANITIZE else "debug" if DEBUG else "release"
 
 cflags = ["-O3", "-std=gnu11", "-Wno-unused-function", "-fno-strict-aliasing"]
 ldflags = []
@@ -63,12 +66,34 @@ extensions = [
     if os.path.exists(e.sources[0])
 ]
 
+class BuildExt(build_ext):
+    """Rebuild everything when the build mode changes: an in-place .so newer
+    than its sources may still be another mode's (say, an ASan build)."""
+
+    STAMP = os.path.join("build", "last-build-mode")
+
+    def run(self):
+        try:
+            with open(self.STAMP) as f:
+                last = f.read().strip()
+        except OSError:
+            last = None
+        if last != MODE:
+            self.force = True
+        self.build_temp = os.path.join("build", f"temp-{MODE}")
+        super().run()
+        os.makedirs("build", exist_ok=True)
+        with open(self.STAMP, "w") as f:
+            f.write(MODE)
+
+
 setup(
+    cmdclass={"build_ext": BuildExt},
     ext_modules=cythonize(
         extensions,
         compiler_directives=DIRECTIVES,
         include_path=["flinkbuf"],
         # Debug and release builds must not share generated C.
-        build_dir=f"build/cython-{'asan' if SANITIZE else 'debug' if DEBUG else 'release'}",
+        build_dir=f"build/cython-{MODE}",
     ),
 )
