@@ -414,7 +414,11 @@ cdef class LocalBufferPool:
         args.lp = &self._c
         args.channel = channel
         args.index = -1
-        cdef int rc = _wait_in_slices(_request_step, &args, timeout)
+        # Fast path with the GIL held: releasing it when a buffer is free would
+        # hand the GIL to another thread for nothing.
+        cdef int rc = fb_localpool_request(&self._c, channel, &args.index)
+        if rc == FB_EMPTY:
+            rc = _wait_in_slices(_request_step, &args, timeout)
         if rc == FB_OK:
             return self._wrap(args.index)
         if rc == FB_ETIMEDOUT:
@@ -460,7 +464,10 @@ cdef class LocalBufferPool:
         """Wait (without the GIL) until a request would succeed and no channel
         is at its cap.  True when available, False on timeout;
         :class:`PoolDestroyedError` if the pool is destroyed."""
-        cdef int rc = _wait_in_slices(_available_step, &self._c, _as_timeout(timeout))
+        cdef double t = _as_timeout(timeout)
+        if fb_localpool_is_available(&self._c):
+            return True
+        cdef int rc = _wait_in_slices(_available_step, &self._c, t)
         if rc == FB_EDESTROYED:
             raise PoolDestroyedError("buffer pool is destroyed")
         return rc == FB_OK
