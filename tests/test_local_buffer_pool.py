@@ -314,5 +314,6 @@ def test_hammering_one_pool_from_many_threads():
         assert not any(t.is_alive() for t in threads), "deadlock"
         assert errors == []
         assert all(c >= 1500 for c in counts)
-        assert pool.num_requested == 4 and pool.num_available == 4
-        assert nbp.num_available_segments == 4
+        # segments are taken lazily: the pool holds what it needed, all idle now
+        assert 1 <= pool.num_requested <= 4 and pool.num_available == pool.num_requested
+        assert nbp.num_available_segments == 8 - pool.num_requested
