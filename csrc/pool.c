@@ -484,6 +484,16 @@ static inline int try_take(fb_localpool_t *lp, int32_t channel, int32_t *index)
     return FB_OK;
 }
 
+/* Sleep on the pool's condition variable (lock held); the caller re-checks. */
+static void wait_on_pool(fb_localpool_t *lp, int64_t deadline_ns)
+{
+    lp->waiters++;
+    lp->net->num_blocked++;
+    wait_until(&lp->cv, &lp->net->mu, deadline_ns);
+    lp->waiters--;
+    lp->net->num_blocked--;
+}
+
 static inline int valid_channel(fb_localpool_t *lp, int32_t channel)
 {
     return channel == FB_NO_CHANNEL || (channel >= 0 && channel < lp->num_subpartitions);
@@ -520,11 +530,7 @@ int fb_localpool_request_blocking(fb_localpool_t *lp, int32_t channel, int64_t d
             rc = FB_ETIMEDOUT;
             break;
         }
-        lp->waiters++;
-        np->num_blocked++;
-        wait_until(&lp->cv, &np->mu, deadline_ns);
-        lp->waiters--;
-        np->num_blocked--;
+        wait_on_pool(lp, deadline_ns);
     }
     pthread_mutex_unlock(&np->mu);
     return rc;
@@ -610,11 +616,7 @@ int fb_localpool_wait_available(fb_localpool_t *lp, int64_t deadline_ns)
             rc = FB_ETIMEDOUT;
             break;
         }
-        lp->waiters++;
-        np->num_blocked++;
-        wait_until(&lp->cv, &np->mu, deadline_ns);
-        lp->waiters--;
-        np->num_blocked--;
+        wait_on_pool(lp, deadline_ns);
     }
     pthread_mutex_unlock(&np->mu);
     return rc;
