@@ -72,6 +72,11 @@ class BuildExt(build_ext):
 
     STAMP = os.path.join("build", "last-build-mode")
 
+    def finalize_options(self):
+        if self.build_temp is None:  # objects of each mode apart, unless told otherwise
+            self.build_temp = os.path.join("build", f"temp-{MODE}")
+        super().finalize_options()
+
     def run(self):
         try:
             with open(self.STAMP) as f:
@@ -80,7 +85,6 @@ class BuildExt(build_ext):
             last = None
         if last != MODE:
             self.force = True
-        self.build_temp = os.path.join("build", f"temp-{MODE}")
         super().run()
         os.makedirs("build", exist_ok=True)
         with open(self.STAMP, "w") as f:
