@@ -44,7 +44,8 @@ cdef int _chunk_release(_Chunk c) except -1:
     cdef Buffer b = c.buf
     if b is not None:
         c.buf = None
-        b._release()
+        if b._data != NULL:          # else someone else recycled it already
+            b._release()
     elif c.has_view:
         c.has_view = False
         PyBuffer_Release(&c.view)
