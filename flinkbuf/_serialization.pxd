@@ -28,7 +28,7 @@ cdef enum:
     CODEC_BYTES = 1
     CODEC_PICKLE = 2
 
-cdef enum:
+cpdef enum:
     MAX_DEPTH = 100        # containers nested deeper are refused (encode and decode)
     MAX_NDIM = 32          # numpy arrays with more dimensions are refused
 

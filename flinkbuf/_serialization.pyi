@@ -14,6 +14,8 @@ _Codec = Literal["typed", "bytes", "pickle"]
 class NoRecordType: ...
 
 NO_RECORD: NoRecordType
+MAX_DEPTH: int
+MAX_NDIM: int
 
 @final
 class SerializationResult:
