@@ -84,3 +84,45 @@ def decode(data):
         return _typed_decode(<const char *>view.buf, view.len, 0, -1, None)
     finally:
         PyBuffer_Release(&view)
+
+
+def _c_round_trip(RecordSerializer ser not None, RecordDeserializer des not None,
+                  pool, list records):
+    """Benchmark and test support: move ``records`` through ``ser`` into
+    buffers from ``pool`` and out of ``des`` with the C-level contract only,
+    as a RecordWriter and an InputGate do.  Returns the records read."""
+    cdef list out = []
+    cdef Buffer buf = pool.request_buffer()
+    cdef int flags
+    cdef object r
+    if buf is None:
+        raise RuntimeError("the pool has no buffer")
+    try:
+        for r in records:
+            ser._serialize_record(r)
+            while True:
+                flags = ser._copy_to_buffer(buf)
+                if flags & FULL_BUFFER:
+                    des._feed(buf)
+                    buf = None
+                    while True:
+                        r = des._next_record()
+                        if is_no_record(r):
+                            break
+                        out.append(r)
+                    buf = pool.request_buffer()
+                    if buf is None:
+                        raise RuntimeError("the pool has no buffer")
+                if flags & FULL_RECORD:
+                    break
+        des._feed(buf)
+        buf = None
+        while True:
+            r = des._next_record()
+            if is_no_record(r):
+                break
+            out.append(r)
+    finally:
+        if buf is not None:
+            buf._release()
+    return out

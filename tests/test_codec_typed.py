@@ -314,3 +314,11 @@ def test_decode_accepts_any_bytes_like():
 def test_bigints():
     for v in [2**63, -(2**63) - 1, 2**64, 10**100, -(10**100), 2**1000 - 1]:
         assert decode(encode(v)) == v
+
+
+def test_format_md_example():
+    """The worked example of docs/FORMAT.md section 2.4, framing included."""
+    from test_serialization_support import write_stream
+    wire = bytes.fromhex("00000014 0d03 81 0903 68c3a9 0f02 00 08 0000000000000440")
+    assert b"".join(write_stream([(1, "hé", [None, 2.5])], 64)) == wire
+    assert decode(wire[4:]) == (1, "hé", [None, 2.5])
