@@ -141,12 +141,14 @@ cdef class RecordSerializer:
 
     # -- Python API -----------------------------------------------------------
 
+    @cython.always_allow_keywords(False)
     def serialize_record(self, record):
         """Stage one record, replacing any staged one.  ``TypeError`` for a
         value the codec cannot encode, ``ValueError`` for a too deep or
         self-referencing structure or a record over 2 GiB - 1 bytes."""
         self._serialize_record(record)
 
+    @cython.always_allow_keywords(False)
     def copy_to_buffer(self, Buffer buf not None):
         """Copy the staged record, or what is left of it, into ``buf`` at its
         writer index; returns a :class:`SerializationResult`."""

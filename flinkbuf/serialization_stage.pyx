@@ -120,7 +120,7 @@ cdef int _stage_clear(RecordSerializer s) except -1:
         for i in range(n):
             PyBuffer_Release(&s._views[i])
     if s._owners:
-        del s._owners[:]
+        PyList_SetSlice(s._owners, 0, PY_SSIZE_T_MAX, NULL)
     if s._stage_cap > STAGE_KEEP_MAX:
         PyMem_Free(s._stage)
         s._stage = NULL
