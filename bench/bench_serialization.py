@@ -79,7 +79,7 @@ def same_records(out, records):
     return out == records
 
 
-def api_round_trip(pool, records, sink):
+def api_round_trip(pool, records, out=None):
     ser = fb.RecordSerializer()
     des = fb.RecordDeserializer()
     serialize, copy, feed, read = ser.serialize_record, ser.copy_to_buffer, des.feed, des.records
@@ -89,15 +89,21 @@ def api_round_trip(pool, records, sink):
         res = copy(buf)
         while res.is_full_buffer:
             feed(buf)
-            for rec in read():
-                sink(rec)
+            if out is None:
+                for rec in read():
+                    pass
+            else:
+                out.extend(read())
             buf = pool.request_buffer()
             if res.is_full_record:
                 break
             res = copy(buf)
     feed(buf)
-    for rec in read():
-        sink(rec)
+    if out is None:
+        for rec in read():
+            pass
+    else:
+        out.extend(read())
     des.finish()
 
 
@@ -105,10 +111,10 @@ def api_round_trip(pool, records, sink):
 def test_flinkbuf_api(benchmark, pool, case):
     records = CASES[case]
     out = []
-    api_round_trip(pool, records, out.append)
+    api_round_trip(pool, records, out)
     assert same_records(out, records)
     info(benchmark, case, records, subject=True)
-    benchmark(api_round_trip, pool, records, lambda rec: None)
+    benchmark(api_round_trip, pool, records)
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -120,7 +126,7 @@ def test_flinkbuf_cdef(benchmark, pool, case):
     benchmark(_c_round_trip, ser, des, pool, records, False)
 
 
-def msgpack_round_trip(records, sink):
+def msgpack_round_trip(records, out=None):
     pack = msgpack.Packer(use_bin_type=True).pack
     unpacker = msgpack.Unpacker(use_list=False, raw=False, max_buffer_size=1 << 30)
     chunk = bytearray()
@@ -129,21 +135,27 @@ def msgpack_round_trip(records, sink):
         if len(chunk) >= SEGMENT:
             unpacker.feed(chunk)
             chunk = bytearray()
-            for rec in unpacker:
-                sink(rec)
+            if out is None:
+                for rec in unpacker:
+                    pass
+            else:
+                out.extend(unpacker)
     unpacker.feed(chunk)
-    for rec in unpacker:
-        sink(rec)
+    if out is None:
+        for rec in unpacker:
+            pass
+    else:
+        out.extend(unpacker)
 
 
-def msgpack_array_round_trip(records, sink):
+def msgpack_array_round_trip(records, out=None):
     # msgpack has no array type: dtype, shape and the raw bytes
-    pack = msgpack.Packer(use_bin_type=True).pack
-    unpacker = msgpack.Unpacker(use_list=False, raw=False, max_buffer_size=1 << 30)
+    packb, unpackb = msgpack.packb, msgpack.unpackb
     for a in records:
-        unpacker.feed(pack((a.dtype.str, a.shape, memoryview(a).cast("B"))))
-        for dt, shape, data in unpacker:
-            sink(np.frombuffer(data, dtype=dt).reshape(shape))
+        dt, shape, data = unpackb(packb((a.dtype.str, a.shape, a.tobytes())))
+        rec = np.frombuffer(data, dtype=dt).reshape(shape)
+        if out is not None:
+            out.append(rec)
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -151,29 +163,32 @@ def test_msgpack(benchmark, case):
     records = CASES[case]
     fn = msgpack_array_round_trip if case.startswith("ndarray") else msgpack_round_trip
     out = []
-    fn(records, out.append)
+    fn(records, out)
     assert same_records(out, records)
     info(benchmark, case, records)
-    benchmark(fn, records, lambda rec: None)
+    benchmark(fn, records)
 
 
-def pickle_round_trip(records, sink):
+def pickle_round_trip(records, out=None):
     dumps, loads = pickle.dumps, pickle.loads
-    for r in records:
-        sink(loads(dumps(r, 5)))
+    if out is None:
+        for r in records:
+            loads(dumps(r, 5))
+    else:
+        out.extend(loads(dumps(r, 5)) for r in records)
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_pickle(benchmark, case):
     records = CASES[case]
     out = []
-    pickle_round_trip(records, out.append)
+    pickle_round_trip(records, out)
     assert same_records(out, records)
     info(benchmark, case, records)
-    benchmark(pickle_round_trip, records, lambda rec: None)
+    benchmark(pickle_round_trip, records)
 
 
-def struct_round_trip(st, to_fields, from_fields, records, sink):
+def struct_round_trip(st, to_fields, from_fields, records, out=None):
     chunk = bytearray(SEGMENT)
     size = st.size
     per_chunk = SEGMENT // size
@@ -185,7 +200,9 @@ def struct_round_trip(st, to_fields, from_fields, records, sink):
             pack_into(chunk, off, *to_fields(r))
             off += size
         for off in range(0, len(batch) * size, size):
-            sink(from_fields(unpack_from(chunk, off)))
+            rec = from_fields(unpack_from(chunk, off))
+            if out is not None:
+                out.append(rec)
 
 
 @pytest.mark.parametrize("case", list(STRUCTS))
@@ -193,10 +210,10 @@ def test_struct(benchmark, case):
     records = CASES[case]
     st, to_fields, from_fields = STRUCTS[case]
     out = []
-    struct_round_trip(st, to_fields, from_fields, records, out.append)
+    struct_round_trip(st, to_fields, from_fields, records, out)
     assert out == records
     info(benchmark, case, records)
-    benchmark(struct_round_trip, st, to_fields, from_fields, records, lambda rec: None)
+    benchmark(struct_round_trip, st, to_fields, from_fields, records)
 
 
 @pytest.mark.parametrize("case", list(PAYLOAD))
