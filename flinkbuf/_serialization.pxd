@@ -81,6 +81,7 @@ cdef class RecordSerializer:
     cdef Py_ssize_t _nviews
     cdef Py_ssize_t _views_cap
     cdef list _owners
+    cdef bint _busy                   # encoding (user code may run: pickle)
     # containers on the encoding path (self-reference diagnosis)
     cdef void *_path[MAX_DEPTH + 1]
 
@@ -129,6 +130,7 @@ cdef class RecordDeserializer:
     cdef list _ready
     cdef Py_ssize_t _ready_head
     cdef bint _finished
+    cdef bint _busy                   # decoding (user code may run: pickle, numpy)
     cdef object _failure              # the message once the stream is broken
 
     cdef int _feed(self, object data) except -1
@@ -144,3 +146,6 @@ cdef class RecordDeserializer:
     cdef object _span_step(self)
     cdef object _decode(self, const char *p, Py_ssize_t n, int64_t record_start, object base)
     cdef object _bad_length(self, Py_ssize_t n)
+    cdef object _decode_or_fail(self, const char *p, Py_ssize_t n, int64_t record_start,
+                                object base)
+    cdef int _check_idle(self) except -1

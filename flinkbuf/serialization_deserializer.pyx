@@ -79,7 +79,8 @@ cdef class RecordDeserializer:
     Lengths above ``max_record_size`` are refused before anything is
     allocated.  Malformed input raises :class:`CorruptRecordError` (a
     ``ValueError``) naming the stream offset and the reason; the
-    deserializer then releases its input and refuses further use.
+    deserializer then releases its input and refuses further use.  Not
+    thread-safe: one deserializer per reading thread.
     """
 
     def __cinit__(self):
@@ -238,6 +239,8 @@ cdef class RecordDeserializer:
             return v
         if self._failure is not None:
             raise CorruptRecordError(f"the record stream is broken: {self._failure}")
+        if self._busy:
+            self._check_idle()
         if self._cur is not None and self._cur.buf is not None and self._cur.buf._data == NULL:
             raise RuntimeError("a Buffer fed to the RecordDeserializer was recycled "
                                "by someone else while the deserializer still owned it")
@@ -254,11 +257,7 @@ cdef class RecordDeserializer:
                         start = self._stream_pos
                         self._cur_pos += 4 + n
                         self._stream_pos += 4 + n
-                        try:
-                            v = self._decode(p + 4, n, start, None)
-                        except BaseException as e:
-                            self._rec_start = start
-                            return self._fail(e)
+                        v = self._decode_or_fail(p + 4, n, start, None)
                         if self._cur_pos == self._cur_end:
                             self._advance()
                         return v
@@ -345,10 +344,7 @@ cdef class RecordDeserializer:
             # the whole payload fit in the peek area
             self._span = SPAN_NONE
             self._dst = NULL
-            try:
-                return self._decode(hdr + 4, n, self._rec_start, None)
-            except BaseException as e:
-                return self._fail(e)
+            return self._decode_or_fail(hdr + 4, n, self._rec_start, None)
         # SPAN_BODY complete
         self._span = SPAN_NONE
         self._dst = NULL
@@ -356,11 +352,27 @@ cdef class RecordDeserializer:
         self._target = None
         if self._target_is_value:
             return target
+        return self._decode_or_fail(PyByteArray_AS_STRING(target), self._rec_len,
+                                    self._rec_start, target)
+
+    cdef object _decode_or_fail(self, const char *p, Py_ssize_t n, int64_t record_start,
+                                object base):
+        """_decode, marking the deserializer busy (decoding may run Python
+        code); any error breaks the stream (the record is already consumed)."""
+        self._busy = True
         try:
-            return self._decode(PyByteArray_AS_STRING(target), self._rec_len,
-                                self._rec_start, target)
+            v = self._decode(p, n, record_start, base)
         except BaseException as e:
+            self._busy = False
             return self._fail(e)
+        self._busy = False
+        return v
+
+    cdef int _check_idle(self) except -1:
+        if self._busy:
+            raise RuntimeError("RecordDeserializer used re-entrantly (from code run while "
+                               "decoding) or from two threads at once")
+        return 0
 
     cdef object _decode(self, const char *p, Py_ssize_t n, int64_t record_start, object base):
         """Decode the payload of the record whose prefix is at ``record_start``."""
@@ -388,6 +400,7 @@ cdef class RecordDeserializer:
         """End of input: decode what is left (records() still returns it) and
         raise CorruptRecordError if the stream ends inside a record."""
         cdef list got = []
+        self._check_idle()
         if self._finished:
             return 0
         while True:
@@ -414,6 +427,7 @@ cdef class RecordDeserializer:
 
     cdef int _close(self) except -1:
         """Drop all input, recycling held buffers; further feeds are refused."""
+        self._check_idle()
         self._finished = True
         del self._ready[:]
         self._ready_head = 0

@@ -25,7 +25,8 @@ cdef class RecordSerializer:
     full; ``reset()`` rewinds to copy the same record again (broadcast).
     Large bytes, str and array values are not copied when staged: the
     serializer keeps a reference and copies them straight into the buffers,
-    so do not mutate them until the record is copied.
+    so do not mutate them until the record is copied.  Not thread-safe: one
+    serializer per writing thread.
     """
 
     def __cinit__(self):
@@ -48,6 +49,9 @@ cdef class RecordSerializer:
 
     cdef int _serialize_record(self, object record) except -1:
         """Stage ``record`` (replacing any staged one)."""
+        if self._busy:
+            raise RuntimeError("RecordSerializer used re-entrantly (from code run while "
+                               "encoding) or from two threads at once")
         if self._npieces or self._nviews or self._owners:
             _stage_clear(self)
         else:
@@ -59,6 +63,7 @@ cdef class RecordSerializer:
         self._stage_len = 4          # the length prefix, written below
         self._piece_start = 0
         self._ext_bytes = 0
+        self._busy = True
         try:
             if self._codec == CODEC_TYPED:
                 _enc(self, record, 0)
@@ -71,8 +76,10 @@ cdef class RecordSerializer:
                 raise ValueError(f"a record of {_payload_pos(self)} bytes exceeds the "
                                  f"{MAX_PAYLOAD}-byte limit of the length prefix")
         except BaseException:
+            self._busy = False
             _stage_clear(self)
             raise
+        self._busy = False
         fb_store_u32(self._stage, <uint32_t>_payload_pos(self), 1)
         self._record_len = self._stage_len + self._ext_bytes
         return 0
@@ -83,6 +90,8 @@ cdef class RecordSerializer:
         cdef char *data = buf._data
         if data == NULL:
             buf._check()
+        if self._busy:
+            raise RuntimeError("RecordSerializer used re-entrantly while encoding")
         cdef Py_ssize_t space = buf._capacity - buf._writer
         cdef char *dst = data + buf._writer
         cdef Py_ssize_t left, k
@@ -111,11 +120,15 @@ cdef class RecordSerializer:
 
     cdef int _reset(self) except -1:
         """Rewind to the start of the staged record."""
+        if self._busy:
+            raise RuntimeError("RecordSerializer used re-entrantly while encoding")
         self._cur_piece = 0
         self._cur_off = 0
         return 0
 
     cdef int _clear(self) except -1:
+        if self._busy:
+            raise RuntimeError("RecordSerializer used re-entrantly while encoding")
         return _stage_clear(self)
 
     cdef bytes _payload_bytes(self):

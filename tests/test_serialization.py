@@ -439,3 +439,47 @@ def test_context_manager_and_repr(pool):
     assert buf.is_recycled
     ser = fb.RecordSerializer("pickle")
     assert ser.codec == "pickle" and "pickle" in repr(ser)
+
+
+class Reentrant:
+    """Pickles by running `action` (re-entrant use of a (de)serializer)."""
+    action = None
+
+    def __reduce__(self):
+        return (_call_action, ())
+
+
+def _call_action():
+    Reentrant.action()
+    return "unpickled"
+
+
+def test_reentrant_serializer_use_is_refused():
+    ser = fb.RecordSerializer("pickle")
+    Reentrant.action = None
+
+    def reduce_ex(self, proto):
+        ser.serialize_record("inner")
+        return (str, ("x",))
+
+    class Evil:
+        __reduce_ex__ = reduce_ex
+
+    with pytest.raises(RuntimeError, match="re-entrantly"):
+        ser.serialize_record([1, Evil()])
+    assert not ser.has_serialized_data
+    ser.serialize_record("fine")                 # usable again
+    assert ser.has_serialized_data
+
+
+@pytest.mark.parametrize("action", ["next_record", "close", "finish"])
+def test_reentrant_deserializer_use_is_refused(action, pool):
+    des = fb.RecordDeserializer("pickle")
+    Reentrant.action = getattr(des, action)
+    data = b"".join(write_stream([Reentrant(), 2], 4096, "pickle"))
+    buf = pool.request_buffer() if len(data) <= 16 else None
+    des.feed(data)
+    with pytest.raises(fb.CorruptRecordError, match="RuntimeError: RecordDeserializer used re-entrantly"):
+        list(des.records())
+    assert buf is None
+    Reentrant.action = None
