@@ -435,7 +435,6 @@ cdef class RecordDeserializer:
 
     # -- Python API -----------------------------------------------------------
 
-    @cython.always_allow_keywords(False)
     def feed(self, data):
         """Append a :class:`Buffer` (its bytes ``[reader_index, size)``; the
         deserializer owns one reference from now on and recycles it when

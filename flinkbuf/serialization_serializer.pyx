@@ -17,7 +17,9 @@ cdef int _codec_arg(object codec) except -1:
 cdef class RecordSerializer:
     """Turns records into Flink's wire format, one at a time: a 4-byte
     big-endian payload length, then the payload (the record encoded by
-    ``codec``: ``"typed"``, ``"bytes"`` or ``"pickle"``, see docs/FORMAT.md).
+    ``codec``: ``"typed"``, ``"bytes"`` or ``"pickle"``, see docs/FORMAT.md;
+    pickle is opt-in and only for trusted, authenticated peers: unpickling
+    runs code chosen by the writer).
 
     ``serialize_record(r)`` stages a record (encoding errors surface here);
     ``copy_to_buffer(buf)`` copies as much as fits at the buffer's writer
@@ -154,14 +156,12 @@ cdef class RecordSerializer:
 
     # -- Python API -----------------------------------------------------------
 
-    @cython.always_allow_keywords(False)
     def serialize_record(self, record):
         """Stage one record, replacing any staged one.  ``TypeError`` for a
         value the codec cannot encode, ``ValueError`` for a too deep or
         self-referencing structure or a record over 2 GiB - 1 bytes."""
         self._serialize_record(record)
 
-    @cython.always_allow_keywords(False)
     def copy_to_buffer(self, Buffer buf not None):
         """Copy the staged record, or what is left of it, into ``buf`` at its
         writer index; returns a :class:`SerializationResult`."""

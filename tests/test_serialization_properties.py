@@ -28,9 +28,9 @@ def test_round_trip_through_buffers(records, size):
     assert same(read_stream(chunks), records)
 
 
-@given(record_lists, st.lists(st.integers(0, 1 << 16), max_size=40), st.booleans())
-def test_any_rechunking_of_the_stream(records, cuts, as_buffers):
-    stream = b"".join(write_stream(records, 4096))
+@given(record_lists, buffer_sizes, st.lists(st.integers(0, 1 << 16), max_size=40), st.booleans())
+def test_any_rechunking_of_the_stream(records, size, cuts, as_buffers):
+    stream = b"".join(write_stream(records, size))
     pieces = rechunk(stream, cuts)
     if as_buffers:
         out = feed_as_buffers(fb.RecordDeserializer(), pieces)
