@@ -202,6 +202,7 @@ cdef int _enc_dict(RecordSerializer s, object v, int depth) except -1:
 
 cdef int _enc_ndarray(RecordSerializer s, object v) except -1:
     cdef cnp.ndarray arr = <cnp.ndarray>v
+    cdef Py_ssize_t i, pad
     dtype = arr.dtype
     if dtype.kind not in _ARRAY_KINDS or dtype.fields is not None or \
             dtype.subdtype is not None or dtype.itemsize == 0:
@@ -210,15 +211,21 @@ cdef int _enc_ndarray(RecordSerializer s, object v) except -1:
             f"(object, structured and unsized dtypes are not supported; "
             f"use codec='pickle')")
     cdef int ndim = cnp.PyArray_NDIM(arr)
+    cdef uint64_t nonzero = 1
     if ndim > MAX_NDIM:
         raise ValueError(f"cannot encode a numpy array of more than {MAX_NDIM} dimensions")
+    for i in range(ndim):
+        if cnp.PyArray_DIMS(arr)[i]:
+            nonzero *= <uint64_t>cnp.PyArray_DIMS(arr)[i]
+            if nonzero > <uint64_t>MAX_PAYLOAD:
+                raise ValueError(f"cannot encode a numpy array of shape {v.shape}: the "
+                                 f"product of its non-zero dimensions exceeds {MAX_PAYLOAD}")
     if not cnp.PyArray_IS_C_CONTIGUOUS(arr):
         arr = numpy.ascontiguousarray(arr)      # 0-d arrays are always contiguous
     cdef bytes dstr = dtype.str.encode("ascii")
     cdef Py_ssize_t dlen = PyBytes_GET_SIZE(dstr)
     cdef Py_ssize_t nbytes = cnp.PyArray_NBYTES(arr)
     cdef cnp.npy_intp *dims = cnp.PyArray_DIMS(arr)
-    cdef Py_ssize_t i, pad
     cdef char *p = _put(s, 2 + dlen + 1 + 8 * ndim + 1)
     p[0] = <char>T_NDARRAY
     p[1] = <char><uint8_t>dlen
@@ -497,13 +504,16 @@ cdef object _dec_ndarray(_Dec *d):
         shape.append(<Py_ssize_t>dim)
         if dim == 0:
             empty = True
-    if empty:
-        count = 0
-    else:
-        for i in range(ndim):
-            count *= <uint64_t>fb_load_u64(d.p + 8 * i, 0)   # each factor <= 2**31
+    # The product of the non-zero dimensions is bounded even for an empty
+    # array (numpy refuses shapes whose product overflows).
+    for i in range(ndim):
+        dim = fb_load_u64(d.p + 8 * i, 0)
+        if dim:
+            count *= dim                               # each factor <= 2**31
             if count > <uint64_t>MAX_PAYLOAD:
                 _corrupt(d, at, "numpy array larger than a record")
+    if empty:
+        count = 0
     d.p += 8 * ndim
     _need(d, 1, "numpy padding")
     pad = <uint8_t>d.p[0]
@@ -518,14 +528,18 @@ cdef object _dec_ndarray(_Dec *d):
                         f"{d.end - d.p} bytes")
     nbytes = <Py_ssize_t>count * itemsize
     cdef cnp.ndarray arr
-    if d.base != NULL and count > 0:
-        # zero-copy: a view of the assembled record
-        arr = numpy.frombuffer(<object>d.base, dtype=dtype, count=<Py_ssize_t>count,
-                               offset=d.p - PyByteArray_AS_STRING(<object>d.base))
-        if ndim != 1:
-            arr = arr.reshape(shape)
-    else:
-        arr = numpy.empty(shape, dtype=dtype)
+    try:
+        if d.base != NULL and count > 0:
+            # zero-copy: a view of the assembled record
+            arr = numpy.frombuffer(<object>d.base, dtype=dtype, count=<Py_ssize_t>count,
+                                   offset=d.p - PyByteArray_AS_STRING(<object>d.base))
+            if ndim != 1:
+                arr = arr.reshape(shape)
+        else:
+            arr = numpy.empty(shape, dtype=dtype)
+    except (ValueError, TypeError) as e:
+        _corrupt(d, at, f"numpy refused the array ({e})")
+    if d.base == NULL or count == 0:
         memcpy(cnp.PyArray_DATA(arr), d.p, <size_t>nbytes)
     d.p += nbytes
     return arr

@@ -322,3 +322,13 @@ def test_format_md_example():
     wire = bytes.fromhex("00000014 0d03 81 0903 68c3a9 0f02 00 08 0000000000000440")
     assert b"".join(write_stream([(1, "hé", [None, 2.5])], 64)) == wire
     assert decode(wire[4:]) == (1, "hé", [None, 2.5])
+
+
+def test_empty_array_whose_other_dimensions_overflow():
+    """A fuzzer finding: numpy refuses even an empty array whose non-zero
+    dimensions multiply beyond its maximum size."""
+    head = arr_head(b"<i4", ndim=4, dims=(0, 2**31 - 1, 2**31 - 1, 8))
+    with pytest.raises(CRE, match="numpy array larger than a record"):
+        decode(head)
+    with pytest.raises(ValueError, match="non-zero dimensions"):
+        encode(np.empty((0, 2**20, 2**20)))
