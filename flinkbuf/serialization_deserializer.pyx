@@ -361,7 +361,10 @@ cdef class RecordDeserializer:
         code); any error breaks the stream (the record is already consumed)."""
         self._busy = True
         try:
-            v = self._decode(p, n, record_start, base)
+            if self._codec == CODEC_TYPED and n > 0:
+                v = _typed_decode(p, n, record_start + 4, record_start, base)
+            else:
+                v = self._decode(p, n, record_start, base)
         except BaseException as e:
             self._busy = False
             return self._fail(e)

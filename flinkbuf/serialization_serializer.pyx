@@ -54,10 +54,10 @@ cdef class RecordSerializer:
         if self._busy:
             raise RuntimeError("RecordSerializer used re-entrantly (from code run while "
                                "encoding) or from two threads at once")
-        if self._npieces or self._nviews or self._owners:
+        if self._nviews or self._owners or self._stage_cap > STAGE_KEEP_MAX:
             _stage_clear(self)
-        else:
-            self._record_len = 0
+        self._npieces = 0
+        self._record_len = 0
         self._cur_piece = 0
         self._cur_off = 0
         if self._stage_cap < 4:
@@ -73,7 +73,15 @@ cdef class RecordSerializer:
                 _bytes_encode(self, record)
             else:
                 _pickle_encode(self, record)
-            _close_staged_piece(self)
+            if self._npieces == 0 and self._pieces_cap > 0:
+                # all staged inline: one piece (the common case)
+                self._pieces[0].ptr = NULL
+                self._pieces[0].off = 0
+                self._pieces[0].len = self._stage_len
+                self._npieces = 1
+                self._piece_start = self._stage_len
+            else:
+                _close_staged_piece(self)
             if _payload_pos(self) > MAX_PAYLOAD:
                 raise ValueError(f"a record of {_payload_pos(self)} bytes exceeds the "
                                  f"{MAX_PAYLOAD}-byte limit of the length prefix")
