@@ -132,6 +132,7 @@ cdef class RecordDeserializer:
     cdef bint _finished
     cdef bint _busy                   # decoding (user code may run: pickle, numpy)
     cdef object _failure              # the message once the stream is broken
+    cdef object _deferred             # an error to raise at the next _next_record
 
     cdef int _feed(self, object data) except -1
     cdef object _next_record(self)
@@ -140,6 +141,7 @@ cdef class RecordDeserializer:
     # internals
     cdef int _activate(self, _Chunk c) except -1
     cdef bint _advance(self) except -1
+    cdef int _advance_keeping(self, object record) except -1
     cdef int _release_input(self) except -1
     cdef int _fail(self, object exc) except -1
     cdef int _refuse_input(self, object data) except -1

@@ -141,6 +141,16 @@ cdef class RecordDeserializer:
             return True
         return False
 
+    cdef int _advance_keeping(self, object record) except -1:
+        """_advance after ``record`` was decoded: an error giving the consumed
+        chunk back (a Buffer with views still exported) must not lose the
+        record, so it is raised by the next call instead."""
+        try:
+            self._advance()
+        except BaseException as e:
+            self._deferred = e
+        return 0
+
     cdef int _release_input(self) except -1:
         """Release every held chunk (first error re-raised after all are released)."""
         cdef _Chunk c
@@ -241,6 +251,10 @@ cdef class RecordDeserializer:
             raise CorruptRecordError(f"the record stream is broken: {self._failure}")
         if self._busy:
             self._check_idle()
+        if self._deferred is not None:
+            err = self._deferred
+            self._deferred = None
+            raise err
         if self._cur is not None and self._cur.buf is not None and self._cur.buf._data == NULL:
             raise RuntimeError("a Buffer fed to the RecordDeserializer was recycled "
                                "by someone else while the deserializer still owned it")
@@ -259,7 +273,7 @@ cdef class RecordDeserializer:
                         self._stream_pos += 4 + n
                         v = self._decode_or_fail(p + 4, n, start, None)
                         if self._cur_pos == self._cur_end:
-                            self._advance()
+                            self._advance_keeping(v)
                         return v
                 elif avail == 0:
                     if not self._advance():
@@ -288,7 +302,7 @@ cdef class RecordDeserializer:
             v = self._span_step()
             if not is_no_record(v):
                 if self._cur_pos == self._cur_end:
-                    self._advance()
+                    self._advance_keeping(v)
                 return v
 
     cdef object _span_step(self):

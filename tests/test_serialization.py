@@ -483,3 +483,17 @@ def test_reentrant_deserializer_use_is_refused(action, pool):
         list(des.records())
     assert buf is None
     Reentrant.action = None
+
+
+def test_record_is_not_lost_when_its_buffer_cannot_be_recycled(pool):
+    buf = pool.request_buffer()
+    buf.write(b"".join(write_stream([7], 16)))
+    view = memoryview(buf.segment)                # misuse: a view still exported
+    des = fb.RecordDeserializer()
+    des.feed(buf)
+    assert des.next_record() == 7                 # the record comes first
+    with pytest.raises(fb.ExportedBufferError):
+        des.next_record()                         # then the error
+    view.release()
+    buf.recycle()
+    assert des.next_record() is S.NO_RECORD
