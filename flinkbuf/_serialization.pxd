@@ -121,6 +121,7 @@ cdef class RecordDeserializer:
     cdef unsigned char _hdr[12]       # 4-byte prefix, then up to 5 payload bytes
     cdef Py_ssize_t _have
     cdef Py_ssize_t _need
+    cdef Py_ssize_t _cap              # bytes allocated at _dst (grows up to _need)
     cdef char *_dst
     cdef Py_ssize_t _rec_len
     cdef int64_t _rec_start
@@ -146,6 +147,8 @@ cdef class RecordDeserializer:
     cdef int _fail(self, object exc) except -1
     cdef int _refuse_input(self, object data) except -1
     cdef object _span_step(self)
+    cdef int _new_target(self, Py_ssize_t size, bint as_bytes) except -1
+    cdef int _grow_target(self, Py_ssize_t min_size) except -1
     cdef object _decode(self, const char *p, Py_ssize_t n, int64_t record_start, object base)
     cdef object _bad_length(self, Py_ssize_t n)
     cdef object _decode_or_fail(self, const char *p, Py_ssize_t n, int64_t record_start,

@@ -13,7 +13,7 @@ from cpython.list cimport PyList_New, PyList_GET_ITEM, PyList_GET_SIZE, PyList_S
 from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_FromLongLong
 from cpython.mem cimport PyMem_Malloc, PyMem_Realloc, PyMem_Free
 from cpython.object cimport PyObject
-from cpython.ref cimport Py_INCREF
+from cpython.ref cimport Py_INCREF, Py_DECREF
 from cpython.tuple cimport PyTuple_New, PyTuple_GET_ITEM, PyTuple_GET_SIZE, PyTuple_SET_ITEM
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
@@ -46,6 +46,8 @@ cdef extern from "Python.h":
     void PyErr_WriteUnraisable(object obj)
     int PyList_SetSlice(object lst, Py_ssize_t low, Py_ssize_t high, PyObject *items) except -1
     Py_ssize_t PY_SSIZE_T_MAX
+    int _PyBytes_Resize(PyObject **bytes, Py_ssize_t newsize) except -1
+    int PyByteArray_Resize(object bytearray, Py_ssize_t size) except -1
 
 # Largest payload the 4-byte length prefix can announce (Flink reads it as
 # a signed int).

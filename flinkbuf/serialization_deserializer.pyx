@@ -27,6 +27,10 @@ cdef enum:
     SPAN_BODY = 3
 
 cdef Py_ssize_t HEAD_PEEK = 5     # tag + u32 length: enough to spot one large bytes value
+# A record spanning chunks is allocated whole when its prefix is read if it
+# is at most this large (one allocation, no copy); a larger one grows as its
+# bytes arrive, so that a length prefix alone never costs more than this.
+cdef Py_ssize_t ASSEMBLY_EAGER = 16 << 20
 
 
 @cython.final
@@ -284,12 +288,17 @@ cdef class RecordDeserializer:
                 self._span = SPAN_PREFIX
                 self._dst = <char *>self._hdr
                 self._have = 0
-                self._need = 4
+                self._need = self._cap = 4
             # copy into the record being assembled
             avail = self._cur_end - self._cur_pos
             n = self._need - self._have
             if avail < n:
                 n = avail
+            if self._have + n > self._cap:
+                try:
+                    self._grow_target(self._have + n)
+                except BaseException as e:
+                    return self._fail(e)
             if n > 0:
                 memcpy(self._dst + self._have, self._cur_ptr + self._cur_pos, <size_t>n)
                 self._have += n
@@ -304,6 +313,57 @@ cdef class RecordDeserializer:
                 if self._cur_pos == self._cur_end:
                     self._advance_keeping(v)
                 return v
+
+    cdef int _new_target(self, Py_ssize_t size, bint as_bytes) except -1:
+        """Memory for a record (or its one bytes value) of ``size`` bytes.
+        Up to ASSEMBLY_EAGER bytes, or what the input already holds, are
+        allocated now, the rest as the bytes arrive: a length prefix alone
+        never costs more memory than a fixed amount (max_record_size bounds
+        the total)."""
+        cdef Py_ssize_t cap = size
+        cdef Py_ssize_t avail
+        cdef _Chunk c
+        if cap > ASSEMBLY_EAGER:
+            avail = self._cur_end - self._cur_pos
+            for c in self._pending[self._pending_head:]:
+                avail += c.end - c.start
+            cap = ASSEMBLY_EAGER if avail < ASSEMBLY_EAGER else avail
+            if cap > size:
+                cap = size
+        if as_bytes:
+            self._target = PyBytes_FromStringAndSize(NULL, cap)
+            self._dst = PyBytes_AS_STRING(self._target)
+        else:
+            self._target = PyByteArray_FromStringAndSize(NULL, cap)
+            self._dst = PyByteArray_AS_STRING(self._target)
+        self._target_is_value = as_bytes
+        self._cap = cap
+        return 0
+
+    cdef int _grow_target(self, Py_ssize_t min_size) except -1:
+        """Grow the record being assembled to at least ``min_size`` bytes
+        (at most the record's size), geometrically."""
+        cdef Py_ssize_t cap = self._cap * 2
+        cdef PyObject *o
+        if cap < min_size:
+            cap = min_size
+        if cap > self._need:
+            cap = self._need
+        if self._target_is_value:
+            # _PyBytes_Resize needs the only reference: take it over
+            o = <PyObject *>self._target
+            Py_INCREF(self._target)
+            self._target = None
+            if _PyBytes_Resize(&o, cap) < 0:
+                return -1                      # o was freed; MemoryError is set
+            self._target = <object>o
+            Py_DECREF(self._target)
+            self._dst = PyBytes_AS_STRING(self._target)
+        else:
+            PyByteArray_Resize(self._target, cap)
+            self._dst = PyByteArray_AS_STRING(self._target)
+        self._cap = cap
+        return 0
 
     cdef object _span_step(self):
         """A stage of the assembled record is complete: move to the next one.
@@ -320,16 +380,9 @@ cdef class RecordDeserializer:
                 self._span = SPAN_HEAD
                 self._dst = <char *>self._hdr + 4
                 self._have = 0
-                self._need = n if n < HEAD_PEEK else HEAD_PEEK
+                self._need = self._cap = n if n < HEAD_PEEK else HEAD_PEEK
                 return _NO_RECORD
-            if self._codec == CODEC_BYTES:
-                self._target = PyBytes_FromStringAndSize(NULL, n)
-                self._dst = PyBytes_AS_STRING(self._target)
-                self._target_is_value = True
-            else:
-                self._target = PyByteArray_FromStringAndSize(NULL, n)
-                self._dst = PyByteArray_AS_STRING(self._target)
-                self._target_is_value = False
+            self._new_target(n, self._codec == CODEC_BYTES)
             self._span = SPAN_BODY
             self._have = 0
             self._need = n
@@ -342,15 +395,11 @@ cdef class RecordDeserializer:
                 raw = <Py_ssize_t>fb_load_u32(hdr + 5, 0)
                 if h == HEAD_PEEK and <uint8_t>hdr[4] == T_BYTES32 and raw == n - HEAD_PEEK:
                     # one bytes value: assemble it straight into the result
-                    self._target = PyBytes_FromStringAndSize(NULL, raw)
-                    self._dst = PyBytes_AS_STRING(self._target)
-                    self._target_is_value = True
+                    self._new_target(raw, True)
                     self._have = 0
                     self._need = raw
                 else:
-                    self._target = PyByteArray_FromStringAndSize(NULL, n)
-                    self._dst = PyByteArray_AS_STRING(self._target)
-                    self._target_is_value = False
+                    self._new_target(n, False)
                     memcpy(self._dst, hdr + 4, <size_t>h)
                     self._need = n
                 self._span = SPAN_BODY

@@ -132,3 +132,37 @@ def test_atheris_target_runs_a_few_inputs():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Done 300 runs" in proc.stderr
+
+
+@pytest.mark.parametrize("codec, payload_head", [
+    ("typed", b"\x0c" + (60 << 20).to_bytes(4, "little")),   # one large bytes value
+    ("typed", b"\x0f\x02\x00"),                                  # a list
+    ("bytes", b"abc"),
+])
+def test_a_length_prefix_alone_allocates_little(codec, payload_head):
+    """A record announced at 60 MiB (under max_record_size) whose bytes do
+    not come costs a bounded amount of memory (16 MiB) until they do."""
+    n = (60 << 20) + (5 if payload_head[:1] == b"\x0c" else 0)
+    tracemalloc.start()
+    try:
+        des = fb.RecordDeserializer(codec)
+        des.feed(n.to_bytes(4, "big") + payload_head)
+        assert list(des.records()) == []
+        assert des.has_partial_record
+        _, peak = tracemalloc.get_traced_memory()
+        des.close()
+    finally:
+        tracemalloc.stop()
+    assert peak < 20 << 20, peak
+
+
+@pytest.mark.parametrize("codec", ["typed", "bytes"])
+def test_growing_assembly_of_large_records(codec):
+    from test_serialization_support import read_stream
+    records = [bytes(range(256)) * (12 * 1024), b"tail"]         # 3 MiB, then small
+    if codec == "typed":
+        records.insert(1, ("k", bytes(5 << 20)))
+    chunks = write_stream(records, 4096, codec)
+    assert read_stream(chunks, codec) == records
+    # all at once: allocated in one go
+    assert read_stream([b"".join(chunks)], codec) == records
