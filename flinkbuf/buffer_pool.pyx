@@ -40,11 +40,13 @@ cdef int _wait_in_slices(int (*step)(void *, int64_t) noexcept nogil, void *arg,
             slice_end = deadline
         with nogil:
             rc = step(arg, slice_end)
-        if rc != FB_ETIMEDOUT or slice_end >= deadline:
+        if rc != FB_ETIMEDOUT:
             return rc
+        # Also after the last slice: callers that retry short waits in a loop
+        # stay interruptible.
         PyErr_CheckSignals()
-        if PyErr_Occurred():
-            return -1
+        if slice_end >= deadline:
+            return rc
 
 
 cdef struct _request_args:
