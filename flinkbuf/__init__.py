@@ -15,6 +15,11 @@ from flinkbuf._core import (
     NetworkBufferPool,
     redistribute,
 )
+from flinkbuf._serialization import (
+    RecordDeserializer,
+    RecordSerializer,
+    SerializationResult,
+)
 from flinkbuf.errors import (
     BufferRequestTimeoutError,
     CorruptRecordError,
@@ -40,7 +45,10 @@ __all__ = [
     "MemorySegment",
     "NetworkBufferPool",
     "PoolDestroyedError",
+    "RecordDeserializer",
+    "RecordSerializer",
     "RecycledBufferError",
     "SegmentFreedError",
+    "SerializationResult",
     "redistribute",
 ]

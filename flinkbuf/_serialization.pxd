@@ -1,0 +1,146 @@
+# Layer 2: records across buffers.  Other modules (flinkbuf._io) cimport
+# RecordSerializer / RecordDeserializer and call their C-level methods.
+#
+# Contract for cimporters:
+#   ser._serialize_record(record)   stage one record (prefix + encoded value)
+#   ser._copy_to_buffer(buf)        copy at buf's writer index; returns the bit
+#                                   flags FULL_RECORD | FULL_BUFFER
+#   ser._has_serialized_data()      part of the staged record is not copied yet
+#   ser._reset()                    rewind: copy the same record again (broadcast)
+#   des._feed(data)                 a Buffer (ownership of one reference passes to
+#                                   the deserializer, which recycles it exactly
+#                                   once) or a bytes-like object
+#   des._next_record()              the next complete record, or the sentinel
+#                                   NO_RECORD: test it with is_no_record(x)
+#   des._finish()                   end of input (raises if a record is partial)
+#   des._close()                    drop all input now, recycling held buffers
+
+cimport cython
+from libc.stdint cimport int64_t
+from flinkbuf._core cimport Buffer
+
+cdef enum:
+    FULL_RECORD = 1        # the staged record is completely copied
+    FULL_BUFFER = 2        # the destination buffer has no space left
+
+cdef enum:
+    CODEC_TYPED = 0
+    CODEC_BYTES = 1
+    CODEC_PICKLE = 2
+
+cdef enum:
+    MAX_DEPTH = 100        # containers nested deeper are refused (encode and decode)
+    MAX_NDIM = 32          # numpy arrays with more dimensions are refused
+
+
+cdef struct Piece:
+    # One contiguous part of a staged record: either bytes in the staging
+    # area (ptr == NULL, at offset `off`) or external memory kept alive by
+    # the serializer (a large bytes/str/array value: copied only once).
+    const char *ptr
+    Py_ssize_t off
+    Py_ssize_t len
+
+
+@cython.final
+cdef class NoRecordType:
+    """Type of the NO_RECORD sentinel returned by _next_record()."""
+    pass
+
+
+cdef inline bint is_no_record(object x) noexcept:
+    """True if ``x`` is the NO_RECORD sentinel (no complete record yet)."""
+    return type(x) is NoRecordType
+
+
+@cython.final
+cdef class SerializationResult:
+    cdef readonly bint is_full_record
+    cdef readonly bint is_full_buffer
+    cdef readonly str name
+
+
+@cython.final
+cdef class RecordSerializer:
+    cdef int _codec
+    # staging area: the length prefix and everything encoded inline
+    cdef char *_stage
+    cdef Py_ssize_t _stage_len
+    cdef Py_ssize_t _stage_cap
+    cdef Py_ssize_t _piece_start      # stage offset where the open piece began
+    cdef Py_ssize_t _ext_bytes        # bytes staged as external pieces
+    # the staged record as pieces, and the copy cursor over them
+    cdef Piece *_pieces
+    cdef Py_ssize_t _npieces
+    cdef Py_ssize_t _pieces_cap
+    cdef Py_ssize_t _cur_piece
+    cdef Py_ssize_t _cur_off
+    cdef Py_ssize_t _record_len       # prefix + payload of the staged record, 0 if none
+    # what keeps external pieces alive
+    cdef Py_buffer *_views
+    cdef Py_ssize_t _nviews
+    cdef Py_ssize_t _views_cap
+    cdef list _owners
+    # containers on the encoding path (self-reference diagnosis)
+    cdef void *_path[MAX_DEPTH + 1]
+
+    cdef int _serialize_record(self, object record) except -1
+    cdef int _copy_to_buffer(self, Buffer buf) except -1
+    cdef bint _has_serialized_data(self) noexcept
+    cdef int _reset(self) except -1
+    cdef int _clear(self) except -1
+    cdef bytes _payload_bytes(self)
+
+
+@cython.final
+cdef class _Chunk:
+    # One fed input: a Buffer (one reference owned) or a pinned bytes-like.
+    cdef Buffer buf
+    cdef Py_buffer view
+    cdef bint has_view
+    cdef Py_ssize_t start
+    cdef Py_ssize_t end
+
+
+@cython.final
+@cython.no_gc_clear
+cdef class RecordDeserializer:
+    cdef int _codec
+    cdef Py_ssize_t _max_record_size
+    # the chunk being read, and the ones fed after it
+    cdef _Chunk _cur
+    cdef const char *_cur_ptr
+    cdef Py_ssize_t _cur_pos
+    cdef Py_ssize_t _cur_end
+    cdef list _pending
+    cdef Py_ssize_t _pending_head
+    cdef int64_t _stream_pos          # stream offset of the next unread byte
+    # a record spanning chunks: 0 none, 1 prefix, 2 value header, 3 body
+    cdef int _span
+    cdef unsigned char _hdr[12]       # 4-byte prefix, then up to 5 payload bytes
+    cdef Py_ssize_t _have
+    cdef Py_ssize_t _need
+    cdef char *_dst
+    cdef Py_ssize_t _rec_len
+    cdef int64_t _rec_start
+    cdef object _target               # bytes or bytearray being filled
+    cdef bint _target_is_value        # the filled bytes are the record itself
+    # records decoded by finish() but not yet returned
+    cdef list _ready
+    cdef Py_ssize_t _ready_head
+    cdef bint _finished
+    cdef object _failure              # the message once the stream is broken
+
+    cdef int _feed(self, object data) except -1
+    cdef object _next_record(self)
+    cdef int _finish(self) except -1
+    cdef int _close(self) except -1
+    # internals
+    cdef int _activate(self, _Chunk c) except -1
+    cdef bint _advance(self) except -1
+    cdef int _release_input(self) except -1
+    cdef int _fail(self, object exc) except -1
+    cdef int _refuse_input(self, object data) except -1
+    cdef object _span_step(self)
+    cdef object _decode(self, const char *p, Py_ssize_t n, int64_t record_start, object base)
+    cdef object _bad_length(self, Py_ssize_t n)

@@ -1,0 +1,181 @@
+# RecordSerializer: stages one length-prefixed record and copies it into
+# buffers of any size.  Included by _serialization.pyx.
+
+cdef dict _CODECS = {"typed": CODEC_TYPED, "bytes": CODEC_BYTES, "pickle": CODEC_PICKLE}
+cdef tuple _CODEC_NAMES = ("typed", "bytes", "pickle")
+
+
+cdef int _codec_arg(object codec) except -1:
+    try:
+        return _CODECS[codec]
+    except (KeyError, TypeError):
+        raise ValueError(f"codec must be one of 'typed', 'bytes', 'pickle', got {codec!r}") \
+            from None
+
+
+@cython.final
+cdef class RecordSerializer:
+    """Turns records into Flink's wire format, one at a time: a 4-byte
+    big-endian payload length, then the payload (the record encoded by
+    ``codec``: ``"typed"``, ``"bytes"`` or ``"pickle"``, see docs/FORMAT.md).
+
+    ``serialize_record(r)`` stages a record (encoding errors surface here);
+    ``copy_to_buffer(buf)`` copies as much as fits at the buffer's writer
+    index and says whether the record is done and whether the buffer is
+    full; ``reset()`` rewinds to copy the same record again (broadcast).
+    Large bytes, str and array values are not copied when staged: the
+    serializer keeps a reference and copies them straight into the buffers,
+    so do not mutate them until the record is copied.
+    """
+
+    def __cinit__(self):
+        self._codec = CODEC_TYPED
+        self._stage = NULL
+
+    def __init__(self, codec="typed"):
+        self._codec = _codec_arg(codec)
+
+    def __dealloc__(self):
+        cdef Py_ssize_t i
+        for i in range(self._nviews):
+            PyBuffer_Release(&self._views[i])
+        self._nviews = 0
+        PyMem_Free(self._views)
+        PyMem_Free(self._pieces)
+        PyMem_Free(self._stage)
+
+    # -- the C-level contract -------------------------------------------------
+
+    cdef int _serialize_record(self, object record) except -1:
+        """Stage ``record`` (replacing any staged one)."""
+        if self._npieces or self._nviews or self._owners:
+            _stage_clear(self)
+        else:
+            self._record_len = 0
+        self._cur_piece = 0
+        self._cur_off = 0
+        if self._stage_cap < 4:
+            _stage_grow(self, STAGE_INITIAL)
+        self._stage_len = 4          # the length prefix, written below
+        self._piece_start = 0
+        self._ext_bytes = 0
+        try:
+            if self._codec == CODEC_TYPED:
+                _enc(self, record, 0)
+            elif self._codec == CODEC_BYTES:
+                _bytes_encode(self, record)
+            else:
+                _pickle_encode(self, record)
+            _close_staged_piece(self)
+            if _payload_pos(self) > MAX_PAYLOAD:
+                raise ValueError(f"a record of {_payload_pos(self)} bytes exceeds the "
+                                 f"{MAX_PAYLOAD}-byte limit of the length prefix")
+        except BaseException:
+            _stage_clear(self)
+            raise
+        fb_store_u32(self._stage, <uint32_t>_payload_pos(self), 1)
+        self._record_len = self._stage_len + self._ext_bytes
+        return 0
+
+    cdef int _copy_to_buffer(self, Buffer buf) except -1:
+        """Copy staged bytes at ``buf``'s writer index until the record is
+        done or the buffer is full; returns FULL_RECORD | FULL_BUFFER bits."""
+        cdef char *data = buf._data
+        if data == NULL:
+            buf._check()
+        cdef Py_ssize_t space = buf._capacity - buf._writer
+        cdef char *dst = data + buf._writer
+        cdef Py_ssize_t left, k
+        cdef Piece *pc
+        cdef const char *src
+        while space > 0 and self._cur_piece < self._npieces:
+            pc = &self._pieces[self._cur_piece]
+            src = pc.ptr if pc.ptr != NULL else self._stage + pc.off
+            left = pc.len - self._cur_off
+            k = left if left <= space else space
+            memcpy(dst, src + self._cur_off, <size_t>k)
+            dst += k
+            space -= k
+            if k == left:
+                self._cur_piece += 1
+                self._cur_off = 0
+            else:
+                self._cur_off += k
+        buf._writer = buf._capacity - space
+        if self._cur_piece >= self._npieces:
+            return FULL_RECORD | FULL_BUFFER if space == 0 else FULL_RECORD
+        return FULL_BUFFER
+
+    cdef bint _has_serialized_data(self) noexcept:
+        return self._cur_piece < self._npieces
+
+    cdef int _reset(self) except -1:
+        """Rewind to the start of the staged record."""
+        self._cur_piece = 0
+        self._cur_off = 0
+        return 0
+
+    cdef int _clear(self) except -1:
+        return _stage_clear(self)
+
+    cdef bytes _payload_bytes(self):
+        """The staged payload (without the prefix) as one bytes object."""
+        cdef Py_ssize_t n = self._record_len - 4 if self._record_len else 0
+        cdef bytes out = PyBytes_FromStringAndSize(NULL, n)
+        cdef char *dst = PyBytes_AS_STRING(out)
+        cdef Py_ssize_t i, skip = 4, k
+        cdef const char *src
+        cdef Piece *pc
+        for i in range(self._npieces):
+            pc = &self._pieces[i]
+            src = pc.ptr if pc.ptr != NULL else self._stage + pc.off
+            k = pc.len
+            if skip:
+                # the prefix is at the start of the first (staged) piece
+                src += skip
+                k -= skip
+                skip = 0
+            memcpy(dst, src, <size_t>k)
+            dst += k
+        return out
+
+    # -- Python API -----------------------------------------------------------
+
+    def serialize_record(self, record):
+        """Stage one record, replacing any staged one.  ``TypeError`` for a
+        value the codec cannot encode, ``ValueError`` for a too deep or
+        self-referencing structure or a record over 2 GiB - 1 bytes."""
+        self._serialize_record(record)
+
+    def copy_to_buffer(self, Buffer buf not None):
+        """Copy the staged record, or what is left of it, into ``buf`` at its
+        writer index; returns a :class:`SerializationResult`."""
+        return _result_for(self._copy_to_buffer(buf))
+
+    @property
+    def has_serialized_data(self):
+        """True while part of the staged record is not yet copied."""
+        return self._cur_piece < self._npieces
+
+    def reset(self):
+        """Rewind so that the staged record is copied again from its start
+        (broadcast the same record into another channel's buffer)."""
+        self._reset()
+
+    def clear(self):
+        """Forget the staged record and release the values it referenced."""
+        self._clear()
+
+    @property
+    def record_size(self):
+        """Bytes of the staged record including the 4-byte prefix (0 if none)."""
+        return self._record_len
+
+    @property
+    def codec(self):
+        """The codec name."""
+        return _CODEC_NAMES[self._codec]
+
+    def __repr__(self):
+        return (f"<flinkbuf.RecordSerializer codec={self.codec!r} "
+                f"record_size={self._record_len} pending={self.has_serialized_data}>")
