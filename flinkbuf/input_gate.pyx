@@ -215,14 +215,14 @@ cdef class InputGate:
     cdef object _next(self, int32_t *channel):
         cdef int32_t ch
         cdef fb_item_t item
-        cdef object rec, obj, event
+        cdef object rec, obj, event, des_obj
         cdef RecordDeserializer des
         while True:
             ch = self._current
             if ch >= 0:
                 des = <RecordDeserializer>self._deserializers[ch]
                 rec = des._next_record()
-                if rec is not _NO_RECORD:
+                if not is_no_record(rec):
                     self._records_in += 1
                     channel[0] = ch
                     return rec
@@ -233,16 +233,21 @@ cdef class InputGate:
                 self._check_open()
             self._wait_item(&ch, &item)
             obj = _take_item_object(&item)
+            des_obj = self._deserializers[ch]
+            if des_obj is None:             # closed by another thread meanwhile
+                if item.kind == FB_ITEM_DATA:
+                    (<Buffer>obj)._release()
+                raise ValueError("input gate is closed")
             if item.kind == FB_ITEM_DATA:
                 self._buffers_in += 1
                 self._bytes_in += item.size
-                (<RecordDeserializer>self._deserializers[ch])._feed(obj)
+                (<RecordDeserializer>des_obj)._feed(obj)
                 obj = None
                 self._current = ch
                 continue
             event = _deserialize_event(<bytes>obj)
             if event is _END_OF_PARTITION:
-                (<RecordDeserializer>self._deserializers[ch])._finish()
+                (<RecordDeserializer>des_obj)._finish()
                 self._finished[ch] = True
                 self._num_finished += 1
                 (<InputChannel>self._channels[ch])._release(self)
