@@ -70,6 +70,8 @@ cdef int _java_hash(object key, int32_t *out) except -1:
     elif isinstance(key, str):
         out[0] = fb_java_string_hash(PyUnicode_DATA(key), PyUnicode_KIND(key),
                                      <size_t>PyUnicode_GET_LENGTH(key))
+    elif PyIndex_Check(key):       # numpy integers and the like
+        out[0] = _java_int(operator.index(key))
     elif PyObject_CheckBuffer(key):
         # Arrays.hashCode(byte[]) over the raw bytes
         PyObject_GetBuffer(key, &view, PyBUF_SIMPLE)
@@ -77,8 +79,6 @@ cdef int _java_hash(object key, int32_t *out) except -1:
             out[0] = fb_java_bytes_hash(<const unsigned char *>view.buf, <size_t>view.len)
         finally:
             PyBuffer_Release(&view)
-    elif PyIndex_Check(key):       # numpy integers and the like
-        out[0] = _java_int(operator.index(key))
     else:
         raise TypeError(
             f"cannot hash a key of type {t.__name__} deterministically; use a key "

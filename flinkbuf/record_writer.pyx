@@ -119,10 +119,6 @@ cdef class RecordWriter:
                 name=f"flinkbuf-output-flusher-{self._name or id(self)}", daemon=True)
             self._flusher.start()
 
-    def __dealloc__(self):
-        if self._flusher_stop is not None:
-            self._flusher_stop.set()
-
     # ---- the record path ----------------------------------------------------
 
     def emit(self, record):
@@ -132,8 +128,7 @@ cdef class RecordWriter:
 
     def broadcast_emit(self, record):
         """Write ``record`` to every channel."""
-        if self._state != _W_OPEN or self._broken or self._flusher_error is not None:
-            self._check_open()
+        self._check_open()
         self._broadcast_emit(record)
 
     cdef int _check_open(self) except -1:
@@ -142,6 +137,7 @@ cdef class RecordWriter:
             raise ValueError("record writer is closed")
         if self._state == _W_FAILED:
             raise ProducerFailedError("record writer has failed") from self._partition._cause
+        self._check_partition()
         if self._broken:
             raise RuntimeError("a record was left half written by an earlier error; "
                                "the writer can only fail()")
@@ -154,7 +150,8 @@ cdef class RecordWriter:
 
     cdef int _emit(self, object record) except -1:
         cdef int32_t ch
-        if self._state != _W_OPEN or self._broken or self._flusher_error is not None:
+        if (self._state != _W_OPEN or self._broken or self._flusher_error is not None
+                or self._partition._state != _P_LIVE):
             self._check_open()
         if self._broadcast:
             return self._broadcast_emit(record)
