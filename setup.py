@@ -42,6 +42,7 @@ if SANITIZE:
 
 CSRC = {
     "core": ["csrc/arena.c", "csrc/redistribution.c", "csrc/pool.c"],
+    "io": ["csrc/exchange.c", "csrc/keygroup.c"],
 }
 
 
@@ -61,7 +62,7 @@ extensions = [
     e for e in (
         ext("flinkbuf._core", "flinkbuf/_core.pyx", CSRC["core"]),
         ext("flinkbuf._serialization", "flinkbuf/_serialization.pyx"),
-        ext("flinkbuf._io", "flinkbuf/_io.pyx"),
+        ext("flinkbuf._io", "flinkbuf/_io.pyx", CSRC["io"]),
     )
     if os.path.exists(e.sources[0])
 ]

@@ -5,6 +5,10 @@ aligned off-heap arena of fixed-size :class:`MemorySegment` s; task-level
 :class:`LocalBufferPool` s share it by Flink's redistribution and hand out
 reference-counted :class:`Buffer` s.  A blocking buffer request that waits
 (without the GIL) for a recycled buffer is the backpressure mechanism.
+
+Tasks exchange records through :class:`ResultPartition` s written by a
+:class:`RecordWriter` and read by an :class:`InputGate` (see
+:mod:`flinkbuf.io`); :class:`TaskMetrics` reports Flink's task metrics.
 """
 
 from flinkbuf._core import (
@@ -26,29 +30,71 @@ from flinkbuf.errors import (
     ExportedBufferError,
     FlinkbufError,
     InsufficientBuffersError,
+    PartitionReleasedError,
     PoolDestroyedError,
+    ProducerFailedError,
     RecycledBufferError,
     SegmentFreedError,
 )
+from flinkbuf.io import (
+    BacklogAwareRebalanceSelector,
+    BroadcastSelector,
+    ChannelSelector,
+    CustomSelector,
+    Event,
+    ForwardSelector,
+    GlobalSelector,
+    HashSelector,
+    InputChannel,
+    InputGate,
+    LocalInputChannel,
+    RecordWriter,
+    RescaleSelector,
+    ResultPartition,
+    RoundRobinSelector,
+    UserEvent,
+    create_partition,
+)
+from flinkbuf.metrics import TaskMetrics
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BacklogAwareRebalanceSelector",
+    "BroadcastSelector",
     "Buffer",
     "BufferRequestTimeoutError",
+    "ChannelSelector",
     "CorruptRecordError",
+    "CustomSelector",
     "DataType",
+    "Event",
     "ExportedBufferError",
     "FlinkbufError",
+    "ForwardSelector",
+    "GlobalSelector",
+    "HashSelector",
+    "InputChannel",
+    "InputGate",
     "InsufficientBuffersError",
     "LocalBufferPool",
+    "LocalInputChannel",
     "MemorySegment",
     "NetworkBufferPool",
+    "PartitionReleasedError",
     "PoolDestroyedError",
+    "ProducerFailedError",
     "RecordDeserializer",
     "RecordSerializer",
+    "RecordWriter",
     "RecycledBufferError",
+    "RescaleSelector",
+    "ResultPartition",
+    "RoundRobinSelector",
     "SegmentFreedError",
     "SerializationResult",
+    "TaskMetrics",
+    "UserEvent",
+    "create_partition",
     "redistribute",
 ]

@@ -15,6 +15,8 @@ __all__ = [
     "SegmentFreedError",
     "ExportedBufferError",
     "CorruptRecordError",
+    "PartitionReleasedError",
+    "ProducerFailedError",
 ]
 
 
@@ -48,3 +50,12 @@ class ExportedBufferError(FlinkbufError, BufferError):
 
 class CorruptRecordError(FlinkbufError, ValueError):
     """A serialized record stream is malformed."""
+
+
+class PartitionReleasedError(FlinkbufError, ConnectionError):
+    """The consumer of a subpartition released it (closed its input gate):
+    the producer can no longer write there, and a blocked request ends."""
+
+
+class ProducerFailedError(FlinkbufError, RuntimeError):
+    """The producer of a partition failed; ``__cause__`` is its error."""

@@ -1,0 +1,381 @@
+#define _GNU_SOURCE
+#include "exchange.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- time ------------------------------------------------------------ */
+
+int64_t fb_x_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+int64_t fb_x_deadline_after(double seconds)
+{
+    int64_t now = fb_x_now_ns();
+    if (isnan(seconds) || seconds < 0)
+        return FB_X_WAIT_FOREVER;
+    if (seconds >= (double)(FB_X_WAIT_FOREVER - now) / 1e9)
+        return FB_X_WAIT_FOREVER;
+    return now + (int64_t)(seconds * 1e9);
+}
+
+static int init_cond(pthread_cond_t *cv)
+{
+    pthread_condattr_t attr;
+    int rc;
+    if (pthread_condattr_init(&attr) != 0)
+        return -1;
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    rc = pthread_cond_init(cv, &attr);
+    pthread_condattr_destroy(&attr);
+    return rc == 0 ? 0 : -1;
+}
+
+/* ---- gate ------------------------------------------------------------ */
+
+int fb_gate_init(fb_gate_t *g, int32_t num_channels)
+{
+    memset(g, 0, sizeof(*g));
+    if (num_channels <= 0)
+        return FB_X_ESTATE;
+    g->ready = malloc(sizeof(int32_t) * (size_t)num_channels);
+    g->queued = calloc((size_t)num_channels, 1);
+    if (g->ready == NULL || g->queued == NULL)
+        goto nomem;
+    if (init_cond(&g->cv) != 0)
+        goto nomem;
+    if (pthread_mutex_init(&g->mu, NULL) != 0) {
+        pthread_cond_destroy(&g->cv);
+        goto nomem;
+    }
+    g->num_channels = num_channels;
+    g->initialized = 1;
+    return FB_X_OK;
+nomem:
+    free(g->ready);
+    free(g->queued);
+    memset(g, 0, sizeof(*g));
+    return FB_X_ENOMEM;
+}
+
+void fb_gate_free(fb_gate_t *g)
+{
+    if (!g->initialized)
+        return;
+    pthread_mutex_destroy(&g->mu);
+    pthread_cond_destroy(&g->cv);
+    free(g->ready);
+    free(g->queued);
+    memset(g, 0, sizeof(*g));
+}
+
+void fb_gate_notify(fb_gate_t *g, int32_t channel)
+{
+    if (channel < 0 || channel >= g->num_channels)
+        return;
+    pthread_mutex_lock(&g->mu);
+    if (!g->queued[channel]) {
+        g->queued[channel] = 1;
+        g->ready[(g->head + g->count) % g->num_channels] = channel;
+        g->count++;
+        if (g->waiters > 0)
+            pthread_cond_signal(&g->cv);
+    }
+    pthread_mutex_unlock(&g->mu);
+}
+
+int fb_gate_wait(fb_gate_t *g, int64_t deadline_ns, int32_t *channel)
+{
+    struct timespec ts;
+    int rc = FB_X_OK;
+    pthread_mutex_lock(&g->mu);
+    for (;;) {
+        if (g->closed) {
+            rc = FB_X_CLOSED;
+            break;
+        }
+        if (g->count > 0) {
+            int32_t ch = g->ready[g->head];
+            g->head = (g->head + 1) % g->num_channels;
+            g->count--;
+            g->queued[ch] = 0;
+            *channel = ch;
+            break;
+        }
+        if (deadline_ns <= fb_x_now_ns()) {
+            rc = FB_X_TIMEDOUT;
+            break;
+        }
+        g->waiters++;
+        if (deadline_ns == FB_X_WAIT_FOREVER) {
+            pthread_cond_wait(&g->cv, &g->mu);
+        } else {
+            ts.tv_sec = deadline_ns / 1000000000LL;
+            ts.tv_nsec = deadline_ns % 1000000000LL;
+            pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+        }
+        g->waiters--;
+    }
+    pthread_mutex_unlock(&g->mu);
+    return rc;
+}
+
+void fb_gate_close(fb_gate_t *g)
+{
+    pthread_mutex_lock(&g->mu);
+    g->closed = 1;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+/* ---- signal ---------------------------------------------------------- */
+
+int fb_signal_init(fb_signal_t *s)
+{
+    memset(s, 0, sizeof(*s));
+    if (init_cond(&s->cv) != 0)
+        return FB_X_ENOMEM;
+    if (pthread_mutex_init(&s->mu, NULL) != 0) {
+        pthread_cond_destroy(&s->cv);
+        return FB_X_ENOMEM;
+    }
+    s->initialized = 1;
+    return FB_X_OK;
+}
+
+void fb_signal_free(fb_signal_t *s)
+{
+    if (!s->initialized)
+        return;
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    memset(s, 0, sizeof(*s));
+}
+
+/* The counter moves first, then waiters are looked at; a waiter registers
+ * first, then looks at the counter (both sequentially consistent), so a
+ * post is never missed. */
+void fb_signal_post(fb_signal_t *s)
+{
+    __atomic_add_fetch(&s->seq, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&s->waiters, __ATOMIC_SEQ_CST) > 0) {
+        pthread_mutex_lock(&s->mu);
+        pthread_cond_broadcast(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+    }
+}
+
+uint64_t fb_signal_seq(fb_signal_t *s)
+{
+    return __atomic_load_n(&s->seq, __ATOMIC_SEQ_CST);
+}
+
+int fb_signal_wait(fb_signal_t *s, uint64_t seen, int64_t deadline_ns)
+{
+    struct timespec ts;
+    int rc = FB_X_OK;
+    pthread_mutex_lock(&s->mu);
+    __atomic_add_fetch(&s->waiters, 1, __ATOMIC_SEQ_CST);
+    for (;;) {
+        if (__atomic_load_n(&s->seq, __ATOMIC_SEQ_CST) != seen)
+            break;
+        if (deadline_ns <= fb_x_now_ns()) {
+            rc = FB_X_TIMEDOUT;
+            break;
+        }
+        if (deadline_ns == FB_X_WAIT_FOREVER) {
+            pthread_cond_wait(&s->cv, &s->mu);
+        } else {
+            ts.tv_sec = deadline_ns / 1000000000LL;
+            ts.tv_nsec = deadline_ns % 1000000000LL;
+            pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+        }
+    }
+    __atomic_sub_fetch(&s->waiters, 1, __ATOMIC_SEQ_CST);
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+/* ---- subpartition ---------------------------------------------------- */
+
+#define SP_INITIAL_CAP 8
+
+int fb_subpart_init(fb_subpart_t *sp, fb_signal_t *on_poll)
+{
+    memset(sp, 0, sizeof(*sp));
+    sp->ring = malloc(sizeof(fb_item_t) * SP_INITIAL_CAP);
+    if (sp->ring == NULL)
+        return FB_X_ENOMEM;
+    if (pthread_mutex_init(&sp->mu, NULL) != 0) {
+        free(sp->ring);
+        sp->ring = NULL;
+        return FB_X_ENOMEM;
+    }
+    sp->cap = SP_INITIAL_CAP;
+    sp->gate_channel = -1;
+    sp->on_poll = on_poll;
+    sp->initialized = 1;
+    return FB_X_OK;
+}
+
+void fb_subpart_free(fb_subpart_t *sp)
+{
+    if (!sp->initialized)
+        return;
+    pthread_mutex_destroy(&sp->mu);
+    free(sp->ring);
+    memset(sp, 0, sizeof(*sp));
+}
+
+/* Double the ring, keeping the order (lock held). */
+static int grow(fb_subpart_t *sp)
+{
+    int32_t cap = sp->cap * 2, k;
+    fb_item_t *ring;
+    if (cap <= sp->cap)
+        return FB_X_ENOMEM;
+    ring = malloc(sizeof(fb_item_t) * (size_t)cap);
+    if (ring == NULL)
+        return FB_X_ENOMEM;
+    for (k = 0; k < sp->count; k++)
+        ring[k] = sp->ring[(sp->head + k) % sp->cap];
+    free(sp->ring);
+    sp->ring = ring;
+    sp->cap = cap;
+    sp->head = 0;
+    return FB_X_OK;
+}
+
+int fb_subpart_add(fb_subpart_t *sp, fb_item_t item, int last)
+{
+    int rc = FB_X_OK;
+    pthread_mutex_lock(&sp->mu);
+    if (sp->state == FB_SP_RELEASED) {
+        rc = FB_X_RELEASED;
+    } else if (sp->state == FB_SP_FAILED) {
+        rc = FB_X_FAILED;
+    } else if (sp->finished) {
+        rc = FB_X_ESTATE;
+    } else if (sp->count == sp->cap && grow(sp) != FB_X_OK) {
+        rc = FB_X_ENOMEM;
+    } else {
+        sp->ring[(sp->head + sp->count) % sp->cap] = item;
+        sp->count++;
+        sp->items_added++;
+        if (item.kind == FB_ITEM_DATA)
+            __atomic_store_n(&sp->backlog, sp->backlog + 1, __ATOMIC_RELAXED);
+        if (last)
+            sp->finished = 1;
+        if (sp->count == 1 && sp->gate != NULL)
+            fb_gate_notify(sp->gate, sp->gate_channel);
+    }
+    pthread_mutex_unlock(&sp->mu);
+    return rc;
+}
+
+int fb_subpart_poll(fb_subpart_t *sp, fb_item_t *out)
+{
+    int rc = FB_X_OK;
+    pthread_mutex_lock(&sp->mu);
+    if (sp->state == FB_SP_FAILED) {
+        rc = FB_X_FAILED;
+    } else if (sp->state == FB_SP_RELEASED) {
+        rc = FB_X_RELEASED;
+    } else if (sp->count == 0) {
+        rc = FB_X_EMPTY;
+    } else {
+        *out = sp->ring[sp->head];
+        sp->head = (sp->head + 1) % sp->cap;
+        sp->count--;
+        sp->items_polled++;
+        if (out->kind == FB_ITEM_DATA)
+            __atomic_store_n(&sp->backlog, sp->backlog - 1, __ATOMIC_RELAXED);
+        if (sp->count > 0 && sp->gate != NULL)
+            fb_gate_notify(sp->gate, sp->gate_channel);
+    }
+    pthread_mutex_unlock(&sp->mu);
+    if (rc == FB_X_OK && sp->on_poll != NULL)
+        fb_signal_post(sp->on_poll);
+    return rc;
+}
+
+int fb_subpart_connect(fb_subpart_t *sp, fb_gate_t *g, int32_t channel)
+{
+    int rc = FB_X_OK;
+    pthread_mutex_lock(&sp->mu);
+    if (sp->gate != NULL || sp->state == FB_SP_RELEASED) {
+        rc = FB_X_ESTATE;
+    } else {
+        sp->gate = g;
+        sp->gate_channel = channel;
+        /* Data (or a failure) that came before the consumer. */
+        if (sp->count > 0 || sp->state == FB_SP_FAILED)
+            fb_gate_notify(g, channel);
+    }
+    pthread_mutex_unlock(&sp->mu);
+    return rc;
+}
+
+void fb_subpart_disconnect(fb_subpart_t *sp, fb_gate_t *g)
+{
+    pthread_mutex_lock(&sp->mu);
+    if (sp->gate == g) {
+        sp->gate = NULL;
+        sp->gate_channel = -1;
+    }
+    pthread_mutex_unlock(&sp->mu);
+}
+
+int32_t fb_subpart_terminate(fb_subpart_t *sp, int32_t state, fb_item_t **out)
+{
+    int32_t n, k;
+    fb_item_t *items = NULL;
+    pthread_mutex_lock(&sp->mu);
+    n = sp->count;
+    if (n > 0) {
+        items = malloc(sizeof(fb_item_t) * (size_t)n);
+        if (items == NULL) {
+            pthread_mutex_unlock(&sp->mu);
+            return -1;
+        }
+        for (k = 0; k < n; k++)
+            items[k] = sp->ring[(sp->head + k) % sp->cap];
+    }
+    sp->head = 0;
+    sp->count = 0;
+    __atomic_store_n(&sp->backlog, 0, __ATOMIC_RELAXED);
+    if (sp->state == FB_SP_LIVE)
+        __atomic_store_n(&sp->state, state, __ATOMIC_RELEASE);
+    if (sp->gate != NULL)
+        fb_gate_notify(sp->gate, sp->gate_channel);
+    pthread_mutex_unlock(&sp->mu);
+    if (sp->on_poll != NULL)
+        fb_signal_post(sp->on_poll);
+    *out = items;
+    return n;
+}
+
+int32_t fb_subpart_backlog(const fb_subpart_t *sp)
+{
+    return __atomic_load_n(&sp->backlog, __ATOMIC_RELAXED);
+}
+
+int32_t fb_subpart_state(const fb_subpart_t *sp)
+{
+    return __atomic_load_n(&sp->state, __ATOMIC_ACQUIRE);
+}
+
+int32_t fb_subpart_size(fb_subpart_t *sp)
+{
+    int32_t n;
+    pthread_mutex_lock(&sp->mu);
+    n = sp->count;
+    pthread_mutex_unlock(&sp->mu);
+    return n;
+}

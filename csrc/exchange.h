@@ -1,0 +1,131 @@
+/* Local exchange between tasks: subpartition queues and input-gate readiness.
+ *
+ * A subpartition is a FIFO of items (finished data buffers and serialized
+ * events) written by one producer thread and read by one consumer.  Items are
+ * opaque pointers: the caller owns what they point to and frees whatever a
+ * terminate call hands back.  A subpartition may be connected to one gate;
+ * whenever it turns non-empty it tells the gate, which keeps a FIFO of the
+ * channels that have data (each at most once) so a consumer serves its
+ * channels in turn and sleeps on a condition variable while none has data.
+ *
+ * Locking: each subpartition and each gate has its own mutex; the only nesting
+ * is subpartition -> gate (a subpartition notifies its gate under its own lock,
+ * which keeps the gate pointer valid: a gate disconnects under that same lock
+ * before it is freed).  Blocking calls must be made without the GIL.  Nothing
+ * here calls back into the caller.  No Python API. */
+#ifndef FLINKBUF_EXCHANGE_H
+#define FLINKBUF_EXCHANGE_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+/* Result codes: 0..7 agree with pool.h; the rest are the exchange's own. */
+enum {
+    FB_X_OK = 0,
+    FB_X_EMPTY = 1,      /* nothing queued */
+    FB_X_TIMEDOUT = 2,   /* deadline passed */
+    FB_X_ESTATE = 6,     /* call not valid in this state */
+    FB_X_ENOMEM = 7,
+    FB_X_RELEASED = 16,  /* the consumer released the subpartition */
+    FB_X_FAILED = 17,    /* the producer failed */
+    FB_X_CLOSED = 18     /* the gate was closed */
+};
+
+/* Item kinds. */
+enum { FB_ITEM_DATA = 0, FB_ITEM_EVENT = 1 };
+
+/* Subpartition states. */
+enum { FB_SP_LIVE = 0, FB_SP_RELEASED = 1, FB_SP_FAILED = 2 };
+
+#define FB_X_WAIT_FOREVER INT64_MAX
+
+typedef struct fb_item {
+    void *obj;
+    int32_t kind;
+    int32_t size;  /* bytes of payload, for statistics */
+} fb_item_t;
+
+typedef struct fb_gate {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int32_t num_channels;
+    int32_t *ready;   /* ring of channel indices with data */
+    uint8_t *queued;  /* per channel: in the ring */
+    int32_t head, count;
+    int32_t waiters;
+    int closed;
+    int initialized;
+} fb_gate_t;
+
+/* A counter that consumers bump and a producer can sleep on: "something was
+ * consumed" (a subpartition's backlog went down, or it was terminated). */
+typedef struct fb_signal {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t seq;      /* atomic */
+    int32_t waiters;   /* atomic */
+    int initialized;
+} fb_signal_t;
+
+typedef struct fb_subpart {
+    pthread_mutex_t mu;
+    fb_item_t *ring;
+    int32_t cap, head, count;
+    int32_t backlog;   /* data items queued; written under mu, read atomically */
+    int32_t state;     /* FB_SP_*; written under mu, read atomically */
+    int32_t finished;  /* the producer added its last item */
+    fb_gate_t *gate;   /* consumer to notify, or NULL */
+    int32_t gate_channel;
+    int64_t items_added, items_polled;
+    fb_signal_t *on_poll; /* posted after every poll and on termination */
+    int initialized;
+} fb_subpart_t;
+
+/* Monotonic clock (CLOCK_MONOTONIC, ns) and a deadline `seconds` from now
+ * (FB_X_WAIT_FOREVER for a negative or huge value). */
+int64_t fb_x_now_ns(void);
+int64_t fb_x_deadline_after(double seconds);
+
+/* ---- gate ---- */
+int fb_gate_init(fb_gate_t *g, int32_t num_channels);     /* FB_X_OK / FB_X_ENOMEM */
+void fb_gate_free(fb_gate_t *g);                           /* no waiter may remain */
+/* Mark `channel` as having data (no-op if already marked) and wake a waiter. */
+void fb_gate_notify(fb_gate_t *g, int32_t channel);
+/* Wait until some channel has data and take it off the ring:
+ * FB_X_OK (channel in *channel), FB_X_TIMEDOUT, or FB_X_CLOSED. */
+int fb_gate_wait(fb_gate_t *g, int64_t deadline_ns, int32_t *channel);
+/* Wake every waiter with FB_X_CLOSED, now and later. */
+void fb_gate_close(fb_gate_t *g);
+
+/* ---- signal ---- */
+int fb_signal_init(fb_signal_t *s);                        /* FB_X_OK / FB_X_ENOMEM */
+void fb_signal_free(fb_signal_t *s);
+void fb_signal_post(fb_signal_t *s);
+uint64_t fb_signal_seq(fb_signal_t *s);
+/* Wait until the counter differs from `seen`: FB_X_OK or FB_X_TIMEDOUT. */
+int fb_signal_wait(fb_signal_t *s, uint64_t seen, int64_t deadline_ns);
+
+/* ---- subpartition ---- */
+/* `on_poll` (may be NULL) must outlive the subpartition. */
+int fb_subpart_init(fb_subpart_t *sp, fb_signal_t *on_poll); /* FB_X_OK / FB_X_ENOMEM */
+void fb_subpart_free(fb_subpart_t *sp);                    /* caller drained it first */
+/* Append an item; `last` marks the producer's final item.  FB_X_RELEASED or
+ * FB_X_FAILED (the item was not taken), FB_X_ESTATE after the last item,
+ * FB_X_ENOMEM. */
+int fb_subpart_add(fb_subpart_t *sp, fb_item_t item, int last);
+/* Take the oldest item: FB_X_OK, FB_X_EMPTY, FB_X_FAILED, FB_X_RELEASED.
+ * If items remain the connected gate is told again (fair turns). */
+int fb_subpart_poll(fb_subpart_t *sp, fb_item_t *out);
+/* Connect a consumer: FB_X_ESTATE if one is connected or it was released. */
+int fb_subpart_connect(fb_subpart_t *sp, fb_gate_t *g, int32_t channel);
+void fb_subpart_disconnect(fb_subpart_t *sp, fb_gate_t *g);
+/* Move to `state` (FB_SP_RELEASED or FB_SP_FAILED; a terminated subpartition
+ * keeps its first state) and hand every queued item to the caller: *out is a
+ * malloc'd array of the returned count (NULL when 0), the caller frees it.
+ * -1 if that array cannot be allocated (nothing changed).  The gate is told. */
+int32_t fb_subpart_terminate(fb_subpart_t *sp, int32_t state, fb_item_t **out);
+int32_t fb_subpart_backlog(const fb_subpart_t *sp);
+int32_t fb_subpart_state(const fb_subpart_t *sp);
+int32_t fb_subpart_size(fb_subpart_t *sp);                 /* items queued */
+
+#endif

@@ -1,0 +1,60 @@
+# Layer 3, tasks exchanging data: ResultPartition, RecordWriter and channel
+# selectors, InputGate and input channels, in-band events; one extension over
+# csrc/exchange.c and csrc/keygroup.c.  Compiler directives live in setup.py.
+
+cimport cython
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_CheckBuffer, PyObject_GetBuffer
+from cpython.long cimport PyLong_AsLongLongAndOverflow
+from cpython.number cimport PyIndex_Check
+from cpython.ref cimport Py_DECREF, Py_INCREF
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
+from libc.stdlib cimport free
+
+from flinkbuf._core cimport Buffer, LocalBufferPool
+from flinkbuf._io_csrc cimport *
+from flinkbuf._serialization cimport RecordDeserializer, RecordSerializer, is_no_record
+
+import operator
+import random
+import threading
+import weakref
+
+from flinkbuf._serialization import decode as _typed_decode
+from flinkbuf._serialization import encode as _typed_encode
+from flinkbuf.errors import (
+    BufferRequestTimeoutError,
+    CorruptRecordError,
+    PartitionReleasedError,
+    PoolDestroyedError,
+    ProducerFailedError,
+)
+
+cdef extern from "Python.h":
+    void PyErr_WriteUnraisable(object obj)
+    int PyErr_CheckSignals() except -1
+    int PyUnicode_KIND(object o)
+    void *PyUnicode_DATA(object o)
+    Py_ssize_t PyUnicode_GET_LENGTH(object o)
+
+cdef int32_t _MAX_INT32 = 2147483647
+
+
+cdef int32_t _as_int32(object value, str name, int32_t minimum) except? -1:
+    """A Python int in [minimum, 2**31 - 1] (bools refused)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum or value > _MAX_INT32:
+        raise ValueError(f"{name} must be in [{minimum}, {_MAX_INT32}], got {value}")
+    return <int32_t>value
+
+
+def monotonic_ns():
+    """The clock the exchange's timings use (CLOCK_MONOTONIC, ns)."""
+    return fb_x_now_ns()
+
+
+include "events.pyx"
+include "channel_selector.pyx"
+include "result_partition.pyx"
+include "record_writer.pyx"
+include "input_gate.pyx"

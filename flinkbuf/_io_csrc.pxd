@@ -1,0 +1,71 @@
+# Declarations of the plain-C helpers of layer 3 (csrc/exchange.*, csrc/keygroup.*).
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
+
+
+cdef extern from "exchange.h" nogil:
+    enum:
+        FB_X_OK
+        FB_X_EMPTY
+        FB_X_TIMEDOUT
+        FB_X_ESTATE
+        FB_X_ENOMEM
+        FB_X_RELEASED
+        FB_X_FAILED
+        FB_X_CLOSED
+        FB_ITEM_DATA
+        FB_ITEM_EVENT
+        FB_SP_LIVE
+        FB_SP_RELEASED
+        FB_SP_FAILED
+    int64_t FB_X_WAIT_FOREVER
+
+    ctypedef struct fb_item_t:
+        void *obj
+        int32_t kind
+        int32_t size
+
+    ctypedef struct fb_gate_t:
+        int32_t num_channels
+
+    ctypedef struct fb_signal_t:
+        pass
+
+    ctypedef struct fb_subpart_t:
+        int64_t items_added
+        int64_t items_polled
+
+    int64_t fb_x_now_ns()
+    int64_t fb_x_deadline_after(double seconds)
+
+    int fb_gate_init(fb_gate_t *g, int32_t num_channels)
+    void fb_gate_free(fb_gate_t *g)
+    void fb_gate_notify(fb_gate_t *g, int32_t channel)
+    int fb_gate_wait(fb_gate_t *g, int64_t deadline_ns, int32_t *channel)
+    void fb_gate_close(fb_gate_t *g)
+
+    int fb_signal_init(fb_signal_t *s)
+    void fb_signal_free(fb_signal_t *s)
+    void fb_signal_post(fb_signal_t *s)
+    uint64_t fb_signal_seq(fb_signal_t *s)
+    int fb_signal_wait(fb_signal_t *s, uint64_t seen, int64_t deadline_ns)
+
+    int fb_subpart_init(fb_subpart_t *sp, fb_signal_t *on_poll)
+    void fb_subpart_free(fb_subpart_t *sp)
+    int fb_subpart_add(fb_subpart_t *sp, fb_item_t item, int last)
+    int fb_subpart_poll(fb_subpart_t *sp, fb_item_t *out)
+    int fb_subpart_connect(fb_subpart_t *sp, fb_gate_t *g, int32_t channel)
+    void fb_subpart_disconnect(fb_subpart_t *sp, fb_gate_t *g)
+    int32_t fb_subpart_terminate(fb_subpart_t *sp, int32_t state, fb_item_t **out)
+    int32_t fb_subpart_backlog(const fb_subpart_t *sp)
+    int32_t fb_subpart_state(const fb_subpart_t *sp)
+    int32_t fb_subpart_size(fb_subpart_t *sp)
+
+
+cdef extern from "keygroup.h" nogil:
+    int32_t fb_murmur_hash(int32_t code)
+    int32_t fb_key_group(int32_t hash_code, int32_t max_parallelism)
+    int32_t fb_operator_index(int32_t key_group, int32_t parallelism, int32_t max_parallelism)
+    int32_t fb_java_long_hash(int64_t v)
+    int32_t fb_java_double_hash(double v)
+    int32_t fb_java_bytes_hash(const unsigned char *p, size_t n)
+    int32_t fb_java_string_hash(const void *data, int width, size_t len)

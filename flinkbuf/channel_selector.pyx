@@ -1,0 +1,460 @@
+# Channel selectors: which subpartition(s) a record goes to.  Included by _io.pyx.
+
+cdef int32_t _ALL_BLOCKED = -2     # _select: every channel is blocked, wait
+
+
+# ---- deterministic key hashing (Java's hashCode) -----------------------------
+
+cdef int32_t _java_int(object v) except? -1:
+    """A Python int's hash as Java would compute it for the narrowest type
+    that holds it: Integer (the value), Long, else BigInteger."""
+    cdef int overflow = 0
+    cdef long long x = PyLong_AsLongLongAndOverflow(v, &overflow)
+    if overflow == 0:
+        if -2147483648 <= x <= 2147483647:
+            return <int32_t>x
+        return fb_java_long_hash(<int64_t>x)
+    # BigInteger.hashCode: 31-polynomial over the magnitude's 32-bit words
+    # (most significant first), times the sign, in int arithmetic.
+    cdef object mag = -v if v < 0 else v
+    cdef list words = []
+    while mag:
+        words.append(mag & 0xffffffff)
+        mag >>= 32
+    cdef uint32_t h = 0
+    cdef object w
+    for w in reversed(words):
+        h = 31u * h + <uint32_t>(<unsigned long long>w)
+    if v < 0:
+        h = 0u - h
+    return <int32_t>h
+
+
+cdef int _java_hash(object key, int32_t *out) except -1:
+    """``key``'s hash code as Java computes it for the matching type."""
+    cdef type t = type(key)
+    cdef Py_buffer view
+    cdef uint32_t h
+    cdef int32_t item
+    cdef object element
+    cdef Py_ssize_t i, n
+    if t is int:
+        out[0] = _java_int(key)
+    elif t is str:
+        out[0] = fb_java_string_hash(PyUnicode_DATA(key), PyUnicode_KIND(key),
+                                     <size_t>PyUnicode_GET_LENGTH(key))
+    elif key is None:
+        out[0] = 0
+    elif t is bool:
+        out[0] = 1231 if key else 1237
+    elif isinstance(key, float):
+        out[0] = fb_java_double_hash(<double>key)
+    elif isinstance(key, tuple):
+        # Flink's TupleN.hashCode: f0's hash, then 31 * h + each next field's.
+        n = len(<tuple>key)
+        h = 0
+        for i in range(n):
+            element = (<tuple>key)[i]
+            _java_hash(element, &item)
+            h = (31u * h + <uint32_t>item) if i else <uint32_t>item
+        out[0] = <int32_t>h
+    elif isinstance(key, list):
+        # java.util.List.hashCode
+        h = 1
+        for element in <list>key:
+            _java_hash(element, &item)
+            h = 31u * h + <uint32_t>item
+        out[0] = <int32_t>h
+    elif isinstance(key, int):     # int subclasses (bool handled above)
+        out[0] = _java_int(int(key))
+    elif isinstance(key, str):
+        out[0] = fb_java_string_hash(PyUnicode_DATA(key), PyUnicode_KIND(key),
+                                     <size_t>PyUnicode_GET_LENGTH(key))
+    elif PyIndex_Check(key):       # numpy integers and the like
+        out[0] = _java_int(operator.index(key))
+    elif PyObject_CheckBuffer(key):
+        # Arrays.hashCode(byte[]) over the raw bytes
+        PyObject_GetBuffer(key, &view, PyBUF_SIMPLE)
+        try:
+            out[0] = fb_java_bytes_hash(<const unsigned char *>view.buf, <size_t>view.len)
+        finally:
+            PyBuffer_Release(&view)
+    else:
+        raise TypeError(
+            f"cannot hash a key of type {t.__name__} deterministically; use a key "
+            "function that returns None, bool, int, float, str, bytes, or a tuple or "
+            "list of those")
+    return 0
+
+
+def java_hash_code(key):
+    """``key``'s hash code as Java computes ``hashCode()`` for the matching
+    type: ``int`` as Integer (values in int32), Long (in int64) or
+    BigInteger; ``float`` as Double; ``bool`` as Boolean; ``str`` as String
+    (over UTF-16 code units); bytes-like as ``Arrays.hashCode(byte[])``;
+    ``tuple`` as Flink's ``TupleN`` and ``list`` as ``java.util.List``
+    (elementwise); ``None`` as 0.  The same in every process, unlike
+    Python's salted ``hash()`` of ``str``/``bytes``."""
+    cdef int32_t h
+    _java_hash(key, &h)
+    return h
+
+
+def murmur_hash(code):
+    """Flink's ``MathUtils.murmurHash`` of a 32-bit int: non-negative."""
+    return fb_murmur_hash(_as_java_int32(code))
+
+
+def key_group_for_hash(hash_code, max_parallelism=128):
+    """Flink's ``computeKeyGroupForKeyHash``: murmur(hash) % max_parallelism."""
+    return fb_key_group(_as_java_int32(hash_code),
+                        _as_int32(max_parallelism, "max_parallelism", 1))
+
+
+def operator_index_for_key_group(key_group, parallelism, max_parallelism=128):
+    """Flink's ``computeOperatorIndexForKeyGroup``: key_group * parallelism // max_parallelism."""
+    cdef int32_t mp = _as_int32(max_parallelism, "max_parallelism", 1)
+    cdef int32_t p = _as_int32(parallelism, "parallelism", 1)
+    cdef int32_t kg = _as_int32(key_group, "key_group", 0)
+    if p > mp:
+        raise ValueError(f"parallelism {p} exceeds max_parallelism {mp}")
+    if kg >= mp:
+        raise ValueError(f"key group {kg} is not in [0, {mp})")
+    return fb_operator_index(kg, p, mp)
+
+
+def assign_key_to_operator(key, parallelism, max_parallelism=128):
+    """Flink's ``KeyGroupRangeAssignment.assignKeyToParallelOperator`` for a
+    Python key hashed by :func:`java_hash_code`."""
+    cdef int32_t mp = _as_int32(max_parallelism, "max_parallelism", 1)
+    cdef int32_t p = _as_int32(parallelism, "parallelism", 1)
+    if p > mp:
+        raise ValueError(f"parallelism {p} exceeds max_parallelism {mp}")
+    cdef int32_t h
+    _java_hash(key, &h)
+    return fb_operator_index(fb_key_group(h, mp), p, mp)
+
+
+cdef int32_t _as_java_int32(object v) except? -1:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"expected an int, got {type(v).__name__}")
+    if v < -2147483648 or v > 2147483647:
+        raise ValueError(f"{v} is not a 32-bit int")
+    return <int32_t>v
+
+
+# ---- selectors -------------------------------------------------------------
+
+cdef class ChannelSelector:
+    """Chooses the channel (subpartition) of each record.  A writer sets its
+    selector up with the number of channels; use one selector per writer.
+
+    Subclass :class:`CustomSelector` (or pass a callable) for your own."""
+
+    def __cinit__(self):
+        self._n = 0
+        self._broadcast = False
+
+    cdef int _setup(self, int32_t num_channels) except -1:
+        if num_channels < 1:
+            raise ValueError(f"num_channels must be >= 1, got {num_channels}")
+        self._n = num_channels
+        return 0
+
+    cdef int _bind(self, ResultPartition partition) except -1:
+        return 0
+
+    cdef int32_t _select(self, object record) except -1:
+        raise NotImplementedError
+
+    def setup(self, num_channels):
+        """Prepare for ``num_channels`` channels (a writer does this)."""
+        self._setup(_as_int32(num_channels, "num_channels", 1))
+
+    def select_channel(self, record):
+        """The channel for ``record``."""
+        if self._n == 0:
+            raise RuntimeError("selector is not set up: call setup(num_channels)")
+        if self._broadcast:
+            raise RuntimeError("a broadcast selector sends every record to every channel")
+        cdef int32_t ch = self._select(record)
+        if ch == _ALL_BLOCKED:
+            return None
+        return ch
+
+    @property
+    def num_channels(self):
+        return self._n
+
+    @property
+    def is_broadcast(self):
+        return self._broadcast
+
+    def __repr__(self):
+        return f"<flinkbuf.{type(self).__name__} num_channels={self._n}>"
+
+
+@cython.final
+cdef class RoundRobinSelector(ChannelSelector):
+    """Flink's rebalance: channels in turn, from a random start (or ``start``)."""
+
+    def __init__(self, start=None):
+        if start is not None:
+            _as_int32(start, "start", 0)
+        self._start = start
+
+    cdef int _setup(self, int32_t num_channels) except -1:
+        ChannelSelector._setup(self, num_channels)
+        if self._start is None:
+            self._next = <int32_t>random.randrange(num_channels)
+        else:
+            self._next = <int32_t>(self._start % num_channels)
+        return 0
+
+    cdef int32_t _select(self, object record) except -1:
+        cdef int32_t ch = self._next
+        self._next = ch + 1 if ch + 1 < self._n else 0
+        return ch
+
+
+@cython.final
+cdef class RescaleSelector(ChannelSelector):
+    """Flink's rescale: channels in turn from channel 0.  With
+    :func:`pointwise_connections` a producer feeds only a subset of the
+    consumers, so rescaling stays local."""
+
+    cdef int _setup(self, int32_t num_channels) except -1:
+        ChannelSelector._setup(self, num_channels)
+        self._next = 0
+        return 0
+
+    cdef int32_t _select(self, object record) except -1:
+        cdef int32_t ch = self._next
+        self._next = ch + 1 if ch + 1 < self._n else 0
+        return ch
+
+
+@cython.final
+cdef class HashSelector(ChannelSelector):
+    """Flink's key-group partitioning (``keyBy``): the key's Java hash code
+    (:func:`java_hash_code`) is murmur-hashed into one of ``max_parallelism``
+    key groups, and key groups map to channels in contiguous ranges.  For
+    int keys in the 32-bit range (and str keys) this is bit-exact with
+    Flink's ``KeyGroupRangeAssignment`` for the same parallelism and max
+    parallelism.
+
+    ``key``: None (the record is the key), an int (``record[key]``), or a
+    callable ``key(record)``."""
+
+    def __init__(self, key=None, max_parallelism=128):
+        self._key = None
+        self._key_index = -1
+        if key is None:
+            pass
+        elif isinstance(key, int) and not isinstance(key, bool):
+            if key < 0:
+                raise ValueError(f"key index must be >= 0, got {key}")
+            self._key_index = key
+        elif callable(key):
+            self._key = key
+        else:
+            raise TypeError("key must be None, a field index or a callable")
+        self._max_parallelism = _as_int32(max_parallelism, "max_parallelism", 1)
+        if self._max_parallelism > 32768:
+            raise ValueError(f"max_parallelism must be <= 32768 (Flink's limit), "
+                             f"got {max_parallelism}")
+
+    cdef int _setup(self, int32_t num_channels) except -1:
+        if num_channels > self._max_parallelism:
+            raise ValueError(f"{num_channels} channels exceed max_parallelism "
+                             f"{self._max_parallelism}")
+        return ChannelSelector._setup(self, num_channels)
+
+    cdef int32_t _select(self, object record) except -1:
+        cdef object key
+        cdef int32_t h
+        if self._key_index >= 0:
+            key = record[self._key_index]
+        elif self._key is not None:
+            key = self._key(record)
+        else:
+            key = record
+        _java_hash(key, &h)
+        return fb_operator_index(fb_key_group(h, self._max_parallelism), self._n,
+                                 self._max_parallelism)
+
+    @property
+    def max_parallelism(self):
+        return self._max_parallelism
+
+
+@cython.final
+cdef class BroadcastSelector(ChannelSelector):
+    """Every record to every channel."""
+
+    def __cinit__(self):
+        self._broadcast = True
+
+    cdef int32_t _select(self, object record) except -1:
+        raise RuntimeError("a broadcast selector sends every record to every channel")
+
+
+@cython.final
+cdef class ForwardSelector(ChannelSelector):
+    """Flink's forward: the one channel to the consumer of the same index
+    (the partition must have exactly one subpartition)."""
+
+    cdef int _setup(self, int32_t num_channels) except -1:
+        if num_channels != 1:
+            raise ValueError(f"forward needs exactly one channel, got {num_channels}")
+        return ChannelSelector._setup(self, num_channels)
+
+    cdef int32_t _select(self, object record) except -1:
+        return 0
+
+
+@cython.final
+cdef class GlobalSelector(ChannelSelector):
+    """Flink's global: every record to channel 0."""
+
+    cdef int32_t _select(self, object record) except -1:
+        return 0
+
+
+cdef class CustomSelector(ChannelSelector):
+    """``fn(record, num_channels) -> channel`` (Flink's custom partitioner).
+    Subclasses may override :meth:`select` instead of passing ``fn``."""
+
+    def __init__(self, fn=None):
+        if fn is not None and not callable(fn):
+            raise TypeError("fn must be callable")
+        self._fn = fn
+
+    def select(self, record, num_channels):
+        if self._fn is None:
+            raise NotImplementedError("pass fn or override select()")
+        return self._fn(record, num_channels)
+
+    cdef int32_t _select(self, object record) except -1:
+        cdef object ch
+        if self._fn is not None and type(self) is CustomSelector:
+            ch = self._fn(record, self._n)
+        else:
+            ch = self.select(record, self._n)
+        if isinstance(ch, bool) or not isinstance(ch, int):
+            raise TypeError(f"custom selector returned {type(ch).__name__}, not an int")
+        if ch < 0 or ch >= self._n:
+            raise IndexError(f"custom selector returned channel {ch}, not in [0, {self._n})")
+        return <int32_t>ch
+
+
+@cython.final
+cdef class BacklogAwareRebalanceSelector(ChannelSelector):
+    """Round robin that steers records away from blocked subpartitions
+    (the fix proposed in the seeds for one slow consumer hogging a shared
+    pool).
+
+    A subpartition counts as blocked while its backlog (finished buffers its
+    consumer has not taken yet) is at least ``max_backlog``.  By default that
+    is derived from the pool: with a per-channel cap ``C`` it is ``C - 3``
+    (the blocked subpartition then holds at most ``C - 1`` buffers, counting
+    the one being filled and the one its consumer reads, so the cap never
+    makes the pool unavailable), else half of an even share of the pool,
+    ``num_buffers // (2 * num_subpartitions)``; at least 1.
+
+    A record goes to the round-robin channel unless that one is blocked,
+    then to the next channel in turn that is not.  When all are blocked the
+    writer waits (that is backpressure) until a consumer takes a buffer.
+    Only usable with a :class:`RecordWriter` (it reads the partition)."""
+
+    def __init__(self, max_backlog=None, start=None):
+        self._max_backlog = -1 if max_backlog is None else \
+            _as_int32(max_backlog, "max_backlog", 1)
+        if start is not None:
+            _as_int32(start, "start", 0)
+        self._start = start
+        self._cap = -1
+
+    cdef int _bind(self, ResultPartition partition) except -1:
+        if self._partition is not None and self._partition is not partition:
+            raise ValueError("selector is already bound to another partition")
+        self._partition = partition
+        self._cap = partition._cap
+        return 0
+
+    cdef int _setup(self, int32_t num_channels) except -1:
+        ChannelSelector._setup(self, num_channels)
+        if self._start is None:
+            self._next = <int32_t>random.randrange(num_channels)
+        else:
+            self._next = <int32_t>(self._start % num_channels)
+        self._countdown = 0
+        return 0
+
+    cdef int _refresh(self) except -1:
+        cdef int32_t t
+        if self._max_backlog > 0:
+            t = self._max_backlog
+        elif self._cap > 0:
+            t = self._cap - 3
+        else:
+            t = self._partition._pool._stats().size // (2 * self._n)
+        self._threshold = t if t > 0 else 1
+        self._countdown = 1024
+        return 0
+
+    cdef bint _is_blocked(self, int32_t channel) except -1:
+        cdef ResultSubpartition sp = <ResultSubpartition>self._partition._subpartitions[channel]
+        return fb_subpart_backlog(&sp._c) >= self._threshold
+
+    cdef int32_t _select(self, object record) except -1:
+        if self._partition is None:
+            raise RuntimeError("BacklogAwareRebalanceSelector works only inside a RecordWriter")
+        if self._countdown <= 0:
+            self._refresh()
+        self._countdown -= 1
+        cdef int32_t ch = self._next, k, other
+        self._next = ch + 1 if ch + 1 < self._n else 0
+        if not self._is_blocked(ch):
+            return ch
+        for k in range(1, self._n):
+            other = ch + k
+            if other >= self._n:
+                other -= self._n
+            if not self._is_blocked(other):
+                self._steered += 1
+                return other
+        return _ALL_BLOCKED
+
+    cdef int32_t _wait_unblocked(self, double timeout) except -1:
+        """After _ALL_BLOCKED: wait without the GIL until a consumer takes
+        something (or ``timeout``), then pick again; _ALL_BLOCKED if still
+        none is free."""
+        cdef _ConsumeSignal signal = self._partition._signal
+        cdef uint64_t seen = fb_signal_seq(&signal._c)
+        cdef int32_t k, ch
+        for k in range(self._n):
+            ch = self._next + k
+            if ch >= self._n:
+                ch -= self._n
+            if not self._is_blocked(ch):
+                self._next = ch + 1 if ch + 1 < self._n else 0
+                self._steered += 1
+                return ch
+        cdef int64_t deadline = fb_x_deadline_after(timeout)
+        with nogil:
+            fb_signal_wait(&signal._c, seen, deadline)
+        return _ALL_BLOCKED
+
+    @property
+    def max_backlog(self):
+        """The backlog at which a subpartition counts as blocked (in force)."""
+        if self._partition is not None:
+            self._refresh()
+            return self._threshold
+        return None if self._max_backlog < 0 else self._max_backlog
+
+    @property
+    def num_steered(self):
+        """Records sent to another channel than round robin chose."""
+        return self._steered

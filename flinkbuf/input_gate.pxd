@@ -1,0 +1,41 @@
+cdef class InputChannel:
+    cdef int32_t _index         # position in its gate, -1 before connecting
+    cdef int _connect(self, InputGate gate, int32_t index) except -1
+    cdef int _poll(self, fb_item_t *out) except -1
+    cdef int _release(self, InputGate gate) except -1
+    cdef object _failure(self)
+    cdef int32_t _backlog(self) except -1
+    cdef object _source_pool(self)
+
+
+cdef class LocalInputChannel(InputChannel):
+    cdef ResultPartition _partition
+    cdef ResultSubpartition _sp
+    cdef int32_t _subpartition
+
+
+cdef class InputGate:
+    cdef fb_gate_t _c
+    cdef bint _initialized
+    cdef list _channels
+    cdef list _deserializers
+    cdef list _finished         # per channel: EndOfPartition seen
+    cdef int32_t _n
+    cdef int32_t _num_finished
+    cdef int32_t _current       # channel whose deserializer may hold records, or -1
+    cdef object _codec
+    cdef object _max_record_size
+    cdef object _name
+    cdef object _error          # the error that ended the gate, raised again
+    cdef bint _closed
+    cdef object __weakref__
+    # metrics (touched under the GIL only)
+    cdef int64_t _records_in
+    cdef int64_t _bytes_in
+    cdef int64_t _buffers_in
+    cdef int64_t _idle_ns
+    cdef int64_t _idle_since
+
+    cdef object _next(self, int32_t *channel)
+    cdef int _wait_item(self, int32_t *channel, fb_item_t *item) except -1
+    cdef int _check_open(self) except -1

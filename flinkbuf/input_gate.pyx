@@ -1,0 +1,400 @@
+# InputGate and its input channels.  Included by _io.pyx.
+
+cdef double _GATE_SLICE = 0.1    # waits wake this often to look at signals
+
+
+cdef class InputChannel:
+    """One input of an :class:`InputGate`.  Local channels read a
+    subpartition of this process; remote channels (layer 4) read one over
+    a connection and tell the gate when data arrived.
+
+    A channel hands its gate *items*: finished data buffers (the consumer
+    recycles them) and serialized events, in order."""
+
+    def __cinit__(self):
+        self._index = -1
+
+    cdef int _connect(self, InputGate gate, int32_t index) except -1:
+        raise NotImplementedError
+
+    cdef int _poll(self, fb_item_t *out) except -1:
+        """Take the next item: FB_X_OK, FB_X_EMPTY, FB_X_FAILED or FB_X_RELEASED."""
+        raise NotImplementedError
+
+    cdef int _release(self, InputGate gate) except -1:
+        return 0
+
+    cdef object _failure(self):
+        return None
+
+    cdef int32_t _backlog(self) except -1:
+        return 0
+
+    cdef object _source_pool(self):
+        return None
+
+    @property
+    def index(self):
+        """Position in the gate, or None before it joined one."""
+        return None if self._index < 0 else self._index
+
+
+@cython.final
+@cython.no_gc_clear
+cdef class LocalInputChannel(InputChannel):
+    """Reads subpartition ``subpartition`` of a partition in this process:
+    the producer's buffers are handed over by reference and go back to the
+    producer's pool when consumed."""
+
+    def __init__(self, ResultPartition partition not None, Py_ssize_t subpartition):
+        if partition._n == 0:
+            raise ValueError("partition is not initialised")
+        if subpartition < 0 or subpartition >= partition._n:
+            raise IndexError(f"subpartition {subpartition} is not in [0, {partition._n})")
+        self._partition = partition
+        self._sp = <ResultSubpartition>partition._subpartitions[subpartition]
+        self._subpartition = <int32_t>subpartition
+
+    cdef int _connect(self, InputGate gate, int32_t index) except -1:
+        if self._sp is None:
+            raise ValueError("channel is not initialised")
+        if self._index >= 0:
+            raise ValueError("the channel already belongs to an input gate")
+        if fb_subpart_connect(&self._sp._c, &gate._c, index) != FB_X_OK:
+            raise ValueError(f"subpartition {self._subpartition} of "
+                             f"{self._partition._describe()} already has a consumer "
+                             "or was released")
+        self._index = index
+        return 0
+
+    cdef int _poll(self, fb_item_t *out) except -1:
+        return fb_subpart_poll(&self._sp._c, out)
+
+    cdef int _release(self, InputGate gate) except -1:
+        fb_subpart_disconnect(&self._sp._c, &gate._c)
+        self._sp._terminate(FB_SP_RELEASED)
+        return 0
+
+    cdef object _failure(self):
+        return self._sp._cause
+
+    cdef int32_t _backlog(self) except -1:
+        return fb_subpart_backlog(&self._sp._c)
+
+    cdef object _source_pool(self):
+        return self._partition._pool
+
+    @property
+    def partition(self):
+        return self._partition
+
+    @property
+    def subpartition(self):
+        return self._subpartition
+
+    def __repr__(self):
+        return (f"<flinkbuf.LocalInputChannel {self._partition._describe()} "
+                f"subpartition={self._subpartition}>")
+
+
+cdef InputChannel _as_channel(object spec):
+    if isinstance(spec, InputChannel):
+        return <InputChannel>spec
+    if isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[0], ResultPartition):
+        return LocalInputChannel(spec[0], spec[1])
+    raise TypeError("channels must be InputChannels or (ResultPartition, subpartition) pairs, "
+                    f"got {type(spec).__name__}")
+
+
+@cython.final
+@cython.no_gc_clear
+cdef class InputGate:
+    """The input of one consumer task: records from several input channels.
+
+    Iterating yields the records of all channels, taking the channels with
+    data in turn (one buffer at a time), each channel's records in the order
+    they were emitted; a user :class:`Event` is yielded where it was sent.
+    Iteration ends when every channel has delivered EndOfPartition.  While
+    no channel has data the consumer sleeps on a condition variable without
+    the GIL (that is idle time).
+
+    If a producer fails, iteration raises :class:`ProducerFailedError`
+    (its cause attached).  ``close()`` releases every channel early:
+    queued buffers are recycled and the producers' writes fail with
+    :class:`PartitionReleasedError`.  Use as a context manager.
+
+    channels: :class:`InputChannel` s, or ``(partition, subpartition)``
+    pairs (local channels).  codec / max_record_size: for the record
+    deserializers, one per channel.
+    """
+
+    def __cinit__(self):
+        self._initialized = False
+        self._channels = []
+        self._deserializers = []
+        self._finished = []
+        self._current = -1
+        self._closed = True
+
+    def __init__(self, channels, *, codec="typed", max_record_size=64 << 20, name=None):
+        if self._initialized:
+            raise RuntimeError("InputGate is already initialised")
+        cdef list chans = [_as_channel(c) for c in channels]
+        if not chans:
+            raise ValueError("an input gate needs at least one channel")
+        if len(chans) > 2147483647:
+            raise ValueError("too many channels")
+        cdef int32_t n = <int32_t>len(chans)
+        cdef list deserializers = [RecordDeserializer(codec=codec, max_record_size=max_record_size)
+                                   for _ in range(n)]
+        if fb_gate_init(&self._c, n) != FB_X_OK:
+            raise MemoryError()
+        self._initialized = True
+        self._n = n
+        self._codec = codec
+        self._max_record_size = max_record_size
+        self._name = name
+        self._deserializers = deserializers
+        self._finished = [False] * n
+        self._closed = False
+        cdef InputChannel ch
+        cdef int32_t i
+        try:
+            for i in range(n):
+                ch = <InputChannel>chans[i]
+                ch._connect(self, i)
+                self._channels.append(ch)
+        except BaseException:
+            self._release_channels()
+            self._closed = True
+            raise
+
+    def __dealloc__(self):
+        if not self._initialized:
+            return
+        try:
+            self._release_channels()
+        except BaseException:
+            PyErr_WriteUnraisable(self)
+        fb_gate_free(&self._c)
+        self._initialized = False
+
+    def _release_channels(self):
+        cdef InputChannel ch
+        first_error = None
+        for ch in self._channels:
+            try:
+                ch._release(self)
+            except BaseException as exc:
+                first_error = first_error or exc
+        if first_error is not None:
+            raise first_error
+
+    cdef int _check_open(self) except -1:
+        if self._error is not None:
+            raise self._error
+        if self._closed:
+            raise ValueError("input gate is closed")
+        return 0
+
+    # ---- reading ------------------------------------------------------------
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        cdef int32_t ch
+        return self._next(&ch)
+
+    def next_with_channel(self):
+        """``(channel_index, record_or_event)``; StopIteration at the end."""
+        cdef int32_t ch = -1
+        item = self._next(&ch)
+        return ch, item
+
+    cdef object _next(self, int32_t *channel):
+        cdef int32_t ch
+        cdef fb_item_t item
+        cdef object rec, obj, event, des_obj
+        cdef RecordDeserializer des
+        while True:
+            ch = self._current
+            if ch >= 0:
+                des = <RecordDeserializer>self._deserializers[ch]
+                rec = des._next_record()
+                if not is_no_record(rec):
+                    self._records_in += 1
+                    channel[0] = ch
+                    return rec
+                self._current = -1
+            if self._num_finished == self._n:
+                raise StopIteration
+            if self._closed or self._error is not None:
+                self._check_open()
+            self._wait_item(&ch, &item)
+            obj = _take_item_object(&item)
+            des_obj = self._deserializers[ch]
+            if des_obj is None:             # closed by another thread meanwhile
+                if item.kind == FB_ITEM_DATA:
+                    (<Buffer>obj)._release()
+                raise ValueError("input gate is closed")
+            if item.kind == FB_ITEM_DATA:
+                self._buffers_in += 1
+                self._bytes_in += item.size
+                (<RecordDeserializer>des_obj)._feed(obj)
+                obj = None
+                self._current = ch
+                continue
+            event = _deserialize_event(<bytes>obj)
+            if event is _END_OF_PARTITION:
+                (<RecordDeserializer>des_obj)._finish()
+                self._finished[ch] = True
+                self._num_finished += 1
+                (<InputChannel>self._channels[ch])._release(self)
+                continue
+            channel[0] = ch
+            return event
+
+    cdef int _wait_item(self, int32_t *channel, fb_item_t *item) except -1:
+        """Block (without the GIL) until a channel has an item, and take it."""
+        cdef int32_t ch = -1
+        cdef int rc
+        cdef int64_t t0 = 0, deadline
+        cdef InputChannel chan
+        cdef object keep = self      # alive across the nogil waits
+        try:
+            while True:
+                rc = fb_gate_wait(&self._c, 0, &ch)          # a try, no waiting
+                if rc == FB_X_TIMEDOUT:
+                    if t0 == 0:
+                        t0 = fb_x_now_ns()
+                        self._idle_since = t0
+                    deadline = fb_x_deadline_after(_GATE_SLICE)
+                    with nogil:
+                        rc = fb_gate_wait(&self._c, deadline, &ch)
+                    if rc == FB_X_TIMEDOUT:
+                        PyErr_CheckSignals()
+                        continue
+                if rc == FB_X_CLOSED or self._closed:
+                    raise ValueError("input gate is closed")
+                chan = <InputChannel>self._channels[ch]
+                rc = chan._poll(item)
+                if rc == FB_X_OK:
+                    channel[0] = ch
+                    return 0
+                if rc == FB_X_EMPTY:
+                    continue
+                if rc == FB_X_FAILED:
+                    cause = chan._failure()
+                    err = ProducerFailedError(f"the producer of input channel {ch} failed: "
+                                              f"{cause!r}")
+                    err.__cause__ = cause
+                    self._error = err
+                    raise err
+                if rc == FB_X_RELEASED:
+                    if self._finished[ch]:
+                        continue
+                    err = PartitionReleasedError(
+                        f"input channel {ch}: the partition was released by its producer")
+                    self._error = err
+                    raise err
+                raise RuntimeError(f"internal error {rc} polling input channel {ch}")
+        finally:
+            if t0:
+                self._idle_ns += fb_x_now_ns() - t0
+                self._idle_since = 0
+
+    # ---- control ------------------------------------------------------------
+
+    def close(self):
+        """Release every channel: queued buffers are recycled, producers'
+        further writes fail with :class:`PartitionReleasedError`, and a
+        consumer blocked in another thread wakes with an error.  Idempotent."""
+        if self._closed or not self._initialized:
+            self._closed = True
+            return
+        self._closed = True
+        fb_gate_close(&self._c)
+        try:
+            self._release_channels()
+        finally:
+            self._current = -1
+            # Buffers a deserializer still holds go back when it is dropped.
+            self._deserializers = [None] * self._n
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    # ---- introspection ------------------------------------------------------
+
+    @property
+    def num_channels(self):
+        return self._n
+
+    @property
+    def channels(self):
+        return list(self._channels)
+
+    @property
+    def name(self):
+        return self._name
+
+    @property
+    def is_finished(self):
+        """True once every channel delivered EndOfPartition."""
+        return self._n > 0 and self._num_finished == self._n
+
+    @property
+    def is_closed(self):
+        return self._closed
+
+    @property
+    def num_finished_channels(self):
+        return self._num_finished
+
+    @property
+    def num_records_in(self):
+        return self._records_in
+
+    @property
+    def num_bytes_in(self):
+        return self._bytes_in
+
+    @property
+    def num_buffers_in(self):
+        return self._buffers_in
+
+    @property
+    def idle_time_ns(self):
+        """Total time spent waiting for input, including a wait in progress."""
+        cdef int64_t since = self._idle_since
+        return self._idle_ns + (fb_x_now_ns() - since if since else 0)
+
+    def backlogs(self):
+        """Per channel: finished buffers queued and not yet read."""
+        cdef InputChannel ch
+        return [ch._backlog() for ch in self._channels]
+
+    def source_pools(self):
+        """The distinct buffer pools the channels' buffers come from."""
+        cdef InputChannel ch
+        pools = []
+        for ch in self._channels:
+            pool = ch._source_pool()
+            if pool is not None and all(pool is not p for p in pools):
+                pools.append(pool)
+        return pools
+
+    def _metric_counters(self):
+        """(records, bytes, buffers, idle ns incl. a wait in progress)."""
+        cdef int64_t since = self._idle_since
+        return (self._records_in, self._bytes_in, self._buffers_in,
+                self._idle_ns + (fb_x_now_ns() - since if since else 0))
+
+    def __repr__(self):
+        return (f"<flinkbuf.InputGate name={self._name!r} channels={self._n} "
+                f"finished={self._num_finished}{' closed' if self._closed else ''}>")

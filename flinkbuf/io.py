@@ -1,0 +1,153 @@
+"""Layer 3: tasks exchanging records through buffers (Flink's runtime.io.network).
+
+A producer task writes records with a :class:`RecordWriter` into the
+subpartitions of its :class:`ResultPartition`; each consumer task reads its
+subpartitions through the :class:`LocalInputChannel` s of an
+:class:`InputGate`.  Buffers go from the producer's pool to the consumer by
+reference and back to the pool when the consumer has read them, so a slow
+consumer makes the producer's next buffer request wait: backpressure.
+
+A minimal pipeline::
+
+    nbp = NetworkBufferPool(num_segments=64, segment_size=32768)
+    partition = create_partition(nbp, num_subpartitions=2)
+    gates = [InputGate([(partition, i)]) for i in range(2)]
+    with RecordWriter(partition, "round_robin") as writer:   # in the producer thread
+        for record in source:
+            writer.emit(record)
+    for record in gates[0]:                                    # in a consumer thread
+        ...
+
+Channel selectors: :class:`RoundRobinSelector` (Flink's rebalance),
+:class:`RescaleSelector` (with :func:`pointwise_connections`),
+:class:`HashSelector` (Flink's key groups; see :func:`java_hash_code` for how
+Python keys are hashed deterministically), :class:`BroadcastSelector`,
+:class:`ForwardSelector`, :class:`GlobalSelector`, :class:`CustomSelector`
+and :class:`BacklogAwareRebalanceSelector`.
+"""
+
+from flinkbuf._io import (
+    END_OF_PARTITION,
+    BacklogAwareRebalanceSelector,
+    BroadcastSelector,
+    ChannelSelector,
+    CustomSelector,
+    Event,
+    ForwardSelector,
+    GlobalSelector,
+    HashSelector,
+    InputChannel,
+    InputGate,
+    LocalInputChannel,
+    RecordWriter,
+    RescaleSelector,
+    ResultPartition,
+    ResultSubpartition,
+    RoundRobinSelector,
+    UserEvent,
+    assign_key_to_operator,
+    java_hash_code,
+    key_group_for_hash,
+    monotonic_ns,
+    murmur_hash,
+    operator_index_for_key_group,
+)
+from flinkbuf.errors import PartitionReleasedError, ProducerFailedError
+
+__all__ = [
+    "END_OF_PARTITION",
+    "BacklogAwareRebalanceSelector",
+    "BroadcastSelector",
+    "ChannelSelector",
+    "CustomSelector",
+    "Event",
+    "ForwardSelector",
+    "GlobalSelector",
+    "HashSelector",
+    "InputChannel",
+    "InputGate",
+    "LocalInputChannel",
+    "PartitionReleasedError",
+    "ProducerFailedError",
+    "RecordWriter",
+    "RescaleSelector",
+    "ResultPartition",
+    "ResultSubpartition",
+    "RoundRobinSelector",
+    "UserEvent",
+    "assign_key_to_operator",
+    "create_partition",
+    "default_max_parallelism",
+    "java_hash_code",
+    "key_group_for_hash",
+    "monotonic_ns",
+    "murmur_hash",
+    "operator_index_for_key_group",
+    "pointwise_connections",
+]
+
+
+def create_partition(network_pool, num_subpartitions, *, min_buffers=None, max_buffers=None,
+                     max_buffers_per_channel=None, max_overdraft_buffers=0, name=None):
+    """A :class:`ResultPartition` with a buffer pool made for it from
+    ``network_pool``: at least ``num_subpartitions + 1`` buffers (Flink's
+    minimum; more if ``min_buffers`` says so), growing up to ``max_buffers``
+    (default: the minimum, i.e. a fixed-size pool), counted per
+    subpartition so that ``max_buffers_per_channel`` applies."""
+    if isinstance(num_subpartitions, bool) or not isinstance(num_subpartitions, int):
+        raise TypeError("num_subpartitions must be an int")
+    if num_subpartitions < 1:
+        raise ValueError(f"num_subpartitions must be >= 1, got {num_subpartitions}")
+    lo = num_subpartitions + 1 if min_buffers is None else min_buffers
+    hi = lo if max_buffers is None else max_buffers
+    pool = network_pool.create_buffer_pool(
+        lo, hi, num_subpartitions=num_subpartitions,
+        max_buffers_per_channel=max_buffers_per_channel,
+        max_overdraft_buffers=max_overdraft_buffers)
+    try:
+        return ResultPartition(pool, num_subpartitions, name=name)
+    except BaseException:
+        pool.destroy()
+        raise
+
+
+def default_max_parallelism(parallelism):
+    """Flink's default max parallelism for an operator of ``parallelism``:
+    ``parallelism * 1.5`` rounded up to a power of two, within [128, 32768]."""
+    if isinstance(parallelism, bool) or not isinstance(parallelism, int) or parallelism < 1:
+        raise ValueError(f"parallelism must be a positive int, got {parallelism!r}")
+    n = parallelism + parallelism // 2
+    power = 1
+    while power < n:
+        power <<= 1
+    return min(max(power, 128), 32768)
+
+
+def pointwise_connections(num_producers, num_consumers):
+    """How Flink wires a pointwise edge (forward, rescale).
+
+    Returns ``(subpartitions, inputs)``: ``subpartitions[p]`` is the number
+    of subpartitions producer ``p`` needs, and ``inputs[c]`` lists the
+    ``(producer, subpartition)`` pairs consumer ``c`` reads.  With at least
+    as many producers as consumers each consumer reads a contiguous range of
+    producers (one subpartition each); with fewer, each producer feeds a
+    contiguous range of consumers."""
+    for name, v in (("num_producers", num_producers), ("num_consumers", num_consumers)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    p, c = num_producers, num_consumers
+    inputs = [[] for _ in range(c)]
+    if p >= c:
+        subpartitions = [1] * p
+        for consumer in range(c):
+            for producer in range(consumer * p // c, (consumer + 1) * p // c):
+                inputs[consumer].append((producer, 0))
+    else:
+        subpartitions = []
+        for producer in range(p):
+            start = (producer * c + p - 1) // p
+            end = ((producer + 1) * c + p - 1) // p
+            subpartitions.append(end - start)
+            for k, consumer in enumerate(range(start, end)):
+                inputs[consumer].append((producer, k))
+    return subpartitions, inputs

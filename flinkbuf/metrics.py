@@ -1,0 +1,164 @@
+"""Task metrics with Flink's (>= 1.13) names, readable while the task runs.
+
+:class:`TaskMetrics` reads the counters of a task's record writers and input
+gates (plain integers updated by the task thread under the GIL, so a reader
+in any thread sees a consistent value) and turns them into Flink's task
+metrics::
+
+    backPressuredTimeMsPerSecond  time blocked on output: waiting for a buffer
+                                  (or, backlog-aware, for a free channel)
+    idleTimeMsPerSecond           time waiting for input
+    busyTimeMsPerSecond           1000 - idle - back-pressured (as in Flink)
+    outPoolUsage                  buffers of the output pools in use / their size
+    inPoolUsage                   buffers queued for the input gates / the size
+                                  of the pools they come from (local channels
+                                  read the producer's buffers; Flink counts only
+                                  remote channels' own buffers here)
+    numRecordsIn/OutPerSecond, numBytesIn/OutPerSecond
+
+and the back-pressure level of Flink's web UI from the back-pressured ratio
+(``backPressuredTimeMsPerSecond / 1000``): ``OK`` up to 0.10, ``LOW`` up to
+0.5, ``HIGH`` above.  Rates are averages over the last ``window`` seconds
+(measured between snapshots; the first covers the time since creation).
+"""
+
+import json
+import threading
+from collections import deque
+
+from flinkbuf._io import monotonic_ns
+
+__all__ = [
+    "HIGH",
+    "LOW",
+    "LOW_THRESHOLD",
+    "OK",
+    "OK_THRESHOLD",
+    "TaskMetrics",
+    "backpressure_level",
+]
+
+OK = "OK"
+LOW = "LOW"
+HIGH = "HIGH"
+OK_THRESHOLD = 0.10
+LOW_THRESHOLD = 0.5
+
+
+def backpressure_level(ratio):
+    """Flink's level for a back-pressured ratio in [0, 1]: OK (<= 0.10),
+    LOW (<= 0.5) or HIGH."""
+    if ratio != ratio:   # NaN
+        raise ValueError("ratio is NaN")
+    if ratio <= OK_THRESHOLD:
+        return OK
+    if ratio <= LOW_THRESHOLD:
+        return LOW
+    return HIGH
+
+
+def _pool_usage(pools):
+    used = size = 0
+    for pool in pools:
+        if pool.is_destroyed:
+            continue
+        n = pool.num_buffers
+        size += n
+        used += max(0, min(n, pool.num_requested - pool.num_available))
+    return used / size if size else 0.0
+
+
+class TaskMetrics:
+    """Metrics of one task: its ``writers`` (output) and ``gates`` (input).
+
+    ``snapshot()`` returns a dict (``to_json()`` the same as JSON) and may
+    be called from any thread at any time without disturbing the task.
+    """
+
+    def __init__(self, name, *, writers=(), gates=(), window=1.0):
+        if not window > 0:
+            raise ValueError(f"window must be > 0, got {window}")
+        self.name = name
+        self.writers = list(writers)
+        self.gates = list(gates)
+        self.window = float(window)
+        self._lock = threading.Lock()
+        self._samples = deque()
+        self._samples.append(self._sample())
+
+    def _sample(self):
+        rec_out = bytes_out = buf_out = bp = 0
+        for w in self.writers:
+            r, b, n, t = w._metric_counters()
+            rec_out += r
+            bytes_out += b
+            buf_out += n
+            bp += t
+        rec_in = bytes_in = buf_in = idle = 0
+        for g in self.gates:
+            r, b, n, t = g._metric_counters()
+            rec_in += r
+            bytes_in += b
+            buf_in += n
+            idle += t
+        return (monotonic_ns(), rec_in, bytes_in, buf_in, idle, rec_out, bytes_out, buf_out, bp)
+
+    def snapshot(self):
+        """The metrics now, as a dict of Flink's metric names."""
+        with self._lock:
+            now = self._sample()
+            # The rate base: the newest sample at least `window` old, else the oldest.
+            horizon = now[0] - int(self.window * 1e9)
+            while len(self._samples) > 1 and self._samples[1][0] <= horizon:
+                self._samples.popleft()
+            base = self._samples[0]
+            self._samples.append(now)
+        dt_ns = now[0] - base[0]
+        seconds = dt_ns / 1e9 if dt_ns > 0 else 0.0
+
+        def per_second(i):
+            return (now[i] - base[i]) / seconds if seconds else 0.0
+
+        def ms_per_second(i):
+            if not dt_ns:
+                return 0.0
+            return min(1000.0, max(0.0, (now[i] - base[i]) / dt_ns * 1000.0))
+
+        idle = ms_per_second(4) if self.gates else 0.0
+        bp = ms_per_second(8) if self.writers else 0.0
+        busy = max(0.0, 1000.0 - idle - bp)
+        ratio = bp / 1000.0
+        in_pools = []
+        queued = 0
+        for g in self.gates:
+            queued += sum(g.backlogs())
+            in_pools.extend(p for p in g.source_pools() if all(p is not q for q in in_pools))
+        in_size = sum(p.num_buffers for p in in_pools if not p.is_destroyed)
+        return {
+            "task": self.name,
+            "intervalSeconds": seconds,
+            "backPressuredTimeMsPerSecond": bp,
+            "idleTimeMsPerSecond": idle,
+            "busyTimeMsPerSecond": busy,
+            "backPressureRatio": ratio,
+            "backPressureLevel": backpressure_level(ratio),
+            "outPoolUsage": _pool_usage(w.partition.pool for w in self.writers),
+            "inPoolUsage": min(1.0, queued / in_size) if in_size else 0.0,
+            "numRecordsIn": now[1],
+            "numBytesIn": now[2],
+            "numBuffersIn": now[3],
+            "numRecordsOut": now[5],
+            "numBytesOut": now[6],
+            "numBuffersOut": now[7],
+            "numRecordsInPerSecond": per_second(1),
+            "numBytesInPerSecond": per_second(2),
+            "numRecordsOutPerSecond": per_second(5),
+            "numBytesOutPerSecond": per_second(6),
+        }
+
+    def to_json(self, **kwargs):
+        return json.dumps(self.snapshot(), **kwargs)
+
+    def __repr__(self):
+        return (f"<flinkbuf.TaskMetrics {self.name!r} writers={len(self.writers)} "
+                f"gates={len(self.gates)}>")

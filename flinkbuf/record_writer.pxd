@@ -1,0 +1,38 @@
+cdef class RecordWriter:
+    cdef ResultPartition _partition
+    cdef LocalBufferPool _pool
+    cdef ChannelSelector _selector
+    cdef RecordSerializer _ser
+    cdef list _current          # per channel: the Buffer being filled, or None
+    cdef list _subparts         # the partition's ResultSubpartitions
+    cdef int32_t _n
+    cdef bint _broadcast
+    cdef bint _busy             # inside emit (the flusher must not interfere)
+    cdef bint _flush_pending    # the flusher came while busy
+    cdef bint _flush_always     # buffer timeout 0
+    cdef bint _broken           # a record was left half written
+    cdef int _state             # _W_OPEN, _W_CLOSED, _W_FAILED
+    cdef object _timeout
+    cdef object _flusher
+    cdef object _flusher_stop
+    cdef object _flusher_error
+    cdef object _name
+    cdef object __weakref__
+    # metrics (touched under the GIL only)
+    cdef int64_t _records_out
+    cdef int64_t _bytes_out
+    cdef int64_t _buffers_out
+    cdef int64_t _bp_ns         # time blocked requesting buffers, finished waits
+    cdef int64_t _bp_since      # start of the current wait, or 0
+
+    cdef int _emit(self, object record) except -1
+    cdef int _broadcast_emit(self, object record) except -1
+    cdef int32_t _await_channel(self) except -1
+    cdef int _copy_to(self, int32_t channel) except -1
+    cdef Buffer _request_buffer(self, int32_t channel)
+    cdef int _check_partition(self) except -1
+    cdef int _check_target(self, int32_t channel) except -1
+    cdef int _finish_buffer(self, int32_t channel, Buffer buf) except -1
+    cdef int _flush_all(self, bint raise_errors) except -1
+    cdef int _release_current(self) except -1
+    cdef int _check_open(self) except -1

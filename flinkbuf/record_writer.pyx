@@ -1,0 +1,487 @@
+# RecordWriter and its output flusher.  Included by _io.pyx.
+
+cdef enum:
+    _W_OPEN = 0
+    _W_CLOSED = 1
+    _W_FAILED = 2
+
+# Serializer result flags (flinkbuf._serialization).
+cdef enum:
+    _FULL_RECORD = 1
+    _FULL_BUFFER = 2
+
+# Blocking waits wake this often to look at the partition and at signals.
+cdef double _REQUEST_SLICE = 0.05
+
+
+def _output_flusher(writer_ref, stop, interval):
+    """Flink's OutputFlusher: flush a writer every ``interval`` seconds
+    until ``stop`` is set or the writer is gone."""
+    while not stop.wait(interval):
+        writer = writer_ref()
+        if writer is None:
+            return
+        (<RecordWriter>writer)._flusher_tick()
+        writer = None
+
+
+cdef ChannelSelector _as_selector(object selector):
+    if selector is None:
+        return RoundRobinSelector()
+    if isinstance(selector, ChannelSelector):
+        return <ChannelSelector>selector
+    if isinstance(selector, str):
+        factory = _SELECTORS.get(selector.replace("-", "_"))
+        if factory is None:
+            raise ValueError(f"unknown selector {selector!r}; one of {sorted(_SELECTORS)}")
+        return factory()
+    if callable(selector):
+        return CustomSelector(selector)
+    raise TypeError(f"selector must be a ChannelSelector, a name or a callable, "
+                    f"got {type(selector).__name__}")
+
+
+_SELECTORS = {
+    "round_robin": RoundRobinSelector,
+    "rebalance": RoundRobinSelector,
+    "rescale": RescaleSelector,
+    "hash": HashSelector,
+    "broadcast": BroadcastSelector,
+    "forward": ForwardSelector,
+    "global": GlobalSelector,
+    "backlog_aware": BacklogAwareRebalanceSelector,
+}
+
+
+@cython.final
+@cython.no_gc_clear
+cdef class RecordWriter:
+    """Serializes records into the buffers of a :class:`ResultPartition`.
+
+    ``emit(record)`` is one call: pick the channel with ``selector``,
+    serialize the record into that channel's current buffer, and when the
+    buffer is full hand it to the subpartition and request the next one.
+    That request blocks (without the GIL) while the pool has no buffer:
+    this wait is backpressure, and is measured as back-pressured time.
+
+    ``buffer_timeout`` (seconds) is Flink's: a partly filled buffer is
+    handed over at the latest that long after it was started, by an output
+    flusher thread; ``0`` hands over after every record, ``None`` only
+    when full (or on :meth:`flush` / :meth:`close`).
+
+    One thread emits; the flusher and metric readers may run concurrently.
+    ``close()`` flushes and ends every subpartition with EndOfPartition;
+    ``fail(exc)`` drops everything and makes consumers raise.  As a context
+    manager it closes on success and fails on an exception.
+
+    selector: a :class:`ChannelSelector`, a name (``"round_robin"``,
+    ``"rescale"``, ``"hash"``, ``"broadcast"``, ``"forward"``, ``"global"``,
+    ``"backlog_aware"``) or a callable ``fn(record, num_channels)``.
+    codec: the record codec (``"typed"``, ``"bytes"``, ``"pickle"``).
+    """
+
+    def __cinit__(self):
+        self._state = _W_CLOSED
+        self._current = []
+        self._subparts = []
+
+    def __init__(self, ResultPartition partition not None, selector=None, *, codec="typed",
+                 buffer_timeout=0.1, name=None):
+        if partition._n == 0:
+            raise ValueError("partition is not initialised")
+        if partition._has_writer:
+            raise ValueError("the partition already has a writer")
+        partition._check_live()
+        cdef ChannelSelector sel = _as_selector(selector)
+        sel._bind(partition)
+        sel._setup(partition._n)
+        if buffer_timeout is not None:
+            buffer_timeout = float(buffer_timeout)
+            if not buffer_timeout >= 0:
+                raise ValueError(f"buffer_timeout must be None or >= 0, got {buffer_timeout}")
+        self._ser = RecordSerializer(codec)
+        self._partition = partition
+        self._pool = partition._pool
+        self._selector = sel
+        self._n = partition._n
+        self._broadcast = sel._broadcast
+        self._current = [None] * self._n
+        self._subparts = list(partition._subpartitions)
+        self._timeout = buffer_timeout
+        self._flush_always = buffer_timeout == 0
+        self._name = name if name is not None else partition._name
+        partition._has_writer = True
+        self._state = _W_OPEN
+        if buffer_timeout is not None and buffer_timeout > 0:
+            self._flusher_stop = threading.Event()
+            self._flusher = threading.Thread(
+                target=_output_flusher, args=(weakref.ref(self), self._flusher_stop, buffer_timeout),
+                name=f"flinkbuf-output-flusher-{self._name or id(self)}", daemon=True)
+            self._flusher.start()
+
+    # ---- the record path ----------------------------------------------------
+
+    def emit(self, record):
+        """Write ``record`` to the channel the selector picks (every channel
+        for a broadcast selector); blocks while no buffer is free."""
+        self._emit(record)
+
+    def broadcast_emit(self, record):
+        """Write ``record`` to every channel."""
+        self._check_open()
+        self._broadcast_emit(record)
+
+    cdef int _check_open(self) except -1:
+        cdef object err
+        if self._state == _W_CLOSED:
+            raise ValueError("record writer is closed")
+        if self._state == _W_FAILED:
+            raise ProducerFailedError("record writer has failed") from self._partition._cause
+        self._check_partition()
+        if self._broken:
+            raise RuntimeError("a record was left half written by an earlier error; "
+                               "the writer can only fail()")
+        if self._flusher_error is not None:
+            err = self._flusher_error
+            self._flusher_error = None
+            self._broken = True
+            raise err
+        return 0
+
+    cdef int _emit(self, object record) except -1:
+        cdef int32_t ch
+        if (self._state != _W_OPEN or self._broken or self._flusher_error is not None
+                or self._partition._state != _P_LIVE):
+            self._check_open()
+        if self._broadcast:
+            return self._broadcast_emit(record)
+        self._busy = True
+        try:
+            ch = self._selector._select(record)
+            if ch < 0:
+                ch = self._await_channel()
+            self._ser._serialize_record(record)
+            self._broken = True
+            self._copy_to(ch)
+            self._broken = False
+            self._records_out += 1
+        finally:
+            self._busy = False
+        if self._flush_always or self._flush_pending:
+            self._flush_pending = False
+            self._flush_all(True)
+        return 0
+
+    cdef int _broadcast_emit(self, object record) except -1:
+        cdef int32_t ch
+        self._busy = True
+        try:
+            self._ser._serialize_record(record)
+            self._broken = True
+            for ch in range(self._n):
+                if ch:
+                    self._ser._reset()
+                self._copy_to(ch)
+            self._broken = False
+            self._records_out += 1
+        finally:
+            self._busy = False
+        if self._flush_always or self._flush_pending:
+            self._flush_pending = False
+            self._flush_all(True)
+        return 0
+
+    cdef int32_t _await_channel(self) except -1:
+        """Every channel is blocked (backlog-aware rebalance): wait until a
+        consumer takes a buffer.  Counted as back-pressured time."""
+        cdef BacklogAwareRebalanceSelector sel = <BacklogAwareRebalanceSelector?>self._selector
+        cdef int32_t ch = _ALL_BLOCKED
+        cdef int64_t t0 = fb_x_now_ns()
+        self._bp_since = t0
+        self._busy = False
+        try:
+            while ch < 0:
+                self._check_partition()
+                ch = sel._wait_unblocked(_REQUEST_SLICE)
+                PyErr_CheckSignals()
+        finally:
+            self._busy = True
+            self._bp_ns += fb_x_now_ns() - t0
+            self._bp_since = 0
+        return ch
+
+    cdef int _copy_to(self, int32_t channel) except -1:
+        """Copy the staged record into ``channel``'s buffers."""
+        cdef object cur = self._current[channel]
+        cdef Buffer buf = None if cur is None else <Buffer>cur
+        cdef bint fresh = False
+        cdef int flags
+        while True:
+            if buf is None:
+                buf = self._request_buffer(channel)
+                fresh = True
+            flags = self._ser._copy_to_buffer(buf)
+            if flags & _FULL_BUFFER:
+                if not fresh:
+                    self._current[channel] = None
+                self._finish_buffer(channel, buf)
+                buf = None
+                if flags & _FULL_RECORD:
+                    return 0
+            else:
+                if fresh:
+                    self._current[channel] = buf
+                return 0
+
+    cdef Buffer _request_buffer(self, int32_t channel):
+        """The next buffer for ``channel``; blocks while none is free (with a
+        per-channel cap: while the pool is unavailable, as in Flink)."""
+        cdef int32_t pool_ch = channel if self._partition._pool_channels else -1
+        cdef bint capped = self._partition._cap > 0
+        cdef Buffer buf
+        if not capped or self._pool.is_available:
+            buf = self._pool._request(pool_ch)
+            if buf is not None:
+                return buf
+        cdef int64_t t0 = fb_x_now_ns()
+        self._bp_since = t0
+        self._busy = False          # the flusher may hand over other channels meanwhile
+        try:
+            while True:
+                self._check_target(channel)
+                if capped:
+                    if not self._pool.wait_available(_REQUEST_SLICE):
+                        continue
+                    buf = self._pool._request(pool_ch)
+                    if buf is None:
+                        continue
+                else:
+                    try:
+                        buf = self._pool._request_blocking(pool_ch, _REQUEST_SLICE)
+                    except BufferRequestTimeoutError:
+                        continue
+                try:
+                    self._check_target(channel)
+                except BaseException:
+                    buf._release()
+                    raise
+                return buf
+        finally:
+            self._busy = True
+            self._bp_ns += fb_x_now_ns() - t0
+            self._bp_since = 0
+
+    cdef int _check_partition(self) except -1:
+        if self._state == _W_FAILED:
+            raise ProducerFailedError("record writer has failed") from self._partition._cause
+        if self._state == _W_CLOSED:
+            raise ValueError("record writer is closed")
+        cdef int state = self._partition._state
+        if state == _P_FAILED:
+            raise ProducerFailedError(f"{self._partition._describe()} has failed") \
+                from self._partition._cause
+        if state == _P_RELEASED:
+            raise PartitionReleasedError(f"{self._partition._describe()} was released")
+        return 0
+
+    cdef int _check_target(self, int32_t channel) except -1:
+        self._check_partition()
+        cdef ResultSubpartition sp = <ResultSubpartition>self._subparts[channel]
+        cdef int32_t state = fb_subpart_state(&sp._c)
+        if state == FB_SP_RELEASED:
+            self._partition._raise_for_rc(FB_X_RELEASED, channel)
+        if state == FB_SP_FAILED:
+            self._partition._raise_for_rc(FB_X_FAILED, channel)
+        return 0
+
+    cdef int _finish_buffer(self, int32_t channel, Buffer buf) except -1:
+        """Hand a finished buffer to its subpartition (empty ones are recycled)."""
+        cdef int32_t size = <int32_t>buf._writer
+        if size == 0:
+            buf._release()
+            return 0
+        cdef ResultSubpartition sp = <ResultSubpartition>self._subparts[channel]
+        cdef int rc = sp._add(buf, FB_ITEM_DATA, size, False)
+        if rc != FB_X_OK:
+            buf._release()
+            self._partition._raise_for_rc(rc, channel)
+        self._bytes_out += size
+        self._buffers_out += 1
+        return 0
+
+    cdef int _flush_all(self, bint raise_errors) except -1:
+        """Hand over every partly filled buffer.  Errors: raised at once, or
+        (the flusher thread) kept for the next emit."""
+        cdef int32_t ch
+        cdef object cur
+        cdef Buffer buf
+        for ch in range(self._n):
+            cur = self._current[ch]
+            if cur is None:
+                continue
+            buf = <Buffer>cur
+            if buf._writer == 0:
+                continue
+            self._current[ch] = None
+            try:
+                self._finish_buffer(ch, buf)
+            except BaseException as exc:
+                if raise_errors:
+                    raise
+                if self._flusher_error is None:
+                    self._flusher_error = exc
+        return 0
+
+    cdef int _release_current(self) except -1:
+        cdef int32_t ch
+        cdef object cur
+        for ch in range(len(self._current)):
+            cur = self._current[ch]
+            if cur is not None:
+                self._current[ch] = None
+                if not (<Buffer>cur).is_recycled:
+                    (<Buffer>cur)._release()
+        return 0
+
+    def _flusher_tick(self):
+        if self._state != _W_OPEN:
+            return
+        if self._busy:
+            self._flush_pending = True
+            return
+        self._flush_all(False)
+
+    # ---- control ------------------------------------------------------------
+
+    def flush(self):
+        """Hand every partly filled buffer to its consumer now."""
+        self._check_open()
+        self._flush_all(True)
+
+    def broadcast_event(self, event):
+        """Flush, then send a user :class:`Event` in-band to every channel:
+        each consumer sees it after all records emitted before it."""
+        self._check_open()
+        if not isinstance(event, UserEvent):
+            raise TypeError(f"expected a UserEvent, got {type(event).__name__}")
+        self._flush_all(True)
+        self._partition.broadcast_event(event)
+
+    def _stop_flusher(self):
+        if self._flusher is not None:
+            self._flusher_stop.set()
+            if self._flusher is not threading.current_thread():
+                self._flusher.join()
+            self._flusher = None
+
+    def close(self):
+        """Flush and end every subpartition with EndOfPartition (subpartitions
+        whose consumer left are skipped).  Idempotent; after a failure it only
+        frees the writer's buffers."""
+        if self._state == _W_CLOSED:
+            return
+        self._stop_flusher()
+        if self._state == _W_FAILED:
+            self._release_current()
+            return
+        cdef int32_t ch
+        cdef object cur
+        try:
+            if self._broken:
+                raise RuntimeError("a record was left half written by an earlier error")
+            if self._flusher_error is not None and not isinstance(
+                    self._flusher_error, PartitionReleasedError):
+                raise self._flusher_error
+            for ch in range(self._n):
+                cur = self._current[ch]
+                if cur is None:
+                    continue
+                self._current[ch] = None
+                try:
+                    self._finish_buffer(ch, <Buffer>cur)
+                except PartitionReleasedError:
+                    pass
+            self._partition.finish()
+        except BaseException as exc:
+            self._state = _W_FAILED
+            self._release_current()
+            self._partition.fail(exc)
+            raise
+        self._state = _W_CLOSED
+
+    def fail(self, exc=None):
+        """Drop this writer's buffers and fail the partition: consumers raise
+        :class:`ProducerFailedError` from ``exc``."""
+        if self._state == _W_FAILED:
+            return
+        self._stop_flusher()
+        self._state = _W_FAILED
+        self._release_current()
+        self._partition.fail(exc)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc is None:
+            self.close()
+        else:
+            self.fail(exc)
+        return False
+
+    # ---- introspection ------------------------------------------------------
+
+    @property
+    def partition(self):
+        return self._partition
+
+    @property
+    def selector(self):
+        return self._selector
+
+    @property
+    def num_channels(self):
+        return self._n
+
+    @property
+    def buffer_timeout(self):
+        return self._timeout
+
+    @property
+    def name(self):
+        return self._name
+
+    @property
+    def is_closed(self):
+        return self._state != _W_OPEN
+
+    @property
+    def num_records_out(self):
+        return self._records_out
+
+    @property
+    def num_bytes_out(self):
+        """Bytes of finished buffers handed to subpartitions."""
+        return self._bytes_out
+
+    @property
+    def num_buffers_out(self):
+        return self._buffers_out
+
+    @property
+    def back_pressured_time_ns(self):
+        """Total time spent blocked on output (requesting a buffer, or
+        waiting for a free channel), including a wait in progress."""
+        cdef int64_t since = self._bp_since
+        return self._bp_ns + (fb_x_now_ns() - since if since else 0)
+
+    def _metric_counters(self):
+        """(records, bytes, buffers, back-pressured ns incl. a wait in progress)."""
+        cdef int64_t since = self._bp_since
+        return (self._records_out, self._bytes_out, self._buffers_out,
+                self._bp_ns + (fb_x_now_ns() - since if since else 0))
+
+    def __repr__(self):
+        state = ("open", "closed", "failed")[self._state]
+        return (f"<flinkbuf.RecordWriter name={self._name!r} channels={self._n} "
+                f"selector={type(self._selector).__name__} {state}>")

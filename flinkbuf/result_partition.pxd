@@ -1,0 +1,31 @@
+cdef class _ConsumeSignal:
+    cdef fb_signal_t _c
+    cdef bint _initialized
+
+
+cdef class ResultSubpartition:
+    cdef fb_subpart_t _c
+    cdef bint _initialized
+    cdef int32_t _index
+    cdef object _cause          # why the producer failed, once it did
+    cdef _ConsumeSignal _signal
+    cdef object __weakref__
+
+    cdef int _add(self, object obj, int32_t kind, int32_t size, bint last) except -1
+    cdef int32_t _terminate(self, int32_t state) except -1
+
+
+cdef class ResultPartition:
+    cdef LocalBufferPool _pool
+    cdef list _subpartitions
+    cdef int32_t _n
+    cdef int32_t _pool_channels  # the pool counts buffers per subpartition
+    cdef int32_t _cap            # the pool's per-channel cap, or -1
+    cdef object _name
+    cdef object _cause
+    cdef int _state              # _P_LIVE, _P_FINISHED, _P_FAILED, _P_RELEASED
+    cdef bint _has_writer
+    cdef _ConsumeSignal _signal
+
+    cdef int _raise_for_rc(self, int rc, int32_t index) except -1
+    cdef int _add_event_all(self, bytes payload, bint last) except -1

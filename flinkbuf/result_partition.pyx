@@ -1,0 +1,359 @@
+# ResultPartition and its subpartitions.  Included by _io.pyx.
+
+cdef enum:
+    _P_LIVE = 0
+    _P_FINISHED = 1
+    _P_FAILED = 2
+    _P_RELEASED = 3
+
+
+cdef inline object _take_item_object(fb_item_t *item):
+    """The object a queue item owned, with the queue's reference moved to the caller."""
+    cdef object obj = <object>item.obj   # +1
+    Py_DECREF(obj)                       # the queue's reference
+    item.obj = NULL
+    return obj
+
+
+cdef int _dispose_items(fb_item_t *items, int32_t n) except -1:
+    """Recycle the buffers of terminated queue items; frees the array."""
+    cdef int32_t k
+    cdef object obj
+    cdef object first_error = None
+    try:
+        for k in range(n):
+            obj = _take_item_object(&items[k])
+            if items[k].kind == FB_ITEM_DATA:
+                try:
+                    (<Buffer>obj)._release()
+                except BaseException as exc:   # keep going: recycle the rest
+                    if first_error is None:
+                        first_error = exc
+            obj = None
+    finally:
+        free(items)
+    if first_error is not None:
+        raise first_error
+    return 0
+
+
+@cython.final
+@cython.no_gc_clear
+cdef class _ConsumeSignal:
+    """What a producer sleeps on while every subpartition it may write to is
+    blocked: posted whenever a consumer takes an item."""
+
+    def __cinit__(self):
+        self._initialized = False
+        if fb_signal_init(&self._c) != FB_X_OK:
+            raise MemoryError()
+        self._initialized = True
+
+    def __dealloc__(self):
+        if self._initialized:
+            fb_signal_free(&self._c)
+            self._initialized = False
+
+
+@cython.final
+@cython.no_gc_clear
+cdef class ResultSubpartition:
+    """One subpartition of a :class:`ResultPartition`: a FIFO of finished
+    buffers and events for one consumer, with its backlog (data buffers
+    queued and not yet taken).  Made by the partition."""
+
+    def __cinit__(self):
+        self._initialized = False
+        self._index = -1
+
+    def __init__(self):
+        raise TypeError("subpartitions are made by ResultPartition")
+
+    def __dealloc__(self):
+        cdef fb_item_t *items = NULL
+        cdef int32_t n
+        if not self._initialized:
+            return
+        n = fb_subpart_terminate(&self._c, FB_SP_RELEASED, &items)
+        if n > 0:
+            try:
+                _dispose_items(items, n)
+            except BaseException:
+                PyErr_WriteUnraisable(self)
+        fb_subpart_free(&self._c)
+        self._initialized = False
+
+    cdef int _add(self, object obj, int32_t kind, int32_t size, bint last) except -1:
+        """Queue ``obj`` (the queue takes a reference); the C result code."""
+        cdef fb_item_t item
+        item.obj = <void *>obj
+        item.kind = kind
+        item.size = size
+        Py_INCREF(obj)
+        cdef int rc = fb_subpart_add(&self._c, item, last)
+        if rc != FB_X_OK:
+            Py_DECREF(obj)
+        return rc
+
+    cdef int32_t _terminate(self, int32_t state) except -1:
+        """Release or fail: recycle everything queued; the number recycled."""
+        cdef fb_item_t *items = NULL
+        cdef int32_t n = fb_subpart_terminate(&self._c, state, &items)
+        if n < 0:
+            raise MemoryError()
+        if n > 0:
+            _dispose_items(items, n)
+        return n
+
+    @property
+    def index(self):
+        return self._index
+
+    @property
+    def backlog(self):
+        """Finished data buffers queued for the consumer."""
+        return fb_subpart_backlog(&self._c)
+
+    @property
+    def num_queued(self):
+        """Buffers and events queued."""
+        return fb_subpart_size(&self._c)
+
+    @property
+    def is_released(self):
+        """True once the consumer released it (or the partition was released)."""
+        return fb_subpart_state(&self._c) == FB_SP_RELEASED
+
+    @property
+    def is_failed(self):
+        return fb_subpart_state(&self._c) == FB_SP_FAILED
+
+    def __repr__(self):
+        return (f"<flinkbuf.ResultSubpartition index={self._index} "
+                f"backlog={fb_subpart_backlog(&self._c)}>")
+
+
+@cython.no_gc_clear
+cdef class ResultPartition:
+    """The output of one producer task: ``num_subpartitions`` queues of
+    finished buffers (one per consumer), filled with buffers of ``pool``.
+
+    The pool is usually made for the partition: at least
+    ``num_subpartitions + 1`` buffers (Flink's minimum, so that every
+    subpartition can hold a partly filled buffer while another is in flight)
+    and ``num_subpartitions`` channels for per-subpartition accounting (so
+    ``max_buffers_per_channel`` applies).  A pool made without channels is
+    accepted too.
+
+    A :class:`RecordWriter` writes records into it; consumers read a
+    subpartition through a :class:`LocalInputChannel` of an
+    :class:`InputGate`.  ``finish()`` ends every subpartition with
+    EndOfPartition, ``fail(exc)`` makes consumers raise
+    :class:`ProducerFailedError`, ``release()`` drops everything queued.
+    Buffers queued when the partition is garbage collected are recycled.
+    """
+
+    def __cinit__(self):
+        self._subpartitions = []
+        self._n = 0
+        self._state = _P_LIVE
+        self._cap = -1
+
+    def __init__(self, LocalBufferPool pool not None, num_subpartitions, *, name=None):
+        if self._n:
+            raise RuntimeError("ResultPartition is already initialised")
+        cdef int32_t n = _as_int32(num_subpartitions, "num_subpartitions", 1)
+        cdef int32_t pool_channels = pool.num_subpartitions
+        if pool_channels not in (0, n):
+            raise ValueError(
+                f"the pool counts buffers for {pool_channels} channels, the partition has "
+                f"{n} subpartitions: create the pool with num_subpartitions={n} (or 0)")
+        if pool.min_buffers < n + 1:
+            raise ValueError(
+                f"a partition of {n} subpartition(s) needs a pool of at least {n + 1} "
+                f"buffers (min_buffers), got {pool.min_buffers}")
+        if pool.is_destroyed:
+            raise PoolDestroyedError("buffer pool is destroyed")
+        self._pool = pool
+        self._pool_channels = pool_channels
+        cap = pool.max_buffers_per_channel
+        self._cap = -1 if cap is None else cap
+        self._name = name
+        self._signal = _ConsumeSignal()
+        cdef ResultSubpartition sp
+        cdef int32_t i
+        for i in range(n):
+            sp = ResultSubpartition.__new__(ResultSubpartition)
+            if fb_subpart_init(&sp._c, &self._signal._c) != FB_X_OK:
+                raise MemoryError()
+            sp._initialized = True
+            sp._index = i
+            sp._signal = self._signal
+            self._subpartitions.append(sp)
+        self._n = n
+
+    cdef int _raise_for_rc(self, int rc, int32_t index) except -1:
+        cdef ResultSubpartition sp
+        if rc == FB_X_OK:
+            return 0
+        if rc == FB_X_RELEASED:
+            raise PartitionReleasedError(
+                f"subpartition {index} of {self._describe()} was released by its consumer")
+        if rc == FB_X_FAILED:
+            sp = <ResultSubpartition>self._subpartitions[index]
+            raise ProducerFailedError(f"{self._describe()} has failed") from sp._cause
+        if rc == FB_X_ESTATE:
+            raise RuntimeError(f"{self._describe()} is finished: nothing can be added")
+        if rc == FB_X_ENOMEM:
+            raise MemoryError()
+        raise RuntimeError(f"internal error {rc} in subpartition {index}")
+
+    cdef int _add_event_all(self, bytes payload, bint last) except -1:
+        """Queue an event to every live subpartition (released ones are skipped)."""
+        cdef ResultSubpartition sp
+        cdef int rc
+        for sp in self._subpartitions:
+            rc = sp._add(payload, FB_ITEM_EVENT, len(payload), last)
+            if rc == FB_X_RELEASED:
+                continue
+            self._raise_for_rc(rc, sp._index)
+        return 0
+
+    def _describe(self):
+        return f"result partition {self._name!r}" if self._name is not None else "result partition"
+
+    def _check_live(self):
+        if self._state == _P_FAILED:
+            raise ProducerFailedError(f"{self._describe()} has failed") from self._cause
+        if self._state == _P_RELEASED:
+            raise PartitionReleasedError(f"{self._describe()} was released")
+        if self._state == _P_FINISHED:
+            raise RuntimeError(f"{self._describe()} is finished")
+
+    def add_buffer(self, Py_ssize_t subpartition, Buffer buffer not None):
+        """Queue a finished data buffer for ``subpartition``; the partition
+        takes over the caller's reference (the consumer recycles it).  On
+        error the buffer is recycled and the error raised."""
+        if subpartition < 0 or subpartition >= self._n:
+            raise IndexError(f"subpartition {subpartition} is not in [0, {self._n})")
+        if buffer._pool is not self._pool:
+            raise ValueError("the buffer is not from this partition's pool")
+        buffer._check()
+        try:
+            self._check_live()
+        except BaseException:
+            buffer._release()
+            raise
+        cdef ResultSubpartition sp = <ResultSubpartition>self._subpartitions[subpartition]
+        cdef int rc = sp._add(buffer, FB_ITEM_DATA, <int32_t>buffer._writer, False)
+        if rc != FB_X_OK:
+            buffer._release()
+            self._raise_for_rc(rc, <int32_t>subpartition)
+
+    def broadcast_event(self, event):
+        """Queue a user :class:`Event` to every subpartition (in-band: after
+        what is queued already).  Writers flush first: use
+        :meth:`RecordWriter.broadcast_event`."""
+        self._check_live()
+        self._add_event_all(_serialize_event(event), False)
+
+    def finish(self):
+        """End every subpartition with EndOfPartition; nothing can be added
+        afterwards.  Idempotent."""
+        if self._state == _P_FINISHED:
+            return
+        self._check_live()
+        self._add_event_all(_END_OF_PARTITION_BYTES, True)
+        self._state = _P_FINISHED
+
+    def fail(self, exc=None):
+        """The producer failed: drop and recycle whatever is queued, and make
+        every consumer raise :class:`ProducerFailedError` (from ``exc``).
+        No-op on a partition that is already failed or released."""
+        if self._state in (_P_FAILED, _P_RELEASED):
+            return
+        if exc is None:
+            exc = RuntimeError("producer failed")
+        self._cause = exc
+        self._state = _P_FAILED
+        cdef ResultSubpartition sp
+        for sp in self._subpartitions:
+            sp._cause = exc
+        first_error = None
+        for sp in self._subpartitions:
+            try:
+                sp._terminate(FB_SP_FAILED)
+            except BaseException as e:
+                first_error = first_error or e
+        if first_error is not None:
+            raise first_error
+
+    def release(self):
+        """Drop and recycle everything queued; consumers see the partition
+        as released.  Idempotent."""
+        if self._state == _P_RELEASED:
+            return
+        if self._state != _P_FAILED:
+            self._state = _P_RELEASED
+        cdef ResultSubpartition sp
+        first_error = None
+        for sp in self._subpartitions:
+            try:
+                sp._terminate(FB_SP_RELEASED)
+            except BaseException as e:
+                first_error = first_error or e
+        if first_error is not None:
+            raise first_error
+
+    def subpartition(self, Py_ssize_t index):
+        if index < 0 or index >= self._n:
+            raise IndexError(f"subpartition {index} is not in [0, {self._n})")
+        return self._subpartitions[index]
+
+    def backlog(self, Py_ssize_t index):
+        """Finished data buffers queued for subpartition ``index``."""
+        return self.subpartition(index).backlog
+
+    def backlogs(self):
+        cdef ResultSubpartition sp
+        return [fb_subpart_backlog(&sp._c) for sp in self._subpartitions]
+
+    @property
+    def num_subpartitions(self):
+        return self._n
+
+    @property
+    def pool(self):
+        return self._pool
+
+    @property
+    def name(self):
+        return self._name
+
+    @property
+    def is_finished(self):
+        return self._state == _P_FINISHED
+
+    @property
+    def is_failed(self):
+        return self._state == _P_FAILED
+
+    @property
+    def is_released(self):
+        """True once the partition was released (not: one consumer left)."""
+        return self._state == _P_RELEASED
+
+    @property
+    def failure_cause(self):
+        return self._cause
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def __repr__(self):
+        state = ("live", "finished", "failed", "released")[self._state]
+        return (f"<flinkbuf.ResultPartition name={self._name!r} "
+                f"num_subpartitions={self._n} {state}>")

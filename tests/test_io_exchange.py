@@ -1,0 +1,474 @@
+"""Layer 3 exchange: writers, partitions, gates, events, flushing.
+
+Invariants (each promised by a docstring): every record reaches exactly the
+consumers its selector names, exactly once; records from one producer reach
+a consumer in emission order; buffers go back to the producer's pool once
+read; events arrive in-band; the output flusher hands partly filled buffers
+over within the buffer timeout.
+"""
+
+import collections
+import threading
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import flinkbuf as fb
+from flinkbuf import io
+from test_io_support import Task, assert_all_recycled, consume_all, run_exchange, wait_until
+
+
+def _selector_factories(num_consumers):
+    def custom():
+        return fb.CustomSelector(lambda rec, n: (rec[1] * 7 + 3) % n)
+
+    factories = {
+        "round_robin": fb.RoundRobinSelector,
+        "rescale": fb.RescaleSelector,
+        "hash": lambda: fb.HashSelector(key=2),
+        "hash_callable": lambda: fb.HashSelector(key=lambda rec: rec[2]),
+        "broadcast": fb.BroadcastSelector,
+        "global": fb.GlobalSelector,
+        "custom": custom,
+        "backlog_aware": fb.BacklogAwareRebalanceSelector,
+    }
+    if num_consumers == 1:
+        factories["forward"] = fb.ForwardSelector
+    return factories
+
+
+def _expected_targets(name, record, n):
+    """The consumers a record must reach (None: exactly one, any)."""
+    if name == "broadcast":
+        return list(range(n))
+    if name in ("global", "forward"):
+        return [0]
+    if name.startswith("hash"):
+        return [io.assign_key_to_operator(record[2], n)]
+    if name == "custom":
+        return [(record[1] * 7 + 3) % n]
+    return None
+
+
+@settings(max_examples=100)
+@given(
+    num_producers=st.integers(1, 3),
+    num_consumers=st.integers(1, 4),
+    counts=st.lists(st.integers(0, 600), min_size=3, max_size=3),
+    segment_size=st.sampled_from([7, 64, 300, 4096]),
+    buffer_timeout=st.sampled_from([None, 0, 0.002, 0.05]),
+    selector_pick=st.integers(0, 100),
+    key_space=st.sampled_from([3, 1000]),
+)
+def test_exactly_once_and_ordered_under_every_selector(num_producers, num_consumers, counts,
+                                                       segment_size, buffer_timeout,
+                                                       selector_pick, key_space):
+    factories = _selector_factories(num_consumers)
+    name = sorted(factories)[selector_pick % len(factories)]
+    records = {p: [(p, i, (i * 2654435761) % key_space) for i in range(counts[p])]
+               for p in range(num_producers)}
+    received, writers, nbp = run_exchange(
+        num_producers=num_producers, num_consumers=num_consumers,
+        records=lambda p: records[p], selector=factories[name],
+        segment_size=segment_size, buffer_timeout=buffer_timeout)
+
+    got = collections.Counter()
+    for c, items in enumerate(received):
+        last_seq = {}
+        for channel, rec in items:
+            p, seq, key = rec
+            assert channel == p, "a consumer's channel p reads producer p"
+            assert seq > last_seq.get(p, -1), f"records of producer {p} out of order at {c}"
+            last_seq[p] = seq
+            targets = _expected_targets(name, rec, num_consumers)
+            if targets is not None:
+                assert c in targets, f"{name}: {rec} reached consumer {c}, not {targets}"
+            got[(rec, c if name == "broadcast" else None)] += 1
+    want = collections.Counter()
+    for p in range(num_producers):
+        for rec in records[p]:
+            if name == "broadcast":
+                for c in range(num_consumers):
+                    want[(rec, c)] += 1
+            else:
+                want[(rec, None)] += 1
+    assert got == want
+    for w in writers:
+        assert w.num_records_out == counts[writers.index(w)]
+        if buffer_timeout == 0 and name != "broadcast":
+            assert w.num_buffers_out >= w.num_records_out
+    assert_all_recycled(nbp, [w.partition.pool for w in writers])
+
+
+def test_round_robin_spreads_evenly_from_a_random_start():
+    received, writers, nbp = run_exchange(
+        num_producers=1, num_consumers=4, records=lambda p: [(0, i, i) for i in range(4001)],
+        selector=fb.RoundRobinSelector)
+    sizes = sorted(len(r) for r in received)
+    assert sizes == [1000, 1000, 1000, 1001]
+    first = [c for c, items in enumerate(received) if items and items[0][1][1] == 0]
+    assert len(first) == 1
+    for c, items in enumerate(received):
+        seqs = [rec[1] for _, rec in items]
+        assert all((s - seqs[0]) % 4 == 0 for s in seqs)
+    assert_all_recycled(nbp, [w.partition.pool for w in writers])
+
+
+def test_many_to_one_takes_channels_in_turn():
+    """With every channel backlogged the gate serves them in turn, one
+    buffer each."""
+    nbp = fb.NetworkBufferPool(40, 256)
+    parts = [fb.create_partition(nbp, 1, min_buffers=9, name=f"p{i}") for i in range(4)]
+    for i, part in enumerate(parts):
+        with fb.RecordWriter(part, buffer_timeout=None) as w:
+            for k in range(200):
+                w.emit((i, k))
+    gate = fb.InputGate([(p, 0) for p in parts])
+    order = []
+    with gate:
+        for _ in range(800):
+            ch, rec = gate.next_with_channel()
+            if not order or order[-1] != ch:
+                order.append(ch)
+    # every channel holds the same number of buffers: strict turns
+    assert len(order) >= 16
+    assert order == [0, 1, 2, 3] * (len(order) // 4)
+    assert_all_recycled(nbp, [p.pool for p in parts])
+
+
+def test_buffers_are_handed_over_by_reference_and_recycled():
+    nbp = fb.NetworkBufferPool(16, 64)
+    part = fb.create_partition(nbp, 1, min_buffers=12)
+    gate = fb.InputGate([(part, 0)])
+    w = fb.RecordWriter(part, buffer_timeout=None)
+    for i in range(20):
+        w.emit(b"x" * 20)
+    w.flush()
+    pool = part.pool
+    # what the writer handed over is still out of the pool, queued
+    assert part.backlog(0) >= 1
+    assert pool.num_requested - pool.num_available == part.backlog(0)
+    w.close()
+    assert [r for r in gate] == [b"x" * 20] * 20
+    assert pool.num_requested == pool.num_available
+    gate.close()
+    assert_all_recycled(nbp, [pool])
+
+
+def test_backpressure_blocks_the_producer_until_the_consumer_reads():
+    nbp = fb.NetworkBufferPool(4, 64)
+    part = fb.create_partition(nbp, 1)          # 2 buffers
+    gate = fb.InputGate([(part, 0)])
+    w = fb.RecordWriter(part, buffer_timeout=None)
+    progress = []
+
+    def produce():
+        with w:
+            for i in range(200):
+                w.emit(i)
+                progress.append(i)
+
+    t = Task(produce, name="producer")
+    t.start()
+    assert wait_until(lambda: w.back_pressured_time_ns > 50_000_000)
+    stalled_at = len(progress)
+    time.sleep(0.1)
+    assert len(progress) == stalled_at, "the producer must wait while both buffers are queued"
+    assert part.pool.num_available == 0
+    assert list(gate) == list(range(200))
+    t.finish()
+    gate.close()
+    assert_all_recycled(nbp, [part.pool])
+
+
+def test_user_events_travel_in_band():
+    items = lambda p: ([(p, i, 0) for i in range(50)] + [fb.UserEvent({"mark": p, "n": 1})] +
+                       [(p, i, 0) for i in range(50, 90)] + [fb.UserEvent(("end", p))])
+    received, writers, nbp = run_exchange(
+        num_producers=2, num_consumers=3, records=items, selector=fb.RoundRobinSelector,
+        segment_size=64)
+    for c, got in enumerate(received):
+        for p in range(2):
+            mine = [x for ch, x in got if ch == p]
+            marks = [k for k, x in enumerate(mine) if isinstance(x, fb.UserEvent)]
+            assert [mine[k] for k in marks] == [fb.UserEvent({"mark": p, "n": 1}),
+                                                fb.UserEvent(("end", p))]
+            before = mine[:marks[0]]
+            between = mine[marks[0] + 1:marks[1]]
+            assert all(r[1] < 50 for r in before) and all(r[1] >= 50 for r in between)
+            assert marks[1] == len(mine) - 1
+    assert_all_recycled(nbp, [w.partition.pool for w in writers])
+
+
+def test_end_of_partition_is_not_yielded_and_the_gate_ends_once():
+    nbp = fb.NetworkBufferPool(8, 128)
+    parts = [fb.create_partition(nbp, 1) for _ in range(2)]
+    for i, part in enumerate(parts):
+        with fb.RecordWriter(part) as w:
+            w.emit(i)
+    gate = fb.InputGate([(p, 0) for p in parts])
+    assert sorted(gate) == [0, 1]
+    assert gate.is_finished
+    with pytest.raises(StopIteration):
+        next(gate)
+    assert io.END_OF_PARTITION not in list(gate)
+    gate.close()
+    assert_all_recycled(nbp, [p.pool for p in parts])
+
+
+@settings(max_examples=10)
+@given(timeout=st.sampled_from([0.005, 0.02, 0.05]), n=st.integers(1, 5))
+def test_output_flusher_hands_over_within_the_buffer_timeout(timeout, n):
+    nbp = fb.NetworkBufferPool(8, 32768)
+    part = fb.create_partition(nbp, 1)
+    gate = fb.InputGate([(part, 0)])
+    w = fb.RecordWriter(part, buffer_timeout=timeout)
+    try:
+        t0 = time.monotonic()
+        for i in range(n):
+            w.emit(i)
+        assert [next(gate) for _ in range(n)] == list(range(n))
+        elapsed = time.monotonic() - t0
+        # a partly filled 32 KiB buffer: only the flusher can have handed it over
+        assert elapsed < timeout + 2.0
+        assert w.num_buffers_out >= 1
+    finally:
+        w.close()
+        assert list(gate) == []
+        gate.close()
+    assert_all_recycled(nbp, [part.pool])
+
+
+def test_without_a_timeout_nothing_moves_until_flush():
+    nbp = fb.NetworkBufferPool(8, 32768)
+    part = fb.create_partition(nbp, 1)
+    gate = fb.InputGate([(part, 0)])
+    w = fb.RecordWriter(part, buffer_timeout=None)
+    w.emit("a")
+    time.sleep(0.05)
+    assert part.backlog(0) == 0
+    w.flush()
+    assert part.backlog(0) == 1
+    assert next(gate) == "a"
+    w.close()
+    gate.close()
+    assert_all_recycled(nbp, [part.pool])
+
+
+def test_flush_every_record_with_timeout_zero():
+    nbp = fb.NetworkBufferPool(8, 4096)
+    part = fb.create_partition(nbp, 1, min_buffers=4)
+    gate = fb.InputGate([(part, 0)])
+    w = fb.RecordWriter(part, buffer_timeout=0)
+    t = Task(lambda: list(gate), name="consumer")
+    t.start()
+    with w:
+        for i in range(100):
+            w.emit(i)
+    assert t.finish() == list(range(100))
+    assert w.num_buffers_out == 100
+    assert_all_recycled(nbp, [part.pool])
+
+
+@pytest.mark.parametrize("codec,make", [
+    ("typed", lambda i: {"i": i, "s": "x" * (i % 50), "t": (i, -i, 2.5)}),
+    ("bytes", lambda i: bytes([i % 256]) * (i % 3000)),
+    ("pickle", lambda i: {i: frozenset({i})}),
+])
+def test_codecs_and_records_that_span_many_buffers(codec, make):
+    received, writers, nbp = run_exchange(
+        num_producers=1, num_consumers=2, records=lambda p: [make(i) for i in range(300)],
+        selector=fb.RoundRobinSelector, segment_size=128, codec=codec)
+    got = [x for r in received for _, x in r]
+    want = [make(i) for i in range(300)]
+    assert sorted(map(repr, got)) == sorted(map(repr, want))
+    assert_all_recycled(nbp, [w.partition.pool for w in writers])
+
+
+def test_numpy_batches_as_single_records():
+    batches = [np.arange(i * 1000, (i + 1) * 1000, dtype=np.int64).reshape(500, 2)
+               for i in range(40)]
+    received, writers, nbp = run_exchange(
+        num_producers=1, num_consumers=1, records=lambda p: batches,
+        selector=fb.ForwardSelector, segment_size=4096)
+    got = [x for _, x in received[0]]
+    assert len(got) == 40
+    for a, b in zip(got, batches):
+        np.testing.assert_array_equal(a, b)
+    assert writers[0].num_bytes_out > 40 * 8000
+    assert_all_recycled(nbp, [w.partition.pool for w in writers])
+
+
+def test_broadcast_emit_on_a_round_robin_writer():
+    nbp = fb.NetworkBufferPool(16, 256)
+    part = fb.create_partition(nbp, 3)
+    gates = [fb.InputGate([(part, c)]) for c in range(3)]
+    with fb.RecordWriter(part, fb.RoundRobinSelector(start=0)) as w:
+        w.emit("a")
+        w.broadcast_emit("all")
+        w.emit("b")
+    assert [list(g) for g in gates] == [["a", "all"], ["all", "b"], ["all"]]
+    for g in gates:
+        g.close()
+    assert_all_recycled(nbp, [part.pool])
+
+
+def test_pointwise_rescale_wiring_delivers_every_record_once():
+    subparts, inputs = io.pointwise_connections(2, 5)
+    nbp = fb.NetworkBufferPool(64, 512)
+    parts = [fb.create_partition(nbp, n, name=f"p{p}") for p, n in enumerate(subparts)]
+    gates = [fb.InputGate([(parts[p], s) for p, s in ins]) for ins in inputs]
+    consumers = [Task(consume_all, g) for g in gates]
+    for t in consumers:
+        t.start()
+    for p, part in enumerate(parts):
+        with fb.RecordWriter(part, "rescale") as w:
+            for i in range(100):
+                w.emit((p, i))
+    got = sorted(rec for t in consumers for _, rec in t.finish())
+    assert got == sorted((p, i) for p in range(2) for i in range(100))
+    assert_all_recycled(nbp, [p.pool for p in parts])
+
+
+def test_metric_counters_of_writer_and_gate_agree():
+    received, writers, nbp = run_exchange(
+        num_producers=2, num_consumers=2, records=lambda p: [(p, i, i) for i in range(1000)],
+        selector=fb.RoundRobinSelector, segment_size=512)
+    assert sum(w.num_records_out for w in writers) == 2000
+    assert sum(len(r) for r in received) == 2000
+    assert all(w.num_bytes_out > 0 and w.num_buffers_out > 0 for w in writers)
+    assert_all_recycled(nbp, [w.partition.pool for w in writers])
+
+
+def test_partition_and_writer_arguments_are_checked():
+    nbp = fb.NetworkBufferPool(16, 128)
+    small = nbp.create_buffer_pool(2, 2)
+    with pytest.raises(ValueError, match="at least 4 buffers"):
+        fb.ResultPartition(small, 3)
+    counted = nbp.create_buffer_pool(4, 4, num_subpartitions=2)
+    with pytest.raises(ValueError, match="num_subpartitions=3"):
+        fb.ResultPartition(counted, 3)
+    part = fb.ResultPartition(counted, 2)
+    w = fb.RecordWriter(part)
+    with pytest.raises(ValueError, match="already has a writer"):
+        fb.RecordWriter(part)
+    with pytest.raises(ValueError, match="unknown selector"):
+        fb.RecordWriter(fb.create_partition(nbp, 1), "nope")
+    with pytest.raises(ValueError):
+        fb.RecordWriter(fb.create_partition(nbp, 1), buffer_timeout=-1)
+    with pytest.raises(ValueError):
+        fb.RecordWriter(fb.create_partition(nbp, 1), codec="json")
+    with pytest.raises(ValueError, match="forward needs exactly one"):
+        fb.RecordWriter(fb.create_partition(nbp, 2), "forward")
+    w.close()
+    with pytest.raises(ValueError, match="closed"):
+        w.emit(1)
+    w.close()   # idempotent
+    gate = fb.InputGate([(part, 0)])
+    with pytest.raises(ValueError, match="already has a consumer"):
+        fb.InputGate([(part, 0)])
+    with pytest.raises(TypeError):
+        fb.InputGate([part])
+    with pytest.raises(ValueError):
+        fb.InputGate([])
+    assert list(gate) == []
+    gate.close()
+    with pytest.raises(StopIteration):     # a finished gate stays finished
+        next(gate)
+    part2 = fb.create_partition(nbp, 1)
+    early = fb.InputGate([(part2, 0)])
+    early.close()
+    with pytest.raises(ValueError, match="closed"):
+        next(early)
+
+
+def test_a_record_the_codec_refuses_leaves_the_writer_usable():
+    nbp = fb.NetworkBufferPool(8, 256)
+    part = fb.create_partition(nbp, 1)
+    gate = fb.InputGate([(part, 0)])
+    with fb.RecordWriter(part) as w:
+        w.emit(1)
+        with pytest.raises(TypeError):
+            w.emit(object())
+        w.emit(2)
+    assert list(gate) == [1, 2]
+    gate.close()
+    assert_all_recycled(nbp, [part.pool])
+
+
+def test_custom_selector_errors_leave_the_writer_usable():
+    nbp = fb.NetworkBufferPool(8, 256)
+    part = fb.create_partition(nbp, 2)
+    gates = [fb.InputGate([(part, c)]) for c in range(2)]
+    with fb.RecordWriter(part, lambda rec, n: rec) as w:
+        w.emit(1)
+        with pytest.raises(IndexError):
+            w.emit(5)
+        with pytest.raises(TypeError):
+            w.emit("0")
+        w.emit(0)
+    assert [list(g) for g in gates] == [[0], [1]]
+    for g in gates:
+        g.close()
+    assert_all_recycled(nbp, [part.pool])
+
+
+def test_consumers_wait_without_the_gil():
+    """A consumer blocked on an empty gate lets other threads run freely."""
+    nbp = fb.NetworkBufferPool(8, 256)
+    part = fb.create_partition(nbp, 1)
+    gate = fb.InputGate([(part, 0)])
+    t = Task(lambda: list(gate), name="consumer")
+    t.start()
+    time.sleep(0.05)
+    t0 = time.perf_counter()
+    x = 0
+    for i in range(2_000_000):
+        x += i
+    spin = time.perf_counter() - t0
+    assert gate.idle_time_ns > 0
+    with fb.RecordWriter(part) as w:
+        w.emit("done")
+    assert t.finish() == ["done"]
+    # reference: the same loop with no other thread around
+    t0 = time.perf_counter()
+    x = 0
+    for i in range(2_000_000):
+        x += i
+    alone = time.perf_counter() - t0
+    assert spin < alone * 3 + 0.2
+    gate.close()
+    assert_all_recycled(nbp, [part.pool])
+
+
+def test_concurrent_metric_reads_while_tasks_run():
+    nbp = fb.NetworkBufferPool(16, 512)
+    part = fb.create_partition(nbp, 1)
+    gate = fb.InputGate([(part, 0)])
+    w = fb.RecordWriter(part)
+    stop = threading.Event()
+    reads = []
+
+    def reader():
+        while not stop.is_set():
+            reads.append((w.num_records_out, gate.num_records_in, w.back_pressured_time_ns,
+                          gate.idle_time_ns, part.backlogs(), gate.backlogs()))
+
+    r = Task(reader, name="reader")
+    r.start()
+    c = Task(lambda: sum(1 for _ in gate), name="consumer")
+    c.start()
+    with w:
+        for i in range(20000):
+            w.emit((i, i))
+    assert c.finish() == 20000
+    stop.set()
+    r.finish()
+    assert len(reads) > 1
+    outs = [x[0] for x in reads]
+    assert outs == sorted(outs)
+    gate.close()
+    assert_all_recycled(nbp, [part.pool])

@@ -1,0 +1,358 @@
+"""Layer 3 failure paths: a failing producer, a consumer that leaves early,
+released partitions, per-channel caps; every buffer recycled on every path."""
+
+import gc
+import threading
+import time
+
+import pytest
+
+import flinkbuf as fb
+from test_io_support import Task, assert_all_recycled, wait_until
+
+
+def _pipeline(num_consumers=1, *, segment_size=64, buffers=None, cap=None):
+    nbp = fb.NetworkBufferPool(32, segment_size)
+    part = fb.create_partition(nbp, num_consumers, min_buffers=buffers,
+                               max_buffers_per_channel=cap, name="src")
+    gates = [fb.InputGate([(part, c)], name=f"c{c}") for c in range(num_consumers)]
+    return nbp, part, gates
+
+
+def test_a_failing_producer_makes_every_consumer_raise():
+    nbp, part, gates = _pipeline(3, segment_size=128)
+    boom = ValueError("boom")
+
+    def produce():
+        with fb.RecordWriter(part, "round_robin", buffer_timeout=0.01) as w:
+            for i in range(300):
+                w.emit(i)
+            time.sleep(0.05)
+            raise boom
+
+    def consume(gate):
+        got = []
+        with gate:
+            with pytest.raises(fb.ProducerFailedError) as info:
+                for rec in gate:
+                    got.append(rec)
+            assert info.value.__cause__ is boom
+            # the error sticks
+            with pytest.raises(fb.ProducerFailedError):
+                next(gate)
+        return got
+
+    consumers = [Task(consume, g) for g in gates]
+    for t in consumers:
+        t.start()
+    producer = Task(produce)
+    producer.start()
+    with pytest.raises(ValueError, match="boom"):
+        producer.finish()
+    for t in consumers:
+        got = t.finish()
+        assert got == sorted(got)
+    assert part.is_failed and part.failure_cause is boom
+    assert_all_recycled(nbp, [part.pool])
+
+
+def test_a_consumer_blocked_on_an_idle_gate_wakes_when_the_producer_fails():
+    nbp, part, (gate,) = _pipeline()
+    w = fb.RecordWriter(part, buffer_timeout=None)
+
+    def consume():
+        with gate:
+            return list(gate)
+
+    t = Task(consume)
+    t.start()
+    assert wait_until(lambda: gate.idle_time_ns > 20_000_000)
+    t0 = time.monotonic()
+    w.fail(RuntimeError("producer crashed"))
+    with pytest.raises(fb.ProducerFailedError, match="producer crashed"):
+        t.finish(timeout=5)
+    assert time.monotonic() - t0 < 2
+    assert_all_recycled(nbp, [part.pool])
+
+
+def test_failing_drops_queued_buffers_and_the_writers_own():
+    nbp, part, (gate,) = _pipeline(segment_size=64, buffers=12)
+    w = fb.RecordWriter(part, buffer_timeout=None)
+    for i in range(100):
+        w.emit(i)
+    pool = part.pool
+    assert pool.num_requested - pool.num_available > 1
+    w.fail()
+    assert pool.num_requested == pool.num_available
+    with pytest.raises(fb.ProducerFailedError):
+        next(gate)
+    with pytest.raises(fb.ProducerFailedError):
+        w.emit(1)
+    w.close()     # after a failure: only frees, no error
+    gate.close()
+    assert_all_recycled(nbp, [pool])
+
+
+def test_closing_the_gate_ends_a_blocked_producer_with_an_error():
+    nbp, part, (gate,) = _pipeline(segment_size=64)   # 2 buffers of 64 bytes
+    w = fb.RecordWriter(part, buffer_timeout=None)
+    emitted = []
+
+    def produce():
+        with w:
+            for i in range(100000):
+                w.emit((i, i))
+                emitted.append(i)
+
+    t = Task(produce)
+    t.start()
+    assert next(gate) == (0, 0)
+    assert wait_until(lambda: w.back_pressured_time_ns > 30_000_000), "producer never blocked"
+    stalled = len(emitted)
+    t0 = time.monotonic()
+    gate.close()
+    with pytest.raises(fb.PartitionReleasedError):
+        t.finish(timeout=5)
+    assert time.monotonic() - t0 < 2
+    assert len(emitted) < stalled + 50
+    assert part.subpartition(0).is_released
+    assert_all_recycled(nbp, [part.pool])
+
+
+def test_closing_one_of_two_gates_fails_only_writes_to_its_channel():
+    nbp, part, gates = _pipeline(2, segment_size=64, buffers=6)
+    w = fb.RecordWriter(part, fb.GlobalSelector(), buffer_timeout=None)   # all to channel 0
+    gates[1].close()
+    for i in range(50):
+        w.emit(i)
+    w.close()            # EndOfPartition to the live channel only
+    assert list(gates[0]) == list(range(50))
+    gates[0].close()
+    w2_part = fb.create_partition(nbp, 2)
+    g = [fb.InputGate([(w2_part, c)]) for c in range(2)]
+    g[1].close()
+    w2 = fb.RecordWriter(w2_part, fb.CustomSelector(lambda r, n: 1), buffer_timeout=0)
+    with pytest.raises(fb.PartitionReleasedError, match="released by its consumer"):
+        w2.emit("x")
+    w2.fail()
+    g[0].close()
+    assert_all_recycled(nbp, [part.pool, w2_part.pool])
+
+
+def test_closing_the_gate_from_another_thread_wakes_its_consumer():
+    nbp, part, (gate,) = _pipeline()
+    t = Task(lambda: list(gate))
+    t.start()
+    assert wait_until(lambda: gate.idle_time_ns > 20_000_000)
+    gate.close()
+    with pytest.raises(ValueError, match="closed"):
+        t.finish(timeout=5)
+    w = fb.RecordWriter(part, buffer_timeout=0)
+    with pytest.raises(fb.PartitionReleasedError):
+        w.emit(1)
+    w.fail()
+    assert_all_recycled(nbp, [part.pool])
+
+
+def test_a_gate_dropped_without_close_releases_its_channels():
+    nbp, part, gates = _pipeline(segment_size=64, buffers=8)
+    w = fb.RecordWriter(part, buffer_timeout=None)
+    for i in range(40):
+        w.emit(i)
+    w.flush()
+    assert part.backlog(0) > 0
+    del gates
+    gc.collect()
+    assert part.subpartition(0).is_released
+    assert part.pool.num_requested - part.pool.num_available <= 1   # the writer's own
+    with pytest.raises(fb.PartitionReleasedError):
+        for i in range(1000):
+            w.emit(i)
+    w.fail()
+    assert_all_recycled(nbp, [part.pool])
+
+
+def test_releasing_the_partition_reaches_its_consumers():
+    nbp, part, (gate,) = _pipeline(segment_size=64, buffers=8)
+    w = fb.RecordWriter(part, buffer_timeout=None)
+    for i in range(30):
+        w.emit(i)
+    w.flush()
+    part.release()
+    with pytest.raises(fb.PartitionReleasedError):
+        list(gate)
+    with pytest.raises(fb.PartitionReleasedError):
+        w.emit(1)
+    w.fail()
+    gate.close()
+    assert_all_recycled(nbp, [part.pool])
+
+
+def test_a_partition_dropped_with_queued_buffers_recycles_them():
+    nbp = fb.NetworkBufferPool(16, 64)
+    part = fb.create_partition(nbp, 2, min_buffers=10)
+    pool = part.pool
+    with fb.RecordWriter(part, buffer_timeout=None) as w:
+        for i in range(100):
+            w.emit(i)
+    assert pool.num_requested > pool.num_available
+    del w, part
+    gc.collect()
+    assert_all_recycled(nbp, [pool])
+
+
+def test_a_pool_destroyed_under_a_blocked_writer_fails_the_emit():
+    nbp, part, (gate,) = _pipeline(segment_size=64)
+    w = fb.RecordWriter(part, buffer_timeout=None)
+
+    def produce():
+        for i in range(100000):
+            w.emit((i, i))
+
+    t = Task(produce)
+    t.start()
+    assert wait_until(lambda: w.back_pressured_time_ns > 20_000_000)
+    part.pool.destroy()
+    with pytest.raises(fb.PoolDestroyedError):
+        t.finish(timeout=5)
+    with pytest.raises(RuntimeError, match="half written"):
+        w.emit(1)
+    w.fail()
+    gate.close()
+    assert nbp.num_available_segments == nbp.num_segments
+
+
+def test_a_per_channel_cap_stalls_plain_round_robin_like_flink():
+    """Flink semantics: a subpartition at its cap makes the whole pool
+    unavailable, so a round-robin writer waits even for the free channel."""
+    nbp, part, (slow, fast) = _pipeline(2, segment_size=64, buffers=8, cap=3)
+    w = fb.RecordWriter(part, fb.RoundRobinSelector(start=0), buffer_timeout=None)
+    got = []
+    fast_t = Task(lambda: [got.append(r) for r in fast])
+    fast_t.start()
+
+    def produce():
+        with w:
+            for i in range(5000):
+                w.emit(i)
+
+    t = Task(produce)
+    t.start()
+    assert wait_until(lambda: w.back_pressured_time_ns > 100_000_000)
+    stalled = len(got)
+    time.sleep(0.1)
+    assert len(got) == stalled < 2500
+    assert part.pool.channel_count(0) >= 3
+    # release the slow consumer: everything drains, in order, exactly once
+    slow_got = list(slow)
+    t.finish()
+    fast_t.finish()
+    assert sorted(slow_got + got) == list(range(5000))
+    slow.close()
+    fast.close()
+    assert_all_recycled(nbp, [part.pool])
+
+
+@pytest.mark.parametrize("cap", [None, 6])
+def test_backlog_aware_rebalance_routes_around_a_stalled_consumer(cap):
+    nbp, part, (slow, fast) = _pipeline(2, segment_size=128, buffers=10, cap=cap)
+    sel = fb.BacklogAwareRebalanceSelector(start=0)
+    w = fb.RecordWriter(part, sel, buffer_timeout=0.005)
+    fast_t = Task(lambda: list(fast))
+    fast_t.start()
+    n = 20000
+    producer = Task(lambda: [w.emit(i) for i in range(n)])
+    producer.start()
+    producer.finish(timeout=60)          # never stalls on the blocked consumer
+    held = part.backlog(0)
+    assert held >= sel.max_backlog
+    if cap is not None:
+        assert part.pool.channel_count(0) < cap, "the pool must stay available"
+    assert sel.num_steered > n // 3
+    w.close()
+    fast_got = fast_t.finish()
+    slow_got = list(slow)
+    assert len(slow_got) < n // 10
+    assert sorted(fast_got + slow_got) == list(range(n))
+    assert fast_got == sorted(fast_got) and slow_got == sorted(slow_got)
+    slow.close()
+    fast.close()
+    assert_all_recycled(nbp, [part.pool])
+
+
+def test_backlog_aware_rebalance_waits_while_every_channel_is_blocked():
+    nbp, part, gates = _pipeline(2, segment_size=64, buffers=8)
+    sel = fb.BacklogAwareRebalanceSelector(max_backlog=1)
+    w = fb.RecordWriter(part, sel, buffer_timeout=0.005)
+    emitted = []
+
+    def produce():
+        with w:
+            for i in range(3000):
+                w.emit(i)
+                emitted.append(i)
+
+    t = Task(produce)
+    t.start()
+    assert wait_until(lambda: w.back_pressured_time_ns > 100_000_000)
+    n = len(emitted)
+    time.sleep(0.05)
+    assert len(emitted) == n < 3000
+    assert part.pool.num_requested - part.pool.num_available <= 8
+    results = [Task(lambda g=g: list(g)) for g in gates]
+    for r in results:
+        r.start()
+    t.finish()
+    got = [r.finish() for r in results]
+    assert sorted(got[0] + got[1]) == list(range(3000))
+    for g in gates:
+        g.close()
+    assert_all_recycled(nbp, [part.pool])
+
+
+def test_writer_as_context_manager_fails_the_partition_on_error():
+    nbp, part, (gate,) = _pipeline()
+    with pytest.raises(KeyError):
+        with fb.RecordWriter(part) as w:
+            w.emit(1)
+            raise KeyError("k")
+    assert part.is_failed
+    with pytest.raises(fb.ProducerFailedError) as info:
+        list(gate)
+    assert isinstance(info.value.__cause__, KeyError)
+    gate.close()
+    assert_all_recycled(nbp, [part.pool])
+
+
+def test_many_threads_close_and_fail_concurrently_without_leaks():
+    for _ in range(20):
+        nbp, part, gates = _pipeline(3, segment_size=64, buffers=6)
+        w = fb.RecordWriter(part, buffer_timeout=0.001)
+        stop = threading.Event()
+
+        def produce():
+            try:
+                while not stop.is_set():
+                    w.emit((1, 2, 3))
+            except (fb.PartitionReleasedError, fb.ProducerFailedError):
+                pass
+            finally:
+                w.fail()
+
+        def consume(g):
+            try:
+                for _ in g:
+                    pass
+            except (ValueError, fb.ProducerFailedError):
+                pass
+
+        threads = [Task(produce)] + [Task(consume, g) for g in gates]
+        for t in threads:
+            t.start()
+        time.sleep(0.01)
+        for g in gates:
+            g.close()
+        stop.set()
+        for t in threads:
+            t.finish(timeout=10)
+        assert_all_recycled(nbp, [part.pool])
