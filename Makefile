@@ -39,9 +39,15 @@ test-fast: build-debug
 	HYPOTHESIS_PROFILE=dev $(PY) -X faulthandler -m pytest -q -x tests
 
 # The whole suite under AddressSanitizer (leak checking off: CPython itself leaks).
+# The two experiment tests draw PNGs with matplotlib, whose prebuilt ft2font
+# throws C++ exceptions that trip ASan's __cxa_throw interceptor (a CHECK
+# failure inside matplotlib, not a report on our code); they are left out here.
+ASAN_DESELECT := --deselect tests/test_experiments.py::test_backpressure_experiment \
+                 --deselect tests/test_experiments.py::test_slow_subpartition_experiment
 asan: build-asan
 	LD_PRELOAD=$$(gcc -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 \
-	  HYPOTHESIS_PROFILE=ci PYTHONMALLOC=malloc $(PY) -X faulthandler -m pytest -q -p no:benchmark tests
+	  HYPOTHESIS_PROFILE=ci PYTHONMALLOC=malloc $(PY) -X faulthandler -m pytest -q -p no:benchmark \
+	  $(ASAN_DESELECT) tests
 	$(MAKE) build-debug
 
 stubtest: build

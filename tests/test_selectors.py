@@ -12,6 +12,7 @@ the published MurmurHash3_x86_32 test vectors (seed 0): the four bytes
 """
 
 import collections
+import os
 import random
 import shutil
 import subprocess
@@ -190,12 +191,18 @@ def test_hashing_of_other_key_types():
         io.java_hash_code({"a": 1})
 
 
+def _sanitizer_env():
+    """What a child needs to load a sanitizer build (make asan), else nothing."""
+    return {k: v for k, v in os.environ.items() if k in ("LD_PRELOAD", "ASAN_OPTIONS")}
+
+
 def test_string_keys_hash_the_same_in_every_process():
     code = ("import flinkbuf.io as io; "
             "print([io.assign_key_to_operator(k, 7) for k in ('a', 'key-17', 'x' * 40)])")
     import sys
     outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                           env={"PYTHONHASHSEED": seed, "PATH": ""}, check=True).stdout
+                           env={**_sanitizer_env(), "PYTHONHASHSEED": seed, "PATH": ""},
+                           check=True).stdout
             for seed in ("1", "2", "3")}
     assert len(outs) == 1
 
