@@ -54,13 +54,6 @@ cdef inline bint is_no_record(object x) noexcept:
 
 
 @cython.final
-cdef class SerializationResult:
-    cdef readonly bint is_full_record
-    cdef readonly bint is_full_buffer
-    cdef readonly str name
-
-
-@cython.final
 cdef class RecordSerializer:
     cdef int _codec
     # staging area: the length prefix and everything encoded inline
@@ -80,17 +73,21 @@ cdef class RecordSerializer:
     cdef Py_buffer *_views
     cdef Py_ssize_t _nviews
     cdef Py_ssize_t _views_cap
-    cdef list _owners
+    cdef object _owner                # keeps the first external value alive
+    cdef list _owners                 # ... and the others
     cdef bint _busy                   # encoding (user code may run: pickle)
     # containers on the encoding path (self-reference diagnosis)
     cdef void *_path[MAX_DEPTH + 1]
 
     cdef int _serialize_record(self, object record) except -1
+    cdef int _serialize_general(self, object record) except -1
     cdef int _copy_to_buffer(self, Buffer buf) except -1
     cdef bint _has_serialized_data(self) noexcept
     cdef int _reset(self) except -1
     cdef int _clear(self) except -1
     cdef bytes _payload_bytes(self)
+    cdef bytes _record_bytes(self)
+    cdef bytes _staged_bytes(self, Py_ssize_t skip)
 
 
 @cython.final
@@ -137,6 +134,8 @@ cdef class RecordDeserializer:
 
     cdef int _feed(self, object data) except -1
     cdef object _next_record(self)
+    cdef object _next_record_general(self)
+    cdef object _fail_raised(self)
     cdef int _finish(self) except -1
     cdef int _close(self) except -1
     # internals

@@ -78,6 +78,21 @@ def encode(value):
     return ser._payload_bytes()
 
 
+def _stage_general(value, codec="typed"):
+    """Test support: the staged record (prefix and payload) as the general
+    encoder writes it, bypassing the fast paths of serialize_record."""
+    cdef RecordSerializer ser = RecordSerializer(codec)
+    ser._serialize_general(value)
+    return ser._record_bytes()
+
+
+def _stage(value, codec="typed"):
+    """Test support: the staged record as serialize_record writes it."""
+    cdef RecordSerializer ser = RecordSerializer(codec)
+    ser._serialize_record(value)
+    return ser._record_bytes()
+
+
 def decode(data):
     """Decode one typed-codec payload (all of ``data``, a bytes-like object).
     ``CorruptRecordError`` names the offset and the reason if it is malformed

@@ -51,30 +51,36 @@ cdef inline int _enc_len_header(RecordSerializer s, int tag8, Py_ssize_t n) exce
     return 0
 
 
+cdef inline Py_ssize_t _store_int64(char *p, long long x) noexcept:
+    """Tag and bytes of a 64-bit int at ``p`` (the smallest form, at most
+    9 bytes); returns how many were written."""
+    if 0 <= x <= 127:
+        p[0] = <char>(T_FIXINT | <int>x)
+        return 1
+    if -128 <= x <= 127:
+        p[0] = <char>T_INT8
+        p[1] = <char><int8_t>x
+        return 2
+    if -32768 <= x <= 32767:
+        p[0] = <char>T_INT16
+        fb_store_u16(p + 1, <uint16_t><int16_t>x, 0)
+        return 3
+    if -2147483648 <= x <= 2147483647:
+        p[0] = <char>T_INT32
+        fb_store_u32(p + 1, <uint32_t><int32_t>x, 0)
+        return 5
+    p[0] = <char>T_INT64
+    fb_store_u64(p + 1, <uint64_t>x, 0)
+    return 9
+
+
 cdef int _enc_int(RecordSerializer s, object v) except -1:
     cdef int overflow = 0
     cdef long long x = PyLong_AsLongLongAndOverflow(v, &overflow)
     cdef char *p
     if overflow == 0:
-        if 0 <= x <= 127:
-            p = _put(s, 1)
-            p[0] = <char>(T_FIXINT | <int>x)
-        elif -128 <= x <= 127:
-            p = _put(s, 2)
-            p[0] = <char>T_INT8
-            p[1] = <char><int8_t>x
-        elif -32768 <= x <= 32767:
-            p = _put(s, 3)
-            p[0] = <char>T_INT16
-            fb_store_u16(p + 1, <uint16_t><int16_t>x, 0)
-        elif -2147483648 <= x <= 2147483647:
-            p = _put(s, 5)
-            p[0] = <char>T_INT32
-            fb_store_u32(p + 1, <uint32_t><int32_t>x, 0)
-        else:
-            p = _put(s, 9)
-            p[0] = <char>T_INT64
-            fb_store_u64(p + 1, <uint64_t>x, 0)
+        p = _put(s, 9)
+        s._stage_len -= 9 - _store_int64(p, x)
         return 0
     # Beyond 64 bits: minimal two's complement, little-endian.  The base
     # class methods, so that int subclasses cannot change the bytes.
@@ -282,6 +288,90 @@ cdef int _enc_other(RecordSerializer s, object v, int depth) except -1:
         f"use RecordSerializer(codec='pickle') for arbitrary objects")
 
 
+# -- the flat fast path -----------------------------------------------------
+#
+# Scalars, and tuples or lists of scalars, that encode inline without
+# running Python code, raising or growing the staging area: the common
+# record shapes, written straight into the staging area.  Produces exactly
+# the bytes the general encoder (_enc) would; anything else returns -1 and
+# takes the general path.
+
+cdef extern from "Python.h":
+    bint PyUnicode_IS_COMPACT_ASCII(object o)
+    void *PyUnicode_DATA(object o)
+    Py_ssize_t PyUnicode_GET_LENGTH(object o)
+
+
+cdef inline Py_ssize_t _enc_scalar_fast(char *p, const char *end, object v) noexcept:
+    cdef type t = type(v)
+    cdef int overflow = 0
+    cdef long long x
+    cdef Py_ssize_t n
+    if t is int:
+        if end - p < 9:
+            return -1
+        x = PyLong_AsLongLongAndOverflow(v, &overflow)   # cannot fail for an exact int
+        if overflow:
+            return -1
+        return _store_int64(p, x)
+    if t is float:
+        if end - p < 9:
+            return -1
+        p[0] = <char>T_FLOAT64
+        fb_store_f64(p + 1, PyFloat_AS_DOUBLE(v), 0)
+        return 9
+    if t is str:
+        if not PyUnicode_IS_COMPACT_ASCII(v):     # ASCII: the UTF-8 bytes are the data
+            return -1
+        n = PyUnicode_GET_LENGTH(v)
+        if n >= 256 or end - p < n + 2:
+            return -1
+        p[0] = <char>T_STR8
+        p[1] = <char><uint8_t>n
+        memcpy(p + 2, PyUnicode_DATA(v), <size_t>n)
+        return n + 2
+    if t is bytes:
+        n = PyBytes_GET_SIZE(v)
+        if n >= 256 or end - p < n + 2:           # below EXTERNAL_MIN: inline
+            return -1
+        p[0] = <char>T_BYTES8
+        p[1] = <char><uint8_t>n
+        memcpy(p + 2, PyBytes_AS_STRING(v), <size_t>n)
+        return n + 2
+    if end - p < 1:
+        return -1
+    if v is None:
+        p[0] = <char>T_NONE
+        return 1
+    if t is bool:
+        p[0] = <char>(T_TRUE if v is True else T_FALSE)
+        return 1
+    return -1
+
+
+cdef Py_ssize_t _enc_flat(char *p, const char *end, object v) noexcept:
+    """Encode ``v`` into ``[p, end)`` if it is a fast-path value; returns the
+    bytes written, or -1 (nothing is committed: use the general path)."""
+    cdef type t = type(v)
+    cdef Py_ssize_t i, k, n
+    cdef char *q
+    if t is tuple or t is list:
+        n = PyTuple_GET_SIZE(v) if t is tuple else PyList_GET_SIZE(v)
+        if n >= 256 or end - p < 2:
+            return -1
+        p[0] = <char>(T_TUPLE8 if t is tuple else T_LIST8)
+        p[1] = <char><uint8_t>n
+        q = p + 2
+        for i in range(n):
+            k = _enc_scalar_fast(q, end, <object>(PyTuple_GET_ITEM(v, i) if t is tuple
+                                                  else PyList_GET_ITEM(v, i)))
+            if k < 0:
+                return -1
+            q += k
+        return q - p
+    return _enc_scalar_fast(p, end, v)
+
+
 cdef int _enc(RecordSerializer s, object v, int depth) except -1:
     cdef type t = type(v)
     cdef char *p
@@ -337,9 +427,13 @@ cdef int _corrupt(_Dec *d, const char *at, str reason) except -1:
     raise err
 
 
+cdef int _truncated(_Dec *d, Py_ssize_t n, str what) except -1:
+    return _corrupt(d, d.p, f"truncated {what}: needs {n} bytes, {d.end - d.p} left")
+
+
 cdef inline int _need(_Dec *d, Py_ssize_t n, str what) except -1:
     if d.end - d.p < n:
-        _corrupt(d, d.p, f"truncated {what}: needs {n} bytes, {d.end - d.p} left")
+        return _truncated(d, n, what)      # out of line: keeps _need small enough to inline
     return 0
 
 
@@ -554,45 +648,46 @@ cdef object _dec(_Dec *d, int depth):
     d.p = p + 1
     if tag >= T_FIXINT:
         return tag - T_FIXINT
+    # one if/elif chain on the tag: Cython compiles it to a switch
     if tag == T_TUPLE8 or tag == T_TUPLE32:
         return _dec_tuple(d, tag, depth)
-    if tag == T_INT8:
+    elif tag == T_INT8:
         _need(d, 1, "int8")
         d.p += 1
         return <int8_t>p[1]
-    if tag == T_INT16:
+    elif tag == T_INT16:
         _need(d, 2, "int16")
         d.p += 2
         return <int16_t>fb_load_u16(p + 1, 0)
-    if tag == T_INT32:
+    elif tag == T_INT32:
         _need(d, 4, "int32")
         d.p += 4
         return <int32_t>fb_load_u32(p + 1, 0)
-    if tag == T_INT64:
+    elif tag == T_INT64:
         _need(d, 8, "int64")
         d.p += 8
         return PyLong_FromLongLong(<int64_t>fb_load_u64(p + 1, 0))
-    if tag == T_FLOAT64:
+    elif tag == T_FLOAT64:
         _need(d, 8, "float64")
         d.p += 8
         return PyFloat_FromDouble(fb_load_f64(p + 1, 0))
-    if tag == T_STR8 or tag == T_STR32:
+    elif tag == T_STR8 or tag == T_STR32:
         return _dec_str(d, tag)
-    if tag == T_BYTES8 or tag == T_BYTES32:
+    elif tag == T_BYTES8 or tag == T_BYTES32:
         return _dec_bytes(d, tag)
-    if tag == T_NONE:
+    elif tag == T_NONE:
         return None
-    if tag == T_TRUE:
+    elif tag == T_TRUE:
         return True
-    if tag == T_FALSE:
+    elif tag == T_FALSE:
         return False
-    if tag == T_LIST8 or tag == T_LIST32:
+    elif tag == T_LIST8 or tag == T_LIST32:
         return _dec_list(d, tag, depth)
-    if tag == T_DICT8 or tag == T_DICT32:
+    elif tag == T_DICT8 or tag == T_DICT32:
         return _dec_dict(d, tag, depth)
-    if tag == T_NDARRAY:
+    elif tag == T_NDARRAY:
         return _dec_ndarray(d)
-    if tag == T_BIGINT:
+    elif tag == T_BIGINT:
         return _dec_bigint(d)
     _corrupt(d, p, f"unknown type tag 0x{tag:02x}")
 

@@ -20,6 +20,20 @@ cdef class NoRecordType:
 NO_RECORD = NoRecordType.__new__(NoRecordType)
 cdef object _NO_RECORD = NO_RECORD
 
+# _typed_decode called as the C function it is: NULL with an exception set on error.
+ctypedef PyObject *(*_raw_decode_fn)(const char *, Py_ssize_t, int64_t, int64_t,
+                                     PyObject *) noexcept
+
+cdef extern from "Python.h":
+    PyObject *_raw_bytes "PyBytes_FromStringAndSize" (const char *v, Py_ssize_t n)
+
+cdef extern from *:
+    """
+    /* Returns -1 so that Cython propagates the exception already set. */
+    static int fb_reraise(void) { return -1; }
+    """
+    int fb_reraise() except -1
+
 cdef enum:
     SPAN_NONE = 0
     SPAN_PREFIX = 1
@@ -240,6 +254,52 @@ cdef class RecordDeserializer:
 
     cdef object _next_record(self):
         """The next complete record, or NO_RECORD (test: is_no_record)."""
+        cdef Py_ssize_t avail, n
+        cdef const char *p
+        cdef int64_t start
+        cdef PyObject *r
+        # Fast path: a typed record wholly inside the current chunk, and
+        # nothing ready, broken, deferred or being decoded.  It decodes
+        # without a try block (whose set-up costs as much as a small
+        # record): an error is caught by _fail_raised.
+        if (self._span == SPAN_NONE and self._codec == CODEC_TYPED and not self._busy
+                and self._failure is None and self._deferred is None
+                and PyList_GET_SIZE(self._ready) == 0):
+            avail = self._cur_end - self._cur_pos
+            if avail >= 4:
+                p = self._cur_ptr + self._cur_pos
+                n = <Py_ssize_t>fb_load_u32(p, 1)
+                if (0 < n <= self._max_record_size and n <= avail - 4
+                        and (self._cur.buf is None or self._cur.buf._data != NULL)):
+                    start = self._stream_pos
+                    self._cur_pos += 4 + n
+                    self._stream_pos += 4 + n
+                    if n >= 5 and <uint8_t>p[4] == T_BYTES32 \
+                            and <Py_ssize_t>fb_load_u32(p + 5, 0) == n - 5:
+                        # one large bytes value (as in a bytes-records stream)
+                        r = _raw_bytes(p + 9, n - 5)
+                    else:
+                        self._busy = True
+                        r = (<_raw_decode_fn>_typed_decode)(p + 4, n, start + 4, start,
+                                                            <PyObject *>None)
+                        self._busy = False
+                    if r == NULL:
+                        return self._fail_raised()
+                    v = <object>r
+                    Py_DECREF(v)                 # the reference _typed_decode returned
+                    if self._cur_pos == self._cur_end:
+                        self._advance_keeping(v)
+                    return v
+        return self._next_record_general()
+
+    cdef object _fail_raised(self):
+        """_fail with the exception that is set (raised, not yet caught)."""
+        try:
+            fb_reraise()
+        except BaseException as e:
+            return self._fail(e)
+
+    cdef object _next_record_general(self):
         cdef Py_ssize_t avail, n
         cdef const char *p
         cdef int64_t start

@@ -1,7 +1,11 @@
 # SerializationResult: what copy_to_buffer() achieved.  Included by _serialization.pyx.
+#
+# A plain class with __slots__, not a cdef class: CPython specializes
+# attribute loads from slots (LOAD_ATTR_SLOT) but not from the getset
+# descriptors Cython generates for cdef attributes, and a user's loop tests
+# `res.is_full_buffer` once per record.
 
-@cython.final
-cdef class SerializationResult:
+class SerializationResult:
     """Outcome of :meth:`RecordSerializer.copy_to_buffer`, as in Flink:
 
     * ``FULL_RECORD``: the record is completely copied, the buffer has room;
@@ -11,11 +15,23 @@ cdef class SerializationResult:
       of the record remains (copy it into the next buffer).
 
     The three instances are class attributes
-    (``SerializationResult.FULL_RECORD`` ...) and compare by identity.
+    (``SerializationResult.FULL_RECORD`` ...), immutable, and compare by
+    identity.
     """
 
-    def __init__(self):
+    __slots__ = ("is_full_record", "is_full_buffer", "name")
+
+    def __init__(self, *args, **kwargs):
         raise TypeError("use the three SerializationResult class attributes")
+
+    def __init_subclass__(cls, **kwargs):
+        raise TypeError("SerializationResult cannot be subclassed")
+
+    def __setattr__(self, name, value):
+        raise AttributeError("SerializationResult instances are immutable")
+
+    def __delattr__(self, name):
+        raise AttributeError("SerializationResult instances are immutable")
 
     def __repr__(self):
         return f"<SerializationResult.{self.name}>"
@@ -24,40 +40,21 @@ cdef class SerializationResult:
         return (_result_by_name, (self.name,))
 
 
-cdef SerializationResult _make_result(str name, bint full_record, bint full_buffer):
-    cdef SerializationResult r = SerializationResult.__new__(SerializationResult)
-    r.name = name
-    r.is_full_record = full_record
-    r.is_full_buffer = full_buffer
+cdef object _make_result(str name, bint full_record, bint full_buffer):
+    r = object.__new__(SerializationResult)
+    object.__setattr__(r, "name", name)
+    object.__setattr__(r, "is_full_record", full_record)
+    object.__setattr__(r, "is_full_buffer", full_buffer)
+    setattr(SerializationResult, name, r)      # Flink's enum names as class attributes
     return r
 
 
-cdef SerializationResult _R_FULL_RECORD = _make_result("FULL_RECORD", True, False)
-cdef SerializationResult _R_FULL_RECORD_FULL = _make_result(
-    "FULL_RECORD_MEMORY_SEGMENT_FULL", True, True)
-cdef SerializationResult _R_PARTIAL_FULL = _make_result(
-    "PARTIAL_RECORD_MEMORY_SEGMENT_FULL", False, True)
+cdef object _R_FULL_RECORD = _make_result("FULL_RECORD", True, False)
+cdef object _R_FULL_RECORD_FULL = _make_result("FULL_RECORD_MEMORY_SEGMENT_FULL", True, True)
+cdef object _R_PARTIAL_FULL = _make_result("PARTIAL_RECORD_MEMORY_SEGMENT_FULL", False, True)
 
 
-cdef extern from "Python.h":
-    ctypedef struct PyTypeObject:
-        PyObject *tp_dict
-    void PyType_Modified(PyTypeObject *t)
-
-
-cdef _set_class_attributes():
-    # Flink's enum names as class attributes (SerializationResult.FULL_RECORD).
-    cdef PyTypeObject *tp = <PyTypeObject *>SerializationResult
-    cdef dict d = <dict>tp.tp_dict
-    for r in (_R_FULL_RECORD, _R_FULL_RECORD_FULL, _R_PARTIAL_FULL):
-        d[r.name] = r
-    PyType_Modified(tp)
-
-
-_set_class_attributes()
-
-
-cdef inline SerializationResult _result_for(int flags):
+cdef inline object _result_for(int flags):
     if flags == FULL_RECORD:
         return _R_FULL_RECORD
     if flags == FULL_RECORD | FULL_BUFFER:

@@ -34,6 +34,7 @@ cdef class RecordSerializer:
     def __cinit__(self):
         self._codec = CODEC_TYPED
         self._stage = NULL
+        _reserve_pieces(self, 8)     # the inline fast path needs one, always there
 
     def __init__(self, codec="typed"):
         self._codec = _codec_arg(codec)
@@ -51,17 +52,47 @@ cdef class RecordSerializer:
 
     cdef int _serialize_record(self, object record) except -1:
         """Stage ``record`` (replacing any staged one)."""
+        cdef Py_ssize_t n
         if self._busy:
             raise RuntimeError("RecordSerializer used re-entrantly (from code run while "
                                "encoding) or from two threads at once")
-        if self._nviews or self._owners or self._stage_cap > STAGE_KEEP_MAX:
+        if self._nviews or self._owner is not None or self._stage_cap > STAGE_KEEP_MAX:
             _stage_clear(self)
+        if self._stage_cap < STAGE_INITIAL:
+            _stage_grow(self, STAGE_INITIAL)
+        # Fast paths (no Python code runs, nothing can fail): common record
+        # shapes encoded straight into the staging area.
+        cdef char *p = self._stage + 4
+        if self._codec == CODEC_TYPED:
+            n = _enc_flat(p, self._stage + self._stage_cap, record)
+            if n >= 0:
+                return _stage_inline_record(self, 4 + n)
+            if type(record) is bytes:
+                n = PyBytes_GET_SIZE(record)
+                if EXTERNAL_MIN <= n <= MAX_PAYLOAD - 5:
+                    # one large bytes value: its 32-bit header, then the value by reference
+                    p[0] = <char>T_BYTES32
+                    fb_store_u32(p + 1, <uint32_t>n, 0)
+                    return _stage_external_record(self, 9, record, PyBytes_AS_STRING(record), n)
+        elif self._codec == CODEC_BYTES and type(record) is bytes:
+            n = PyBytes_GET_SIZE(record)
+            if n < EXTERNAL_MIN:
+                if 4 + n > self._stage_cap:
+                    _stage_grow(self, 4 + n)
+                    p = self._stage + 4
+                memcpy(p, PyBytes_AS_STRING(record), <size_t>n)
+                return _stage_inline_record(self, 4 + n)
+            if n <= MAX_PAYLOAD:
+                return _stage_external_record(self, 4, record, PyBytes_AS_STRING(record), n)
+        return self._serialize_general(record)
+
+    cdef int _serialize_general(self, object record) except -1:
+        if self._stage_cap < STAGE_INITIAL:
+            _stage_grow(self, STAGE_INITIAL)
         self._npieces = 0
         self._record_len = 0
         self._cur_piece = 0
         self._cur_off = 0
-        if self._stage_cap < 4:
-            _stage_grow(self, STAGE_INITIAL)
         self._stage_len = 4          # the length prefix, written below
         self._piece_start = 0
         self._ext_bytes = 0
@@ -73,15 +104,7 @@ cdef class RecordSerializer:
                 _bytes_encode(self, record)
             else:
                 _pickle_encode(self, record)
-            if self._npieces == 0 and self._pieces_cap > 0:
-                # all staged inline: one piece (the common case)
-                self._pieces[0].ptr = NULL
-                self._pieces[0].off = 0
-                self._pieces[0].len = self._stage_len
-                self._npieces = 1
-                self._piece_start = self._stage_len
-            else:
-                _close_staged_piece(self)
+            _close_staged_piece(self)
             if _payload_pos(self) > MAX_PAYLOAD:
                 raise ValueError(f"a record of {_payload_pos(self)} bytes exceeds the "
                                  f"{MAX_PAYLOAD}-byte limit of the length prefix")
@@ -104,26 +127,28 @@ cdef class RecordSerializer:
             raise RuntimeError("RecordSerializer used re-entrantly while encoding")
         cdef Py_ssize_t space = buf._capacity - buf._writer
         cdef char *dst = data + buf._writer
-        cdef Py_ssize_t left, k
-        cdef Piece *pc
+        cdef Piece *pc = self._pieces + self._cur_piece
+        cdef Piece *last = self._pieces + self._npieces
+        cdef Py_ssize_t off = self._cur_off, left
         cdef const char *src
-        while space > 0 and self._cur_piece < self._npieces:
-            pc = &self._pieces[self._cur_piece]
-            src = pc.ptr if pc.ptr != NULL else self._stage + pc.off
-            left = pc.len - self._cur_off
-            k = left if left <= space else space
-            memcpy(dst, src + self._cur_off, <size_t>k)
-            dst += k
-            space -= k
-            if k == left:
-                self._cur_piece += 1
-                self._cur_off = 0
-            else:
-                self._cur_off += k
+        while pc < last:
+            src = (pc.ptr if pc.ptr != NULL else self._stage + pc.off) + off
+            left = pc.len - off
+            if left > space:
+                memcpy(dst, src, <size_t>space)
+                self._cur_piece = pc - self._pieces
+                self._cur_off = off + space
+                buf._writer = buf._capacity
+                return FULL_BUFFER
+            memcpy(dst, src, <size_t>left)
+            dst += left
+            space -= left
+            off = 0
+            pc += 1
+        self._cur_piece = self._npieces
+        self._cur_off = 0
         buf._writer = buf._capacity - space
-        if self._cur_piece >= self._npieces:
-            return FULL_RECORD | FULL_BUFFER if space == 0 else FULL_RECORD
-        return FULL_BUFFER
+        return FULL_RECORD | FULL_BUFFER if space == 0 else FULL_RECORD
 
     cdef bint _has_serialized_data(self) noexcept:
         return self._cur_piece < self._npieces
@@ -143,10 +168,17 @@ cdef class RecordSerializer:
 
     cdef bytes _payload_bytes(self):
         """The staged payload (without the prefix) as one bytes object."""
-        cdef Py_ssize_t n = self._record_len - 4 if self._record_len else 0
+        return self._staged_bytes(4)
+
+    cdef bytes _record_bytes(self):
+        """The staged record (prefix and payload) as one bytes object."""
+        return self._staged_bytes(0)
+
+    cdef bytes _staged_bytes(self, Py_ssize_t skip):
+        cdef Py_ssize_t n = self._record_len - skip if self._record_len else 0
         cdef bytes out = PyBytes_FromStringAndSize(NULL, n)
         cdef char *dst = PyBytes_AS_STRING(out)
-        cdef Py_ssize_t i, skip = 4, k
+        cdef Py_ssize_t i, k
         cdef const char *src
         cdef Piece *pc
         for i in range(self._npieces):

@@ -38,22 +38,44 @@ cdef inline int _put_bytes(RecordSerializer s, const char *src, Py_ssize_t n) ex
     return 0
 
 
-cdef int _add_piece(RecordSerializer s, const char *ptr, Py_ssize_t off,
-                    Py_ssize_t n) except -1:
-    cdef Py_ssize_t cap
+cdef int _reserve_pieces(RecordSerializer s, Py_ssize_t cap) except -1:
     cdef Piece *p
-    if s._npieces == s._pieces_cap:
-        cap = s._pieces_cap * 2 if s._pieces_cap else 8
+    if cap > s._pieces_cap:
         p = <Piece *>PyMem_Realloc(s._pieces, sizeof(Piece) * <size_t>cap)
         if p == NULL:
             raise MemoryError()
         s._pieces = p
         s._pieces_cap = cap
+    return 0
+
+
+cdef int _add_piece(RecordSerializer s, const char *ptr, Py_ssize_t off,
+                    Py_ssize_t n) except -1:
+    cdef Piece *p
+    if s._npieces == s._pieces_cap:
+        _reserve_pieces(s, s._pieces_cap * 2)
     p = &s._pieces[s._npieces]
     p.ptr = ptr
     p.off = off
     p.len = n
     s._npieces += 1
+    return 0
+
+
+cdef inline int _stage_inline_record(RecordSerializer s, Py_ssize_t total) noexcept:
+    """The staged record is the first ``total`` staging bytes (prefix
+    included): one piece, ready to copy."""
+    s._stage_len = total
+    s._piece_start = total
+    s._ext_bytes = 0
+    s._pieces[0].ptr = NULL
+    s._pieces[0].off = 0
+    s._pieces[0].len = total
+    s._npieces = 1
+    s._cur_piece = 0
+    s._cur_off = 0
+    fb_store_u32(s._stage, <uint32_t>(total - 4), 1)
+    s._record_len = total
     return 0
 
 
@@ -74,8 +96,33 @@ cdef int _add_external(RecordSerializer s, const char *ptr, Py_ssize_t n) except
     return 0
 
 
+cdef inline int _stage_external_record(RecordSerializer s, Py_ssize_t head, object owner,
+                                       const char *ptr, Py_ssize_t n) noexcept:
+    """The staged record is the first ``head`` staging bytes (prefix
+    included) followed by ``n`` bytes at ``ptr``, kept alive by ``owner``
+    (the staging area holds no other external value)."""
+    s._owner = owner
+    s._stage_len = head
+    s._piece_start = head
+    s._ext_bytes = n
+    s._pieces[0].ptr = NULL
+    s._pieces[0].off = 0
+    s._pieces[0].len = head
+    s._pieces[1].ptr = ptr
+    s._pieces[1].off = 0
+    s._pieces[1].len = n
+    s._npieces = 2
+    s._cur_piece = 0
+    s._cur_off = 0
+    fb_store_u32(s._stage, <uint32_t>(head - 4 + n), 1)
+    s._record_len = head + n
+    return 0
+
+
 cdef inline int _keep_object(RecordSerializer s, object o) except -1:
-    if s._owners is None:
+    if s._owner is None:
+        s._owner = o                 # the common case: one large value
+    elif s._owners is None:
         s._owners = [o]
     else:
         s._owners.append(o)
@@ -119,8 +166,10 @@ cdef int _stage_clear(RecordSerializer s) except -1:
         s._nviews = 0
         for i in range(n):
             PyBuffer_Release(&s._views[i])
-    if s._owners:
-        PyList_SetSlice(s._owners, 0, PY_SSIZE_T_MAX, NULL)
+    if s._owner is not None:
+        s._owner = None
+        if s._owners:
+            PyList_SetSlice(s._owners, 0, PY_SSIZE_T_MAX, NULL)
     if s._stage_cap > STAGE_KEEP_MAX:
         PyMem_Free(s._stage)
         s._stage = NULL

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import flinkbuf as fb
-from flinkbuf._serialization import decode, encode
+from flinkbuf._serialization import _stage, _stage_general, decode, encode
 from test_serialization_support import (
     feed_as_buffers, read_stream, rechunk, same, values, write_stream,
 )
@@ -95,3 +95,50 @@ def test_large_arrays_over_small_buffers(k, dtype, ndim):
         arr = arr.reshape((k, -1) if ndim == 2 else (k, 2, -1))
     out = read_stream(write_stream([arr, ("meta", arr)], 4096))
     assert same(out, [arr, ("meta", arr)])
+
+
+# -- the fast paths of serialize_record -----------------------------------------
+
+flat_scalars = (
+    st.none() | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**63 - 1) | st.integers()
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=300) | st.text(alphabet=st.characters(max_codepoint=0x7F), max_size=300)
+    | st.binary(max_size=300) | st.binary(min_size=240, max_size=1200)
+)
+flat_values = (flat_scalars | st.lists(flat_scalars, max_size=8)
+               | st.lists(flat_scalars, max_size=8).map(tuple)
+               | st.lists(st.booleans(), min_size=250, max_size=270))
+
+
+@given(st.lists(flat_values | values, min_size=1, max_size=5))
+def test_fast_paths_stage_exactly_what_the_general_encoder_stages(records):
+    # one serializer reused, as a writer does: a fast record after a general
+    # one (and the reverse) must not see the other's state
+    ser = fb.RecordSerializer()
+    for r in records:
+        ser.serialize_record(r)
+        assert _staged(ser) == _stage_general(r) == _stage(r)
+
+
+@given(st.lists(st.binary(max_size=1100) | st.binary(min_size=250, max_size=600), max_size=12),
+       buffer_sizes)
+def test_bytes_codec_round_trip_over_every_size(records, size):
+    # inline (< 512 bytes, also larger than the initial staging area) and
+    # referenced (>= 512) records, both stages the general encoder's bytes
+    for r in records:
+        assert _stage(r, "bytes") == _stage_general(r, "bytes") == \
+            len(r).to_bytes(4, "big") + r
+    assert read_stream(write_stream(records, size, "bytes"), "bytes") == records
+
+
+def _staged(ser):
+    """The bytes ser.copy_to_buffer writes for its staged record."""
+    with fb.NetworkBufferPool(1, 1 << 16) as nbp:
+        buf = nbp.create_buffer_pool(1, 1).request_buffer()
+        try:
+            ser.reset()
+            assert ser.copy_to_buffer(buf).is_full_record
+            return bytes(memoryview(buf))
+        finally:
+            buf.recycle()
