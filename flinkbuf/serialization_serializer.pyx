@@ -56,6 +56,8 @@ cdef class RecordSerializer:
         if self._busy:
             raise RuntimeError("RecordSerializer used re-entrantly (from code run while "
                                "encoding) or from two threads at once")
+        if self._owner is not None and not self._nviews and not self._owners:
+            self._owner = None       # the previous record referenced one value: let it go
         if self._nviews or self._owner is not None or self._stage_cap > STAGE_KEEP_MAX:
             _stage_clear(self)
         if self._stage_cap < STAGE_INITIAL:
