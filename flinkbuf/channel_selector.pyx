@@ -30,8 +30,14 @@ cdef int32_t _java_int(object v) except? -1:
     return <int32_t>h
 
 
-cdef int _java_hash(object key, int32_t *out) except -1:
-    """``key``'s hash code as Java computes it for the matching type."""
+cdef int _KEY_MAX_DEPTH = 100     # containers in a key, as the typed codec allows
+
+
+cdef int _java_hash(object key, int32_t *out, int depth) except -1:
+    """``key``'s hash code as Java computes it for the matching type.
+    ``depth``: containers around ``key``; a key nested deeper than the
+    typed codec allows (or a list that holds itself) raises ValueError
+    instead of recursing off the C stack."""
     cdef type t = type(key)
     cdef Py_buffer view
     cdef uint32_t h
@@ -51,18 +57,22 @@ cdef int _java_hash(object key, int32_t *out) except -1:
         out[0] = fb_java_double_hash(<double>key)
     elif isinstance(key, tuple):
         # Flink's TupleN.hashCode: f0's hash, then 31 * h + each next field's.
+        if depth >= _KEY_MAX_DEPTH:
+            _key_too_deep()
         n = len(<tuple>key)
         h = 0
         for i in range(n):
             element = (<tuple>key)[i]
-            _java_hash(element, &item)
+            _java_hash(element, &item, depth + 1)
             h = (31u * h + <uint32_t>item) if i else <uint32_t>item
         out[0] = <int32_t>h
     elif isinstance(key, list):
         # java.util.List.hashCode
+        if depth >= _KEY_MAX_DEPTH:
+            _key_too_deep()
         h = 1
         for element in <list>key:
-            _java_hash(element, &item)
+            _java_hash(element, &item, depth + 1)
             h = 31u * h + <uint32_t>item
         out[0] = <int32_t>h
     elif isinstance(key, int):     # int subclasses (bool handled above)
@@ -87,6 +97,11 @@ cdef int _java_hash(object key, int32_t *out) except -1:
     return 0
 
 
+cdef int _key_too_deep() except -1:
+    raise ValueError(f"cannot hash keys nested deeper than {_KEY_MAX_DEPTH} levels "
+                     "(or a list that contains itself)")
+
+
 def java_hash_code(key):
     """``key``'s hash code as Java computes ``hashCode()`` for the matching
     type: ``int`` as Integer (values in int32), Long (in int64) or
@@ -96,7 +111,7 @@ def java_hash_code(key):
     (elementwise); ``None`` as 0.  The same in every process, unlike
     Python's salted ``hash()`` of ``str``/``bytes``."""
     cdef int32_t h
-    _java_hash(key, &h)
+    _java_hash(key, &h, 0)
     return h
 
 
@@ -131,7 +146,7 @@ def assign_key_to_operator(key, parallelism, max_parallelism=128):
     if p > mp:
         raise ValueError(f"parallelism {p} exceeds max_parallelism {mp}")
     cdef int32_t h
-    _java_hash(key, &h)
+    _java_hash(key, &h, 0)
     return fb_operator_index(fb_key_group(h, mp), p, mp)
 
 
@@ -279,7 +294,7 @@ cdef class HashSelector(ChannelSelector):
             key = self._key(record)
         else:
             key = record
-        _java_hash(key, &h)
+        _java_hash(key, &h, 0)
         return fb_operator_index(fb_key_group(h, self._max_parallelism), self._n,
                                  self._max_parallelism)
 

@@ -191,6 +191,33 @@ def test_hashing_of_other_key_types():
         io.java_hash_code({"a": 1})
 
 
+def test_deeply_nested_and_self_referencing_keys_raise_instead_of_crashing():
+    """Hashing recursed in C without a bound: a key nested 100,000 deep, or a
+    list that holds itself, overflowed the C stack (a segfault)."""
+    deep = ()
+    for _ in range(100_000):
+        deep = (deep,)
+    looped = [1]
+    looped.append(looped)
+    sel = fb.HashSelector()
+    sel.setup(3)
+    for key in (deep, looped, [[looped]]):
+        with pytest.raises(ValueError, match="nested deeper than 100"):
+            io.java_hash_code(key)
+        with pytest.raises(ValueError, match="nested deeper than 100"):
+            sel.select_channel(key)
+        with pytest.raises(ValueError, match="nested deeper than 100"):
+            io.assign_key_to_operator(key, 4)
+    # as deep as the typed codec goes (100 containers) still hashes, as Java would
+    ok = 7
+    for _ in range(100):
+        ok = (ok,)
+    assert io.java_hash_code(ok) == 7
+    with pytest.raises(ValueError, match="nested deeper than 100"):
+        io.java_hash_code((ok,))
+    assert io.java_hash_code([[5]]) == 31 + (31 + 5)
+
+
 def _sanitizer_env():
     """What a child needs to load a sanitizer build (make asan), else nothing."""
     return {k: v for k, v in os.environ.items() if k in ("LD_PRELOAD", "ASAN_OPTIONS")}
