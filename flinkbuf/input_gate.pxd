@@ -3,6 +3,7 @@ cdef class InputChannel:
     cdef int _connect(self, InputGate gate, int32_t index) except -1
     cdef int _poll(self, fb_item_t *out) except -1
     cdef int _release(self, InputGate gate) except -1
+    cdef int _disconnect(self, InputGate gate) except -1
     cdef object _failure(self)
     cdef int32_t _backlog(self) except -1
     cdef object _source_pool(self)

@@ -24,6 +24,12 @@ cdef class InputChannel:
     cdef int _release(self, InputGate gate) except -1:
         return 0
 
+    cdef int _disconnect(self, InputGate gate) except -1:
+        """Leave ``gate`` without consuming anything (its constructor failed):
+        the channel may join another gate."""
+        self._index = -1
+        return 0
+
     cdef object _failure(self):
         return None
 
@@ -73,6 +79,11 @@ cdef class LocalInputChannel(InputChannel):
     cdef int _release(self, InputGate gate) except -1:
         fb_subpart_disconnect(&self._sp._c, &gate._c)
         self._sp._terminate(FB_SP_RELEASED)
+        return 0
+
+    cdef int _disconnect(self, InputGate gate) except -1:
+        fb_subpart_disconnect(&self._sp._c, &gate._c)
+        self._index = -1
         return 0
 
     cdef object _failure(self):
@@ -165,7 +176,11 @@ cdef class InputGate:
                 ch._connect(self, i)
                 self._channels.append(ch)
         except BaseException:
-            self._release_channels()
+            # Nothing was read: hand the channels back untouched (releasing
+            # them would end their subpartitions for any later consumer).
+            for ch in self._channels:
+                ch._disconnect(self)
+            self._channels = []
             self._closed = True
             raise
 

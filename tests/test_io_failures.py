@@ -356,3 +356,23 @@ def test_many_threads_close_and_fail_concurrently_without_leaks():
         for t in threads:
             t.finish(timeout=10)
         assert_all_recycled(nbp, [part.pool])
+
+
+def test_a_gate_that_cannot_be_built_leaves_its_channels_to_a_later_gate():
+    """A failed InputGate constructor used to release the subpartitions it
+    had connected so far: no gate could ever read them again."""
+    nbp = fb.NetworkBufferPool(16, 128)
+    part = fb.create_partition(nbp, 2)
+    reused = fb.LocalInputChannel(part, 0)
+    with pytest.raises(ValueError, match="already has a consumer"):
+        fb.InputGate([reused, (part, 1), (part, 1)])
+    assert not part.subpartition(0).is_released
+    assert not part.subpartition(1).is_released
+    gates = [fb.InputGate([reused]), fb.InputGate([(part, 1)])]
+    with fb.RecordWriter(part, fb.RoundRobinSelector(start=0)) as w:
+        for i in range(10):
+            w.emit(i)
+    assert [list(g) for g in gates] == [[0, 2, 4, 6, 8], [1, 3, 5, 7, 9]]
+    for g in gates:
+        g.close()
+    assert_all_recycled(nbp, [part.pool])
