@@ -262,10 +262,17 @@ cdef class InputGate:
                 continue
             event = _deserialize_event(<bytes>obj)
             if event is _END_OF_PARTITION:
-                (<RecordDeserializer>des_obj)._finish()
+                try:
+                    (<RecordDeserializer>des_obj)._finish()
+                except BaseException as exc:
+                    # the stream ended inside a record: nothing more can come
+                    # from this channel, so the gate cannot end normally
+                    self._error = exc
+                    raise
                 self._finished[ch] = True
                 self._num_finished += 1
                 (<InputChannel>self._channels[ch])._release(self)
+                self._current = ch           # whatever finish() decoded last
                 continue
             channel[0] = ch
             return event

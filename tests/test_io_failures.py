@@ -376,3 +376,23 @@ def test_a_gate_that_cannot_be_built_leaves_its_channels_to_a_later_gate():
     for g in gates:
         g.close()
     assert_all_recycled(nbp, [part.pool])
+
+
+def test_a_stream_that_ends_inside_a_record_fails_the_gate_for_good():
+    """The CorruptRecordError at EndOfPartition was raised once; the next
+    read then waited forever for a channel that had ended."""
+    nbp = fb.NetworkBufferPool(16, 128)
+    part = fb.create_partition(nbp, 1)
+    gate = fb.InputGate([(part, 0)])
+    buf = part.pool.request_buffer()
+    buf.write(b"\x00\x00\x00\x10ab")       # 16 bytes announced, 2 sent
+    part.add_buffer(0, buf)
+    part.finish()
+    with pytest.raises(fb.CorruptRecordError, match="ended inside a record"):
+        next(gate)
+    again = Task(lambda: next(gate))
+    again.start()
+    with pytest.raises(fb.CorruptRecordError, match="ended inside a record"):
+        again.finish(timeout=10)
+    gate.close()
+    assert_all_recycled(nbp, [part.pool])
