@@ -235,7 +235,11 @@ cdef class InputGate:
         while True:
             ch = self._current
             if ch >= 0:
-                des = <RecordDeserializer>self._deserializers[ch]
+                des_obj = self._deserializers[ch]
+                if des_obj is None:         # closed meanwhile (user code ran: gc, decoding)
+                    self._current = -1
+                    raise ValueError("input gate is closed")
+                des = <RecordDeserializer>des_obj
                 rec = des._next_record()
                 if not is_no_record(rec):
                     self._records_in += 1

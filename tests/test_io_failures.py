@@ -2,6 +2,9 @@
 released partitions, per-channel caps; every buffer recycled on every path."""
 
 import gc
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -396,3 +399,50 @@ def test_a_stream_that_ends_inside_a_record_fails_the_gate_for_good():
         again.finish(timeout=10)
     gate.close()
     assert_all_recycled(nbp, [part.pool])
+
+
+CLOSE_WHILE_READING = r"""
+import gc, sys
+import flinkbuf as fb
+nbp = fb.NetworkBufferPool(64, 128)
+part = fb.create_partition(nbp, 1, min_buffers=40)
+with fb.RecordWriter(part, buffer_timeout=None) as w:
+    for i in range(200):
+        w.emit((i, "x" * 10))
+gate = fb.InputGate([(part, 0)])
+k = int(sys.argv[1])
+seen = [0]
+def close_on_kth_collection(phase, info):
+    if phase == "start":
+        seen[0] += 1
+        if seen[0] == k:
+            gate.close()
+gc.callbacks.append(close_on_kth_collection)
+gc.set_threshold(1)
+got = []
+try:
+    for rec in gate:
+        got.append(rec)
+    outcome = "end"
+except ValueError as exc:
+    outcome = "closed" if "closed" in str(exc) else repr(exc)
+gc.callbacks.remove(close_on_kth_collection)
+gc.set_threshold(700)
+assert got == [(i, "x" * 10) for i in range(len(got))], got[:5]
+part.pool.destroy()
+del gate, part
+gc.collect()
+print(outcome, nbp.num_available_segments == nbp.num_segments)
+"""
+
+
+def test_closing_the_gate_at_any_point_of_its_own_iteration_is_safe():
+    """close() may run in the middle of the consumer's read (here: from a
+    gc callback, as another thread would when the reader lets go of the
+    GIL).  A read that went on with the dropped deserializer crashed."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for k in (1, 2, 3, 5, 8, 13, 40):
+        proc = subprocess.run([sys.executable, "-X", "faulthandler", "-c", CLOSE_WHILE_READING,
+                               str(k)], capture_output=True, text=True, timeout=120, cwd=root)
+        assert proc.returncode == 0, f"k={k}: {proc.returncode}\n{proc.stderr[-3000:]}"
+        assert proc.stdout.split() in (["closed", "True"], ["end", "True"]), proc.stdout
