@@ -119,6 +119,23 @@ cdef class RecordWriter:
                 name=f"flinkbuf-output-flusher-{self._name or id(self)}", daemon=True)
             self._flusher.start()
 
+    def __del__(self):
+        # Dropped while open (say, its thread died without close() or a with
+        # block): fail the partition, so that consumers raise instead of
+        # waiting for an EndOfPartition that can no longer come.
+        if self._state != _W_OPEN:
+            return
+        try:
+            if self._flusher_stop is not None:
+                self._flusher_stop.set()
+            self._state = _W_FAILED
+            self._release_current()
+            if self._partition._state == _P_LIVE:
+                self._partition.fail(RuntimeError(
+                    f"the RecordWriter {self._name!r} was dropped without close() or fail()"))
+        except BaseException:
+            PyErr_WriteUnraisable(self)
+
     # ---- the record path ----------------------------------------------------
 
     def emit(self, record):

@@ -446,3 +446,29 @@ def test_closing_the_gate_at_any_point_of_its_own_iteration_is_safe():
                                str(k)], capture_output=True, text=True, timeout=120, cwd=root)
         assert proc.returncode == 0, f"k={k}: {proc.returncode}\n{proc.stderr[-3000:]}"
         assert proc.stdout.split() in (["closed", "True"], ["end", "True"]), proc.stdout
+
+
+def test_a_writer_dropped_without_close_fails_its_partition():
+    """A producer whose writer was garbage collected while open (the thread
+    died without close() or a with block) left its consumers waiting forever."""
+    nbp, part, (gate,) = _pipeline(segment_size=128)
+
+    def produce():
+        w = fb.RecordWriter(part, buffer_timeout=0.01)
+        for i in range(10):
+            w.emit(i)
+        raise KeyError("producer died")
+
+    t = Task(produce)
+    t.start()
+    with pytest.raises(KeyError):
+        t.finish()
+    t = None
+    gc.collect()
+    assert part.is_failed
+    reader = Task(lambda: list(gate))
+    reader.start()
+    with pytest.raises(fb.ProducerFailedError, match="without close"):
+        reader.finish(timeout=10)
+    gate.close()
+    assert_all_recycled(nbp, [part.pool])
