@@ -456,7 +456,7 @@ cdef class BacklogAwareRebalanceSelector(ChannelSelector):
                 self._next = ch + 1 if ch + 1 < self._n else 0
                 self._steered += 1
                 return ch
-        cdef int64_t deadline = fb_x_deadline_after(timeout)
+        cdef int64_t deadline = fb_deadline_after(timeout)
         with nogil:
             fb_signal_wait(&signal._c, seen, deadline)
         return _ALL_BLOCKED

@@ -293,9 +293,9 @@ cdef class InputGate:
                 rc = fb_gate_wait(&self._c, 0, &ch)          # a try, no waiting
                 if rc == FB_X_TIMEDOUT:
                     if t0 == 0:
-                        t0 = fb_x_now_ns()
+                        t0 = fb_monotonic_ns()
                         self._idle_since = t0
-                    deadline = fb_x_deadline_after(_GATE_SLICE)
+                    deadline = fb_deadline_after(_GATE_SLICE)
                     with nogil:
                         rc = fb_gate_wait(&self._c, deadline, &ch)
                     if rc == FB_X_TIMEDOUT:
@@ -327,7 +327,7 @@ cdef class InputGate:
                 raise RuntimeError(f"internal error {rc} polling input channel {ch}")
         finally:
             if t0:
-                self._idle_ns += fb_x_now_ns() - t0
+                self._idle_ns += fb_monotonic_ns() - t0
                 self._idle_since = 0
 
     # ---- control ------------------------------------------------------------
@@ -398,7 +398,7 @@ cdef class InputGate:
     def idle_time_ns(self):
         """Total time spent waiting for input, including a wait in progress."""
         cdef int64_t since = self._idle_since
-        return self._idle_ns + (fb_x_now_ns() - since if since else 0)
+        return self._idle_ns + (fb_monotonic_ns() - since if since else 0)
 
     def backlogs(self):
         """Per channel: finished buffers queued and not yet read."""
@@ -419,7 +419,7 @@ cdef class InputGate:
         """(records, bytes, buffers, idle ns incl. a wait in progress)."""
         cdef int64_t since = self._idle_since
         return (self._records_in, self._bytes_in, self._buffers_in,
-                self._idle_ns + (fb_x_now_ns() - since if since else 0))
+                self._idle_ns + (fb_monotonic_ns() - since if since else 0))
 
     def __repr__(self):
         return (f"<flinkbuf.InputGate name={self._name!r} channels={self._n} "

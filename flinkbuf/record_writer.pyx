@@ -213,7 +213,7 @@ cdef class RecordWriter:
         consumer takes a buffer.  Counted as back-pressured time."""
         cdef BacklogAwareRebalanceSelector sel = <BacklogAwareRebalanceSelector?>self._selector
         cdef int32_t ch = _ALL_BLOCKED
-        cdef int64_t t0 = fb_x_now_ns()
+        cdef int64_t t0 = fb_monotonic_ns()
         self._bp_since = t0
         self._busy = False
         try:
@@ -223,7 +223,7 @@ cdef class RecordWriter:
                 PyErr_CheckSignals()
         finally:
             self._busy = True
-            self._bp_ns += fb_x_now_ns() - t0
+            self._bp_ns += fb_monotonic_ns() - t0
             self._bp_since = 0
         return ch
 
@@ -260,7 +260,7 @@ cdef class RecordWriter:
             buf = self._pool._request(pool_ch)
             if buf is not None:
                 return buf
-        cdef int64_t t0 = fb_x_now_ns()
+        cdef int64_t t0 = fb_monotonic_ns()
         self._bp_since = t0
         self._busy = False          # the flusher may hand over other channels meanwhile
         try:
@@ -285,7 +285,7 @@ cdef class RecordWriter:
                 return buf
         finally:
             self._busy = True
-            self._bp_ns += fb_x_now_ns() - t0
+            self._bp_ns += fb_monotonic_ns() - t0
             self._bp_since = 0
 
     cdef int _check_partition(self) except -1:
@@ -490,13 +490,13 @@ cdef class RecordWriter:
         """Total time spent blocked on output (requesting a buffer, or
         waiting for a free channel), including a wait in progress."""
         cdef int64_t since = self._bp_since
-        return self._bp_ns + (fb_x_now_ns() - since if since else 0)
+        return self._bp_ns + (fb_monotonic_ns() - since if since else 0)
 
     def _metric_counters(self):
         """(records, bytes, buffers, back-pressured ns incl. a wait in progress)."""
         cdef int64_t since = self._bp_since
         return (self._records_out, self._bytes_out, self._buffers_out,
-                self._bp_ns + (fb_x_now_ns() - since if since else 0))
+                self._bp_ns + (fb_monotonic_ns() - since if since else 0))
 
     def __repr__(self):
         state = ("open", "closed", "failed")[self._state]
