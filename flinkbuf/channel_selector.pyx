@@ -104,12 +104,34 @@ cdef int _key_too_deep() except -1:
 
 def java_hash_code(key):
     """``key``'s hash code as Java computes ``hashCode()`` for the matching
-    type: ``int`` as Integer (values in int32), Long (in int64) or
-    BigInteger; ``float`` as Double; ``bool`` as Boolean; ``str`` as String
-    (over UTF-16 code units); bytes-like as ``Arrays.hashCode(byte[])``;
-    ``tuple`` as Flink's ``TupleN`` and ``list`` as ``java.util.List``
-    (elementwise); ``None`` as 0.  The same in every process, unlike
-    Python's salted ``hash()`` of ``str``/``bytes``."""
+    type, the same in every process (unlike Python's ``hash()`` of
+    ``str``/``bytes``, which is salted per process):
+
+    * ``int`` (and numpy integers, by value): the narrowest Java type that
+      holds the value.  In ``[-2**31, 2**31)`` as ``Integer.hashCode(v) == v``;
+      elsewhere in the int64 range as ``Long.hashCode(v) ==
+      (int) (v ^ (v >>> 32))``; beyond that as ``BigInteger.hashCode()``.
+      A Flink job keyed by ``Long`` hashes small values as Long too: the two
+      agree for ``0 <= v < 2**31`` but not for negative ones
+      (``Long.hashCode(-1) == 0``).  To match ``Long`` keys exactly, key by
+      Long's hash code, which an int32 then passes through unchanged::
+
+          def long_hash(v):                       # Long.hashCode(v)
+              u = v & 0xFFFFFFFFFFFFFFFF
+              h = (u ^ (u >> 32)) & 0xFFFFFFFF
+              return h - (1 << 32) if h >= 1 << 31 else h
+
+          HashSelector(key=lambda record: long_hash(record[0]))
+
+    * ``float`` as Double (``doubleToLongBits``, one NaN), ``bool`` as
+      Boolean (1231 / 1237), ``str`` as String (over UTF-16 code units),
+      bytes-like as ``Arrays.hashCode(byte[])``, ``None`` as 0;
+    * ``tuple`` as Flink's ``TupleN`` (``h = f0``, then ``31 * h + fi``) and
+      ``list`` as ``java.util.List`` (``h = 1``, then ``31 * h + e``), at
+      most 100 containers deep (ValueError beyond, as the typed codec).
+
+    Other types raise TypeError: pass a key function that returns one of
+    these."""
     cdef int32_t h
     _java_hash(key, &h, 0)
     return h
@@ -253,10 +275,14 @@ cdef class RescaleSelector(ChannelSelector):
 cdef class HashSelector(ChannelSelector):
     """Flink's key-group partitioning (``keyBy``): the key's Java hash code
     (:func:`java_hash_code`) is murmur-hashed into one of ``max_parallelism``
-    key groups, and key groups map to channels in contiguous ranges.  For
-    int keys in the 32-bit range (and str keys) this is bit-exact with
-    Flink's ``KeyGroupRangeAssignment`` for the same parallelism and max
-    parallelism.
+    key groups, and key groups map to channels in contiguous ranges
+    (``murmurHash(hashCode) % max_parallelism``, then ``key_group *
+    num_channels // max_parallelism``), bit-exact with Flink's
+    ``KeyGroupRangeAssignment`` for the same parallelism and max
+    parallelism whenever the hash codes agree: Python ints in the int32
+    range hash as Java ``Integer`` keys, larger ones as ``Long`` (see
+    :func:`java_hash_code` for ``Long`` keys with small negative values),
+    ``str`` as ``String``.
 
     ``key``: None (the record is the key), an int (``record[key]``), or a
     callable ``key(record)``."""

@@ -176,6 +176,27 @@ def test_int_hash_follows_integer_long_biginteger(v):
         assert h == (x - (1 << 32) if x >= 1 << 31 else x)
 
 
+def test_long_keys_through_the_documented_long_hash_recipe():
+    """java_hash_code's docstring: keying by Long.hashCode(v) matches a Flink
+    job keyed by Long, also for small negative values (hashed as Integer
+    by default: Long.hashCode(-1) is 0, Integer.hashCode(-1) is -1)."""
+    namespace = {}
+    doc = io.java_hash_code.__doc__
+    recipe = doc[doc.index("def long_hash"):doc.index("HashSelector(key=")]
+    exec(__import__("textwrap").dedent("    " + recipe), namespace)
+    long_hash = namespace["long_hash"]
+    by_key = {v[0]: v for v in JAVA_VALUES if type(v[0]) is int}
+    # outside int32 Python ints already hash as Long: the recipe agrees
+    for v in (2147483648, 1 << 40, -(1 << 40), 9876543210):
+        assert long_hash(v) == io.java_hash_code(v) == by_key[v][1]
+    # Long.valueOf(-1L).hashCode() == 0, Long.valueOf(5L).hashCode() == 5
+    sel = fb.HashSelector(key=lambda r: long_hash(r[0]))
+    sel.setup(7)
+    assert sel.select_channel((-1, "x")) == by_key[0][4][PARALLELISMS.index(7)]
+    assert sel.select_channel((5, "x")) == by_key[5][4][PARALLELISMS.index(7)]
+    assert io.java_hash_code(-1) == -1 and long_hash(-1) == 0
+
+
 def test_hashing_of_other_key_types():
     assert io.java_hash_code(None) == 0
     assert io.java_hash_code(bytearray(b"abc")) == io.java_hash_code(b"abc")
