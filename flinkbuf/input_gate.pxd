@@ -24,6 +24,7 @@ cdef class InputGate:
     cdef int32_t _n
     cdef int32_t _num_finished
     cdef int32_t _current       # channel whose deserializer may hold records, or -1
+    cdef RecordDeserializer _cur_des   # that deserializer, or None
     cdef object _codec
     cdef object _max_record_size
     cdef object _name
@@ -37,6 +38,7 @@ cdef class InputGate:
     cdef int64_t _idle_ns
     cdef int64_t _idle_since
 
-    cdef object _next(self, int32_t *channel)
+    cdef inline object _next(self, int32_t *channel)
+    cdef object _next_slow(self, int32_t *channel)
     cdef int _wait_item(self, int32_t *channel, fb_item_t *item) except -1
     cdef int _check_open(self) except -1

@@ -227,24 +227,38 @@ cdef class InputGate:
         item = self._next(&ch)
         return ch, item
 
-    cdef object _next(self, int32_t *channel):
+    cdef inline object _next(self, int32_t *channel):
+        # The common case inline: the current channel's buffer holds another record.
+        cdef RecordDeserializer des = self._cur_des
+        cdef int32_t ch = self._current
+        cdef object rec
+        if des is not None:
+            rec = des._next_record()
+            if not is_no_record(rec):
+                self._records_in += 1
+                channel[0] = ch
+                return rec
+            self._cur_des = None
+            self._current = -1
+        return self._next_slow(channel)
+
+    cdef object _next_slow(self, int32_t *channel):
+        """The next record or event, waiting for the next item when the
+        current channel's deserializer has no complete record."""
         cdef int32_t ch
         cdef fb_item_t item
         cdef object rec, obj, event, des_obj
         cdef RecordDeserializer des
         while True:
+            des = self._cur_des
             ch = self._current
-            if ch >= 0:
-                des_obj = self._deserializers[ch]
-                if des_obj is None:         # closed meanwhile (user code ran: gc, decoding)
-                    self._current = -1
-                    raise ValueError("input gate is closed")
-                des = <RecordDeserializer>des_obj
+            if des is not None:
                 rec = des._next_record()
                 if not is_no_record(rec):
                     self._records_in += 1
                     channel[0] = ch
                     return rec
+                self._cur_des = None
                 self._current = -1
             if self._num_finished == self._n:
                 raise StopIteration
@@ -262,7 +276,13 @@ cdef class InputGate:
                 self._bytes_in += item.size
                 (<RecordDeserializer>des_obj)._feed(obj)
                 obj = None
+                # close() may have run meanwhile (a gc pass runs arbitrary
+                # code, another thread may take the GIL): it dropped this
+                # deserializer, which recycles the buffer when it goes.
+                if self._closed:
+                    raise ValueError("input gate is closed")
                 self._current = ch
+                self._cur_des = <RecordDeserializer>des_obj
                 continue
             event = _deserialize_event(<bytes>obj)
             if event is _END_OF_PARTITION:
@@ -276,7 +296,10 @@ cdef class InputGate:
                 self._finished[ch] = True
                 self._num_finished += 1
                 (<InputChannel>self._channels[ch])._release(self)
+                if self._closed:
+                    raise ValueError("input gate is closed")
                 self._current = ch           # whatever finish() decoded last
+                self._cur_des = <RecordDeserializer>des_obj
                 continue
             channel[0] = ch
             return event
@@ -340,10 +363,13 @@ cdef class InputGate:
             self._closed = True
             return
         self._closed = True
+        self._cur_des = None
+        self._current = -1
         fb_gate_close(&self._c)
         try:
             self._release_channels()
         finally:
+            self._cur_des = None
             self._current = -1
             # Buffers a deserializer still holds go back when it is dropped.
             self._deserializers = [None] * self._n
