@@ -87,6 +87,8 @@ cdef class RecordWriter:
 
     def __init__(self, ResultPartition partition not None, selector=None, *, codec="typed",
                  buffer_timeout=0.1, name=None):
+        if self._partition is not None:
+            raise RuntimeError("RecordWriter is already initialised")
         if partition._n == 0:
             raise ValueError("partition is not initialised")
         if partition._has_writer:

@@ -472,3 +472,26 @@ def test_a_writer_dropped_without_close_fails_its_partition():
         reader.finish(timeout=10)
     gate.close()
     assert_all_recycled(nbp, [part.pool])
+
+
+def test_a_writer_cannot_be_initialised_twice():
+    """Calling __init__ again rebound a live writer to another partition: the
+    first partition never ended (its consumers hung) and a second flusher
+    thread started."""
+    nbp = fb.NetworkBufferPool(16, 128)
+    first, second = fb.create_partition(nbp, 1), fb.create_partition(nbp, 1)
+    gate = fb.InputGate([(first, 0)])
+    w = fb.RecordWriter(first, buffer_timeout=0.01)
+    w.emit(1)
+    flushers = {t for t in threading.enumerate() if t.name.startswith("flinkbuf-output-flusher")}
+    with pytest.raises(RuntimeError, match="already initialised"):
+        w.__init__(second, buffer_timeout=0.01)
+    assert {t for t in threading.enumerate()
+            if t.name.startswith("flinkbuf-output-flusher")} == flushers
+    assert w.partition is first
+    w.emit(2)
+    w.close()
+    assert list(gate) == [1, 2]
+    gate.close()
+    fb.RecordWriter(second).close()
+    assert_all_recycled(nbp, [first.pool, second.pool])
