@@ -39,6 +39,6 @@ cdef class InputGate:
     cdef int64_t _idle_since
 
     cdef inline object _next(self, int32_t *channel)
-    cdef object _next_slow(self, int32_t *channel)
+    cdef object _advance(self, int32_t *channel)
     cdef int _wait_item(self, int32_t *channel, fb_item_t *item) except -1
     cdef int _check_open(self) except -1

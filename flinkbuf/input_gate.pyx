@@ -228,31 +228,14 @@ cdef class InputGate:
         return ch, item
 
     cdef inline object _next(self, int32_t *channel):
-        # The common case inline: the current channel's buffer holds another record.
-        cdef RecordDeserializer des = self._cur_des
-        cdef int32_t ch = self._current
-        cdef object rec
-        if des is not None:
-            rec = des._next_record()
-            if not is_no_record(rec):
-                self._records_in += 1
-                channel[0] = ch
-                return rec
-            self._cur_des = None
-            self._current = -1
-        return self._next_slow(channel)
-
-    cdef object _next_slow(self, int32_t *channel):
-        """The next record or event, waiting for the next item when the
-        current channel's deserializer has no complete record."""
-        cdef int32_t ch
-        cdef fb_item_t item
-        cdef object rec, obj, event, des_obj
         cdef RecordDeserializer des
+        cdef int32_t ch
+        cdef object rec
         while True:
+            # The common case: the current channel's buffer holds another record.
             des = self._cur_des
-            ch = self._current
             if des is not None:
+                ch = self._current
                 rec = des._next_record()
                 if not is_no_record(rec):
                     self._records_in += 1
@@ -260,49 +243,61 @@ cdef class InputGate:
                     return rec
                 self._cur_des = None
                 self._current = -1
-            if self._num_finished == self._n:
-                raise StopIteration
-            if self._closed or self._error is not None:
-                self._check_open()
-            self._wait_item(&ch, &item)
-            obj = _take_item_object(&item)
-            des_obj = self._deserializers[ch]
-            if des_obj is None:             # closed by another thread meanwhile
-                if item.kind == FB_ITEM_DATA:
-                    (<Buffer>obj)._release()
-                raise ValueError("input gate is closed")
+            rec = self._advance(channel)
+            if rec is not None:
+                return rec
+
+    cdef object _advance(self, int32_t *channel):
+        """Take the next item of any channel (waiting for one): a data buffer
+        goes to its channel's deserializer, which becomes the current one,
+        and EndOfPartition ends its channel (None is returned for both); a
+        user event is returned.  StopIteration once every channel ended."""
+        cdef int32_t ch
+        cdef fb_item_t item
+        cdef object obj, event, des_obj
+        if self._num_finished == self._n:
+            raise StopIteration
+        if self._closed or self._error is not None:
+            self._check_open()
+        self._wait_item(&ch, &item)
+        obj = _take_item_object(&item)
+        des_obj = self._deserializers[ch]
+        if des_obj is None:             # closed by another thread meanwhile
             if item.kind == FB_ITEM_DATA:
-                self._buffers_in += 1
-                self._bytes_in += item.size
-                (<RecordDeserializer>des_obj)._feed(obj)
-                obj = None
-                # close() may have run meanwhile (a gc pass runs arbitrary
-                # code, another thread may take the GIL): it dropped this
-                # deserializer, which recycles the buffer when it goes.
-                if self._closed:
-                    raise ValueError("input gate is closed")
-                self._current = ch
-                self._cur_des = <RecordDeserializer>des_obj
-                continue
-            event = _deserialize_event(<bytes>obj)
-            if event is _END_OF_PARTITION:
-                try:
-                    (<RecordDeserializer>des_obj)._finish()
-                except BaseException as exc:
-                    # the stream ended inside a record: nothing more can come
-                    # from this channel, so the gate cannot end normally
-                    self._error = exc
-                    raise
-                self._finished[ch] = True
-                self._num_finished += 1
-                (<InputChannel>self._channels[ch])._release(self)
-                if self._closed:
-                    raise ValueError("input gate is closed")
-                self._current = ch           # whatever finish() decoded last
-                self._cur_des = <RecordDeserializer>des_obj
-                continue
-            channel[0] = ch
-            return event
+                (<Buffer>obj)._release()
+            raise ValueError("input gate is closed")
+        if item.kind == FB_ITEM_DATA:
+            self._buffers_in += 1
+            self._bytes_in += item.size
+            (<RecordDeserializer>des_obj)._feed(obj)
+            obj = None
+            # close() may have run meanwhile (a gc pass runs arbitrary code,
+            # another thread may take the GIL): it dropped this deserializer,
+            # which recycles the buffer when it goes.
+            if self._closed:
+                raise ValueError("input gate is closed")
+            self._current = ch
+            self._cur_des = <RecordDeserializer>des_obj
+            return None
+        event = _deserialize_event(<bytes>obj)
+        if event is _END_OF_PARTITION:
+            try:
+                (<RecordDeserializer>des_obj)._finish()
+            except BaseException as exc:
+                # the stream ended inside a record: nothing more can come from
+                # this channel, so the gate cannot end normally
+                self._error = exc
+                raise
+            self._finished[ch] = True
+            self._num_finished += 1
+            (<InputChannel>self._channels[ch])._release(self)
+            if self._closed:
+                raise ValueError("input gate is closed")
+            self._current = ch           # whatever finish() decoded last
+            self._cur_des = <RecordDeserializer>des_obj
+            return None
+        channel[0] = ch
+        return event
 
     cdef int _wait_item(self, int32_t *channel, fb_item_t *item) except -1:
         """Block (without the GIL) until a channel has an item, and take it."""
