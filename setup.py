@@ -47,8 +47,8 @@ if SANITIZE:
     ldflags += [f"-fsanitize={SANITIZE}"]
 
 CSRC = {
-    "core": ["csrc/arena.c", "csrc/redistribution.c", "csrc/pool.c"],
-    "io": ["csrc/exchange.c", "csrc/keygroup.c"],
+    "core": ["csrc/clock.c", "csrc/arena.c", "csrc/redistribution.c", "csrc/pool.c"],
+    "io": ["csrc/clock.c", "csrc/exchange.c", "csrc/keygroup.c"],
 }
 
 

@@ -119,3 +119,40 @@ def test_numpy_batch_1to1(benchmark, impl):
     counts = [0]
     benchmark.pedantic(fn, args=(1, 1, batches, counts), rounds=scale(3, 1), iterations=1)
     assert counts[0] == len(batches)
+
+
+def single_thread_1to1(n, batch=20_000):
+    """The 1->1 (int, int) record path without threads, for instruction
+    counts (callgrind is exact where timings on a shared machine are not):
+    emit ``batch`` records that fit the pool, read them back, repeat."""
+    from itertools import islice
+
+    nbp = fb.NetworkBufferPool(num_segments=64, segment_size=SEGMENT)
+    part = fb.create_partition(nbp, 1, min_buffers=40)
+    gate = fb.InputGate([(part, 0)])
+    writer = fb.RecordWriter(part, "round_robin", buffer_timeout=None)
+    records = [(i, i * 7) for i in range(batch)]
+    emit = writer.emit
+    done = 0
+    while done < n:
+        for r in records:
+            emit(r)
+        writer.flush()
+        for _ in islice(gate, batch):
+            pass
+        done += batch
+    writer.close()
+    assert list(gate) == []
+    gate.close()
+    nbp.destroy()
+
+
+if __name__ == "__main__":
+    # Instructions per record of the whole process, from the repository root:
+    #   for n in 100000 200000; do PYTHONPATH=. OPENBLAS_NUM_THREADS=1 valgrind \
+    #     --tool=callgrind --callgrind-out-file=cg.$n python bench/bench_io.py $n; done
+    # then (Ir(200000) - Ir(100000)) / 100000; callgrind_annotate --inclusive=yes
+    # splits it by function (RecordWriter.emit, InputGate.__next__, ...).
+    import sys
+
+    single_thread_1to1(int(sys.argv[1]) if len(sys.argv) > 1 else 100_000)

@@ -1,41 +1,8 @@
 #define _GNU_SOURCE
 #include "exchange.h"
 
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-/* ---- time ------------------------------------------------------------ */
-
-int64_t fb_x_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-int64_t fb_x_deadline_after(double seconds)
-{
-    int64_t now = fb_x_now_ns();
-    if (isnan(seconds) || seconds < 0)
-        return FB_X_WAIT_FOREVER;
-    if (seconds >= (double)(FB_X_WAIT_FOREVER - now) / 1e9)
-        return FB_X_WAIT_FOREVER;
-    return now + (int64_t)(seconds * 1e9);
-}
-
-static int init_cond(pthread_cond_t *cv)
-{
-    pthread_condattr_t attr;
-    int rc;
-    if (pthread_condattr_init(&attr) != 0)
-        return -1;
-    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-    rc = pthread_cond_init(cv, &attr);
-    pthread_condattr_destroy(&attr);
-    return rc == 0 ? 0 : -1;
-}
 
 /* ---- gate ------------------------------------------------------------ */
 
@@ -48,7 +15,7 @@ int fb_gate_init(fb_gate_t *g, int32_t num_channels)
     g->queued = calloc((size_t)num_channels, 1);
     if (g->ready == NULL || g->queued == NULL)
         goto nomem;
-    if (init_cond(&g->cv) != 0)
+    if (fb_cond_init(&g->cv) != 0)
         goto nomem;
     if (pthread_mutex_init(&g->mu, NULL) != 0) {
         pthread_cond_destroy(&g->cv);
@@ -92,7 +59,6 @@ void fb_gate_notify(fb_gate_t *g, int32_t channel)
 
 int fb_gate_wait(fb_gate_t *g, int64_t deadline_ns, int32_t *channel)
 {
-    struct timespec ts;
     int rc = FB_X_OK;
     pthread_mutex_lock(&g->mu);
     for (;;) {
@@ -108,18 +74,12 @@ int fb_gate_wait(fb_gate_t *g, int64_t deadline_ns, int32_t *channel)
             *channel = ch;
             break;
         }
-        if (deadline_ns <= fb_x_now_ns()) {
+        if (deadline_ns <= fb_monotonic_ns()) {
             rc = FB_X_TIMEDOUT;
             break;
         }
         g->waiters++;
-        if (deadline_ns == FB_X_WAIT_FOREVER) {
-            pthread_cond_wait(&g->cv, &g->mu);
-        } else {
-            ts.tv_sec = deadline_ns / 1000000000LL;
-            ts.tv_nsec = deadline_ns % 1000000000LL;
-            pthread_cond_timedwait(&g->cv, &g->mu, &ts);
-        }
+        fb_cond_wait_until(&g->cv, &g->mu, deadline_ns);
         g->waiters--;
     }
     pthread_mutex_unlock(&g->mu);
@@ -139,7 +99,7 @@ void fb_gate_close(fb_gate_t *g)
 int fb_signal_init(fb_signal_t *s)
 {
     memset(s, 0, sizeof(*s));
-    if (init_cond(&s->cv) != 0)
+    if (fb_cond_init(&s->cv) != 0)
         return FB_X_ENOMEM;
     if (pthread_mutex_init(&s->mu, NULL) != 0) {
         pthread_cond_destroy(&s->cv);
@@ -178,24 +138,17 @@ uint64_t fb_signal_seq(fb_signal_t *s)
 
 int fb_signal_wait(fb_signal_t *s, uint64_t seen, int64_t deadline_ns)
 {
-    struct timespec ts;
     int rc = FB_X_OK;
     pthread_mutex_lock(&s->mu);
     __atomic_add_fetch(&s->waiters, 1, __ATOMIC_SEQ_CST);
     for (;;) {
         if (__atomic_load_n(&s->seq, __ATOMIC_SEQ_CST) != seen)
             break;
-        if (deadline_ns <= fb_x_now_ns()) {
+        if (deadline_ns <= fb_monotonic_ns()) {
             rc = FB_X_TIMEDOUT;
             break;
         }
-        if (deadline_ns == FB_X_WAIT_FOREVER) {
-            pthread_cond_wait(&s->cv, &s->mu);
-        } else {
-            ts.tv_sec = deadline_ns / 1000000000LL;
-            ts.tv_nsec = deadline_ns % 1000000000LL;
-            pthread_cond_timedwait(&s->cv, &s->mu, &ts);
-        }
+        fb_cond_wait_until(&s->cv, &s->mu, deadline_ns);
     }
     __atomic_sub_fetch(&s->waiters, 1, __ATOMIC_SEQ_CST);
     pthread_mutex_unlock(&s->mu);

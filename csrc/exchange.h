@@ -19,6 +19,8 @@
 #include <pthread.h>
 #include <stdint.h>
 
+#include "clock.h"     /* deadlines: fb_deadline_after, FB_WAIT_FOREVER */
+
 /* Result codes: 0..7 agree with pool.h; the rest are the exchange's own. */
 enum {
     FB_X_OK = 0,
@@ -36,8 +38,6 @@ enum { FB_ITEM_DATA = 0, FB_ITEM_EVENT = 1 };
 
 /* Subpartition states. */
 enum { FB_SP_LIVE = 0, FB_SP_RELEASED = 1, FB_SP_FAILED = 2 };
-
-#define FB_X_WAIT_FOREVER INT64_MAX
 
 typedef struct fb_item {
     void *obj;
@@ -81,18 +81,14 @@ typedef struct fb_subpart {
     int initialized;
 } fb_subpart_t;
 
-/* Monotonic clock (CLOCK_MONOTONIC, ns) and a deadline `seconds` from now
- * (FB_X_WAIT_FOREVER for a negative or huge value). */
-int64_t fb_x_now_ns(void);
-int64_t fb_x_deadline_after(double seconds);
-
 /* ---- gate ---- */
 int fb_gate_init(fb_gate_t *g, int32_t num_channels);     /* FB_X_OK / FB_X_ENOMEM */
 void fb_gate_free(fb_gate_t *g);                           /* no waiter may remain */
 /* Mark `channel` as having data (no-op if already marked) and wake a waiter. */
 void fb_gate_notify(fb_gate_t *g, int32_t channel);
 /* Wait until some channel has data and take it off the ring:
- * FB_X_OK (channel in *channel), FB_X_TIMEDOUT, or FB_X_CLOSED. */
+ * FB_X_OK (channel in *channel), FB_X_TIMEDOUT, or FB_X_CLOSED.  Deadlines
+ * are clock.h's: FB_WAIT_FOREVER, or a time (one that passed: no waiting). */
 int fb_gate_wait(fb_gate_t *g, int64_t deadline_ns, int32_t *channel);
 /* Wake every waiter with FB_X_CLOSED, now and later. */
 void fb_gate_close(fb_gate_t *g);

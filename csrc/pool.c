@@ -2,11 +2,8 @@
 #include "pool.h"
 #include "redistribution.h"
 
-#include <errno.h>
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #ifdef FLINKBUF_DEBUG
 static int64_t debug_segments_out;
@@ -22,48 +19,6 @@ int64_t fb_debug_segments_out(void)
 #else
     return -1;
 #endif
-}
-
-/* ---- time ------------------------------------------------------------ */
-
-int64_t fb_monotonic_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-int64_t fb_deadline_after(double seconds)
-{
-    int64_t now = fb_monotonic_ns();
-    if (isnan(seconds) || seconds <= 0)
-        return now;
-    if (seconds >= (double)(FB_WAIT_FOREVER - now) / 1e9)
-        return FB_WAIT_FOREVER;
-    return now + (int64_t)(seconds * 1e9);
-}
-
-static int init_cond(pthread_cond_t *cv)
-{
-    pthread_condattr_t attr;
-    int rc;
-    if (pthread_condattr_init(&attr) != 0)
-        return -1;
-    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-    rc = pthread_cond_init(cv, &attr);
-    pthread_condattr_destroy(&attr);
-    return rc == 0 ? 0 : -1;
-}
-
-/* Wait on cv until deadline; ETIMEDOUT once it has passed. */
-static int wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t deadline_ns)
-{
-    struct timespec ts;
-    if (deadline_ns == FB_WAIT_FOREVER)
-        return pthread_cond_wait(cv, mu);
-    ts.tv_sec = deadline_ns / 1000000000LL;
-    ts.tv_nsec = deadline_ns % 1000000000LL;
-    return pthread_cond_timedwait(cv, mu, &ts);
 }
 
 /* ---- lists (lock held) ----------------------------------------------- */
@@ -186,7 +141,7 @@ int fb_netpool_init(fb_netpool_t *np, int32_t num_segments, int32_t segment_size
     if (!np->link || !np->channel || !np->state || !np->pools || !np->scratch ||
         fb_arena_alloc(&np->arena, total, alignment) != 0)
         goto nomem;
-    if (init_cond(&np->unpooled_cv) != 0)
+    if (fb_cond_init(&np->unpooled_cv) != 0)
         goto nomem;
     /* A plain mutex: its uncontended lock+unlock costs about half of an
      * adaptive one's, and request/recycle pairs are mostly uncontended. */
@@ -311,7 +266,7 @@ int fb_netpool_request_unpooled(fb_netpool_t *np, int32_t n, int64_t deadline_ns
             break;
         }
         np->unpooled_waiters++;
-        w = wait_until(&np->unpooled_cv, &np->mu, deadline_ns);
+        w = fb_cond_wait_until(&np->unpooled_cv, &np->mu, deadline_ns);
         np->unpooled_waiters--;
         (void)w; /* loop re-checks both the count and the clock */
     }
@@ -383,7 +338,7 @@ int fb_localpool_create(fb_netpool_t *np, fb_localpool_t *lp, int32_t min_buffer
         if (lp->channel_count == NULL)
             return FB_ENOMEM;
     }
-    if (init_cond(&lp->cv) != 0) {
+    if (fb_cond_init(&lp->cv) != 0) {
         free(lp->channel_count);
         return FB_ENOMEM;
     }
@@ -489,7 +444,7 @@ static void wait_on_pool(fb_localpool_t *lp, int64_t deadline_ns)
 {
     lp->waiters++;
     lp->net->num_blocked++;
-    wait_until(&lp->cv, &lp->net->mu, deadline_ns);
+    fb_cond_wait_until(&lp->cv, &lp->net->mu, deadline_ns);
     lp->waiters--;
     lp->net->num_blocked--;
 }

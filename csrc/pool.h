@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "arena.h"
+#include "clock.h"     /* fb_monotonic_ns, fb_deadline_after, FB_WAIT_FOREVER */
 
 /* Result codes (0 is success). */
 enum {
@@ -32,7 +33,6 @@ enum { FB_SEG_GLOBAL = 0, FB_SEG_LOCAL = 1, FB_SEG_OUT = 2, FB_SEG_UNPOOLED = 3 
 
 #define FB_UNBOUNDED INT32_MAX
 #define FB_NO_CHANNEL (-1)
-#define FB_WAIT_FOREVER INT64_MAX
 
 typedef struct fb_localpool fb_localpool_t;
 
@@ -140,10 +140,6 @@ typedef struct fb_localpool_stats {
 } fb_localpool_stats_t;
 void fb_localpool_stats(fb_localpool_t *lp, fb_localpool_stats_t *out);
 int32_t fb_localpool_channel_count(fb_localpool_t *lp, int32_t channel);
-
-/* Monotonic clock in ns, and now + seconds as a deadline (saturating). */
-int64_t fb_monotonic_ns(void);
-int64_t fb_deadline_after(double seconds);
 
 /* Debug build: segments handed out by all pools of the process. */
 int64_t fb_debug_segments_out(void);

@@ -50,7 +50,7 @@ cdef int32_t _as_int32(object value, str name, int32_t minimum) except? -1:
 
 def monotonic_ns():
     """The clock the exchange's timings use (CLOCK_MONOTONIC, ns)."""
-    return fb_x_now_ns()
+    return fb_monotonic_ns()
 
 
 include "events.pyx"

@@ -1,5 +1,13 @@
-# Declarations of the plain-C helpers of layer 3 (csrc/exchange.*, csrc/keygroup.*).
+# Declarations of the plain-C helpers of layer 3 (csrc/exchange.*, csrc/keygroup.*)
+# and of the clock they share with the pools (csrc/clock.*).
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
+
+
+cdef extern from "clock.h" nogil:
+    int64_t FB_WAIT_FOREVER
+    int64_t fb_monotonic_ns()
+    # now + seconds; a timeout <= 0 (or NaN) is a deadline of now (no waiting)
+    int64_t fb_deadline_after(double seconds)
 
 
 cdef extern from "exchange.h" nogil:
@@ -17,7 +25,6 @@ cdef extern from "exchange.h" nogil:
         FB_SP_LIVE
         FB_SP_RELEASED
         FB_SP_FAILED
-    int64_t FB_X_WAIT_FOREVER
 
     ctypedef struct fb_item_t:
         void *obj
@@ -33,9 +40,6 @@ cdef extern from "exchange.h" nogil:
     ctypedef struct fb_subpart_t:
         int64_t items_added
         int64_t items_polled
-
-    int64_t fb_x_now_ns()
-    int64_t fb_x_deadline_after(double seconds)
 
     int fb_gate_init(fb_gate_t *g, int32_t num_channels)
     void fb_gate_free(fb_gate_t *g)

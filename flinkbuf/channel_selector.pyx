@@ -30,8 +30,14 @@ cdef int32_t _java_int(object v) except? -1:
     return <int32_t>h
 
 
-cdef int _java_hash(object key, int32_t *out) except -1:
-    """``key``'s hash code as Java computes it for the matching type."""
+cdef int _KEY_MAX_DEPTH = 100     # containers in a key, as the typed codec allows
+
+
+cdef int _java_hash(object key, int32_t *out, int depth) except -1:
+    """``key``'s hash code as Java computes it for the matching type.
+    ``depth``: containers around ``key``; a key nested deeper than the
+    typed codec allows (or a list that holds itself) raises ValueError
+    instead of recursing off the C stack."""
     cdef type t = type(key)
     cdef Py_buffer view
     cdef uint32_t h
@@ -51,18 +57,22 @@ cdef int _java_hash(object key, int32_t *out) except -1:
         out[0] = fb_java_double_hash(<double>key)
     elif isinstance(key, tuple):
         # Flink's TupleN.hashCode: f0's hash, then 31 * h + each next field's.
+        if depth >= _KEY_MAX_DEPTH:
+            _key_too_deep()
         n = len(<tuple>key)
         h = 0
         for i in range(n):
             element = (<tuple>key)[i]
-            _java_hash(element, &item)
+            _java_hash(element, &item, depth + 1)
             h = (31u * h + <uint32_t>item) if i else <uint32_t>item
         out[0] = <int32_t>h
     elif isinstance(key, list):
         # java.util.List.hashCode
+        if depth >= _KEY_MAX_DEPTH:
+            _key_too_deep()
         h = 1
         for element in <list>key:
-            _java_hash(element, &item)
+            _java_hash(element, &item, depth + 1)
             h = 31u * h + <uint32_t>item
         out[0] = <int32_t>h
     elif isinstance(key, int):     # int subclasses (bool handled above)
@@ -87,16 +97,43 @@ cdef int _java_hash(object key, int32_t *out) except -1:
     return 0
 
 
+cdef int _key_too_deep() except -1:
+    raise ValueError(f"cannot hash keys nested deeper than {_KEY_MAX_DEPTH} levels "
+                     "(or a list that contains itself)")
+
+
 def java_hash_code(key):
     """``key``'s hash code as Java computes ``hashCode()`` for the matching
-    type: ``int`` as Integer (values in int32), Long (in int64) or
-    BigInteger; ``float`` as Double; ``bool`` as Boolean; ``str`` as String
-    (over UTF-16 code units); bytes-like as ``Arrays.hashCode(byte[])``;
-    ``tuple`` as Flink's ``TupleN`` and ``list`` as ``java.util.List``
-    (elementwise); ``None`` as 0.  The same in every process, unlike
-    Python's salted ``hash()`` of ``str``/``bytes``."""
+    type, the same in every process (unlike Python's ``hash()`` of
+    ``str``/``bytes``, which is salted per process):
+
+    * ``int`` (and numpy integers, by value): the narrowest Java type that
+      holds the value.  In ``[-2**31, 2**31)`` as ``Integer.hashCode(v) == v``;
+      elsewhere in the int64 range as ``Long.hashCode(v) ==
+      (int) (v ^ (v >>> 32))``; beyond that as ``BigInteger.hashCode()``.
+      A Flink job keyed by ``Long`` hashes small values as Long too: the two
+      agree for ``0 <= v < 2**31`` but not for negative ones
+      (``Long.hashCode(-1) == 0``).  To match ``Long`` keys exactly, key by
+      Long's hash code, which an int32 then passes through unchanged::
+
+          def long_hash(v):                       # Long.hashCode(v)
+              u = v & 0xFFFFFFFFFFFFFFFF
+              h = (u ^ (u >> 32)) & 0xFFFFFFFF
+              return h - (1 << 32) if h >= 1 << 31 else h
+
+          HashSelector(key=lambda record: long_hash(record[0]))
+
+    * ``float`` as Double (``doubleToLongBits``, one NaN), ``bool`` as
+      Boolean (1231 / 1237), ``str`` as String (over UTF-16 code units),
+      bytes-like as ``Arrays.hashCode(byte[])``, ``None`` as 0;
+    * ``tuple`` as Flink's ``TupleN`` (``h = f0``, then ``31 * h + fi``) and
+      ``list`` as ``java.util.List`` (``h = 1``, then ``31 * h + e``), at
+      most 100 containers deep (ValueError beyond, as the typed codec).
+
+    Other types raise TypeError: pass a key function that returns one of
+    these."""
     cdef int32_t h
-    _java_hash(key, &h)
+    _java_hash(key, &h, 0)
     return h
 
 
@@ -131,7 +168,7 @@ def assign_key_to_operator(key, parallelism, max_parallelism=128):
     if p > mp:
         raise ValueError(f"parallelism {p} exceeds max_parallelism {mp}")
     cdef int32_t h
-    _java_hash(key, &h)
+    _java_hash(key, &h, 0)
     return fb_operator_index(fb_key_group(h, mp), p, mp)
 
 
@@ -238,10 +275,14 @@ cdef class RescaleSelector(ChannelSelector):
 cdef class HashSelector(ChannelSelector):
     """Flink's key-group partitioning (``keyBy``): the key's Java hash code
     (:func:`java_hash_code`) is murmur-hashed into one of ``max_parallelism``
-    key groups, and key groups map to channels in contiguous ranges.  For
-    int keys in the 32-bit range (and str keys) this is bit-exact with
-    Flink's ``KeyGroupRangeAssignment`` for the same parallelism and max
-    parallelism.
+    key groups, and key groups map to channels in contiguous ranges
+    (``murmurHash(hashCode) % max_parallelism``, then ``key_group *
+    num_channels // max_parallelism``), bit-exact with Flink's
+    ``KeyGroupRangeAssignment`` for the same parallelism and max
+    parallelism whenever the hash codes agree: Python ints in the int32
+    range hash as Java ``Integer`` keys, larger ones as ``Long`` (see
+    :func:`java_hash_code` for ``Long`` keys with small negative values),
+    ``str`` as ``String``.
 
     ``key``: None (the record is the key), an int (``record[key]``), or a
     callable ``key(record)``."""
@@ -279,7 +320,7 @@ cdef class HashSelector(ChannelSelector):
             key = self._key(record)
         else:
             key = record
-        _java_hash(key, &h)
+        _java_hash(key, &h, 0)
         return fb_operator_index(fb_key_group(h, self._max_parallelism), self._n,
                                  self._max_parallelism)
 
@@ -441,7 +482,7 @@ cdef class BacklogAwareRebalanceSelector(ChannelSelector):
                 self._next = ch + 1 if ch + 1 < self._n else 0
                 self._steered += 1
                 return ch
-        cdef int64_t deadline = fb_x_deadline_after(timeout)
+        cdef int64_t deadline = fb_deadline_after(timeout)
         with nogil:
             fb_signal_wait(&signal._c, seen, deadline)
         return _ALL_BLOCKED

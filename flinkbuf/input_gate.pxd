@@ -3,6 +3,7 @@ cdef class InputChannel:
     cdef int _connect(self, InputGate gate, int32_t index) except -1
     cdef int _poll(self, fb_item_t *out) except -1
     cdef int _release(self, InputGate gate) except -1
+    cdef int _disconnect(self, InputGate gate) except -1
     cdef object _failure(self)
     cdef int32_t _backlog(self) except -1
     cdef object _source_pool(self)
@@ -23,6 +24,7 @@ cdef class InputGate:
     cdef int32_t _n
     cdef int32_t _num_finished
     cdef int32_t _current       # channel whose deserializer may hold records, or -1
+    cdef RecordDeserializer _cur_des   # that deserializer, or None
     cdef object _codec
     cdef object _max_record_size
     cdef object _name
@@ -36,6 +38,7 @@ cdef class InputGate:
     cdef int64_t _idle_ns
     cdef int64_t _idle_since
 
-    cdef object _next(self, int32_t *channel)
+    cdef inline object _next(self, int32_t *channel)
+    cdef object _advance(self, int32_t *channel)
     cdef int _wait_item(self, int32_t *channel, fb_item_t *item) except -1
     cdef int _check_open(self) except -1

@@ -24,6 +24,12 @@ cdef class InputChannel:
     cdef int _release(self, InputGate gate) except -1:
         return 0
 
+    cdef int _disconnect(self, InputGate gate) except -1:
+        """Leave ``gate`` without consuming anything (its constructor failed):
+        the channel may join another gate."""
+        self._index = -1
+        return 0
+
     cdef object _failure(self):
         return None
 
@@ -73,6 +79,11 @@ cdef class LocalInputChannel(InputChannel):
     cdef int _release(self, InputGate gate) except -1:
         fb_subpart_disconnect(&self._sp._c, &gate._c)
         self._sp._terminate(FB_SP_RELEASED)
+        return 0
+
+    cdef int _disconnect(self, InputGate gate) except -1:
+        fb_subpart_disconnect(&self._sp._c, &gate._c)
+        self._index = -1
         return 0
 
     cdef object _failure(self):
@@ -165,7 +176,11 @@ cdef class InputGate:
                 ch._connect(self, i)
                 self._channels.append(ch)
         except BaseException:
-            self._release_channels()
+            # Nothing was read: hand the channels back untouched (releasing
+            # them would end their subpartitions for any later consumer).
+            for ch in self._channels:
+                ch._disconnect(self)
+            self._channels = []
             self._closed = True
             raise
 
@@ -212,48 +227,77 @@ cdef class InputGate:
         item = self._next(&ch)
         return ch, item
 
-    cdef object _next(self, int32_t *channel):
-        cdef int32_t ch
-        cdef fb_item_t item
-        cdef object rec, obj, event, des_obj
+    cdef inline object _next(self, int32_t *channel):
         cdef RecordDeserializer des
+        cdef int32_t ch
+        cdef object rec
         while True:
-            ch = self._current
-            if ch >= 0:
-                des = <RecordDeserializer>self._deserializers[ch]
+            # The common case: the current channel's buffer holds another record.
+            des = self._cur_des
+            if des is not None:
+                ch = self._current
                 rec = des._next_record()
                 if not is_no_record(rec):
                     self._records_in += 1
                     channel[0] = ch
                     return rec
+                self._cur_des = None
                 self._current = -1
-            if self._num_finished == self._n:
-                raise StopIteration
-            if self._closed or self._error is not None:
-                self._check_open()
-            self._wait_item(&ch, &item)
-            obj = _take_item_object(&item)
-            des_obj = self._deserializers[ch]
-            if des_obj is None:             # closed by another thread meanwhile
-                if item.kind == FB_ITEM_DATA:
-                    (<Buffer>obj)._release()
-                raise ValueError("input gate is closed")
+            rec = self._advance(channel)
+            if rec is not None:
+                return rec
+
+    cdef object _advance(self, int32_t *channel):
+        """Take the next item of any channel (waiting for one): a data buffer
+        goes to its channel's deserializer, which becomes the current one,
+        and EndOfPartition ends its channel (None is returned for both); a
+        user event is returned.  StopIteration once every channel ended."""
+        cdef int32_t ch
+        cdef fb_item_t item
+        cdef object obj, event, des_obj
+        if self._num_finished == self._n:
+            raise StopIteration
+        if self._closed or self._error is not None:
+            self._check_open()
+        self._wait_item(&ch, &item)
+        obj = _take_item_object(&item)
+        des_obj = self._deserializers[ch]
+        if des_obj is None:             # closed by another thread meanwhile
             if item.kind == FB_ITEM_DATA:
-                self._buffers_in += 1
-                self._bytes_in += item.size
-                (<RecordDeserializer>des_obj)._feed(obj)
-                obj = None
-                self._current = ch
-                continue
-            event = _deserialize_event(<bytes>obj)
-            if event is _END_OF_PARTITION:
+                (<Buffer>obj)._release()
+            raise ValueError("input gate is closed")
+        if item.kind == FB_ITEM_DATA:
+            self._buffers_in += 1
+            self._bytes_in += item.size
+            (<RecordDeserializer>des_obj)._feed(obj)
+            obj = None
+            # close() may have run meanwhile (a gc pass runs arbitrary code,
+            # another thread may take the GIL): it dropped this deserializer,
+            # which recycles the buffer when it goes.
+            if self._closed:
+                raise ValueError("input gate is closed")
+            self._current = ch
+            self._cur_des = <RecordDeserializer>des_obj
+            return None
+        event = _deserialize_event(<bytes>obj)
+        if event is _END_OF_PARTITION:
+            try:
                 (<RecordDeserializer>des_obj)._finish()
-                self._finished[ch] = True
-                self._num_finished += 1
-                (<InputChannel>self._channels[ch])._release(self)
-                continue
-            channel[0] = ch
-            return event
+            except BaseException as exc:
+                # the stream ended inside a record: nothing more can come from
+                # this channel, so the gate cannot end normally
+                self._error = exc
+                raise
+            self._finished[ch] = True
+            self._num_finished += 1
+            (<InputChannel>self._channels[ch])._release(self)
+            if self._closed:
+                raise ValueError("input gate is closed")
+            self._current = ch           # whatever finish() decoded last
+            self._cur_des = <RecordDeserializer>des_obj
+            return None
+        channel[0] = ch
+        return event
 
     cdef int _wait_item(self, int32_t *channel, fb_item_t *item) except -1:
         """Block (without the GIL) until a channel has an item, and take it."""
@@ -267,9 +311,9 @@ cdef class InputGate:
                 rc = fb_gate_wait(&self._c, 0, &ch)          # a try, no waiting
                 if rc == FB_X_TIMEDOUT:
                     if t0 == 0:
-                        t0 = fb_x_now_ns()
+                        t0 = fb_monotonic_ns()
                         self._idle_since = t0
-                    deadline = fb_x_deadline_after(_GATE_SLICE)
+                    deadline = fb_deadline_after(_GATE_SLICE)
                     with nogil:
                         rc = fb_gate_wait(&self._c, deadline, &ch)
                     if rc == FB_X_TIMEDOUT:
@@ -301,7 +345,7 @@ cdef class InputGate:
                 raise RuntimeError(f"internal error {rc} polling input channel {ch}")
         finally:
             if t0:
-                self._idle_ns += fb_x_now_ns() - t0
+                self._idle_ns += fb_monotonic_ns() - t0
                 self._idle_since = 0
 
     # ---- control ------------------------------------------------------------
@@ -314,10 +358,13 @@ cdef class InputGate:
             self._closed = True
             return
         self._closed = True
+        self._cur_des = None
+        self._current = -1
         fb_gate_close(&self._c)
         try:
             self._release_channels()
         finally:
+            self._cur_des = None
             self._current = -1
             # Buffers a deserializer still holds go back when it is dropped.
             self._deserializers = [None] * self._n
@@ -372,7 +419,7 @@ cdef class InputGate:
     def idle_time_ns(self):
         """Total time spent waiting for input, including a wait in progress."""
         cdef int64_t since = self._idle_since
-        return self._idle_ns + (fb_x_now_ns() - since if since else 0)
+        return self._idle_ns + (fb_monotonic_ns() - since if since else 0)
 
     def backlogs(self):
         """Per channel: finished buffers queued and not yet read."""
@@ -393,7 +440,7 @@ cdef class InputGate:
         """(records, bytes, buffers, idle ns incl. a wait in progress)."""
         cdef int64_t since = self._idle_since
         return (self._records_in, self._bytes_in, self._buffers_in,
-                self._idle_ns + (fb_x_now_ns() - since if since else 0))
+                self._idle_ns + (fb_monotonic_ns() - since if since else 0))
 
     def __repr__(self):
         return (f"<flinkbuf.InputGate name={self._name!r} channels={self._n} "

@@ -20,8 +20,11 @@ A minimal pipeline::
 
 Channel selectors: :class:`RoundRobinSelector` (Flink's rebalance),
 :class:`RescaleSelector` (with :func:`pointwise_connections`),
-:class:`HashSelector` (Flink's key groups; see :func:`java_hash_code` for how
-Python keys are hashed deterministically), :class:`BroadcastSelector`,
+:class:`HashSelector` (Flink's key groups, bit-exact with Flink's
+``KeyGroupRangeAssignment``; keys are hashed as Java's ``hashCode()``, never
+with Python's per-process salted ``hash()``: ints in the int32 range as
+``Integer`` (``v``), larger ones as ``Long`` (``(int) (v ^ (v >>> 32))``),
+``str`` as ``String``; see :func:`java_hash_code`), :class:`BroadcastSelector`,
 :class:`ForwardSelector`, :class:`GlobalSelector`, :class:`CustomSelector`
 and :class:`BacklogAwareRebalanceSelector`.
 """

@@ -7,6 +7,7 @@ cdef class RecordWriter:
     cdef list _subparts         # the partition's ResultSubpartitions
     cdef int32_t _n
     cdef bint _broadcast
+    cdef bint _round_robin      # the selector is exactly a RoundRobinSelector
     cdef bint _busy             # inside emit (the flusher must not interfere)
     cdef bint _flush_pending    # the flusher came while busy
     cdef bint _flush_always     # buffer timeout 0
@@ -25,10 +26,11 @@ cdef class RecordWriter:
     cdef int64_t _bp_ns         # time blocked requesting buffers, finished waits
     cdef int64_t _bp_since      # start of the current wait, or 0
 
-    cdef int _emit(self, object record) except -1
+    cdef inline int _emit(self, object record) except -1
     cdef int _broadcast_emit(self, object record) except -1
     cdef int32_t _await_channel(self) except -1
     cdef int _copy_to(self, int32_t channel) except -1
+    cdef int _copy_rest(self, int32_t channel, Buffer buf, int flags) except -1
     cdef Buffer _request_buffer(self, int32_t channel)
     cdef int _check_partition(self) except -1
     cdef int _check_target(self, int32_t channel) except -1

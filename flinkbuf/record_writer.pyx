@@ -87,6 +87,8 @@ cdef class RecordWriter:
 
     def __init__(self, ResultPartition partition not None, selector=None, *, codec="typed",
                  buffer_timeout=0.1, name=None):
+        if self._partition is not None:
+            raise RuntimeError("RecordWriter is already initialised")
         if partition._n == 0:
             raise ValueError("partition is not initialised")
         if partition._has_writer:
@@ -105,6 +107,7 @@ cdef class RecordWriter:
         self._selector = sel
         self._n = partition._n
         self._broadcast = sel._broadcast
+        self._round_robin = type(sel) is RoundRobinSelector
         self._current = [None] * self._n
         self._subparts = list(partition._subpartitions)
         self._timeout = buffer_timeout
@@ -119,11 +122,36 @@ cdef class RecordWriter:
                 name=f"flinkbuf-output-flusher-{self._name or id(self)}", daemon=True)
             self._flusher.start()
 
+    def __del__(self):
+        # Dropped while open (say, its thread died without close() or a with
+        # block): fail the partition, so that consumers raise instead of
+        # waiting for an EndOfPartition that can no longer come.
+        if self._state != _W_OPEN:
+            return
+        try:
+            if self._flusher_stop is not None:
+                self._flusher_stop.set()
+            self._state = _W_FAILED
+            self._release_current()
+            if self._partition._state == _P_LIVE:
+                self._partition.fail(RuntimeError(
+                    f"the RecordWriter {self._name!r} was dropped without close() or fail()"))
+        except BaseException:
+            PyErr_WriteUnraisable(self)
+
     # ---- the record path ----------------------------------------------------
 
+    # METH_O, no bound-method object per call: this is the per-record entry
+    # point.  (A clinic-style docstring gives it a real signature.)
+    @cython.binding(False)
+    @cython.always_allow_keywords(False)
+    @cython.embedsignature(False)
     def emit(self, record):
-        """Write ``record`` to the channel the selector picks (every channel
-        for a broadcast selector); blocks while no buffer is free."""
+        """emit($self, record, /)
+--
+
+Write ``record`` to the channel the selector picks (every channel for
+a broadcast selector); blocks while no buffer is free."""
         self._emit(record)
 
     def broadcast_emit(self, record):
@@ -148,8 +176,10 @@ cdef class RecordWriter:
             raise err
         return 0
 
-    cdef int _emit(self, object record) except -1:
+    cdef inline int _emit(self, object record) except -1:
         cdef int32_t ch
+        cdef object cur
+        cdef int flags
         if (self._state != _W_OPEN or self._broken or self._flusher_error is not None
                 or self._partition._state != _P_LIVE):
             self._check_open()
@@ -157,12 +187,22 @@ cdef class RecordWriter:
             return self._broadcast_emit(record)
         self._busy = True
         try:
-            ch = self._selector._select(record)
-            if ch < 0:
-                ch = self._await_channel()
+            if self._round_robin:       # final class: a direct (inlinable) call
+                ch = (<RoundRobinSelector>self._selector)._select(record)
+            else:
+                ch = self._selector._select(record)
+                if ch < 0:
+                    ch = self._await_channel()
             self._ser._serialize_record(record)
             self._broken = True
-            self._copy_to(ch)
+            # The common case inline: the record fits the channel's buffer.
+            cur = self._current[ch]
+            if cur is None:
+                self._copy_to(ch)
+            else:
+                flags = self._ser._copy_to_buffer(<Buffer>cur)
+                if flags != _FULL_RECORD:
+                    self._copy_rest(ch, <Buffer>cur, flags)
             self._broken = False
             self._records_out += 1
         finally:
@@ -196,7 +236,7 @@ cdef class RecordWriter:
         consumer takes a buffer.  Counted as back-pressured time."""
         cdef BacklogAwareRebalanceSelector sel = <BacklogAwareRebalanceSelector?>self._selector
         cdef int32_t ch = _ALL_BLOCKED
-        cdef int64_t t0 = fb_x_now_ns()
+        cdef int64_t t0 = fb_monotonic_ns()
         self._bp_since = t0
         self._busy = False
         try:
@@ -206,31 +246,40 @@ cdef class RecordWriter:
                 PyErr_CheckSignals()
         finally:
             self._busy = True
-            self._bp_ns += fb_x_now_ns() - t0
+            self._bp_ns += fb_monotonic_ns() - t0
             self._bp_since = 0
         return ch
 
     cdef int _copy_to(self, int32_t channel) except -1:
         """Copy the staged record into ``channel``'s buffers."""
         cdef object cur = self._current[channel]
-        cdef Buffer buf = None if cur is None else <Buffer>cur
-        cdef bint fresh = False
-        cdef int flags
+        cdef Buffer buf
+        if cur is None:
+            return self._copy_rest(channel, None, 0)
+        buf = <Buffer>cur
+        return self._copy_rest(channel, buf, self._ser._copy_to_buffer(buf))
+
+    cdef int _copy_rest(self, int32_t channel, Buffer buf, int flags) except -1:
+        """Go on copying the staged record after the channel's current
+        buffer ``buf`` took what fit (``flags`` from that copy), or from the
+        start when there is none (``buf`` None)."""
+        if buf is not None:
+            if not flags & _FULL_BUFFER:
+                return 0
+            self._current[channel] = None
+            self._finish_buffer(channel, buf)
+            if flags & _FULL_RECORD:
+                return 0
+        # From here on every buffer is fresh: it becomes current only if the
+        # record ends in it with room to spare.
         while True:
-            if buf is None:
-                buf = self._request_buffer(channel)
-                fresh = True
+            buf = self._request_buffer(channel)
             flags = self._ser._copy_to_buffer(buf)
-            if flags & _FULL_BUFFER:
-                if not fresh:
-                    self._current[channel] = None
-                self._finish_buffer(channel, buf)
-                buf = None
-                if flags & _FULL_RECORD:
-                    return 0
-            else:
-                if fresh:
-                    self._current[channel] = buf
+            if not flags & _FULL_BUFFER:
+                self._current[channel] = buf
+                return 0
+            self._finish_buffer(channel, buf)
+            if flags & _FULL_RECORD:
                 return 0
 
     cdef Buffer _request_buffer(self, int32_t channel):
@@ -243,7 +292,7 @@ cdef class RecordWriter:
             buf = self._pool._request(pool_ch)
             if buf is not None:
                 return buf
-        cdef int64_t t0 = fb_x_now_ns()
+        cdef int64_t t0 = fb_monotonic_ns()
         self._bp_since = t0
         self._busy = False          # the flusher may hand over other channels meanwhile
         try:
@@ -268,7 +317,7 @@ cdef class RecordWriter:
                 return buf
         finally:
             self._busy = True
-            self._bp_ns += fb_x_now_ns() - t0
+            self._bp_ns += fb_monotonic_ns() - t0
             self._bp_since = 0
 
     cdef int _check_partition(self) except -1:
@@ -473,13 +522,13 @@ cdef class RecordWriter:
         """Total time spent blocked on output (requesting a buffer, or
         waiting for a free channel), including a wait in progress."""
         cdef int64_t since = self._bp_since
-        return self._bp_ns + (fb_x_now_ns() - since if since else 0)
+        return self._bp_ns + (fb_monotonic_ns() - since if since else 0)
 
     def _metric_counters(self):
         """(records, bytes, buffers, back-pressured ns incl. a wait in progress)."""
         cdef int64_t since = self._bp_since
         return (self._records_out, self._bytes_out, self._buffers_out,
-                self._bp_ns + (fb_x_now_ns() - since if since else 0))
+                self._bp_ns + (fb_monotonic_ns() - since if since else 0))
 
     def __repr__(self):
         state = ("open", "closed", "failed")[self._state]

@@ -1,14 +1,17 @@
-"""The plain-C pool under threads, built with ThreadSanitizer and with
-AddressSanitizer + UBSan: any race, memory error or broken invariant fails."""
+"""The plain C: the pool under threads, built with ThreadSanitizer and with
+AddressSanitizer + UBSan (any race, memory error or broken invariant
+fails), and the clock both extension modules share."""
 
 import os
 import shutil
 import subprocess
+import time
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SOURCES = ["tests/csrc/stress_pool.c", "csrc/pool.c", "csrc/arena.c", "csrc/redistribution.c"]
+SOURCES = ["tests/csrc/stress_pool.c", "csrc/pool.c", "csrc/clock.c", "csrc/arena.c",
+           "csrc/redistribution.c"]
 
 
 @pytest.mark.parametrize("sanitizer", ["thread", "address,undefined"])
@@ -24,3 +27,74 @@ def test_pool_stress_under_sanitizer(tmp_path, sanitizer):
     proc = subprocess.run([str(exe), "20000"], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize("sanitizer", ["address,undefined"])
+def test_clock_deadlines_and_timed_waits(tmp_path, sanitizer):
+    cc = os.environ.get("CC", "gcc")
+    exe = tmp_path / "clock_check"
+    subprocess.run([cc, "-O1", "-g", f"-fsanitize={sanitizer}", "-fno-sanitize-recover=all",
+                    "-Icsrc", "tests/csrc/clock_check.c", "csrc/clock.c", "-lpthread", "-lm",
+                    "-o", str(exe)], cwd=ROOT, check=True, capture_output=True, text=True)
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("module", ["flinkbuf._core", "flinkbuf._io"])
+def test_both_extensions_share_one_clock_semantics(module):
+    """csrc/clock.c is linked into both extension modules (the exchange once
+    had its own copy, where a negative timeout meant "forever"): a timeout
+    <= 0 or NaN is a deadline of now, +inf or a huge one is forever."""
+    import ctypes
+    import importlib
+
+    lib = ctypes.CDLL(importlib.import_module(module).__file__)
+    lib.fb_deadline_after.restype = ctypes.c_int64
+    lib.fb_deadline_after.argtypes = [ctypes.c_double]
+    lib.fb_monotonic_ns.restype = ctypes.c_int64
+    forever = (1 << 63) - 1
+    for timeout in (0.0, -1.0, -1e-9, float("-inf"), float("nan")):
+        before = time.monotonic_ns()        # CLOCK_MONOTONIC, as csrc/clock.c
+        deadline = lib.fb_deadline_after(timeout)
+        assert before <= deadline <= time.monotonic_ns(), timeout
+    assert lib.fb_deadline_after(float("inf")) == forever
+    assert lib.fb_deadline_after(1e300) == forever
+    before = time.monotonic_ns()
+    assert before + 10**9 <= lib.fb_deadline_after(1.0) <= time.monotonic_ns() + 10**9
+    assert before <= lib.fb_monotonic_ns() <= time.monotonic_ns()
+
+
+def test_zero_timeouts_try_once_and_negative_ones_are_refused():
+    """What the clock semantics mean at the public API: a zero timeout makes
+    one attempt and returns at once; a negative one is a ValueError (never
+    "wait forever"); None waits without a deadline."""
+    import threading
+
+    import flinkbuf as fb
+    from flinkbuf import io
+
+    nbp = fb.NetworkBufferPool(4, 64)
+    pool = nbp.create_buffer_pool(1, 3)
+    held, *others = [pool.request_buffer() for _ in range(3)]   # 1 segment left free
+    t0 = time.monotonic()
+    with pytest.raises(fb.BufferRequestTimeoutError):
+        pool.request_buffer_blocking(timeout=0)
+    assert pool.wait_available(0) is False
+    with pytest.raises(fb.BufferRequestTimeoutError):
+        nbp.request_unpooled_segments(2, timeout=0)
+    assert time.monotonic() - t0 < 1.0
+    for bad in (-1, -1e-9, float("-inf"), float("nan")):
+        with pytest.raises(ValueError):
+            pool.request_buffer_blocking(timeout=bad)
+        with pytest.raises(ValueError):
+            pool.wait_available(bad)
+    threading.Timer(0.05, held.recycle).start()
+    with pool.request_buffer_blocking(timeout=None):
+        pass
+    for b in others:
+        b.recycle()
+    t = time.monotonic_ns()
+    assert t <= io.monotonic_ns() <= time.monotonic_ns()
+    pool.destroy()
+    assert nbp.num_available_segments == nbp.num_segments

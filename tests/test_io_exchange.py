@@ -472,3 +472,27 @@ def test_concurrent_metric_reads_while_tasks_run():
     assert outs == sorted(outs)
     gate.close()
     assert_all_recycled(nbp, [part.pool])
+
+
+def test_emit_is_a_positional_only_fast_call():
+    """emit is the per-record entry point: a METH_O method (no bound-method
+    object, no keyword parsing per call) that still shows its signature."""
+    import inspect
+
+    assert str(inspect.signature(fb.RecordWriter.emit)) == "(self, record, /)"
+    assert "channel the selector picks" in fb.RecordWriter.emit.__doc__
+    nbp = fb.NetworkBufferPool(8, 256)
+    part = fb.create_partition(nbp, 1)
+    gate = fb.InputGate([(part, 0)])
+    with fb.RecordWriter(part) as w:
+        w.emit(1)
+        with pytest.raises(TypeError):
+            w.emit(record=2)
+        with pytest.raises(TypeError):
+            w.emit()
+        with pytest.raises(TypeError):
+            w.emit(3, 4)
+        fb.RecordWriter.emit(w, 5)
+    assert list(gate) == [1, 5]
+    gate.close()
+    assert_all_recycled(nbp, [part.pool])

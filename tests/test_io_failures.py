@@ -2,6 +2,9 @@
 released partitions, per-channel caps; every buffer recycled on every path."""
 
 import gc
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -356,3 +359,139 @@ def test_many_threads_close_and_fail_concurrently_without_leaks():
         for t in threads:
             t.finish(timeout=10)
         assert_all_recycled(nbp, [part.pool])
+
+
+def test_a_gate_that_cannot_be_built_leaves_its_channels_to_a_later_gate():
+    """A failed InputGate constructor used to release the subpartitions it
+    had connected so far: no gate could ever read them again."""
+    nbp = fb.NetworkBufferPool(16, 128)
+    part = fb.create_partition(nbp, 2)
+    reused = fb.LocalInputChannel(part, 0)
+    with pytest.raises(ValueError, match="already has a consumer"):
+        fb.InputGate([reused, (part, 1), (part, 1)])
+    assert not part.subpartition(0).is_released
+    assert not part.subpartition(1).is_released
+    gates = [fb.InputGate([reused]), fb.InputGate([(part, 1)])]
+    with fb.RecordWriter(part, fb.RoundRobinSelector(start=0)) as w:
+        for i in range(10):
+            w.emit(i)
+    assert [list(g) for g in gates] == [[0, 2, 4, 6, 8], [1, 3, 5, 7, 9]]
+    for g in gates:
+        g.close()
+    assert_all_recycled(nbp, [part.pool])
+
+
+def test_a_stream_that_ends_inside_a_record_fails_the_gate_for_good():
+    """The CorruptRecordError at EndOfPartition was raised once; the next
+    read then waited forever for a channel that had ended."""
+    nbp = fb.NetworkBufferPool(16, 128)
+    part = fb.create_partition(nbp, 1)
+    gate = fb.InputGate([(part, 0)])
+    buf = part.pool.request_buffer()
+    buf.write(b"\x00\x00\x00\x10ab")       # 16 bytes announced, 2 sent
+    part.add_buffer(0, buf)
+    part.finish()
+    with pytest.raises(fb.CorruptRecordError, match="ended inside a record"):
+        next(gate)
+    again = Task(lambda: next(gate))
+    again.start()
+    with pytest.raises(fb.CorruptRecordError, match="ended inside a record"):
+        again.finish(timeout=10)
+    gate.close()
+    assert_all_recycled(nbp, [part.pool])
+
+
+CLOSE_WHILE_READING = r"""
+import gc, sys
+import flinkbuf as fb
+nbp = fb.NetworkBufferPool(64, 128)
+part = fb.create_partition(nbp, 1, min_buffers=40)
+with fb.RecordWriter(part, buffer_timeout=None) as w:
+    for i in range(200):
+        w.emit((i, "x" * 10))
+gate = fb.InputGate([(part, 0)])
+k = int(sys.argv[1])
+seen = [0]
+def close_on_kth_collection(phase, info):
+    if phase == "start":
+        seen[0] += 1
+        if seen[0] == k:
+            gate.close()
+gc.callbacks.append(close_on_kth_collection)
+gc.set_threshold(1)
+got = []
+try:
+    for rec in gate:
+        got.append(rec)
+    outcome = "end"
+except ValueError as exc:
+    outcome = "closed" if "closed" in str(exc) else repr(exc)
+gc.callbacks.remove(close_on_kth_collection)
+gc.set_threshold(700)
+assert got == [(i, "x" * 10) for i in range(len(got))], got[:5]
+part.pool.destroy()
+del gate, part
+gc.collect()
+print(outcome, nbp.num_available_segments == nbp.num_segments)
+"""
+
+
+def test_closing_the_gate_at_any_point_of_its_own_iteration_is_safe():
+    """close() may run in the middle of the consumer's read (here: from a
+    gc callback, as another thread would when the reader lets go of the
+    GIL).  A read that went on with the dropped deserializer crashed."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for k in (1, 2, 3, 5, 8, 13, 40):
+        proc = subprocess.run([sys.executable, "-X", "faulthandler", "-c", CLOSE_WHILE_READING,
+                               str(k)], capture_output=True, text=True, timeout=120, cwd=root)
+        assert proc.returncode == 0, f"k={k}: {proc.returncode}\n{proc.stderr[-3000:]}"
+        assert proc.stdout.split() in (["closed", "True"], ["end", "True"]), proc.stdout
+
+
+def test_a_writer_dropped_without_close_fails_its_partition():
+    """A producer whose writer was garbage collected while open (the thread
+    died without close() or a with block) left its consumers waiting forever."""
+    nbp, part, (gate,) = _pipeline(segment_size=128)
+
+    def produce():
+        w = fb.RecordWriter(part, buffer_timeout=0.01)
+        for i in range(10):
+            w.emit(i)
+        raise KeyError("producer died")
+
+    t = Task(produce)
+    t.start()
+    with pytest.raises(KeyError):
+        t.finish()
+    t = None
+    gc.collect()
+    assert part.is_failed
+    reader = Task(lambda: list(gate))
+    reader.start()
+    with pytest.raises(fb.ProducerFailedError, match="without close"):
+        reader.finish(timeout=10)
+    gate.close()
+    assert_all_recycled(nbp, [part.pool])
+
+
+def test_a_writer_cannot_be_initialised_twice():
+    """Calling __init__ again rebound a live writer to another partition: the
+    first partition never ended (its consumers hung) and a second flusher
+    thread started."""
+    nbp = fb.NetworkBufferPool(16, 128)
+    first, second = fb.create_partition(nbp, 1), fb.create_partition(nbp, 1)
+    gate = fb.InputGate([(first, 0)])
+    w = fb.RecordWriter(first, buffer_timeout=0.01)
+    w.emit(1)
+    flushers = {t for t in threading.enumerate() if t.name.startswith("flinkbuf-output-flusher")}
+    with pytest.raises(RuntimeError, match="already initialised"):
+        w.__init__(second, buffer_timeout=0.01)
+    assert {t for t in threading.enumerate()
+            if t.name.startswith("flinkbuf-output-flusher")} == flushers
+    assert w.partition is first
+    w.emit(2)
+    w.close()
+    assert list(gate) == [1, 2]
+    gate.close()
+    fb.RecordWriter(second).close()
+    assert_all_recycled(nbp, [first.pool, second.pool])

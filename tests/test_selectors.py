@@ -136,8 +136,9 @@ def test_murmur_and_ranges_agree_with_a_python_reference(code, max_par, par):
     assert io.operator_index_for_key_group(kg, par, max_par) == kg * par // max_par
 
 
-def test_murmur_agrees_with_mmh3_when_installed():
-    mmh3 = pytest.importorskip("mmh3")
+def test_murmur_agrees_with_mmh3():
+    import mmh3     # a dev dependency (pyproject.toml)
+
     rng = random.Random(7)
     for _ in range(2000):
         code = rng.randrange(-(1 << 31), 1 << 31)
@@ -175,6 +176,27 @@ def test_int_hash_follows_integer_long_biginteger(v):
         assert h == (x - (1 << 32) if x >= 1 << 31 else x)
 
 
+def test_long_keys_through_the_documented_long_hash_recipe():
+    """java_hash_code's docstring: keying by Long.hashCode(v) matches a Flink
+    job keyed by Long, also for small negative values (hashed as Integer
+    by default: Long.hashCode(-1) is 0, Integer.hashCode(-1) is -1)."""
+    namespace = {}
+    doc = io.java_hash_code.__doc__
+    recipe = doc[doc.index("def long_hash"):doc.index("HashSelector(key=")]
+    exec(__import__("textwrap").dedent("    " + recipe), namespace)
+    long_hash = namespace["long_hash"]
+    by_key = {v[0]: v for v in JAVA_VALUES if type(v[0]) is int}
+    # outside int32 Python ints already hash as Long: the recipe agrees
+    for v in (2147483648, 1 << 40, -(1 << 40), 9876543210):
+        assert long_hash(v) == io.java_hash_code(v) == by_key[v][1]
+    # Long.valueOf(-1L).hashCode() == 0, Long.valueOf(5L).hashCode() == 5
+    sel = fb.HashSelector(key=lambda r: long_hash(r[0]))
+    sel.setup(7)
+    assert sel.select_channel((-1, "x")) == by_key[0][4][PARALLELISMS.index(7)]
+    assert sel.select_channel((5, "x")) == by_key[5][4][PARALLELISMS.index(7)]
+    assert io.java_hash_code(-1) == -1 and long_hash(-1) == 0
+
+
 def test_hashing_of_other_key_types():
     assert io.java_hash_code(None) == 0
     assert io.java_hash_code(bytearray(b"abc")) == io.java_hash_code(b"abc")
@@ -189,6 +211,33 @@ def test_hashing_of_other_key_types():
         io.java_hash_code(object())
     with pytest.raises(TypeError):
         io.java_hash_code({"a": 1})
+
+
+def test_deeply_nested_and_self_referencing_keys_raise_instead_of_crashing():
+    """Hashing recursed in C without a bound: a key nested 100,000 deep, or a
+    list that holds itself, overflowed the C stack (a segfault)."""
+    deep = ()
+    for _ in range(100_000):
+        deep = (deep,)
+    looped = [1]
+    looped.append(looped)
+    sel = fb.HashSelector()
+    sel.setup(3)
+    for key in (deep, looped, [[looped]]):
+        with pytest.raises(ValueError, match="nested deeper than 100"):
+            io.java_hash_code(key)
+        with pytest.raises(ValueError, match="nested deeper than 100"):
+            sel.select_channel(key)
+        with pytest.raises(ValueError, match="nested deeper than 100"):
+            io.assign_key_to_operator(key, 4)
+    # as deep as the typed codec goes (100 containers) still hashes, as Java would
+    ok = 7
+    for _ in range(100):
+        ok = (ok,)
+    assert io.java_hash_code(ok) == 7
+    with pytest.raises(ValueError, match="nested deeper than 100"):
+        io.java_hash_code((ok,))
+    assert io.java_hash_code([[5]]) == 31 + (31 + 5)
 
 
 def _sanitizer_env():
