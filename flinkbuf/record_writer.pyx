@@ -141,9 +141,8 @@ cdef class RecordWriter:
 
     # ---- the record path ----------------------------------------------------
 
-    # METH_O, no bound-method object per call: this is the per-record entry
-    # point.  (A clinic-style docstring gives it a real signature.)
-    @cython.binding(False)
+    # The per-record entry point: METH_O.  Cython's clinic signature of a
+    # METH_O method omits the "/", so the docstring spells it out.
     @cython.always_allow_keywords(False)
     @cython.embedsignature(False)
     def emit(self, record):

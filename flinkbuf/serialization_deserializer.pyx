@@ -561,8 +561,13 @@ cdef class RecordDeserializer:
 
     # -- Python API -----------------------------------------------------------
 
+    @cython.always_allow_keywords(False)       # METH_O (see RecordSerializer)
+    @cython.embedsignature(False)
     def feed(self, data):
-        """Append a :class:`Buffer` (its bytes ``[reader_index, size)``; the
+        """feed($self, data, /)
+--
+
+Append a :class:`Buffer` (its bytes ``[reader_index, size)``; the
         deserializer owns one reference from now on and recycles it when
         consumed) or a bytes-like object (kept, unmodified, until consumed)."""
         self._feed(data)

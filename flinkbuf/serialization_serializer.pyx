@@ -198,14 +198,26 @@ cdef class RecordSerializer:
 
     # -- Python API -----------------------------------------------------------
 
+    # The per-record calls are METH_O (positional only); Cython's clinic
+    # signature of a METH_O method omits the "/", so the docstrings spell it out.
+    @cython.always_allow_keywords(False)
+    @cython.embedsignature(False)
     def serialize_record(self, record):
-        """Stage one record, replacing any staged one.  ``TypeError`` for a
+        """serialize_record($self, record, /)
+--
+
+Stage one record, replacing any staged one.  ``TypeError`` for a
         value the codec cannot encode, ``ValueError`` for a too deep or
         self-referencing structure or a record over 2 GiB - 1 bytes."""
         self._serialize_record(record)
 
+    @cython.always_allow_keywords(False)
+    @cython.embedsignature(False)
     def copy_to_buffer(self, Buffer buf not None):
-        """Copy the staged record, or what is left of it, into ``buf`` at its
+        """copy_to_buffer($self, buf, /)
+--
+
+Copy the staged record, or what is left of it, into ``buf`` at its
         writer index; returns a :class:`SerializationResult`."""
         return _result_for(self._copy_to_buffer(buf))
 
