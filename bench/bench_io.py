@@ -97,7 +97,7 @@ def test_local_exchange(benchmark, impl, topology, case):
     fn = flinkbuf_exchange if impl == "flinkbuf" else queue_exchange
     counts = [0] * consumers
     benchmark.pedantic(fn, args=(producers, consumers, records, counts),
-                       rounds=scale(3, 1), iterations=1)
+                       rounds=scale(7, 1), iterations=1)
     assert sum(counts) == total  # every record delivered
 
 
@@ -117,7 +117,7 @@ def test_numpy_batch_1to1(benchmark, impl):
         benchmark.extra_info["target"] = ">= 8M records/s"
     fn = flinkbuf_exchange if impl == "flinkbuf" else queue_exchange
     counts = [0]
-    benchmark.pedantic(fn, args=(1, 1, batches, counts), rounds=scale(3, 1), iterations=1)
+    benchmark.pedantic(fn, args=(1, 1, batches, counts), rounds=scale(7, 1), iterations=1)
     assert counts[0] == len(batches)
 
 
