@@ -53,8 +53,11 @@ asan: build-asan
 stubtest: build
 	$(PY) -m mypy.stubtest flinkbuf --allowlist tests/stubtest-allowlist.txt
 
+# Experiment 1 (the 2015 Flink backpressure post): about 25 s, a live line per interval.
+DEMO_OUT ?= out
 demo: build
-	$(PY) -m flinkbuf demo
+	$(PY) -m flinkbuf experiment backpressure --out $(DEMO_OUT) --phase-seconds 4
+	@echo "figure: $(DEMO_OUT)/backpressure.png   data: $(DEMO_OUT)/backpressure.csv, $(DEMO_OUT)/backpressure.json"
 
 bench: build
 	$(PY) bench/run.py

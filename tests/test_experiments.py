@@ -1,15 +1,20 @@
 """The seeds' experiments, run with short phases: the outputs' contract and
-the behaviour the issue expects (behaviour, not speed)."""
+the behaviour the issue expects of them (the only timed expectations in the
+suite, as the issue asks)."""
 
 import csv
 import json
+import re
 import statistics
 
 import pytest
 
 from flinkbuf.cli import main
+from flinkbuf.experiments import run_backpressure, run_slow_subpartition
 from flinkbuf.experiments.backpressure import CSV_COLUMNS as BP_COLUMNS
+from flinkbuf.experiments.backpressure import check_backpressure
 from flinkbuf.experiments.slow_subpartition import CSV_COLUMNS as SS_COLUMNS
+from flinkbuf.experiments.slow_subpartition import check_slow_subpartition
 
 
 def _read_csv(path):
@@ -19,51 +24,129 @@ def _read_csv(path):
 
 
 def test_backpressure_experiment(tmp_path, capsys):
-    rc = main(["experiment", "backpressure", "--out", str(tmp_path), "--phase-seconds", "2"])
+    rc = main(["experiment", "backpressure", "--out", str(tmp_path), "--phase-seconds", "3"])
     out = capsys.readouterr().out
-    assert "full speed" in out and "HIGH" in out
+    assert "full speed" in out
+    # a live line per interval: time, limits, both rates, the backpressure level
+    live = re.findall(r"^ *\d+\.\d +\d+/\d+ +[\d.]+% +[\d.]+% +(OK|LOW|HIGH) ", out, re.M)
+    assert len(live) == 30, out
     header, rows = _read_csv(tmp_path / "backpressure.csv")
     assert tuple(header) == BP_COLUMNS == (
         "t_seconds", "producer_limit_pct", "consumer_limit_pct", "producer_pct", "consumer_pct",
         "backpressure_level")
     assert (tmp_path / "backpressure.png").stat().st_size > 10_000
     doc = json.loads((tmp_path / "backpressure.json").read_text())
-    assert len(rows) == 20                       # 5 phases x 4 intervals of 0.5 s
+    assert doc["config"]["schedule"] == [[60, 100], [60, 30], [100, 100], [100, 30], [100, 100]]
+    assert doc["config"]["buffers_per_task"] == 2 and doc["config"]["segment_size"] == 4096
+    assert 0 < doc["full_speed_records_per_s"] < doc["unthrottled_records_per_s"]
+    assert len(rows) == 30                       # 5 phases x 6 intervals of 0.5 s
+    assert [float(r["t_seconds"]) for r in rows] == [0.5 * (i + 1) for i in range(30)]
     limits = [(int(r["producer_limit_pct"]), int(r["consumer_limit_pct"])) for r in rows]
-    assert [limits[i] for i in range(0, 20, 4)] == [(60, 100), (60, 30), (100, 100), (100, 30),
-                                                   (100, 100)]
-    phases = [rows[i:i + 4] for i in range(0, 20, 4)]
+    assert limits == [tuple(lim) for lim in doc["config"]["schedule"] for _ in range(6)]
+    # from 0.5 s after each change; medians where one interval of machine noise
+    # (another process taking the CPU) must not decide
+    phases = [rows[i + 1:i + 6] for i in range(0, 30, 6)]
     pct = lambda r, who: float(r[f"{who}_pct"])   # noqa: E731
+    extra = {r["t_seconds"]: r for r in doc["rows"]}
 
-    # slowed consumer: from 0.5 s after the change the producer tracks it within 10 %
-    for phase in (phases[1], phases[3]):
-        for r in phase[1:]:
-            assert abs(pct(r, "producer") - pct(r, "consumer")) <= 0.10 * pct(r, "consumer"), r
-            assert 15 <= pct(r, "consumer") <= 40, r
-            assert r["backpressure_level"] == "HIGH", r
-    # the producer at 60 % with a free consumer: the consumer follows, no backpressure
-    for r in phases[0][1:]:
-        assert 45 <= pct(r, "producer") <= 70, r
+    def median(phase, key):
+        return statistics.median(key(r) for r in phase)
+
+    # the producer at 60 %, the consumer not slowed: the consumer follows, and
+    # the producer is mostly not back-pressured
+    assert 50 <= median(phases[0], lambda r: pct(r, "producer")) <= 70
+    for r in phases[0]:
         assert abs(pct(r, "producer") - pct(r, "consumer")) <= 0.10 * pct(r, "producer"), r
-        assert r["backpressure_level"] in ("OK", "LOW"), r
-    # released: both go back up to (about) full speed, far above the slowed phases
-    slowed = statistics.median(pct(r, "consumer") for p in (phases[1], phases[3]) for r in p[1:])
+    assert median(phases[0], lambda r: extra[float(r["t_seconds"])][
+        "producer_back_pressured_ms_per_s"]) <= 500
+    # slowed consumer: the producer tracks it within 10 %, blocked (HIGH)
+    for phase in (phases[1], phases[3]):
+        for r in phase:
+            assert abs(pct(r, "producer") - pct(r, "consumer")) <= 0.10 * pct(r, "consumer"), r
+            assert pct(r, "consumer") <= 40, r
+            assert r["backpressure_level"] == "HIGH", r
+        assert 20 <= median(phase, lambda r: pct(r, "consumer")) <= 40
+    # released: both back at full speed
     for phase in (phases[2], phases[4]):
-        released = statistics.median(min(pct(r, "producer"), pct(r, "consumer"))
-                                     for r in phase[1:])
-        assert released >= 50 and released >= 1.8 * slowed, (released, slowed)
+        for who in ("producer", "consumer"):
+            assert 85 <= median(phase, lambda r: pct(r, who)) <= 110, \
+                (who, [pct(r, who) for r in phase])
     # memory stays bounded: never more than the 2 buffers in flight, no leak
     assert doc["max_buffers_in_use"] <= 2
     assert doc["buffers_leaked"] == 0
     assert doc["rss_mb"]["max"] - doc["rss_mb"]["min"] < 50
-    assert doc["checks"]["tracks_consumer"] is True
+    assert doc["checks"]["rss_growth_mb"] < 50
+    checks = doc["checks"]
+    assert checks["tracks_consumer"] is True and checks["max_tracking_error_pct"] <= 10
+    assert checks["returns_to_full_speed"] is True and len(checks["released_phases"]) == 2
+    assert checks["memory_bounded"] is True and checks["passed"] is True
     assert rc == 0
+
+
+def _rows(pattern, ticks=4, interval=0.5):
+    """Rows for check_backpressure: ``pattern`` is one (producer limit,
+    consumer limit, [(producer %, consumer %) per interval]) per phase."""
+    rows = []
+    for p_lim, c_lim, values in pattern:
+        assert len(values) == ticks
+        for p, c in values:
+            rows.append({"t_seconds": (len(rows) + 1) * interval, "producer_limit_pct": p_lim,
+                         "consumer_limit_pct": c_lim, "producer_pct": p, "consumer_pct": c})
+    return rows
+
+
+def test_backpressure_checks_fail_when_the_producer_does_not_follow():
+    good = [(60, 100, [(60, 60)] * 4),
+            (60, 30, [(45, 31)] + [(30, 30)] * 3),    # the first 0.5 s is not checked
+            (100, 100, [(70, 70), (100, 99), (60, 61), (98, 98)])]   # median 98
+    checks = check_backpressure(_rows(good), 0.5, 4)
+    assert checks["tracks_consumer"] is True and checks["returns_to_full_speed"] is True
+    assert checks["max_tracking_error_pct"] == 0
+    assert checks["released_phases"] == [{"from_seconds": 4.5, "to_seconds": 6.0,
+                                          "producer_median_pct": 98, "consumer_median_pct": 98}]
+
+    not_following = [(60, 30, [(30, 30), (30, 30), (34, 30), (30, 30)])]
+    checks = check_backpressure(_rows(not_following), 0.5, 4)
+    assert checks["tracks_consumer"] is False
+    assert checks["max_tracking_error_pct"] == pytest.approx(13.33)
+    assert checks["returns_to_full_speed"] is None            # no released phase
+
+    stuck = [(100, 100, [(100, 100), (100, 100), (80, 80), (80, 80)])]
+    checks = check_backpressure(_rows(stuck), 0.5, 4)
+    assert checks["returns_to_full_speed"] is False
+    assert checks["released_producer_median_pct"] == 80
+    assert checks["tracks_consumer"] is None                  # no slowed phase
+
+    # with 0.25 s intervals the first two intervals after a change are not checked
+    settling = [(60, 30, [(50, 30), (40, 30), (30, 30), (30, 30)])]
+    assert check_backpressure(_rows(settling, interval=0.25), 0.25, 4)["tracks_consumer"] is True
+    assert check_backpressure(_rows(settling), 0.5, 4)["tracks_consumer"] is False
+
+
+def test_backpressure_rejects_bad_arguments(tmp_path):
+    with pytest.raises(ValueError, match="phase_seconds .* must be >= interval"):
+        run_backpressure(tmp_path, 0.2, interval=0.5)
+    with pytest.raises(ValueError, match="pairs of numbers > 0"):
+        run_backpressure(tmp_path, 1, schedule=[(60, 0)])
+    with pytest.raises(ValueError, match="full_speed_fraction"):
+        run_backpressure(tmp_path, 1, full_speed_fraction=1.5)
+    assert not list(tmp_path.iterdir())                       # nothing ran, nothing written
+
+
+def test_backpressure_cli_rejects_bad_arguments(capsys):
+    for argv, message in ((["--phase-seconds", "0"], "must be > 0"),
+                          (["--phase-seconds", "0.2"], "must be at least --interval"),
+                          (["--buffers", "two"], "must be an integer"),
+                          (["--full-speed-fraction", "2"], "must be in")):
+        with pytest.raises(SystemExit) as exc:
+            main(["experiment", "backpressure", *argv])
+        assert exc.value.code == 2
+        assert message in capsys.readouterr().err
 
 
 def test_slow_subpartition_experiment(tmp_path, capsys):
     rc = main(["experiment", "slow-subpartition", "--out", str(tmp_path),
                "--phase-seconds", "1.6"])
-    assert rc == 0
     out = capsys.readouterr().out
     assert "backlog-aware" in out
     header, rows = _read_csv(tmp_path / "slow-subpartition.csv")
@@ -83,13 +166,38 @@ def test_slow_subpartition_experiment(tmp_path, capsys):
     for mode in ("shared-pool", "per-channel-cap", "backlog-aware"):
         assert slow[mode] == 0
     doc = json.loads((tmp_path / "slow-subpartition.json").read_text())
+    assert doc["config"]["pool_buffers"] == 16 and doc["config"]["max_buffers_per_channel"] == 6
     by_mode = {r["mode"]: r for r in doc["results"]}
     assert all(r["buffers_leaked"] == 0 for r in doc["results"])
     assert by_mode["shared-pool"]["buffers_held_by_blocked_subpartition"] >= 14   # of 16
-    assert by_mode["per-channel-cap"]["buffers_held_by_blocked_subpartition"] < 6  # the cap
+    assert by_mode["per-channel-cap"]["buffers_held_by_blocked_subpartition"] < 6   # the cap
     assert by_mode["backlog-aware"]["records_steered"] > 0
+    checks = doc["checks"]
+    assert checks["shared_pool_starves"] is True
+    assert checks["per_channel_cap_restores"] is True and checks["backlog_aware_restores"] is True
+    assert checks["passed"] is True and rc == 0
 
 
-def test_phase_seconds_must_be_positive(capsys):
-    with pytest.raises(SystemExit):
-        main(["experiment", "backpressure", "--phase-seconds", "0"])
+def test_slow_subpartition_checks():
+    def result(mode, fast):
+        return {"mode": mode, "fast_consumer_records_per_s": fast, "buffers_leaked": 0}
+
+    ok = [result("unimpeded", 1000), result("shared-pool", 50), result("per-channel-cap", 950),
+          result("backlog-aware", 900)]
+    checks = check_slow_subpartition(ok)
+    assert checks["passed"] is True
+    assert checks["fast_vs_unimpeded"] == {"unimpeded": 1.0, "shared-pool": 0.05,
+                                           "per-channel-cap": 0.95, "backlog-aware": 0.9}
+    not_starving = [result("unimpeded", 1000), result("shared-pool", 400)]
+    checks = check_slow_subpartition(not_starving)
+    assert checks["shared_pool_starves"] is False and checks["passed"] is False
+    assert checks["backlog_aware_restores"] is None
+    not_restored = [result("unimpeded", 1000), result("backlog-aware", 850)]
+    assert check_slow_subpartition(not_restored)["passed"] is False
+
+
+def test_slow_subpartition_rejects_bad_arguments(tmp_path):
+    with pytest.raises(ValueError, match="unknown modes"):
+        run_slow_subpartition(tmp_path, 1, modes=("unimpeded", "fastest"))
+    with pytest.raises(ValueError, match="cap must be >= 1"):
+        run_slow_subpartition(tmp_path, 1, cap=0)

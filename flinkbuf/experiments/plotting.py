@@ -10,45 +10,71 @@ PRODUCER_COLOR = "#e6a817"   # the blog's yellow
 CONSUMER_COLOR = "#3a9d3a"   # and green
 
 
-def plot_backpressure(rows, doc, path):
-    """Throughput of producer and consumer over time, in % of full speed,
-    with the phases shaded and labelled by their limits (the blog's figure)."""
-    interval = doc["config"]["interval_seconds"]
-    t = [r["t_seconds"] for r in rows]
-    fig, ax = plt.subplots(figsize=(10, 4.8), dpi=110)
-    # phases: runs of equal limits
-    start = 0
+LEVEL_COLORS = {"OK": "#9bd49b", "LOW": "#f3d27a", "HIGH": "#e8837f"}
+
+
+def _phase_spans(rows, interval):
+    """(start s, end s, producer %, consumer %) for each run of equal limits."""
+    spans, start = [], 0
     for i in range(1, len(rows) + 1):
-        if i == len(rows) or (rows[i]["producer_limit_pct"], rows[i]["consumer_limit_pct"]) != \
-                (rows[start]["producer_limit_pct"], rows[start]["consumer_limit_pct"]):
-            x0 = rows[start]["t_seconds"] - interval
-            x1 = rows[i - 1]["t_seconds"]
-            p, c = rows[start]["producer_limit_pct"], rows[start]["consumer_limit_pct"]
-            slowed = c < p
-            ax.axvspan(x0, x1, color="#d9534f" if slowed else "#5bc0de",
-                       alpha=0.10 if slowed else 0.05, lw=0)
-            if start:
-                ax.axvline(x0, color="grey", lw=0.8, ls=":")
-            ax.text((x0 + x1) / 2, 112, f"producer {p}%\nconsumer {c}%", ha="center",
-                    va="center", fontsize=8, color="#444")
+        key = (rows[start]["producer_limit_pct"], rows[start]["consumer_limit_pct"])
+        if i == len(rows) or (rows[i]["producer_limit_pct"], rows[i]["consumer_limit_pct"]) != key:
+            spans.append((rows[start]["t_seconds"] - interval, rows[i - 1]["t_seconds"], *key))
             start = i
-    # each value is the mean over the interval that ends at its time
-    ts = [0.0] + t
-    ax.step(ts, [rows[0]["producer_pct"]] + [r["producer_pct"] for r in rows], where="pre",
-            color=PRODUCER_COLOR, lw=2.2, label="producer")
-    ax.step(ts, [rows[0]["consumer_pct"]] + [r["consumer_pct"] for r in rows], where="pre",
-            color=CONSUMER_COLOR, lw=1.6, ls="--", label="consumer")
-    ax.set_ylim(0, 125)
-    ax.set_xlim(0, t[-1] if t else 1)
-    ax.set_xlabel("time [s]")
-    ax.set_ylabel("throughput [% of full speed]")
-    full = doc["full_speed_records_per_s"]
+    return spans
+
+
+def plot_backpressure(rows, doc, path):
+    """Throughput of producer and consumer over time in % of full speed, the
+    phases shaded and labelled by their limits (the blog's figure), and the
+    producer's back-pressure level per interval in a strip below."""
     cfg = doc["config"]
+    interval = cfg["interval_seconds"]
+    fig, (ax, strip) = plt.subplots(
+        2, 1, figsize=(10, 5.4), dpi=110, sharex=True,
+        gridspec_kw={"height_ratios": [8, 1], "hspace": 0.08})
+    top = max([125.0] + [1.2 * max(r["producer_pct"], r["consumer_pct"]) for r in rows])
+    for x0, x1, p, c in _phase_spans(rows, interval):
+        if c < p:
+            ax.axvspan(x0, x1, color="#d9534f", alpha=0.12, lw=0)
+        if x0 > 0:
+            ax.axvline(x0, color="grey", lw=0.8, ls=":")
+        ax.text((x0 + x1) / 2, 0.965, f"producer {p:g} %\nconsumer {c:g} %"
+                + ("\n(consumer slowed)" if c < p else ""),
+                transform=ax.get_xaxis_transform(), ha="center", va="top", fontsize=8,
+                color="#444")
+    # each value is the mean over one interval: drawn at the interval's middle
+    t = [r["t_seconds"] - interval / 2 for r in rows]
+    ax.axhline(100, color="#888", lw=0.8, ls="--")
+    ax.plot(t, [r["producer_pct"] for r in rows], color=PRODUCER_COLOR, lw=2.6, marker="o",
+            ms=4, label="producer")
+    ax.plot(t, [r["consumer_pct"] for r in rows], color=CONSUMER_COLOR, lw=1.4, ls="--",
+            marker="o", ms=2.5, label="consumer")
+    ax.set_ylim(0, top)
+    ax.set_ylabel("throughput [% of full speed]")
+    full, unthrottled = doc["full_speed_records_per_s"], doc["unthrottled_records_per_s"]
     ax.set_title(f"Backpressure: {cfg['buffers_per_task']} buffers of {cfg['segment_size']} "
-                 f"bytes per task, full speed {full / 1e6:.2f} M records/s", fontsize=10)
+                 f"bytes per task; full speed {full / 1e6:.2f} M records/s (unthrottled "
+                 f"{unthrottled / 1e6:.2f} M); each point a {interval:g} s mean", fontsize=10)
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(loc="lower right", fontsize=9)
-    fig.tight_layout()
+    ax.legend(loc="lower left", fontsize=9, framealpha=0.9)
+
+    for r in rows:
+        level = r["backpressure_level"]
+        strip.axvspan(r["t_seconds"] - interval, r["t_seconds"],
+                      color=LEVEL_COLORS.get(level, "#ccc"), lw=0)
+    for x0, x1, _, _ in _phase_spans(rows, interval):
+        if x0 > 0:
+            strip.axvline(x0, color="grey", lw=0.8, ls=":")
+    strip.set_yticks([0.5])
+    strip.set_yticklabels(["producer\nbackpressure"], fontsize=8)
+    strip.set_ylim(0, 1)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=col) for col in LEVEL_COLORS.values()]
+    strip.legend(handles, list(LEVEL_COLORS), ncol=3, fontsize=8, loc="upper right",
+                 bbox_to_anchor=(1.0, -0.35), frameon=False, handlelength=1)
+    strip.set_xlim(0, rows[-1]["t_seconds"] if rows else 1)
+    strip.set_xlabel("time [s]")
+    fig.subplots_adjust(left=0.09, right=0.97, top=0.93, bottom=0.1)
     fig.savefig(path)
     plt.close(fig)
 
@@ -61,7 +87,8 @@ def plot_slow_subpartition(results, doc, path):
     fig, ax = plt.subplots(figsize=(8.5, 4.6), dpi=110)
     x = range(len(modes))
     ax.bar([i - 0.2 for i in x], fast, width=0.4, color=CONSUMER_COLOR, label="fast consumer")
-    ax.bar([i + 0.2 for i in x], slow, width=0.4, color="#d9534f", label="consumer 0 (blocked, except unimpeded)")
+    ax.bar([i + 0.2 for i in x], slow, width=0.4, color="#d9534f",
+           label="consumer 0 (blocked, except unimpeded)")
     base = fast[0] if fast and fast[0] else 1.0
     for i, v in enumerate(fast):
         ax.text(i - 0.2, v + base * 0.02, f"{v / base:.0%}", ha="center", fontsize=9)

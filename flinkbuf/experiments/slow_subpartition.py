@@ -38,13 +38,10 @@ from flinkbuf.experiments._throttle import Throttle
 
 MODES = ("unimpeded", "shared-pool", "per-channel-cap", "backlog-aware")
 CSV_COLUMNS = ("mode", "fast_consumer_records_per_s", "slow_consumer_records_per_s")
+STARVED_MAX = 0.10     # shared pool: the fast consumer gets at most 10 % of its unimpeded rate
+RESTORED_MIN = 0.90    # cap / backlog-aware: at least 90 %
 _BATCH = 64
 SLOW, FAST = 0, 1
-
-
-def _rate_limiter(records_per_s):
-    # A Throttle at 50 % of twice the rate: it sleeps whenever ahead.
-    return Throttle(2.0 * records_per_s, 50.0)
 
 
 def _run_mode(mode, measure_seconds, warmup, consumer_rate, segment_size, pool_buffers, cap):
@@ -62,7 +59,7 @@ def _run_mode(mode, measure_seconds, warmup, consumer_rate, segment_size, pool_b
     release = threading.Event()
     stop = threading.Event()
     errors = []
-    throttles = [_rate_limiter(consumer_rate), _rate_limiter(consumer_rate)]
+    throttles = [Throttle(consumer_rate), Throttle(consumer_rate)]
 
     def produce():
         i = 0
@@ -113,7 +110,7 @@ def _run_mode(mode, measure_seconds, warmup, consumer_rate, segment_size, pool_b
         stop.set()
         release.set()
         for th in throttles:
-            th.set_limit(100.0)
+            th.unthrottle()
         for t in threads:
             t.join(60)
     alive = [t.name for t in threads if t.is_alive()]
@@ -134,19 +131,53 @@ def _run_mode(mode, measure_seconds, warmup, consumer_rate, segment_size, pool_b
     }
 
 
+def check_slow_subpartition(results):
+    """The expectations, from the results: with a plain shared pool the
+    fast consumer starves (at most ``STARVED_MAX`` of its unimpeded rate);
+    with the per-channel cap and with the backlog-aware rebalance it gets
+    at least ``RESTORED_MIN`` of it.  A check whose modes did not run is
+    None (and does not fail)."""
+    fast = {r["mode"]: r["fast_consumer_records_per_s"] for r in results}
+    base = fast.get("unimpeded")
+    ratios = {m: round(v / base, 3) for m, v in fast.items()} if base else {}
+
+    def ratio_check(mode, ok):
+        return None if mode not in ratios else ok(ratios[mode])
+
+    checks = {
+        "fast_vs_unimpeded": ratios,
+        "shared_pool_starves": ratio_check("shared-pool", lambda x: x <= STARVED_MAX),
+        "per_channel_cap_restores": ratio_check("per-channel-cap", lambda x: x >= RESTORED_MIN),
+        "backlog_aware_restores": ratio_check("backlog-aware", lambda x: x >= RESTORED_MIN),
+        "no_leaks": all(r["buffers_leaked"] == 0 for r in results),
+        "thresholds": {"starved_max": STARVED_MAX, "restored_min": RESTORED_MIN},
+    }
+    checks["passed"] = all(checks[k] is not False for k in (
+        "shared_pool_starves", "per_channel_cap_restores", "backlog_aware_restores", "no_leaks"))
+    return checks
+
+
 def run_slow_subpartition(out_dir, phase_seconds=3.0, *, consumer_rate=50_000,
                           segment_size=4096, pool_buffers=16, cap=6, modes=MODES, plot=True,
                           printer=print):
     """Run every mode for ``phase_seconds`` (a quarter of it, at most 0.5 s,
-    is warm-up), write the outputs to ``out_dir``; returns the JSON document."""
-    if phase_seconds <= 0:
-        raise ValueError("phase_seconds must be > 0")
+    is warm-up), write the outputs to ``out_dir`` and return the JSON
+    document (``doc["checks"]["passed"]``: whether the expectations held)."""
+    if not phase_seconds > 0:
+        raise ValueError(f"phase_seconds must be > 0, got {phase_seconds}")
+    for name, value in (("consumer_rate", consumer_rate), ("segment_size", segment_size),
+                        ("pool_buffers", pool_buffers), ("cap", cap)):
+        if not value >= 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        raise ValueError(f"unknown modes {unknown}; the modes are {list(MODES)}")
     os.makedirs(out_dir, exist_ok=True)
     warmup = min(0.5, phase_seconds / 4)
     measure = phase_seconds - warmup
     printer(f"2 consumers at most {consumer_rate:,} records/s each; shared pool of "
             f"{pool_buffers} x {segment_size} bytes; cap {cap} buffers per subpartition "
-            f"(per-channel-cap mode)")
+            f"(per-channel-cap mode); consumer {SLOW} blocked except when unimpeded")
     printer(f"{'mode':<16} {'fast rec/s':>12} {'blocked rec/s':>14} {'fast vs unimpeded':>18}")
     results = []
     for mode in modes:
@@ -156,13 +187,7 @@ def run_slow_subpartition(out_dir, phase_seconds=3.0, *, consumer_rate=50_000,
         printer(f"{mode:<16} {r['fast_consumer_records_per_s']:12,.0f} "
                 f"{r['slow_consumer_records_per_s']:14,.0f} "
                 f"{r['fast_consumer_records_per_s'] / base:17.0%}")
-    base = next((r["fast_consumer_records_per_s"] for r in results if r["mode"] == "unimpeded"),
-                None)
-    checks = {}
-    if base:
-        for r in results:
-            checks[f"{r['mode']}_fast_vs_unimpeded"] = round(
-                r["fast_consumer_records_per_s"] / base, 3)
+    checks = check_slow_subpartition(results)
     doc = {
         "experiment": "slow-subpartition",
         "config": {
@@ -188,6 +213,13 @@ def run_slow_subpartition(out_dir, phase_seconds=3.0, *, consumer_rate=50_000,
     if plot:
         from flinkbuf.experiments.plotting import plot_slow_subpartition
         plot_slow_subpartition(results, doc, os.path.join(out_dir, "slow-subpartition.png"))
+    yes = {True: "yes", False: "NO", None: "n/a"}
+    printer(f"shared pool starves the fast consumer (<= {STARVED_MAX:.0%} of unimpeded): "
+            f"{yes[checks['shared_pool_starves']]}; restored (>= {RESTORED_MIN:.0%}) by the "
+            f"per-channel cap: {yes[checks['per_channel_cap_restores']]}, by the backlog-aware "
+            f"rebalance: {yes[checks['backlog_aware_restores']]}")
+    if not checks["passed"]:
+        printer("FAILED: the expectations above marked NO did not hold")
     printer(f"wrote {os.path.join(out_dir, 'slow-subpartition.csv')}"
             + (f" and {os.path.join(out_dir, 'slow-subpartition.png')}" if plot else ""))
     return doc
