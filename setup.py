@@ -28,6 +28,10 @@ DIRECTIVES = {
     # serialize_record/copy_to_buffer/emit loops); "clinic" signatures keep
     # them introspectable (inspect.signature, stubtest).
     "binding": False,
+    # No generated pickling (it would only raise for these types, and with
+    # binding=False its helpers leak into module namespaces): pickle refuses
+    # them itself ("cannot pickle 'Buffer' object").
+    "auto_pickle": False,
     "embedsignature": True,
     "embedsignature.format": "clinic",
 }
