@@ -60,7 +60,7 @@ demo: build
 	@echo "figure: $(DEMO_OUT)/backpressure.png   data: $(DEMO_OUT)/backpressure.csv, $(DEMO_OUT)/backpressure.json"
 
 bench: build
-	$(PY) bench/run.py
+	$(PY) bench/run.py --repeat 3
 
 bench-smoke: build
 	$(PY) bench/run.py --smoke
