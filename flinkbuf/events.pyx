@@ -59,12 +59,19 @@ cdef bytes _serialize_event(object event):
     return bytes([_EV_USER]) + _typed_encode(event.payload)
 
 
-cdef object _deserialize_event(bytes data):
-    if len(data) == 0:
+cdef object _deserialize_event(object data):
+    """The Event an event item carries.  Channels hand events over as the
+    bytes above; anything else (a remote channel's bug) is refused with
+    CorruptRecordError rather than read as bytes."""
+    if type(data) is not bytes:
+        raise CorruptRecordError(
+            f"an event must arrive as bytes, got {type(data).__name__}")
+    cdef bytes b = <bytes>data
+    if len(b) == 0:
         raise CorruptRecordError("empty event")
-    cdef int kind = data[0]
-    if kind == _EV_END_OF_PARTITION and len(data) == 1:
+    cdef int kind = b[0]
+    if kind == _EV_END_OF_PARTITION and len(b) == 1:
         return _END_OF_PARTITION
     if kind == _EV_USER:
-        return UserEvent(_typed_decode(memoryview(data)[1:]))
-    raise CorruptRecordError(f"unknown event kind {kind} ({len(data)} bytes)")
+        return UserEvent(_typed_decode(memoryview(b)[1:]))
+    raise CorruptRecordError(f"unknown event kind {kind} ({len(b)} bytes)")

@@ -279,7 +279,13 @@ cdef class InputGate:
             self._current = ch
             self._cur_des = <RecordDeserializer>des_obj
             return None
-        event = _deserialize_event(<bytes>obj)
+        try:
+            event = _deserialize_event(obj)
+        except CorruptRecordError as exc:
+            # a malformed event: this channel's stream cannot be trusted
+            # any more, so the gate fails for good
+            self._error = exc
+            raise
         if event is _END_OF_PARTITION:
             try:
                 (<RecordDeserializer>des_obj)._finish()
