@@ -64,6 +64,8 @@ def assign_key_to_operator(key: _JavaKey, parallelism: int, max_parallelism: int
 
 # ---- channel selectors ------------------------------------------------------
 
+# Abstract.  Selectors written in Python subclass CustomSelector (and override
+# select); a Python subclass of ChannelSelector itself cannot be instantiated.
 @disjoint_base
 class ChannelSelector:
     def setup(self, num_channels: int) -> None: ...
@@ -216,6 +218,8 @@ class RecordWriter:
 
 # ---- input channels and gates -----------------------------------------------
 
+# Abstract; subclasses are Cython cdef classes (a Python subclass cannot be
+# instantiated).
 @disjoint_base
 class InputChannel:
     @property

@@ -186,11 +186,25 @@ cdef class ChannelSelector:
     """Chooses the channel (subpartition) of each record.  A writer sets its
     selector up with the number of channels; use one selector per writer.
 
-    Subclass :class:`CustomSelector` (or pass a callable) for your own."""
+    Abstract.  For your own selector in Python, pass a function
+    ``fn(record, num_channels)`` or subclass :class:`CustomSelector` and
+    override its ``select(record, num_channels)``: a writer calls neither
+    :meth:`select_channel` nor :meth:`setup` of a subclass, so a Python
+    subclass of ChannelSelector itself (or one that overrides those two)
+    cannot be instantiated.  Selectors compiled with Cython may subclass
+    ChannelSelector and implement the C-level ``_select`` (see
+    ``channel_selector.pxd``)."""
 
     def __cinit__(self):
         self._n = 0
         self._broadcast = False
+        cdef type t = type(self)
+        if t is ChannelSelector:
+            raise TypeError("ChannelSelector is abstract: use one of the selectors "
+                            "(RoundRobinSelector, HashSelector, ...), or CustomSelector with "
+                            "a function fn(record, num_channels) for your own")
+        if _defined_in_python(t):
+            _check_python_selector(t)
 
     cdef int _setup(self, int32_t num_channels) except -1:
         if num_channels < 1:
@@ -229,6 +243,22 @@ cdef class ChannelSelector:
 
     def __repr__(self):
         return f"<flinkbuf.{type(self).__name__} num_channels={self._n}>"
+
+
+cdef int _check_python_selector(type t) except -1:
+    """A selector class defined in Python must be a CustomSelector that
+    chooses channels in ``select``: the writer calls nothing else."""
+    if not issubclass(t, CustomSelector):
+        raise TypeError(
+            f"{t.__name__} subclasses ChannelSelector in Python, but a RecordWriter never "
+            "asks it for a channel: subclass CustomSelector and override "
+            "select(record, num_channels), or pass CustomSelector a function")
+    for name in ("select_channel", "setup"):
+        if getattr(t, name) is not getattr(ChannelSelector, name):
+            raise TypeError(
+                f"{t.__name__} overrides {name}(), which a RecordWriter never calls: "
+                "override select(record, num_channels) instead")
+    return 0
 
 
 @cython.final
@@ -364,16 +394,25 @@ cdef class GlobalSelector(ChannelSelector):
 
 cdef class CustomSelector(ChannelSelector):
     """``fn(record, num_channels) -> channel`` (Flink's custom partitioner).
-    Subclasses may override :meth:`select` instead of passing ``fn``."""
+
+    The extension point for selectors written in Python: pass ``fn``, or
+    subclass and override :meth:`select` (then ``fn`` may be omitted)."""
 
     def __init__(self, fn=None):
-        if fn is not None and not callable(fn):
-            raise TypeError("fn must be callable")
+        if fn is None:
+            if type(self).select is CustomSelector.select:
+                raise TypeError("CustomSelector needs a function fn(record, num_channels), "
+                                "or a subclass that overrides select(record, num_channels)")
+        elif not callable(fn):
+            raise TypeError(f"fn must be callable, got {type(fn).__name__}")
         self._fn = fn
 
     def select(self, record, num_channels):
+        """The channel for ``record`` among ``num_channels``: ``fn``'s answer
+        unless a subclass overrides this."""
         if self._fn is None:
-            raise NotImplementedError("pass fn or override select()")
+            raise NotImplementedError(
+                f"{type(self).__name__}: pass fn or override select(record, num_channels)")
         return self._fn(record, num_channels)
 
     cdef int32_t _select(self, object record) except -1:

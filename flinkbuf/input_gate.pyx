@@ -9,10 +9,26 @@ cdef class InputChannel:
     a connection and tell the gate when data arrived.
 
     A channel hands its gate *items*: finished data buffers (the consumer
-    recycles them) and serialized events, in order."""
+    recycles them) and serialized events (bytes), in order.
+
+    Abstract, and implemented in Cython: a subclass is a ``cdef class``
+    that implements the C-level methods of ``input_gate.pxd`` (``_connect``,
+    ``_poll``, ...).  Neither InputChannel itself nor a Python subclass can
+    be instantiated; give an :class:`InputGate` a :class:`LocalInputChannel`
+    or a ``(partition, subpartition)`` pair."""
 
     def __cinit__(self):
         self._index = -1
+        cdef type t = type(self)
+        if t is InputChannel:
+            raise TypeError("InputChannel is abstract: give InputGate a "
+                            "LocalInputChannel(partition, subpartition) or a "
+                            "(partition, subpartition) pair")
+        if _defined_in_python(t):
+            raise TypeError(f"{t.__name__} subclasses InputChannel in Python, but input "
+                            "channels are implemented in Cython (cdef classes, like "
+                            "LocalInputChannel): a Python subclass cannot hand a gate "
+                            "its buffers")
 
     cdef int _connect(self, InputGate gate, int32_t index) except -1:
         raise NotImplementedError

@@ -385,6 +385,32 @@ def test_partition_and_writer_arguments_are_checked():
         next(early)
 
 
+def test_input_channels_are_local_or_compiled_subclasses():
+    """InputChannel() and Python subclasses of it could be built, and an
+    InputGate over one raised NotImplementedError from deep inside.  Input
+    channels are cdef classes (see test_io_cython_channel): the abstract
+    base and Python subclasses are refused when constructed."""
+    with pytest.raises(TypeError, match="abstract.*LocalInputChannel"):
+        fb.InputChannel()
+
+    class PyChannel(fb.InputChannel):
+        pass
+
+    with pytest.raises(TypeError, match="PyChannel subclasses InputChannel in Python"):
+        PyChannel()
+    nbp = fb.NetworkBufferPool(8, 128)
+    part = fb.create_partition(nbp, 1)
+    channel = fb.LocalInputChannel(part, 0)
+    assert channel.index is None
+    gate = fb.InputGate([channel])
+    assert channel.index == 0 and gate.channels == [channel]
+    with fb.RecordWriter(part) as w:
+        w.emit("x")
+    assert list(gate) == ["x"]
+    gate.close()
+    assert_all_recycled(nbp, [part.pool])
+
+
 def test_a_record_the_codec_refuses_leaves_the_writer_usable():
     nbp = fb.NetworkBufferPool(8, 256)
     part = fb.create_partition(nbp, 1)

@@ -347,14 +347,74 @@ def test_simple_selectors_and_their_checks():
     m = Mine()
     m.setup(5)
     assert m.select_channel("x") == 4
-    with pytest.raises(NotImplementedError):
-        s = fb.CustomSelector()
-        s.setup(2)
-        s.select_channel(1)
+    with pytest.raises(TypeError, match="needs a function"):
+        fb.CustomSelector()
     with pytest.raises(RuntimeError, match="inside a RecordWriter"):
         s = fb.BacklogAwareRebalanceSelector()
         s.setup(2)
         s.select_channel(1)
+
+
+def test_selectors_in_python_are_custom_selectors():
+    """A Python subclass of ChannelSelector that overrode select_channel
+    looked fine, but a writer calls the C-level _select: every emit raised
+    NotImplementedError.  The abstract base and subclasses the writer would
+    ignore are now refused when constructed, pointing at CustomSelector."""
+    with pytest.raises(TypeError, match="abstract.*CustomSelector"):
+        fb.ChannelSelector()
+
+    class Direct(fb.ChannelSelector):
+        def select_channel(self, record):
+            return 0
+
+    with pytest.raises(TypeError, match="subclass CustomSelector and override select"):
+        Direct()
+
+    class OverridesSelectChannel(fb.CustomSelector):
+        def select_channel(self, record):
+            return 0
+
+    class OverridesSetup(fb.CustomSelector):
+        def select(self, record, num_channels):
+            return 0
+
+        def setup(self, num_channels):
+            super().setup(num_channels)
+
+    for cls, method in ((OverridesSelectChannel, "select_channel"), (OverridesSetup, "setup")):
+        with pytest.raises(TypeError, match=rf"overrides {method}\(\).*override select"):
+            cls()
+        with pytest.raises(TypeError, match="overrides"):
+            cls(lambda record, n: 0)
+
+    class NoSelect(fb.CustomSelector):
+        pass
+
+    with pytest.raises(TypeError, match="needs a function"):
+        NoSelect()
+    with pytest.raises(TypeError, match="fn must be callable, got int"):
+        fb.CustomSelector(3)
+
+    # the supported ways, through a writer
+    class ByParity(fb.CustomSelector):
+        def select(self, record, num_channels):
+            return record % 2
+
+    class Fallback(fb.CustomSelector):       # no override: fn decides
+        pass
+
+    nbp = fb.NetworkBufferPool(16, 128)
+    for sel in (ByParity(), Fallback(lambda record, n: record % 2)):
+        part = fb.create_partition(nbp, 2)
+        gates = [fb.InputGate([(part, c)]) for c in range(2)]
+        with fb.RecordWriter(part, sel) as w:
+            for i in range(6):
+                w.emit(i)
+        assert [list(g) for g in gates] == [[0, 2, 4], [1, 3, 5]]
+        for g in gates:
+            g.close()
+        part.pool.destroy()
+    assert nbp.num_available_segments == nbp.num_segments
 
 
 def test_backlog_aware_threshold_from_the_pool():
