@@ -109,8 +109,8 @@ class GlobalSelector(ChannelSelector):
 
 @disjoint_base
 class CustomSelector(ChannelSelector):
-    def __init__(self, fn: Callable[[Any, int], int] | None = None) -> None: ...
-    def select(self, record: Any, num_channels: int) -> int: ...
+    def __init__(self, fn: Callable[[Any, int], SupportsIndex] | None = None) -> None: ...
+    def select(self, record: Any, num_channels: int) -> SupportsIndex: ...
     def select_channel(self, record: Any) -> int: ...
 
 @final
@@ -174,7 +174,7 @@ class RecordWriter:
     def __init__(
         self,
         partition: ResultPartition,
-        selector: ChannelSelector | _SelectorName | Callable[[Any, int], int] | None = None,
+        selector: ChannelSelector | _SelectorName | Callable[[Any, int], SupportsIndex] | None = None,
         *,
         codec: _Codec = "typed",
         buffer_timeout: float | None = 0.1,

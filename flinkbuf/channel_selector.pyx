@@ -396,7 +396,10 @@ cdef class CustomSelector(ChannelSelector):
     """``fn(record, num_channels) -> channel`` (Flink's custom partitioner).
 
     The extension point for selectors written in Python: pass ``fn``, or
-    subclass and override :meth:`select` (then ``fn`` may be omitted)."""
+    subclass and override :meth:`select` (then ``fn`` may be omitted).  The
+    channel may be any integer (``int``, numpy integers, anything with
+    ``__index__``) but not a bool; IndexError outside
+    ``[0, num_channels)``."""
 
     def __init__(self, fn=None):
         if fn is None:
@@ -417,15 +420,28 @@ cdef class CustomSelector(ChannelSelector):
 
     cdef int32_t _select(self, object record) except -1:
         cdef object ch
+        cdef int overflow = 0
+        cdef long long c
         if self._fn is not None and type(self) is CustomSelector:
             ch = self._fn(record, self._n)
         else:
             ch = self.select(record, self._n)
-        if isinstance(ch, bool) or not isinstance(ch, int):
-            raise TypeError(f"custom selector returned {type(ch).__name__}, not an int")
-        if ch < 0 or ch >= self._n:
+        if type(ch) is not int:
+            ch = _channel_index(ch)
+        c = PyLong_AsLongLongAndOverflow(ch, &overflow)
+        if overflow or c < 0 or c >= self._n:
             raise IndexError(f"custom selector returned channel {ch}, not in [0, {self._n})")
-        return <int32_t>ch
+        return <int32_t>c
+
+
+cdef object _channel_index(object ch):
+    """A channel that is not exactly an int: any integer type (numpy
+    integers, IntEnum: ``operator.index``), but not bool, whose True/False
+    is more likely a predicate's answer than a channel."""
+    if isinstance(ch, bool) or not PyIndex_Check(ch):
+        raise TypeError(f"custom selector returned {type(ch).__name__}, not an integer "
+                        "channel index")
+    return operator.index(ch)
 
 
 @cython.final

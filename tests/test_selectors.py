@@ -417,6 +417,49 @@ def test_selectors_in_python_are_custom_selectors():
     assert nbp.num_available_segments == nbp.num_segments
 
 
+def test_custom_selectors_may_return_any_integer():
+    """A channel computed with numpy (np.int64) was refused as "not an int"."""
+    import enum
+
+    class Lane(enum.IntEnum):
+        LEFT = 0
+        RIGHT = 2
+
+    answers = [np.int64(2), np.uint8(1), np.int32(0), Lane.RIGHT, 1]
+    sel = fb.CustomSelector(lambda record, n: answers[record])
+    sel.setup(3)
+    assert [sel.select_channel(i) for i in range(len(answers))] == [2, 1, 0, 2, 1]
+    assert all(type(sel.select_channel(i)) is int for i in range(len(answers)))
+    for bad, error, message in [
+            (True, TypeError, "returned bool, not an integer"),
+            (1.0, TypeError, "returned float"),
+            (np.float64(1), TypeError, "returned float64"),
+            ("1", TypeError, "returned str"),
+            (None, TypeError, "returned NoneType"),
+            (np.int64(-1), IndexError, r"channel -1, not in \[0, 3\)"),
+            (3, IndexError, "channel 3"),
+            (np.uint64(2**64 - 1), IndexError, "channel 18446744073709551615"),
+            (1 << 80, IndexError, "not in"),
+            (-(1 << 80), IndexError, "not in")]:
+        with pytest.raises(error, match=message):
+            s = fb.CustomSelector(lambda record, n: bad)
+            s.setup(3)
+            s.select_channel(0)
+    # through a writer, numpy channels from a vectorised computation
+    nbp = fb.NetworkBufferPool(16, 128)
+    part = fb.create_partition(nbp, 3)
+    gates = [fb.InputGate([(part, c)]) for c in range(3)]
+    lanes = np.arange(9, dtype=np.int64) % 3
+    with fb.RecordWriter(part, lambda record, n: lanes[record]) as w:
+        for i in range(9):
+            w.emit(i)
+    assert [list(g) for g in gates] == [[0, 3, 6], [1, 4, 7], [2, 5, 8]]
+    for g in gates:
+        g.close()
+    part.pool.destroy()
+    assert nbp.num_available_segments == nbp.num_segments
+
+
 def test_backlog_aware_threshold_from_the_pool():
     nbp = fb.NetworkBufferPool(40, 64)
     part = fb.create_partition(nbp, 2, min_buffers=16)
