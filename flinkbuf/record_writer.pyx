@@ -407,13 +407,15 @@ a broadcast selector); blocks while no buffer is free."""
         self._flush_all(True)
 
     def broadcast_event(self, event):
-        """Flush, then send a user :class:`Event` in-band to every channel:
-        each consumer sees it after all records emitted before it."""
+        """Flush, then send a :class:`UserEvent` in-band to every channel:
+        each consumer sees it after all records emitted before it.  The
+        event is encoded first: a wrong one is refused before anything is
+        flushed."""
         self._check_open()
-        if not isinstance(event, UserEvent):
-            raise TypeError(f"expected a UserEvent, got {type(event).__name__}")
+        cdef bytes data = _serialize_event(event)
         self._flush_all(True)
-        self._partition.broadcast_event(event)
+        self._partition._check_live()
+        self._partition._add_event_all(data, False)
 
     def _stop_flusher(self):
         if self._flusher is not None:

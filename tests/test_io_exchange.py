@@ -203,6 +203,62 @@ def test_user_events_travel_in_band():
     assert_all_recycled(nbp, [w.partition.pool for w in writers])
 
 
+def test_user_events_are_final_immutable_values():
+    """UserEvent could be subclassed (broadcast_event then refused the
+    subclass after it had flushed, and equality with a UserEvent depended
+    on the operand order), its payload could be reassigned while it was
+    hashable, and hashing one with a dict payload raised a bare error."""
+    import copy
+    import pickle
+
+    with pytest.raises(TypeError, match="cannot be subclassed"):
+        class Mine(fb.UserEvent):
+            pass
+
+    ev = fb.UserEvent({"k": [1, 2]})
+    for attempt in (lambda: setattr(ev, "payload", 1), lambda: setattr(ev, "_payload", 1),
+                    lambda: delattr(ev, "payload"), lambda: setattr(ev, "other", 1)):
+        with pytest.raises(AttributeError):
+            attempt()
+    ev.__init__("again")                     # no way around it either
+    assert ev.payload == {"k": [1, 2]}
+    # equal when the payloads are; hashable exactly when the payload is
+    assert fb.UserEvent((1, "a")) == fb.UserEvent((1, "a"))
+    assert fb.UserEvent(1) == fb.UserEvent(1.0) and hash(fb.UserEvent(1)) == hash(fb.UserEvent(1.0))
+    assert fb.UserEvent(1) != fb.UserEvent(2) and fb.UserEvent(1) != 1
+    assert fb.UserEvent() == fb.UserEvent(None) and fb.UserEvent().payload is None
+    assert len({fb.UserEvent(("a", 1)), fb.UserEvent(("a", 1)), fb.UserEvent("b")}) == 2
+    assert ev == fb.UserEvent({"k": [1, 2]})
+    for payload in ({"k": 1}, [1], (1, [2])):
+        with pytest.raises(TypeError, match="unhashable UserEvent"):
+            hash(fb.UserEvent(payload))
+    nan = float("nan")
+    assert fb.UserEvent(nan) == fb.UserEvent(nan)         # the same object, as in a tuple
+    for clone in (pickle.loads(pickle.dumps(ev)), copy.copy(ev), copy.deepcopy(ev)):
+        assert type(clone) is fb.UserEvent and clone == ev
+    assert repr(fb.UserEvent((1, "a"))) == "UserEvent((1, 'a'))"
+
+
+def test_broadcast_event_refuses_a_bad_event_before_flushing():
+    nbp = fb.NetworkBufferPool(8, 256)
+    part = fb.create_partition(nbp, 2)
+    gates = [fb.InputGate([(part, c)]) for c in range(2)]
+    w = fb.RecordWriter(part, fb.RoundRobinSelector(start=0), buffer_timeout=None)
+    w.emit("a")
+    for bad, message in [(fb.UserEvent(object()), "object"), (io.END_OF_PARTITION, "only UserEvent"),
+                         ("event", "only UserEvent")]:
+        with pytest.raises(TypeError, match=message):
+            w.broadcast_event(bad)
+        assert part.backlogs() == [0, 0], "nothing is flushed for a refused event"
+    w.broadcast_event(fb.UserEvent("mark"))
+    w.emit("b")
+    w.close()
+    assert [list(g) for g in gates] == [["a", fb.UserEvent("mark")], [fb.UserEvent("mark"), "b"]]
+    for g in gates:
+        g.close()
+    assert_all_recycled(nbp, [part.pool])
+
+
 def test_end_of_partition_is_not_yielded_and_the_gate_ends_once():
     nbp = fb.NetworkBufferPool(8, 128)
     parts = [fb.create_partition(nbp, 1) for _ in range(2)]
