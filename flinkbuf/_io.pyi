@@ -92,7 +92,7 @@ class RescaleSelector(ChannelSelector):
 @final
 class HashSelector(ChannelSelector):
     def __init__(
-        self, key: int | Callable[[Any], _JavaKey] | None = None, max_parallelism: int = 128
+        self, key: int | Callable[[Any], _JavaKey] | None = None, *, max_parallelism: int = 128
     ) -> None: ...
     def select_channel(self, record: Any) -> int: ...
     @property
@@ -119,7 +119,7 @@ class CustomSelector(ChannelSelector):
 
 @final
 class BacklogAwareRebalanceSelector(ChannelSelector):
-    def __init__(self, max_backlog: int | None = None, start: int | None = None) -> None: ...
+    def __init__(self, max_backlog: int | None = None, *, start: int | None = None) -> None: ...
     @property
     def max_backlog(self) -> int | None: ...
     @property

@@ -315,9 +315,11 @@ cdef class HashSelector(ChannelSelector):
     ``str`` as ``String``.
 
     ``key``: None (the record is the key), an int (``record[key]``), or a
-    callable ``key(record)``."""
+    callable ``key(record)``.  ``max_parallelism`` (keyword-only): the
+    number of key groups, Flink's max parallelism of the consuming
+    operator (default 128; at most 32768)."""
 
-    def __init__(self, key=None, max_parallelism=128):
+    def __init__(self, key=None, *, max_parallelism=128):
         self._key = None
         self._key_index = -1
         if key is None:
@@ -461,9 +463,11 @@ cdef class BacklogAwareRebalanceSelector(ChannelSelector):
     A record goes to the round-robin channel unless that one is blocked,
     then to the next channel in turn that is not.  When all are blocked the
     writer waits (that is backpressure) until a consumer takes a buffer.
-    Only usable with a :class:`RecordWriter` (it reads the partition)."""
+    Only usable with a :class:`RecordWriter` (it reads the partition).
+    ``start`` (keyword-only): the first round-robin channel (default
+    random)."""
 
-    def __init__(self, max_backlog=None, start=None):
+    def __init__(self, max_backlog=None, *, start=None):
         self._max_backlog = -1 if max_backlog is None else \
             _as_int32(max_backlog, "max_backlog", 1)
         if start is not None:

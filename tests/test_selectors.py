@@ -271,6 +271,10 @@ def test_hash_selector_key_forms_and_limits():
         fb.HashSelector(key="name")
     with pytest.raises(ValueError):
         fb.HashSelector(key=-1)
+    # HashSelector(0, 256) read like "key 0, 256 channels": max_parallelism is keyword-only
+    with pytest.raises(TypeError, match="positional argument"):
+        fb.HashSelector(0, 256)
+    assert fb.HashSelector(0).max_parallelism == 128
 
 
 def test_hash_selector_spreads_keys_over_every_channel():
@@ -472,6 +476,9 @@ def test_backlog_aware_threshold_from_the_pool():
     assert sel2.max_backlog == 4
     fixed = fb.BacklogAwareRebalanceSelector(max_backlog=9)
     assert fixed.max_backlog == 9
+    assert fb.BacklogAwareRebalanceSelector(9).max_backlog == 9
+    with pytest.raises(TypeError, match="positional argument"):   # start is keyword-only
+        fb.BacklogAwareRebalanceSelector(None, 0)
     with pytest.raises(ValueError, match="already bound"):
         fb.RecordWriter(fb.create_partition(nbp, 2), sel)
     w.close()
