@@ -489,9 +489,12 @@ cdef class BacklogAwareRebalanceSelector(ChannelSelector):
         else:
             self._next = <int32_t>(self._start % num_channels)
         self._countdown = 0
+        self._threshold = 0
         return 0
 
-    cdef int _refresh(self) except -1:
+    cdef int32_t _compute_threshold(self) except -1:
+        """The threshold the configuration and the pool give now (bound and
+        set up)."""
         cdef int32_t t
         if self._max_backlog > 0:
             t = self._max_backlog
@@ -499,7 +502,10 @@ cdef class BacklogAwareRebalanceSelector(ChannelSelector):
             t = self._cap - 3
         else:
             t = self._partition._pool._stats().size // (2 * self._n)
-        self._threshold = t if t > 0 else 1
+        return t if t > 0 else 1
+
+    cdef int _refresh(self) except -1:
+        self._threshold = self._compute_threshold()
         self._countdown = 1024
         return 0
 
@@ -548,11 +554,16 @@ cdef class BacklogAwareRebalanceSelector(ChannelSelector):
 
     @property
     def max_backlog(self):
-        """The backlog at which a subpartition counts as blocked (in force)."""
-        if self._partition is not None:
-            self._refresh()
+        """The backlog at which a subpartition counts as blocked: the
+        threshold in force (a derived one is refreshed from the pool every
+        1024 records), or before the first record the one it would start
+        with; unbound, the configured value (None: derived from the pool).
+        Reading it changes nothing."""
+        if self._partition is None or self._n == 0:
+            return None if self._max_backlog < 0 else self._max_backlog
+        if self._threshold > 0:
             return self._threshold
-        return None if self._max_backlog < 0 else self._max_backlog
+        return self._compute_threshold()
 
     @property
     def num_steered(self):

@@ -485,6 +485,29 @@ def test_backlog_aware_threshold_from_the_pool():
     w2.close()
 
 
+def test_reading_max_backlog_has_no_side_effects():
+    """Reading max_backlog on a bound selector recomputed the threshold
+    from the pool and restarted the countdown to the next refresh: a
+    property read changed which channels counted as blocked."""
+    nbp = fb.NetworkBufferPool(40, 64)
+    part = fb.create_partition(nbp, 2, min_buffers=8, max_buffers=16)
+    assert part.pool.num_buffers == 16
+    sel = fb.BacklogAwareRebalanceSelector(start=0)
+    w = fb.RecordWriter(part, sel, buffer_timeout=None)
+    assert sel.max_backlog == 16 // 4          # what the first record will use
+    sel.select_channel(None)                   # in force now, refreshed every 1024 records
+    part.pool.set_num_buffers(8)
+    for _ in range(3):
+        assert sel.max_backlog == 4, "a read must not refresh the threshold"
+    for _ in range(1023):
+        sel.select_channel(None)
+    assert sel.max_backlog == 4
+    sel.select_channel(None)                   # the 1025th: refreshed from the pool
+    assert sel.max_backlog == 8 // 4
+    w.close()
+    part.pool.destroy()
+
+
 def test_backlog_aware_is_plain_round_robin_while_nothing_is_blocked():
     nbp = fb.NetworkBufferPool(40, 64)
     part = fb.create_partition(nbp, 3, min_buffers=12)
