@@ -49,6 +49,13 @@ cdef int32_t _as_int32(object value, str name, int32_t minimum) except? -1:
     return <int32_t>value
 
 
+cdef object _check_name(object name):
+    """A task or partition name: a str or None."""
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"name must be a str or None, got {type(name).__name__}")
+    return name
+
+
 class _PythonClass:
     """Made by a class statement, like every Python subclass: its
     deallocator is CPython's ``subtype_dealloc``."""

@@ -166,6 +166,7 @@ cdef class InputGate:
     def __init__(self, channels, *, codec="typed", max_record_size=64 << 20, name=None):
         if self._initialized:
             raise RuntimeError("InputGate is already initialised")
+        _check_name(name)
         cdef list chans = [_as_channel(c) for c in channels]
         if not chans:
             raise ValueError("an input gate needs at least one channel")

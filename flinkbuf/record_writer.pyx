@@ -89,6 +89,7 @@ cdef class RecordWriter:
                  buffer_timeout=0.1, name=None):
         if self._partition is not None:
             raise RuntimeError("RecordWriter is already initialised")
+        _check_name(name)
         if partition._n == 0:
             raise ValueError("partition is not initialised")
         if partition._has_writer:

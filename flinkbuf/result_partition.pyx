@@ -161,6 +161,7 @@ cdef class ResultPartition:
     def __init__(self, LocalBufferPool pool not None, num_subpartitions, *, name=None):
         if self._n:
             raise RuntimeError("ResultPartition is already initialised")
+        _check_name(name)
         cdef int32_t n = _as_int32(num_subpartitions, "num_subpartitions", 1)
         cdef int32_t pool_channels = pool.num_subpartitions
         if pool_channels not in (0, n):

@@ -467,6 +467,37 @@ def test_input_channels_are_local_or_compiled_subclasses():
     assert_all_recycled(nbp, [part.pool])
 
 
+def test_names_are_strings():
+    """Any object was stored as the name of a partition, writer or gate
+    (and shown in their errors and thread names)."""
+    nbp = fb.NetworkBufferPool(16, 128)
+    pool = nbp.create_buffer_pool(3, 3, num_subpartitions=2)
+    for bad in (3, b"p", ["p"], object()):
+        with pytest.raises(TypeError, match=f"name must be a str or None, got {type(bad).__name__}"):
+            fb.ResultPartition(pool, 2, name=bad)
+    with pytest.raises(TypeError, match="name must be a str"):
+        fb.create_partition(nbp, 2, name=1.5)
+    assert nbp.num_total_required_buffers == 3, "the pool made for it was destroyed"
+    part = fb.ResultPartition(pool, 2, name="src")
+    with pytest.raises(TypeError, match="name must be a str or None, got int"):
+        fb.RecordWriter(part, name=7)
+    with pytest.raises(TypeError, match="name must be a str or None, got bytes"):
+        fb.InputGate([(part, 0)], name=b"c0")
+    # nothing was taken by the refused writer and gate
+    gates = [fb.InputGate([(part, c)], name=f"c{c}") for c in range(2)]
+    w = fb.RecordWriter(part, fb.RoundRobinSelector(start=0))
+    assert (part.name, w.name, gates[1].name) == ("src", "src", "c1")
+    w.emit(1)
+    w.close()
+    assert [list(g) for g in gates] == [[1], []]
+    for g in gates:
+        g.close()
+    unnamed = fb.RecordWriter(fb.create_partition(nbp, 1), name=None, buffer_timeout=None)
+    assert unnamed.name is None
+    unnamed.close()
+    assert_all_recycled(nbp, [pool, unnamed.partition.pool])
+
+
 def test_a_record_the_codec_refuses_leaves_the_writer_usable():
     nbp = fb.NetworkBufferPool(8, 256)
     part = fb.create_partition(nbp, 1)
