@@ -56,6 +56,16 @@ cdef object _check_name(object name):
     return name
 
 
+cdef int _check_failure_cause(object exc) except -1:
+    """What fail() takes: an exception instance, or None (no cause)."""
+    if exc is None or isinstance(exc, BaseException):
+        return 0
+    if isinstance(exc, type) and issubclass(exc, BaseException):
+        raise TypeError(f"fail() takes an exception instance or None, got the class "
+                        f"{exc.__name__}: pass {exc.__name__}(...)")
+    raise TypeError(f"fail() takes an exception instance or None, got {type(exc).__name__}")
+
+
 class _PythonClass:
     """Made by a class statement, like every Python subclass: its
     deallocator is CPython's ``subtype_dealloc``."""

@@ -462,7 +462,9 @@ a broadcast selector); blocks while no buffer is free."""
 
     def fail(self, exc=None):
         """Drop this writer's buffers and fail the partition: consumers raise
-        :class:`ProducerFailedError` from ``exc``."""
+        :class:`ProducerFailedError` from ``exc`` (an exception instance, or
+        None: see :meth:`ResultPartition.fail`)."""
+        _check_failure_cause(exc)
         if self._state == _W_FAILED:
             return
         self._stop_flusher()

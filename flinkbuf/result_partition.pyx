@@ -268,8 +268,11 @@ cdef class ResultPartition:
 
     def fail(self, exc=None):
         """The producer failed: drop and recycle whatever is queued, and make
-        every consumer raise :class:`ProducerFailedError` (from ``exc``).
-        No-op on a partition that is already failed or released."""
+        every consumer raise :class:`ProducerFailedError` from ``exc``, the
+        producer's exception (an instance; TypeError for anything else).
+        ``None`` fails without one: the cause is then a ``RuntimeError("producer
+        failed")``.  No-op on a partition that is already failed or released."""
+        _check_failure_cause(exc)
         if self._state in (_P_FAILED, _P_RELEASED):
             return
         if exc is None:

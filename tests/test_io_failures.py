@@ -96,6 +96,46 @@ def test_failing_drops_queued_buffers_and_the_writers_own():
     assert_all_recycled(nbp, [pool])
 
 
+def test_fail_takes_an_exception_or_none():
+    """fail("oops") was accepted: consumers then got "TypeError: exception
+    cause must be None or derive from BaseException" instead of a
+    ProducerFailedError."""
+    nbp, part, (gate,) = _pipeline(segment_size=128)
+    w = fb.RecordWriter(part, buffer_timeout=None)
+    w.emit(1)
+    for target in (part, w):
+        with pytest.raises(TypeError, match="exception instance or None, got str"):
+            target.fail("oops")
+        with pytest.raises(TypeError, match="got the class ValueError: pass ValueError"):
+            target.fail(ValueError)
+        with pytest.raises(TypeError, match="got int"):
+            target.fail(3)
+    assert not part.is_failed and not w.is_closed   # refused: nothing happened
+    w.emit(2)
+    w.close()
+    assert list(gate) == [1, 2]
+    gate.close()
+    # None: failed without a cause of the producer's own
+    nbp2, part2, (gate2,) = _pipeline(segment_size=128)
+    w2 = fb.RecordWriter(part2, buffer_timeout=None)
+    w2.fail(None)
+    with pytest.raises(fb.ProducerFailedError) as info:
+        next(gate2)
+    assert type(info.value.__cause__) is RuntimeError
+    assert str(info.value.__cause__) == "producer failed"
+    gate2.close()
+    # any exception instance, BaseExceptions included
+    nbp3, part3, (gate3,) = _pipeline(segment_size=128)
+    interrupt = KeyboardInterrupt()
+    part3.fail(interrupt)
+    with pytest.raises(fb.ProducerFailedError) as info:
+        next(gate3)
+    assert info.value.__cause__ is interrupt and part3.failure_cause is interrupt
+    gate3.close()
+    for n, p in ((nbp, part), (nbp2, part2), (nbp3, part3)):
+        assert_all_recycled(n, [p.pool])
+
+
 def test_closing_the_gate_ends_a_blocked_producer_with_an_error():
     nbp, part, (gate,) = _pipeline(segment_size=64)   # 2 buffers of 64 bytes
     w = fb.RecordWriter(part, buffer_timeout=None)
