@@ -15,6 +15,7 @@ from flinkbuf._core cimport Buffer, LocalBufferPool
 from flinkbuf._io_csrc cimport *
 from flinkbuf._serialization cimport RecordDeserializer, RecordSerializer, is_no_record
 
+import numbers
 import operator
 import random
 import threading

@@ -25,6 +25,27 @@ def _output_flusher(writer_ref, stop, interval):
         writer = None
 
 
+cdef object _as_buffer_timeout(object value):
+    """``buffer_timeout``: None (no timer), or a real number of seconds,
+    >= 0 and finite (at most threading.TIMEOUT_MAX), as a float."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"buffer_timeout must be a number of seconds or None, "
+                        f"got {type(value).__name__}")
+    try:
+        t = float(value)
+    except OverflowError:
+        t = float("inf")
+    if not t >= 0:
+        raise ValueError(f"buffer_timeout must be >= 0 seconds, got {value!r}")
+    if t > threading.TIMEOUT_MAX:
+        raise ValueError(f"buffer_timeout must be finite (at most {threading.TIMEOUT_MAX:.0f} s), "
+                         f"got {value!r}: use None to hand buffers over only when they "
+                         "are full (or on flush() and close())")
+    return t
+
+
 cdef ChannelSelector _as_selector(object selector):
     if selector is None:
         return RoundRobinSelector()
@@ -67,7 +88,9 @@ cdef class RecordWriter:
     ``buffer_timeout`` (seconds) is Flink's: a partly filled buffer is
     handed over at the latest that long after it was started, by an output
     flusher thread; ``0`` hands over after every record, ``None`` only
-    when full (or on :meth:`flush` / :meth:`close`).
+    when full (or on :meth:`flush` / :meth:`close`).  A real number >= 0
+    and finite (TypeError for bools and strings, ValueError for negative
+    numbers, NaN and infinity: "never" is ``None``).
 
     One thread emits; the flusher and metric readers may run concurrently.
     ``close()`` flushes and ends every subpartition with EndOfPartition;
@@ -90,19 +113,17 @@ cdef class RecordWriter:
         if self._partition is not None:
             raise RuntimeError("RecordWriter is already initialised")
         _check_name(name)
+        buffer_timeout = _as_buffer_timeout(buffer_timeout)
         if partition._n == 0:
             raise ValueError("partition is not initialised")
         if partition._has_writer:
             raise ValueError("the partition already has a writer")
         partition._check_live()
+        cdef RecordSerializer ser = RecordSerializer(codec)
         cdef ChannelSelector sel = _as_selector(selector)
         sel._bind(partition)
         sel._setup(partition._n)
-        if buffer_timeout is not None:
-            buffer_timeout = float(buffer_timeout)
-            if not buffer_timeout >= 0:
-                raise ValueError(f"buffer_timeout must be None or >= 0, got {buffer_timeout}")
-        self._ser = RecordSerializer(codec)
+        self._ser = ser
         self._partition = partition
         self._pool = partition._pool
         self._selector = sel

@@ -467,6 +467,47 @@ def test_input_channels_are_local_or_compiled_subclasses():
     assert_all_recycled(nbp, [part.pool])
 
 
+def test_buffer_timeout_is_a_finite_number_of_seconds_or_none():
+    """buffer_timeout=float("inf") was accepted and the flusher thread died
+    in Event.wait (OverflowError, unseen: nothing was flushed on a timer);
+    "0.5" was accepted through float()."""
+    from decimal import Decimal
+    from fractions import Fraction
+
+    nbp = fb.NetworkBufferPool(16, 32768)
+    part = fb.create_partition(nbp, 1)
+    sel = fb.BacklogAwareRebalanceSelector()
+    threads = threading.active_count()
+    for bad in ("0.5", b"1", True, False, [0.1], 1j, Decimal("0.1")):
+        with pytest.raises(TypeError, match="buffer_timeout must be a number of seconds"):
+            fb.RecordWriter(part, sel, buffer_timeout=bad)
+    for bad in (-1, -0.001, float("-inf"), float("nan")):
+        with pytest.raises(ValueError, match=">= 0 seconds"):
+            fb.RecordWriter(part, sel, buffer_timeout=bad)
+    for bad in (float("inf"), 1e300, 10**400, threading.TIMEOUT_MAX * 2):
+        with pytest.raises(ValueError, match="must be finite.*use None"):
+            fb.RecordWriter(part, sel, buffer_timeout=bad)
+    assert threading.active_count() == threads, "no flusher thread was started"
+    for good, want in ((None, None), (0, 0.0), (Fraction(1, 4), 0.25), (np.int64(2), 2.0),
+                       (threading.TIMEOUT_MAX, threading.TIMEOUT_MAX)):
+        other = fb.create_partition(nbp, 1)
+        w = fb.RecordWriter(other, buffer_timeout=good)
+        assert w.buffer_timeout == want and type(w.buffer_timeout) is type(want)
+        w.close()
+        other.pool.destroy()
+    # the refused writers took nothing: the partition and the selector are free
+    gate = fb.InputGate([(part, 0)])
+    w = fb.RecordWriter(part, sel, buffer_timeout=np.float64(0.005))
+    w.emit("x")                                    # a partly filled 32 KiB buffer
+    reader = Task(lambda: next(gate))
+    reader.start()
+    assert reader.finish(timeout=10) == "x", "the flusher hands it over"
+    w.close()
+    assert list(gate) == []
+    gate.close()
+    assert_all_recycled(nbp, [part.pool])
+
+
 def test_names_are_strings():
     """Any object was stored as the name of a partition, writer or gate
     (and shown in their errors and thread names)."""
