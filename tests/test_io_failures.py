@@ -182,6 +182,132 @@ def test_closing_one_of_two_gates_fails_only_writes_to_its_channel():
     assert_all_recycled(nbp, [part.pool, w2_part.pool])
 
 
+def test_a_consumer_that_leaves_early_does_not_fail_the_others():
+    """One of two consumers closes its gate early.  The producer's writes to
+    that channel raise PartitionReleasedError (and are dropped); it used to
+    mark the writer as holding a half written record, so the next emit
+    raised RuntimeError and close() failed the partition for the consumer
+    that was still reading.  Now the producer goes on and closes normally."""
+    nbp, part, (keeps, leaves) = _pipeline(2, segment_size=64, buffers=6)
+    w = fb.RecordWriter(part, fb.RoundRobinSelector(start=0), buffer_timeout=None)
+    n = 3000
+
+    def read_some_then_leave():
+        got = [next(leaves) for _ in range(20)]
+        leaves.close()
+        return got
+
+    def produce():
+        dropped = []
+        for i in range(n):
+            try:
+                w.emit(i)
+            except fb.PartitionReleasedError as exc:
+                assert "subpartition 1 of result partition 'src' was released by its consumer" \
+                    in str(exc), exc
+                dropped.append(i)
+        w.close()
+        return dropped
+
+    tasks = [Task(read_some_then_leave), Task(lambda: list(keeps)), Task(produce)]
+    for t in tasks:
+        t.start()
+    early, full, dropped = (t.finish() for t in tasks)
+    assert early == list(range(1, 40, 2))
+    assert full == list(range(0, n, 2)), "every record for the consumer that stayed, in order"
+    assert dropped and all(i % 2 == 1 and i > 39 for i in dropped)
+    assert part.is_finished and not part.is_failed
+    assert part.subpartition(1).is_released
+    keeps.close()
+    assert_all_recycled(nbp, [part.pool])
+
+
+def test_the_output_flusher_drops_a_released_channels_buffer_quietly():
+    """The flusher kept the PartitionReleasedError of a channel whose
+    consumer had left and raised it from the next emit, to any channel,
+    after which the writer claimed "a record was left half written"."""
+    nbp, part, (stays, leaves) = _pipeline(2, segment_size=4096)
+    pool = part.pool
+    w = fb.RecordWriter(part, lambda rec, n: rec[0], buffer_timeout=0.002)
+    leaves.close()
+    w.emit((1, "lost"))                    # in a fresh, partly filled buffer
+    assert wait_until(lambda: pool.num_requested == pool.num_available), \
+        "the flusher recycles the released channel's buffer"
+    for i in range(100):
+        w.emit((0, i))
+    w.close()
+    assert list(stays) == [(0, i) for i in range(100)]
+    stays.close()
+    assert_all_recycled(nbp, [pool])
+
+
+def test_flush_hands_over_the_live_channels_before_reporting_a_released_one():
+    nbp, part, (leaves, stays) = _pipeline(2, segment_size=4096)
+    w = fb.RecordWriter(part, lambda rec, n: rec[0], buffer_timeout=None)
+    w.emit((0, "lost"))
+    w.emit((1, "a"))
+    leaves.close()
+    with pytest.raises(fb.PartitionReleasedError, match="subpartition 0 .* not delivered"):
+        w.flush()
+    assert part.backlog(1) == 1, "the live channel was flushed all the same"
+    w.flush()                              # reported once: nothing more was written there
+    w.emit((1, "b"))
+    w.close()
+    assert list(stays) == [(1, "a"), (1, "b")]
+    stays.close()
+    assert_all_recycled(nbp, [part.pool])
+
+
+def test_broadcasts_skip_consumers_that_left():
+    """A broadcast writer blocked by a consumer that does not read goes on
+    with the others when that consumer closes its gate: the record reaches
+    every consumer still there (it used to raise half way through the
+    channels, leaving the record with some consumers only)."""
+    nbp, part, gates = _pipeline(3, segment_size=64, buffers=8)
+    w = fb.RecordWriter(part, "broadcast", buffer_timeout=None)
+    n = 500
+
+    def produce():
+        for i in range(n):
+            w.emit(i)
+        w.broadcast_event(fb.UserEvent("end"))
+        w.close()
+
+    readers = [Task(lambda g=g: list(g)) for g in (gates[0], gates[2])]
+    producer = Task(produce)
+    for t in readers + [producer]:
+        t.start()
+    assert wait_until(lambda: w.back_pressured_time_ns > 30_000_000), "gate 1 does not read"
+    gates[1].close()
+    producer.finish()
+    for r in readers:
+        assert r.finish() == list(range(n)) + [fb.UserEvent("end")]
+    assert part.is_finished
+    for g in gates:
+        g.close()
+    assert_all_recycled(nbp, [part.pool])
+
+
+def test_a_broadcast_with_no_consumer_left_raises():
+    nbp, part, gates = _pipeline(2, segment_size=64)
+    w = fb.RecordWriter(part, "broadcast", buffer_timeout=None)
+
+    def produce():
+        for i in range(100000):
+            w.emit((i, i))
+
+    t = Task(produce)
+    t.start()
+    assert wait_until(lambda: w.back_pressured_time_ns > 30_000_000), "producer never blocked"
+    gates[0].close()
+    gates[1].close()
+    with pytest.raises(fb.PartitionReleasedError, match="every consumer of result partition 'src'"):
+        t.finish(timeout=10)
+    w.close()                              # nobody to end: a normal close
+    assert part.is_finished and not part.is_failed
+    assert_all_recycled(nbp, [part.pool])
+
+
 def test_closing_the_gate_from_another_thread_wakes_its_consumer():
     nbp, part, (gate,) = _pipeline()
     t = Task(lambda: list(gate))
