@@ -169,7 +169,14 @@ class ResultPartition:
     @property
     def failure_cause(self) -> BaseException | None: ...
     def __enter__(self) -> Self: ...
-    def __exit__(self, *exc: object) -> None: ...
+    # A normal exit finishes the partition (closing an open RecordWriter); an
+    # exception fails it.  Neither releases it.
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> Literal[False]: ...
 
 # ---- record writer ----------------------------------------------------------
 

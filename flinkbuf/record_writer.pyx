@@ -164,6 +164,7 @@ cdef class RecordWriter:
         self._flush_always = buffer_timeout == 0
         self._name = name if name is not None else partition._name
         partition._has_writer = True
+        partition._writer = weakref.ref(self)
         self._state = _W_OPEN
         if buffer_timeout is not None and buffer_timeout > 0:
             self._flusher_stop = threading.Event()
@@ -606,7 +607,7 @@ a broadcast selector); blocks while no buffer is free."""
                     continue
                 self._current[ch] = None
                 self._hand_over(ch, <Buffer>cur)     # 1 (released): nothing to deliver
-            self._partition.finish()
+            self._partition._finish()
         except BaseException as exc:
             self._state = _W_FAILED
             self._release_current()

@@ -150,6 +150,16 @@ cdef class ResultPartition:
     EndOfPartition, ``fail(exc)`` makes consumers raise
     :class:`ProducerFailedError`, ``release()`` drops everything queued.
     Buffers queued when the partition is garbage collected are recycled.
+
+    Lifecycle, as in Flink: the producer finishes the partition (or fails
+    it); what is queued stays until each consumer has read its
+    subpartition to the end, and a consumer's gate releases its
+    subpartition when it is done (or closes early).  ``release()`` is for
+    dropping a partition whose consumers will not read it.  As a context
+    manager on the producer's side: a normal exit finishes the partition
+    (closing its RecordWriter if that is still open, which hands over its
+    partly filled buffers first), an exception fails it with that
+    exception; neither releases it.
     """
 
     def __cinit__(self):
@@ -259,12 +269,31 @@ cdef class ResultPartition:
 
     def finish(self):
         """End every subpartition with EndOfPartition; nothing can be added
-        afterwards.  Idempotent."""
+        afterwards.  If the partition's :class:`RecordWriter` is still open
+        it is closed, which hands over its partly filled buffers first.
+        Idempotent."""
         if self._state == _P_FINISHED:
             return
+        writer = self._open_writer()
+        if writer is not None:
+            writer.close()          # flushes, then _finish()
+        else:
+            self._finish()
+
+    cdef int _finish(self) except -1:
+        if self._state == _P_FINISHED:
+            return 0
         self._check_live()
         self._add_event_all(_END_OF_PARTITION_BYTES, True)
         self._state = _P_FINISHED
+        return 0
+
+    def _open_writer(self):
+        """The partition's RecordWriter if it is alive and open, else None."""
+        writer = self._writer() if self._writer is not None else None
+        if writer is None or writer.is_closed:
+            return None
+        return writer
 
     def fail(self, exc=None):
         """The producer failed: drop and recycle whatever is queued, and make
@@ -353,8 +382,22 @@ cdef class ResultPartition:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.release()
+    def __exit__(self, exc_type, exc, tb):
+        """The producer is done: on a normal exit the partition is finished
+        (see :meth:`finish`; nothing queued is dropped, the consumers read
+        it to the end), on an exception it fails with that exception (see
+        :meth:`fail`).  It is not released."""
+        if exc_type is None:
+            if self._state == _P_LIVE:
+                self.finish()
+            return False
+        cause = exc if isinstance(exc, BaseException) else None
+        writer = self._open_writer()
+        if writer is not None:
+            writer.fail(cause)      # drops its buffers, then fails the partition
+        else:
+            self.fail(cause)
+        return False
 
     def __repr__(self):
         state = ("live", "finished", "failed", "released")[self._state]

@@ -96,6 +96,83 @@ def test_failing_drops_queued_buffers_and_the_writers_own():
     assert_all_recycled(nbp, [pool])
 
 
+def test_a_partition_with_block_finishes_it_and_keeps_the_data():
+    """Leaving `with partition:` released the partition: everything queued,
+    EndOfPartition included, was dropped, and consumers that had not read
+    it yet got PartitionReleasedError."""
+    nbp = fb.NetworkBufferPool(64, 128)
+    with fb.create_partition(nbp, 2, min_buffers=40, name="p") as part:
+        gates = [fb.InputGate([(part, c)]) for c in range(2)]
+        with fb.RecordWriter(part, fb.RoundRobinSelector(start=0), buffer_timeout=None) as w:
+            for i in range(200):
+                w.emit(i)
+    assert part.is_finished and not part.is_released and not part.is_failed
+    assert part.backlogs()[0] > 0, "queued for the consumers, which read after the block"
+    readers = [Task(lambda g=g: list(g)) for g in gates]
+    for r in readers:
+        r.start()
+    assert [r.finish() for r in readers] == [list(range(0, 200, 2)), list(range(1, 200, 2))]
+    for g in gates:
+        g.close()
+    # a writer still open at the end of the block is closed: its partly
+    # filled buffer is handed over before EndOfPartition
+    with fb.create_partition(nbp, 1) as part2:
+        gate = fb.InputGate([(part2, 0)])
+        w2 = fb.RecordWriter(part2, buffer_timeout=None)
+        w2.emit("a")
+        w2.emit("b")
+    assert w2.is_closed and part2.is_finished
+    assert list(gate) == ["a", "b"]
+    gate.close()
+    assert_all_recycled(nbp, [part.pool, part2.pool])
+
+
+def test_a_partition_with_block_fails_it_on_an_exception():
+    nbp = fb.NetworkBufferPool(16, 128)
+    boom = KeyError("k")
+    gates = []
+    with pytest.raises(KeyError):
+        with fb.create_partition(nbp, 1, name="p") as part:
+            gates.append(fb.InputGate([(part, 0)]))
+            w = fb.RecordWriter(part, buffer_timeout=None)
+            w.emit(1)
+            raise boom
+    assert part.is_failed and part.failure_cause is boom and w.is_closed
+    with pytest.raises(fb.ProducerFailedError) as info:
+        next(gates[0])
+    assert info.value.__cause__ is boom
+    gates[0].close()
+    # also once the writer had finished it
+    with pytest.raises(ValueError):
+        with fb.create_partition(nbp, 1) as part2:
+            gate = fb.InputGate([(part2, 0)])
+            with fb.RecordWriter(part2) as w2:
+                w2.emit(1)
+            raise ValueError("after the writer")
+    assert part2.is_failed
+    with pytest.raises(fb.ProducerFailedError, match="ValueError"):
+        list(gate)
+    gate.close()
+    assert_all_recycled(nbp, [part.pool, part2.pool])
+
+
+def test_finishing_a_partition_closes_its_open_writer():
+    """finish() while the writer was open queued EndOfPartition behind the
+    writer's back: its partly filled buffer could no longer be handed over
+    and its close() then failed the partition."""
+    nbp = fb.NetworkBufferPool(16, 128)
+    part = fb.create_partition(nbp, 1)
+    gate = fb.InputGate([(part, 0)])
+    w = fb.RecordWriter(part, buffer_timeout=None)
+    w.emit("x")
+    part.finish()
+    assert w.is_closed and part.is_finished
+    w.close()                          # idempotent
+    assert list(gate) == ["x"]
+    gate.close()
+    assert_all_recycled(nbp, [part.pool])
+
+
 def test_fail_takes_an_exception_or_none():
     """fail("oops") was accepted: consumers then got "TypeError: exception
     cause must be None or derive from BaseException" instead of a
