@@ -322,7 +322,9 @@ cdef class ResultPartition:
 
     def release(self):
         """Drop and recycle everything queued; consumers see the partition
-        as released.  Idempotent."""
+        as released (:class:`PartitionReleasedError`).  For a partition that
+        will not be read (any more); a producer that is done calls
+        :meth:`finish` instead.  Idempotent."""
         if self._state == _P_RELEASED:
             return
         if self._state != _P_FAILED:
