@@ -285,20 +285,36 @@ void fb_subpart_disconnect(fb_subpart_t *sp, fb_gate_t *g)
     pthread_mutex_unlock(&sp->mu);
 }
 
+/* Reverse items [lo, hi) of a ring in place. */
+static void reverse_items(fb_item_t *a, int32_t lo, int32_t hi)
+{
+    fb_item_t t;
+    while (lo < --hi) {
+        t = a[lo];
+        a[lo++] = a[hi];
+        a[hi] = t;
+    }
+}
+
 int32_t fb_subpart_terminate(fb_subpart_t *sp, int32_t state, fb_item_t **out)
 {
-    int32_t n, k;
+    int32_t n;
     fb_item_t *items = NULL;
     pthread_mutex_lock(&sp->mu);
     n = sp->count;
     if (n > 0) {
-        items = malloc(sizeof(fb_item_t) * (size_t)n);
-        if (items == NULL) {
-            pthread_mutex_unlock(&sp->mu);
-            return -1;
+        /* A terminated subpartition never queues again (add and poll look at
+         * the state first), so its ring itself goes to the caller: rotated
+         * in place so that the items, oldest first, start at index 0.  No
+         * allocation: this runs on teardown paths that must not fail. */
+        items = sp->ring;
+        if (sp->head != 0) {
+            reverse_items(items, 0, sp->head);
+            reverse_items(items, sp->head, sp->cap);
+            reverse_items(items, 0, sp->cap);
         }
-        for (k = 0; k < n; k++)
-            items[k] = sp->ring[(sp->head + k) % sp->cap];
+        sp->ring = NULL;
+        sp->cap = 0;
     }
     sp->head = 0;
     sp->count = 0;

@@ -69,7 +69,7 @@ typedef struct fb_signal {
 
 typedef struct fb_subpart {
     pthread_mutex_t mu;
-    fb_item_t *ring;
+    fb_item_t *ring;   /* NULL once terminated with items (handed to the caller) */
     int32_t cap, head, count;
     int32_t backlog;   /* data items queued; written under mu, read atomically */
     int32_t state;     /* FB_SP_*; written under mu, read atomically */
@@ -116,9 +116,11 @@ int fb_subpart_poll(fb_subpart_t *sp, fb_item_t *out);
 int fb_subpart_connect(fb_subpart_t *sp, fb_gate_t *g, int32_t channel);
 void fb_subpart_disconnect(fb_subpart_t *sp, fb_gate_t *g);
 /* Move to `state` (FB_SP_RELEASED or FB_SP_FAILED; a terminated subpartition
- * keeps its first state) and hand every queued item to the caller: *out is a
- * malloc'd array of the returned count (NULL when 0), the caller frees it.
- * -1 if that array cannot be allocated (nothing changed).  The gate is told. */
+ * keeps its first state) and hand every queued item to the caller: *out is an
+ * array of the returned count, oldest first (NULL when 0), which the caller
+ * frees with free().  Never fails and never allocates (the queue's own
+ * storage is handed over), so teardown paths can always recycle what was
+ * queued.  The gate is told. */
 int32_t fb_subpart_terminate(fb_subpart_t *sp, int32_t state, fb_item_t **out);
 int32_t fb_subpart_backlog(const fb_subpart_t *sp);
 int32_t fb_subpart_state(const fb_subpart_t *sp);

@@ -46,11 +46,15 @@ class _EndOfPartitionType(Event):
 
 END_OF_PARTITION: _EndOfPartitionType
 
+# Immutable and final; hashable when its payload is (TypeError otherwise).
+@final
 class UserEvent(Event):
-    payload: Any
-    def __init__(self, payload: Any = None) -> None: ...
+    def __new__(cls, payload: Any = None) -> Self: ...
+    @property
+    def payload(self) -> Any: ...
     def __eq__(self, other: object) -> bool: ...
     def __hash__(self) -> int: ...
+    def __reduce__(self) -> tuple[type[UserEvent], tuple[Any]]: ...
 
 # ---- key hashing (Flink's KeyGroupRangeAssignment) --------------------------
 
@@ -64,6 +68,8 @@ def assign_key_to_operator(key: _JavaKey, parallelism: int, max_parallelism: int
 
 # ---- channel selectors ------------------------------------------------------
 
+# Abstract.  Selectors written in Python subclass CustomSelector (and override
+# select); a Python subclass of ChannelSelector itself cannot be instantiated.
 @disjoint_base
 class ChannelSelector:
     def setup(self, num_channels: int) -> None: ...
@@ -86,7 +92,7 @@ class RescaleSelector(ChannelSelector):
 @final
 class HashSelector(ChannelSelector):
     def __init__(
-        self, key: int | Callable[[Any], _JavaKey] | None = None, max_parallelism: int = 128
+        self, key: int | Callable[[Any], _JavaKey] | None = None, *, max_parallelism: int = 128
     ) -> None: ...
     def select_channel(self, record: Any) -> int: ...
     @property
@@ -107,13 +113,13 @@ class GlobalSelector(ChannelSelector):
 
 @disjoint_base
 class CustomSelector(ChannelSelector):
-    def __init__(self, fn: Callable[[Any, int], int] | None = None) -> None: ...
-    def select(self, record: Any, num_channels: int) -> int: ...
+    def __init__(self, fn: Callable[[Any, int], SupportsIndex] | None = None) -> None: ...
+    def select(self, record: Any, num_channels: int) -> SupportsIndex: ...
     def select_channel(self, record: Any) -> int: ...
 
 @final
 class BacklogAwareRebalanceSelector(ChannelSelector):
-    def __init__(self, max_backlog: int | None = None, start: int | None = None) -> None: ...
+    def __init__(self, max_backlog: int | None = None, *, start: int | None = None) -> None: ...
     @property
     def max_backlog(self) -> int | None: ...
     @property
@@ -163,7 +169,14 @@ class ResultPartition:
     @property
     def failure_cause(self) -> BaseException | None: ...
     def __enter__(self) -> Self: ...
-    def __exit__(self, *exc: object) -> None: ...
+    # A normal exit finishes the partition (closing an open RecordWriter); an
+    # exception fails it.  Neither releases it.
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> Literal[False]: ...
 
 # ---- record writer ----------------------------------------------------------
 
@@ -172,7 +185,7 @@ class RecordWriter:
     def __init__(
         self,
         partition: ResultPartition,
-        selector: ChannelSelector | _SelectorName | Callable[[Any, int], int] | None = None,
+        selector: ChannelSelector | _SelectorName | Callable[[Any, int], SupportsIndex] | None = None,
         *,
         codec: _Codec = "typed",
         buffer_timeout: float | None = 0.1,
@@ -216,6 +229,8 @@ class RecordWriter:
 
 # ---- input channels and gates -----------------------------------------------
 
+# Abstract; subclasses are Cython cdef classes (a Python subclass cannot be
+# instantiated).
 @disjoint_base
 class InputChannel:
     @property

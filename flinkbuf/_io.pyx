@@ -6,6 +6,7 @@ cimport cython
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_CheckBuffer, PyObject_GetBuffer
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.number cimport PyIndex_Check
+from cpython.object cimport PyTypeObject
 from cpython.ref cimport Py_DECREF, Py_INCREF
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free
@@ -14,6 +15,7 @@ from flinkbuf._core cimport Buffer, LocalBufferPool
 from flinkbuf._io_csrc cimport *
 from flinkbuf._serialization cimport RecordDeserializer, RecordSerializer, is_no_record
 
+import numbers
 import operator
 import random
 import threading
@@ -46,6 +48,36 @@ cdef int32_t _as_int32(object value, str name, int32_t minimum) except? -1:
     if value < minimum or value > _MAX_INT32:
         raise ValueError(f"{name} must be in [{minimum}, {_MAX_INT32}], got {value}")
     return <int32_t>value
+
+
+cdef object _check_name(object name):
+    """A task or partition name: a str or None."""
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"name must be a str or None, got {type(name).__name__}")
+    return name
+
+
+cdef int _check_failure_cause(object exc) except -1:
+    """What fail() takes: an exception instance, or None (no cause)."""
+    if exc is None or isinstance(exc, BaseException):
+        return 0
+    if isinstance(exc, type) and issubclass(exc, BaseException):
+        raise TypeError(f"fail() takes an exception instance or None, got the class "
+                        f"{exc.__name__}: pass {exc.__name__}(...)")
+    raise TypeError(f"fail() takes an exception instance or None, got {type(exc).__name__}")
+
+
+class _PythonClass:
+    """Made by a class statement, like every Python subclass: its
+    deallocator is CPython's ``subtype_dealloc``."""
+
+
+cdef bint _defined_in_python(type t):
+    """True if ``t`` was made by a Python class statement (or ``type()``),
+    False for an extension type compiled by Cython (static or heap type: its
+    deallocator is its own).  Abstract bases with C-level methods refuse to
+    instantiate Python subclasses, which cannot implement them."""
+    return (<PyTypeObject *>t).tp_dealloc == (<PyTypeObject *>_PythonClass).tp_dealloc
 
 
 def monotonic_ns():

@@ -46,6 +46,7 @@ cdef class BacklogAwareRebalanceSelector(ChannelSelector):
     cdef int32_t _cap           # the pool's per-channel cap, or -1
     cdef int32_t _countdown     # selections until the threshold is refreshed
     cdef int64_t _steered       # records sent elsewhere than round robin said
+    cdef int32_t _compute_threshold(self) except -1
     cdef int _refresh(self) except -1
     cdef bint _is_blocked(self, int32_t channel) except -1
     cdef int32_t _wait_unblocked(self, double timeout) except -1

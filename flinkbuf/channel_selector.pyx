@@ -186,11 +186,25 @@ cdef class ChannelSelector:
     """Chooses the channel (subpartition) of each record.  A writer sets its
     selector up with the number of channels; use one selector per writer.
 
-    Subclass :class:`CustomSelector` (or pass a callable) for your own."""
+    Abstract.  For your own selector in Python, pass a function
+    ``fn(record, num_channels)`` or subclass :class:`CustomSelector` and
+    override its ``select(record, num_channels)``: a writer calls neither
+    :meth:`select_channel` nor :meth:`setup` of a subclass, so a Python
+    subclass of ChannelSelector itself (or one that overrides those two)
+    cannot be instantiated.  Selectors compiled with Cython may subclass
+    ChannelSelector and implement the C-level ``_select`` (see
+    ``channel_selector.pxd``)."""
 
     def __cinit__(self):
         self._n = 0
         self._broadcast = False
+        cdef type t = type(self)
+        if t is ChannelSelector:
+            raise TypeError("ChannelSelector is abstract: use one of the selectors "
+                            "(RoundRobinSelector, HashSelector, ...), or CustomSelector with "
+                            "a function fn(record, num_channels) for your own")
+        if _defined_in_python(t):
+            _check_python_selector(t)
 
     cdef int _setup(self, int32_t num_channels) except -1:
         if num_channels < 1:
@@ -229,6 +243,22 @@ cdef class ChannelSelector:
 
     def __repr__(self):
         return f"<flinkbuf.{type(self).__name__} num_channels={self._n}>"
+
+
+cdef int _check_python_selector(type t) except -1:
+    """A selector class defined in Python must be a CustomSelector that
+    chooses channels in ``select``: the writer calls nothing else."""
+    if not issubclass(t, CustomSelector):
+        raise TypeError(
+            f"{t.__name__} subclasses ChannelSelector in Python, but a RecordWriter never "
+            "asks it for a channel: subclass CustomSelector and override "
+            "select(record, num_channels), or pass CustomSelector a function")
+    for name in ("select_channel", "setup"):
+        if getattr(t, name) is not getattr(ChannelSelector, name):
+            raise TypeError(
+                f"{t.__name__} overrides {name}(), which a RecordWriter never calls: "
+                "override select(record, num_channels) instead")
+    return 0
 
 
 @cython.final
@@ -285,9 +315,11 @@ cdef class HashSelector(ChannelSelector):
     ``str`` as ``String``.
 
     ``key``: None (the record is the key), an int (``record[key]``), or a
-    callable ``key(record)``."""
+    callable ``key(record)``.  ``max_parallelism`` (keyword-only): the
+    number of key groups, Flink's max parallelism of the consuming
+    operator (default 128; at most 32768)."""
 
-    def __init__(self, key=None, max_parallelism=128):
+    def __init__(self, key=None, *, max_parallelism=128):
         self._key = None
         self._key_index = -1
         if key is None:
@@ -364,29 +396,54 @@ cdef class GlobalSelector(ChannelSelector):
 
 cdef class CustomSelector(ChannelSelector):
     """``fn(record, num_channels) -> channel`` (Flink's custom partitioner).
-    Subclasses may override :meth:`select` instead of passing ``fn``."""
+
+    The extension point for selectors written in Python: pass ``fn``, or
+    subclass and override :meth:`select` (then ``fn`` may be omitted).  The
+    channel may be any integer (``int``, numpy integers, anything with
+    ``__index__``) but not a bool; IndexError outside
+    ``[0, num_channels)``."""
 
     def __init__(self, fn=None):
-        if fn is not None and not callable(fn):
-            raise TypeError("fn must be callable")
+        if fn is None:
+            if type(self).select is CustomSelector.select:
+                raise TypeError("CustomSelector needs a function fn(record, num_channels), "
+                                "or a subclass that overrides select(record, num_channels)")
+        elif not callable(fn):
+            raise TypeError(f"fn must be callable, got {type(fn).__name__}")
         self._fn = fn
 
     def select(self, record, num_channels):
+        """The channel for ``record`` among ``num_channels``: ``fn``'s answer
+        unless a subclass overrides this."""
         if self._fn is None:
-            raise NotImplementedError("pass fn or override select()")
+            raise NotImplementedError(
+                f"{type(self).__name__}: pass fn or override select(record, num_channels)")
         return self._fn(record, num_channels)
 
     cdef int32_t _select(self, object record) except -1:
         cdef object ch
+        cdef int overflow = 0
+        cdef long long c
         if self._fn is not None and type(self) is CustomSelector:
             ch = self._fn(record, self._n)
         else:
             ch = self.select(record, self._n)
-        if isinstance(ch, bool) or not isinstance(ch, int):
-            raise TypeError(f"custom selector returned {type(ch).__name__}, not an int")
-        if ch < 0 or ch >= self._n:
+        if type(ch) is not int:
+            ch = _channel_index(ch)
+        c = PyLong_AsLongLongAndOverflow(ch, &overflow)
+        if overflow or c < 0 or c >= self._n:
             raise IndexError(f"custom selector returned channel {ch}, not in [0, {self._n})")
-        return <int32_t>ch
+        return <int32_t>c
+
+
+cdef object _channel_index(object ch):
+    """A channel that is not exactly an int: any integer type (numpy
+    integers, IntEnum: ``operator.index``), but not bool, whose True/False
+    is more likely a predicate's answer than a channel."""
+    if isinstance(ch, bool) or not PyIndex_Check(ch):
+        raise TypeError(f"custom selector returned {type(ch).__name__}, not an integer "
+                        "channel index")
+    return operator.index(ch)
 
 
 @cython.final
@@ -406,9 +463,11 @@ cdef class BacklogAwareRebalanceSelector(ChannelSelector):
     A record goes to the round-robin channel unless that one is blocked,
     then to the next channel in turn that is not.  When all are blocked the
     writer waits (that is backpressure) until a consumer takes a buffer.
-    Only usable with a :class:`RecordWriter` (it reads the partition)."""
+    Only usable with a :class:`RecordWriter` (it reads the partition).
+    ``start`` (keyword-only): the first round-robin channel (default
+    random)."""
 
-    def __init__(self, max_backlog=None, start=None):
+    def __init__(self, max_backlog=None, *, start=None):
         self._max_backlog = -1 if max_backlog is None else \
             _as_int32(max_backlog, "max_backlog", 1)
         if start is not None:
@@ -430,9 +489,12 @@ cdef class BacklogAwareRebalanceSelector(ChannelSelector):
         else:
             self._next = <int32_t>(self._start % num_channels)
         self._countdown = 0
+        self._threshold = 0
         return 0
 
-    cdef int _refresh(self) except -1:
+    cdef int32_t _compute_threshold(self) except -1:
+        """The threshold the configuration and the pool give now (bound and
+        set up)."""
         cdef int32_t t
         if self._max_backlog > 0:
             t = self._max_backlog
@@ -440,7 +502,10 @@ cdef class BacklogAwareRebalanceSelector(ChannelSelector):
             t = self._cap - 3
         else:
             t = self._partition._pool._stats().size // (2 * self._n)
-        self._threshold = t if t > 0 else 1
+        return t if t > 0 else 1
+
+    cdef int _refresh(self) except -1:
+        self._threshold = self._compute_threshold()
         self._countdown = 1024
         return 0
 
@@ -489,11 +554,16 @@ cdef class BacklogAwareRebalanceSelector(ChannelSelector):
 
     @property
     def max_backlog(self):
-        """The backlog at which a subpartition counts as blocked (in force)."""
-        if self._partition is not None:
-            self._refresh()
+        """The backlog at which a subpartition counts as blocked: the
+        threshold in force (a derived one is refreshed from the pool every
+        1024 records), or before the first record the one it would start
+        with; unbound, the configured value (None: derived from the pool).
+        Reading it changes nothing."""
+        if self._partition is None or self._n == 0:
+            return None if self._max_backlog < 0 else self._max_backlog
+        if self._threshold > 0:
             return self._threshold
-        return None if self._max_backlog < 0 else self._max_backlog
+        return self._compute_threshold()
 
     @property
     def num_steered(self):

@@ -9,10 +9,26 @@ cdef class InputChannel:
     a connection and tell the gate when data arrived.
 
     A channel hands its gate *items*: finished data buffers (the consumer
-    recycles them) and serialized events, in order."""
+    recycles them) and serialized events (bytes), in order.
+
+    Abstract, and implemented in Cython: a subclass is a ``cdef class``
+    that implements the C-level methods of ``input_gate.pxd`` (``_connect``,
+    ``_poll``, ...).  Neither InputChannel itself nor a Python subclass can
+    be instantiated; give an :class:`InputGate` a :class:`LocalInputChannel`
+    or a ``(partition, subpartition)`` pair."""
 
     def __cinit__(self):
         self._index = -1
+        cdef type t = type(self)
+        if t is InputChannel:
+            raise TypeError("InputChannel is abstract: give InputGate a "
+                            "LocalInputChannel(partition, subpartition) or a "
+                            "(partition, subpartition) pair")
+        if _defined_in_python(t):
+            raise TypeError(f"{t.__name__} subclasses InputChannel in Python, but input "
+                            "channels are implemented in Cython (cdef classes, like "
+                            "LocalInputChannel): a Python subclass cannot hand a gate "
+                            "its buffers")
 
     cdef int _connect(self, InputGate gate, int32_t index) except -1:
         raise NotImplementedError
@@ -150,6 +166,7 @@ cdef class InputGate:
     def __init__(self, channels, *, codec="typed", max_record_size=64 << 20, name=None):
         if self._initialized:
             raise RuntimeError("InputGate is already initialised")
+        _check_name(name)
         cdef list chans = [_as_channel(c) for c in channels]
         if not chans:
             raise ValueError("an input gate needs at least one channel")
@@ -279,7 +296,13 @@ cdef class InputGate:
             self._current = ch
             self._cur_des = <RecordDeserializer>des_obj
             return None
-        event = _deserialize_event(<bytes>obj)
+        try:
+            event = _deserialize_event(obj)
+        except CorruptRecordError as exc:
+            # a malformed event: this channel's stream cannot be trusted
+            # any more, so the gate fails for good
+            self._error = exc
+            raise
         if event is _END_OF_PARTITION:
             try:
                 (<RecordDeserializer>des_obj)._finish()

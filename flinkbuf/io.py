@@ -18,6 +18,15 @@ A minimal pipeline::
     for record in gates[0]:                                    # in a consumer thread
         ...
 
+Closing the writer (or leaving its ``with`` block) finishes the partition:
+each consumer reads its subpartition to EndOfPartition, and its gate
+releases the subpartition when it is done.  On an exception the writer
+fails the partition and consumers raise :class:`ProducerFailedError`.
+``with partition:`` on the producer's side does the same (and closes a
+writer still open); it never drops what is queued.  A consumer that leaves
+early (``gate.close()``) only affects its own subpartition: writes to it
+raise :class:`PartitionReleasedError`, the other consumers carry on.
+
 Channel selectors: :class:`RoundRobinSelector` (Flink's rebalance),
 :class:`RescaleSelector` (with :func:`pointwise_connections`),
 :class:`HashSelector` (Flink's key groups, bit-exact with Flink's

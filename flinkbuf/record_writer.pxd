@@ -8,10 +8,10 @@ cdef class RecordWriter:
     cdef int32_t _n
     cdef bint _broadcast
     cdef bint _round_robin      # the selector is exactly a RoundRobinSelector
-    cdef bint _busy             # inside emit (the flusher must not interfere)
+    cdef int _busy              # _IDLE, _EMITTING, _BROADCASTING (the flusher waits)
     cdef bint _flush_pending    # the flusher came while busy
     cdef bint _flush_always     # buffer timeout 0
-    cdef bint _broken           # a record was left half written
+    cdef bint _broken           # a record was left half written (in a live channel)
     cdef int _state             # _W_OPEN, _W_CLOSED, _W_FAILED
     cdef object _timeout
     cdef object _flusher
@@ -28,13 +28,18 @@ cdef class RecordWriter:
 
     cdef inline int _emit(self, object record) except -1
     cdef int _broadcast_emit(self, object record) except -1
+    cdef int _broadcast_copy(self, int32_t channel) except -1
+    cdef int _skip_released(self, int32_t channel) except -1
+    cdef int _drop_record(self, int32_t channel) except -1
+    cdef int _drop_current(self, int32_t channel) except -1
     cdef int32_t _await_channel(self) except -1
     cdef int _copy_to(self, int32_t channel) except -1
     cdef int _copy_rest(self, int32_t channel, Buffer buf, int flags) except -1
     cdef Buffer _request_buffer(self, int32_t channel)
     cdef int _check_partition(self) except -1
-    cdef int _check_target(self, int32_t channel) except -1
+    cdef bint _target_released(self, int32_t channel) except -1
     cdef int _finish_buffer(self, int32_t channel, Buffer buf) except -1
-    cdef int _flush_all(self, bint raise_errors) except -1
+    cdef int _hand_over(self, int32_t channel, Buffer buf) except -1
+    cdef int _flush_all(self, int mode) except -1
     cdef int _release_current(self) except -1
     cdef int _check_open(self) except -1

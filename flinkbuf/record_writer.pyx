@@ -10,6 +10,22 @@ cdef enum:
     _FULL_RECORD = 1
     _FULL_BUFFER = 2
 
+# RecordWriter._busy: what the emitting thread is doing.
+cdef enum:
+    _IDLE = 0
+    _EMITTING = 1           # copying a record into one channel
+    _BROADCASTING = 2       # copying a record into every channel
+
+# RecordWriter._flush_all modes.  A channel whose consumer released it is
+# never written again: its partly filled buffer is dropped.
+cdef enum:
+    _FLUSH_RAISE = 0        # flush(), or after every record: errors raise, and a
+                            # dropped buffer is a PartitionReleasedError (after
+                            # the other channels are handed over)
+    _FLUSH_QUIET = 1        # errors raise; dropped buffers are not reported
+    _FLUSH_TIMER = 2        # the output flusher: errors are kept for the
+                            # writer's next call; dropped buffers not reported
+
 # Blocking waits wake this often to look at the partition and at signals.
 cdef double _REQUEST_SLICE = 0.05
 
@@ -23,6 +39,27 @@ def _output_flusher(writer_ref, stop, interval):
             return
         (<RecordWriter>writer)._flusher_tick()
         writer = None
+
+
+cdef object _as_buffer_timeout(object value):
+    """``buffer_timeout``: None (no timer), or a real number of seconds,
+    >= 0 and finite (at most threading.TIMEOUT_MAX), as a float."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"buffer_timeout must be a number of seconds or None, "
+                        f"got {type(value).__name__}")
+    try:
+        t = float(value)
+    except OverflowError:
+        t = float("inf")
+    if not t >= 0:
+        raise ValueError(f"buffer_timeout must be >= 0 seconds, got {value!r}")
+    if t > threading.TIMEOUT_MAX:
+        raise ValueError(f"buffer_timeout must be finite (at most {threading.TIMEOUT_MAX:.0f} s), "
+                         f"got {value!r}: use None to hand buffers over only when they "
+                         "are full (or on flush() and close())")
+    return t
 
 
 cdef ChannelSelector _as_selector(object selector):
@@ -67,12 +104,26 @@ cdef class RecordWriter:
     ``buffer_timeout`` (seconds) is Flink's: a partly filled buffer is
     handed over at the latest that long after it was started, by an output
     flusher thread; ``0`` hands over after every record, ``None`` only
-    when full (or on :meth:`flush` / :meth:`close`).
+    when full (or on :meth:`flush` / :meth:`close`).  A real number >= 0
+    and finite (TypeError for bools and strings, ValueError for negative
+    numbers, NaN and infinity: "never" is ``None``).
 
     One thread emits; the flusher and metric readers may run concurrently.
     ``close()`` flushes and ends every subpartition with EndOfPartition;
     ``fail(exc)`` drops everything and makes consumers raise.  As a context
     manager it closes on success and fails on an exception.
+
+    A consumer that leaves early (closes its input gate) releases its
+    subpartition, which is never written again (Flink does the same); the
+    other consumers are not affected.  A record for that channel alone is
+    dropped and its ``emit`` raises :class:`PartitionReleasedError` (when
+    the writer notices: the channel's buffer is full or flushed, or a buffer
+    request for it was waiting); the writer stays usable for the other
+    channels and ``close()`` ends them normally.  Broadcasts
+    (``broadcast_emit``, a broadcast selector, ``broadcast_event``) skip
+    released channels, and raise only once every channel is released.  The
+    output flusher drops the partly filled buffer of a released channel
+    without an error.
 
     selector: a :class:`ChannelSelector`, a name (``"round_robin"``,
     ``"rescale"``, ``"hash"``, ``"broadcast"``, ``"forward"``, ``"global"``,
@@ -89,19 +140,18 @@ cdef class RecordWriter:
                  buffer_timeout=0.1, name=None):
         if self._partition is not None:
             raise RuntimeError("RecordWriter is already initialised")
+        _check_name(name)
+        buffer_timeout = _as_buffer_timeout(buffer_timeout)
         if partition._n == 0:
             raise ValueError("partition is not initialised")
         if partition._has_writer:
             raise ValueError("the partition already has a writer")
         partition._check_live()
+        cdef RecordSerializer ser = RecordSerializer(codec)
         cdef ChannelSelector sel = _as_selector(selector)
         sel._bind(partition)
         sel._setup(partition._n)
-        if buffer_timeout is not None:
-            buffer_timeout = float(buffer_timeout)
-            if not buffer_timeout >= 0:
-                raise ValueError(f"buffer_timeout must be None or >= 0, got {buffer_timeout}")
-        self._ser = RecordSerializer(codec)
+        self._ser = ser
         self._partition = partition
         self._pool = partition._pool
         self._selector = sel
@@ -114,6 +164,7 @@ cdef class RecordWriter:
         self._flush_always = buffer_timeout == 0
         self._name = name if name is not None else partition._name
         partition._has_writer = True
+        partition._writer = weakref.ref(self)
         self._state = _W_OPEN
         if buffer_timeout is not None and buffer_timeout > 0:
             self._flusher_stop = threading.Event()
@@ -169,10 +220,9 @@ a broadcast selector); blocks while no buffer is free."""
             raise RuntimeError("a record was left half written by an earlier error; "
                                "the writer can only fail()")
         if self._flusher_error is not None:
-            err = self._flusher_error
-            self._flusher_error = None
-            self._broken = True
-            raise err
+            raise RuntimeError("the output flusher could not hand over a buffer (the records "
+                               "in it are lost); the writer can only fail()") \
+                from self._flusher_error
         return 0
 
     cdef inline int _emit(self, object record) except -1:
@@ -184,7 +234,7 @@ a broadcast selector); blocks while no buffer is free."""
             self._check_open()
         if self._broadcast:
             return self._broadcast_emit(record)
-        self._busy = True
+        self._busy = _EMITTING
         try:
             if self._round_robin:       # final class: a direct (inlinable) call
                 ch = (<RoundRobinSelector>self._selector)._select(record)
@@ -205,29 +255,91 @@ a broadcast selector); blocks while no buffer is free."""
             self._broken = False
             self._records_out += 1
         finally:
-            self._busy = False
+            self._busy = _IDLE
         if self._flush_always or self._flush_pending:
             self._flush_pending = False
-            self._flush_all(True)
+            self._flush_all(_FLUSH_RAISE if self._flush_always else _FLUSH_QUIET)
         return 0
 
     cdef int _broadcast_emit(self, object record) except -1:
         cdef int32_t ch
-        self._busy = True
+        self._busy = _BROADCASTING
         try:
             self._ser._serialize_record(record)
             self._broken = True
             for ch in range(self._n):
                 if ch:
                     self._ser._reset()
-                self._copy_to(ch)
+                self._broadcast_copy(ch)
             self._broken = False
             self._records_out += 1
         finally:
-            self._busy = False
+            self._busy = _IDLE
         if self._flush_always or self._flush_pending:
             self._flush_pending = False
-            self._flush_all(True)
+            self._flush_all(_FLUSH_QUIET)
+        return 0
+
+    cdef int _broadcast_copy(self, int32_t channel) except -1:
+        """Copy the staged record into ``channel``'s buffers, for a broadcast:
+        a channel whose consumer released it is skipped."""
+        cdef object cur = self._current[channel]
+        cdef Buffer buf
+        cdef int flags
+        if cur is not None:
+            buf = <Buffer>cur
+            flags = self._ser._copy_to_buffer(buf)
+            if not flags & _FULL_BUFFER:
+                return 0
+            self._current[channel] = None
+            if self._hand_over(channel, buf):
+                return self._skip_released(channel)
+            if flags & _FULL_RECORD:
+                return 0
+        while True:
+            buf = self._request_buffer(channel)
+            if buf is None:
+                return self._skip_released(channel)
+            flags = self._ser._copy_to_buffer(buf)
+            if not flags & _FULL_BUFFER:
+                self._current[channel] = buf
+                return 0
+            if self._hand_over(channel, buf):
+                return self._skip_released(channel)
+            if flags & _FULL_RECORD:
+                return 0
+
+    cdef int _skip_released(self, int32_t channel) except -1:
+        """A broadcast met a channel whose consumer released it: skip it,
+        unless every channel is released (then nobody gets the record)."""
+        self._drop_current(channel)
+        cdef ResultSubpartition sp
+        for sp in self._subparts:
+            if fb_subpart_state(&sp._c) != FB_SP_RELEASED:
+                return 0
+        self._ser._clear()
+        self._broken = False
+        raise PartitionReleasedError(f"every consumer of {self._partition._describe()} released "
+                                     "its subpartition: the record was not delivered")
+
+    cdef int _drop_record(self, int32_t channel) except -1:
+        """The consumer of ``channel`` released it while a record for that
+        channel alone was being written: the record and whatever the writer
+        holds for the channel are dropped, nothing is left half written, and
+        the writer goes on serving the other channels."""
+        self._drop_current(channel)
+        self._ser._clear()
+        self._broken = False
+        raise PartitionReleasedError(
+            f"subpartition {channel} of {self._partition._describe()} was released by its "
+            "consumer: the record was not delivered")
+
+    cdef int _drop_current(self, int32_t channel) except -1:
+        cdef object cur = self._current[channel]
+        if cur is not None:
+            self._current[channel] = None
+            if not (<Buffer>cur).is_recycled:
+                (<Buffer>cur)._release()
         return 0
 
     cdef int32_t _await_channel(self) except -1:
@@ -237,20 +349,21 @@ a broadcast selector); blocks while no buffer is free."""
         cdef int32_t ch = _ALL_BLOCKED
         cdef int64_t t0 = fb_monotonic_ns()
         self._bp_since = t0
-        self._busy = False
+        self._busy = _IDLE
         try:
             while ch < 0:
                 self._check_partition()
                 ch = sel._wait_unblocked(_REQUEST_SLICE)
                 PyErr_CheckSignals()
         finally:
-            self._busy = True
+            self._busy = _EMITTING
             self._bp_ns += fb_monotonic_ns() - t0
             self._bp_since = 0
         return ch
 
     cdef int _copy_to(self, int32_t channel) except -1:
-        """Copy the staged record into ``channel``'s buffers."""
+        """Copy the staged record into ``channel``'s buffers (a record for
+        that channel alone: a released channel raises, see _drop_record)."""
         cdef object cur = self._current[channel]
         cdef Buffer buf
         if cur is None:
@@ -283,7 +396,10 @@ a broadcast selector); blocks while no buffer is free."""
 
     cdef Buffer _request_buffer(self, int32_t channel):
         """The next buffer for ``channel``; blocks while none is free (with a
-        per-channel cap: while the pool is unavailable, as in Flink)."""
+        per-channel cap: while the pool is unavailable, as in Flink).  If
+        the channel's consumer releases it meanwhile: None in a broadcast
+        (which skips the channel), else the record is dropped
+        (PartitionReleasedError, see _drop_record)."""
         cdef int32_t pool_ch = channel if self._partition._pool_channels else -1
         cdef bint capped = self._partition._cap > 0
         cdef Buffer buf
@@ -291,12 +407,15 @@ a broadcast selector); blocks while no buffer is free."""
             buf = self._pool._request(pool_ch)
             if buf is not None:
                 return buf
+        cdef int mode = self._busy
+        cdef bint released
         cdef int64_t t0 = fb_monotonic_ns()
         self._bp_since = t0
-        self._busy = False          # the flusher may hand over other channels meanwhile
+        self._busy = _IDLE          # the flusher may hand over other channels meanwhile
         try:
             while True:
-                self._check_target(channel)
+                if self._target_released(channel):
+                    break
                 if capped:
                     if not self._pool.wait_available(_REQUEST_SLICE):
                         continue
@@ -309,15 +428,22 @@ a broadcast selector); blocks while no buffer is free."""
                     except BufferRequestTimeoutError:
                         continue
                 try:
-                    self._check_target(channel)
+                    released = self._target_released(channel)
                 except BaseException:
                     buf._release()
                     raise
-                return buf
+                if not released:
+                    return buf
+                buf._release()
+                break
         finally:
-            self._busy = True
+            self._busy = mode
             self._bp_ns += fb_monotonic_ns() - t0
             self._bp_since = 0
+        # the consumer of `channel` left while this request waited
+        if mode == _BROADCASTING:
+            return None
+        self._drop_record(channel)
 
     cdef int _check_partition(self) except -1:
         if self._state == _W_FAILED:
@@ -332,18 +458,20 @@ a broadcast selector); blocks while no buffer is free."""
             raise PartitionReleasedError(f"{self._partition._describe()} was released")
         return 0
 
-    cdef int _check_target(self, int32_t channel) except -1:
+    cdef bint _target_released(self, int32_t channel) except -1:
+        """True if ``channel``'s consumer released it; raises if the writer or
+        the partition can no longer be written."""
         self._check_partition()
         cdef ResultSubpartition sp = <ResultSubpartition>self._subparts[channel]
         cdef int32_t state = fb_subpart_state(&sp._c)
-        if state == FB_SP_RELEASED:
-            self._partition._raise_for_rc(FB_X_RELEASED, channel)
         if state == FB_SP_FAILED:
             self._partition._raise_for_rc(FB_X_FAILED, channel)
-        return 0
+        return state == FB_SP_RELEASED
 
     cdef int _finish_buffer(self, int32_t channel, Buffer buf) except -1:
-        """Hand a finished buffer to its subpartition (empty ones are recycled)."""
+        """Hand a full buffer to its subpartition while a record for that
+        channel alone is copied (empty ones are recycled).  A released
+        channel drops the record (see _drop_record)."""
         cdef int32_t size = <int32_t>buf._writer
         if size == 0:
             buf._release()
@@ -352,15 +480,35 @@ a broadcast selector); blocks while no buffer is free."""
         cdef int rc = sp._add(buf, FB_ITEM_DATA, size, False)
         if rc != FB_X_OK:
             buf._release()
+            if rc == FB_X_RELEASED:
+                return self._drop_record(channel)
             self._partition._raise_for_rc(rc, channel)
         self._bytes_out += size
         self._buffers_out += 1
         return 0
 
-    cdef int _flush_all(self, bint raise_errors) except -1:
-        """Hand over every partly filled buffer.  Errors: raised at once, or
-        (the flusher thread) kept for the next emit."""
-        cdef int32_t ch
+    cdef int _hand_over(self, int32_t channel, Buffer buf) except -1:
+        """Hand a buffer to its subpartition (empty ones are recycled): 0, or 1
+        if the channel's consumer released it (the buffer is recycled)."""
+        cdef int32_t size = <int32_t>buf._writer
+        if size == 0:
+            buf._release()
+            return 0
+        cdef ResultSubpartition sp = <ResultSubpartition>self._subparts[channel]
+        cdef int rc = sp._add(buf, FB_ITEM_DATA, size, False)
+        if rc != FB_X_OK:
+            buf._release()
+            if rc == FB_X_RELEASED:
+                return 1
+            self._partition._raise_for_rc(rc, channel)
+        self._bytes_out += size
+        self._buffers_out += 1
+        return 0
+
+    cdef int _flush_all(self, int mode) except -1:
+        """Hand over every partly filled buffer; a released channel's is
+        dropped.  ``mode``: _FLUSH_RAISE, _FLUSH_QUIET or _FLUSH_TIMER."""
+        cdef int32_t ch, dropped = -1
         cdef object cur
         cdef Buffer buf
         for ch in range(self._n):
@@ -372,12 +520,17 @@ a broadcast selector); blocks while no buffer is free."""
                 continue
             self._current[ch] = None
             try:
-                self._finish_buffer(ch, buf)
+                if self._hand_over(ch, buf):
+                    dropped = ch
             except BaseException as exc:
-                if raise_errors:
+                if mode != _FLUSH_TIMER:
                     raise
                 if self._flusher_error is None:
                     self._flusher_error = exc
+        if dropped >= 0 and mode == _FLUSH_RAISE:
+            raise PartitionReleasedError(
+                f"subpartition {dropped} of {self._partition._describe()} was released by its "
+                "consumer: what was written for it was not delivered")
         return 0
 
     cdef int _release_current(self) except -1:
@@ -397,23 +550,32 @@ a broadcast selector); blocks while no buffer is free."""
         if self._busy:
             self._flush_pending = True
             return
-        self._flush_all(False)
+        try:
+            self._flush_all(_FLUSH_TIMER)
+        except BaseException as exc:        # kept for the writer's next call
+            if self._flusher_error is None:
+                self._flusher_error = exc
 
     # ---- control ------------------------------------------------------------
 
     def flush(self):
-        """Hand every partly filled buffer to its consumer now."""
+        """Hand every partly filled buffer to its consumer now.  A channel
+        whose consumer left gets nothing; what was written for it is dropped
+        and reported with :class:`PartitionReleasedError` once the others
+        are handed over (not for a broadcast selector, see the class)."""
         self._check_open()
-        self._flush_all(True)
+        self._flush_all(_FLUSH_QUIET if self._broadcast else _FLUSH_RAISE)
 
     def broadcast_event(self, event):
-        """Flush, then send a user :class:`Event` in-band to every channel:
-        each consumer sees it after all records emitted before it."""
+        """Flush, then send a :class:`UserEvent` in-band to every channel:
+        each consumer sees it after all records emitted before it.  The
+        event is encoded first: a wrong one is refused before anything is
+        flushed."""
         self._check_open()
-        if not isinstance(event, UserEvent):
-            raise TypeError(f"expected a UserEvent, got {type(event).__name__}")
-        self._flush_all(True)
-        self._partition.broadcast_event(event)
+        cdef bytes data = _serialize_event(event)
+        self._flush_all(_FLUSH_QUIET)
+        self._partition._check_live()
+        self._partition._add_event_all(data, False)
 
     def _stop_flusher(self):
         if self._flusher is not None:
@@ -424,8 +586,8 @@ a broadcast selector); blocks while no buffer is free."""
 
     def close(self):
         """Flush and end every subpartition with EndOfPartition (subpartitions
-        whose consumer left are skipped).  Idempotent; after a failure it only
-        frees the writer's buffers."""
+        whose consumer left are skipped: nothing is reported for them).
+        Idempotent; after a failure it only frees the writer's buffers."""
         if self._state == _W_CLOSED:
             return
         self._stop_flusher()
@@ -437,19 +599,15 @@ a broadcast selector); blocks while no buffer is free."""
         try:
             if self._broken:
                 raise RuntimeError("a record was left half written by an earlier error")
-            if self._flusher_error is not None and not isinstance(
-                    self._flusher_error, PartitionReleasedError):
+            if self._flusher_error is not None:
                 raise self._flusher_error
             for ch in range(self._n):
                 cur = self._current[ch]
                 if cur is None:
                     continue
                 self._current[ch] = None
-                try:
-                    self._finish_buffer(ch, <Buffer>cur)
-                except PartitionReleasedError:
-                    pass
-            self._partition.finish()
+                self._hand_over(ch, <Buffer>cur)     # 1 (released): nothing to deliver
+            self._partition._finish()
         except BaseException as exc:
             self._state = _W_FAILED
             self._release_current()
@@ -459,7 +617,9 @@ a broadcast selector); blocks while no buffer is free."""
 
     def fail(self, exc=None):
         """Drop this writer's buffers and fail the partition: consumers raise
-        :class:`ProducerFailedError` from ``exc``."""
+        :class:`ProducerFailedError` from ``exc`` (an exception instance, or
+        None: see :meth:`ResultPartition.fail`)."""
+        _check_failure_cause(exc)
         if self._state == _W_FAILED:
             return
         self._stop_flusher()

@@ -25,7 +25,9 @@ cdef class ResultPartition:
     cdef object _cause
     cdef int _state              # _P_LIVE, _P_FINISHED, _P_FAILED, _P_RELEASED
     cdef bint _has_writer
+    cdef object _writer          # weak reference to the RecordWriter, or None
     cdef _ConsumeSignal _signal
 
     cdef int _raise_for_rc(self, int rc, int32_t index) except -1
     cdef int _add_event_all(self, bytes payload, bint last) except -1
+    cdef int _finish(self) except -1

@@ -96,11 +96,10 @@ cdef class ResultSubpartition:
         return rc
 
     cdef int32_t _terminate(self, int32_t state) except -1:
-        """Release or fail: recycle everything queued; the number recycled."""
+        """Release or fail: recycle everything queued; the number recycled.
+        (Terminating never allocates, so __dealloc__ can always recycle.)"""
         cdef fb_item_t *items = NULL
         cdef int32_t n = fb_subpart_terminate(&self._c, state, &items)
-        if n < 0:
-            raise MemoryError()
         if n > 0:
             _dispose_items(items, n)
         return n
@@ -151,6 +150,16 @@ cdef class ResultPartition:
     EndOfPartition, ``fail(exc)`` makes consumers raise
     :class:`ProducerFailedError`, ``release()`` drops everything queued.
     Buffers queued when the partition is garbage collected are recycled.
+
+    Lifecycle, as in Flink: the producer finishes the partition (or fails
+    it); what is queued stays until each consumer has read its
+    subpartition to the end, and a consumer's gate releases its
+    subpartition when it is done (or closes early).  ``release()`` is for
+    dropping a partition whose consumers will not read it.  As a context
+    manager on the producer's side: a normal exit finishes the partition
+    (closing its RecordWriter if that is still open, which hands over its
+    partly filled buffers first), an exception fails it with that
+    exception; neither releases it.
     """
 
     def __cinit__(self):
@@ -162,6 +171,7 @@ cdef class ResultPartition:
     def __init__(self, LocalBufferPool pool not None, num_subpartitions, *, name=None):
         if self._n:
             raise RuntimeError("ResultPartition is already initialised")
+        _check_name(name)
         cdef int32_t n = _as_int32(num_subpartitions, "num_subpartitions", 1)
         cdef int32_t pool_channels = pool.num_subpartitions
         if pool_channels not in (0, n):
@@ -259,17 +269,39 @@ cdef class ResultPartition:
 
     def finish(self):
         """End every subpartition with EndOfPartition; nothing can be added
-        afterwards.  Idempotent."""
+        afterwards.  If the partition's :class:`RecordWriter` is still open
+        it is closed, which hands over its partly filled buffers first.
+        Idempotent."""
         if self._state == _P_FINISHED:
             return
+        writer = self._open_writer()
+        if writer is not None:
+            writer.close()          # flushes, then _finish()
+        else:
+            self._finish()
+
+    cdef int _finish(self) except -1:
+        if self._state == _P_FINISHED:
+            return 0
         self._check_live()
         self._add_event_all(_END_OF_PARTITION_BYTES, True)
         self._state = _P_FINISHED
+        return 0
+
+    def _open_writer(self):
+        """The partition's RecordWriter if it is alive and open, else None."""
+        writer = self._writer() if self._writer is not None else None
+        if writer is None or writer.is_closed:
+            return None
+        return writer
 
     def fail(self, exc=None):
         """The producer failed: drop and recycle whatever is queued, and make
-        every consumer raise :class:`ProducerFailedError` (from ``exc``).
-        No-op on a partition that is already failed or released."""
+        every consumer raise :class:`ProducerFailedError` from ``exc``, the
+        producer's exception (an instance; TypeError for anything else).
+        ``None`` fails without one: the cause is then a ``RuntimeError("producer
+        failed")``.  No-op on a partition that is already failed or released."""
+        _check_failure_cause(exc)
         if self._state in (_P_FAILED, _P_RELEASED):
             return
         if exc is None:
@@ -290,7 +322,9 @@ cdef class ResultPartition:
 
     def release(self):
         """Drop and recycle everything queued; consumers see the partition
-        as released.  Idempotent."""
+        as released (:class:`PartitionReleasedError`).  For a partition that
+        will not be read (any more); a producer that is done calls
+        :meth:`finish` instead.  Idempotent."""
         if self._state == _P_RELEASED:
             return
         if self._state != _P_FAILED:
@@ -350,8 +384,22 @@ cdef class ResultPartition:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.release()
+    def __exit__(self, exc_type, exc, tb):
+        """The producer is done: on a normal exit the partition is finished
+        (see :meth:`finish`; nothing queued is dropped, the consumers read
+        it to the end), on an exception it fails with that exception (see
+        :meth:`fail`).  It is not released."""
+        if exc_type is None:
+            if self._state == _P_LIVE:
+                self.finish()
+            return False
+        cause = exc if isinstance(exc, BaseException) else None
+        writer = self._open_writer()
+        if writer is not None:
+            writer.fail(cause)      # drops its buffers, then fails the partition
+        else:
+            self.fail(cause)
+        return False
 
     def __repr__(self):
         state = ("live", "finished", "failed", "released")[self._state]

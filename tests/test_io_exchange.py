@@ -203,6 +203,62 @@ def test_user_events_travel_in_band():
     assert_all_recycled(nbp, [w.partition.pool for w in writers])
 
 
+def test_user_events_are_final_immutable_values():
+    """UserEvent could be subclassed (broadcast_event then refused the
+    subclass after it had flushed, and equality with a UserEvent depended
+    on the operand order), its payload could be reassigned while it was
+    hashable, and hashing one with a dict payload raised a bare error."""
+    import copy
+    import pickle
+
+    with pytest.raises(TypeError, match="cannot be subclassed"):
+        class Mine(fb.UserEvent):
+            pass
+
+    ev = fb.UserEvent({"k": [1, 2]})
+    for attempt in (lambda: setattr(ev, "payload", 1), lambda: setattr(ev, "_payload", 1),
+                    lambda: delattr(ev, "payload"), lambda: setattr(ev, "other", 1)):
+        with pytest.raises(AttributeError):
+            attempt()
+    ev.__init__("again")                     # no way around it either
+    assert ev.payload == {"k": [1, 2]}
+    # equal when the payloads are; hashable exactly when the payload is
+    assert fb.UserEvent((1, "a")) == fb.UserEvent((1, "a"))
+    assert fb.UserEvent(1) == fb.UserEvent(1.0) and hash(fb.UserEvent(1)) == hash(fb.UserEvent(1.0))
+    assert fb.UserEvent(1) != fb.UserEvent(2) and fb.UserEvent(1) != 1
+    assert fb.UserEvent() == fb.UserEvent(None) and fb.UserEvent().payload is None
+    assert len({fb.UserEvent(("a", 1)), fb.UserEvent(("a", 1)), fb.UserEvent("b")}) == 2
+    assert ev == fb.UserEvent({"k": [1, 2]})
+    for payload in ({"k": 1}, [1], (1, [2])):
+        with pytest.raises(TypeError, match="unhashable UserEvent"):
+            hash(fb.UserEvent(payload))
+    nan = float("nan")
+    assert fb.UserEvent(nan) == fb.UserEvent(nan)         # the same object, as in a tuple
+    for clone in (pickle.loads(pickle.dumps(ev)), copy.copy(ev), copy.deepcopy(ev)):
+        assert type(clone) is fb.UserEvent and clone == ev
+    assert repr(fb.UserEvent((1, "a"))) == "UserEvent((1, 'a'))"
+
+
+def test_broadcast_event_refuses_a_bad_event_before_flushing():
+    nbp = fb.NetworkBufferPool(8, 256)
+    part = fb.create_partition(nbp, 2)
+    gates = [fb.InputGate([(part, c)]) for c in range(2)]
+    w = fb.RecordWriter(part, fb.RoundRobinSelector(start=0), buffer_timeout=None)
+    w.emit("a")
+    for bad, message in [(fb.UserEvent(object()), "object"), (io.END_OF_PARTITION, "only UserEvent"),
+                         ("event", "only UserEvent")]:
+        with pytest.raises(TypeError, match=message):
+            w.broadcast_event(bad)
+        assert part.backlogs() == [0, 0], "nothing is flushed for a refused event"
+    w.broadcast_event(fb.UserEvent("mark"))
+    w.emit("b")
+    w.close()
+    assert [list(g) for g in gates] == [["a", fb.UserEvent("mark")], [fb.UserEvent("mark"), "b"]]
+    for g in gates:
+        g.close()
+    assert_all_recycled(nbp, [part.pool])
+
+
 def test_end_of_partition_is_not_yielded_and_the_gate_ends_once():
     nbp = fb.NetworkBufferPool(8, 128)
     parts = [fb.create_partition(nbp, 1) for _ in range(2)]
@@ -383,6 +439,104 @@ def test_partition_and_writer_arguments_are_checked():
     early.close()
     with pytest.raises(ValueError, match="closed"):
         next(early)
+
+
+def test_input_channels_are_local_or_compiled_subclasses():
+    """InputChannel() and Python subclasses of it could be built, and an
+    InputGate over one raised NotImplementedError from deep inside.  Input
+    channels are cdef classes (see test_io_cython_channel): the abstract
+    base and Python subclasses are refused when constructed."""
+    with pytest.raises(TypeError, match="abstract.*LocalInputChannel"):
+        fb.InputChannel()
+
+    class PyChannel(fb.InputChannel):
+        pass
+
+    with pytest.raises(TypeError, match="PyChannel subclasses InputChannel in Python"):
+        PyChannel()
+    nbp = fb.NetworkBufferPool(8, 128)
+    part = fb.create_partition(nbp, 1)
+    channel = fb.LocalInputChannel(part, 0)
+    assert channel.index is None
+    gate = fb.InputGate([channel])
+    assert channel.index == 0 and gate.channels == [channel]
+    with fb.RecordWriter(part) as w:
+        w.emit("x")
+    assert list(gate) == ["x"]
+    gate.close()
+    assert_all_recycled(nbp, [part.pool])
+
+
+def test_buffer_timeout_is_a_finite_number_of_seconds_or_none():
+    """buffer_timeout=float("inf") was accepted and the flusher thread died
+    in Event.wait (OverflowError, unseen: nothing was flushed on a timer);
+    "0.5" was accepted through float()."""
+    from decimal import Decimal
+    from fractions import Fraction
+
+    nbp = fb.NetworkBufferPool(16, 32768)
+    part = fb.create_partition(nbp, 1)
+    sel = fb.BacklogAwareRebalanceSelector()
+    threads = threading.active_count()
+    for bad in ("0.5", b"1", True, False, [0.1], 1j, Decimal("0.1")):
+        with pytest.raises(TypeError, match="buffer_timeout must be a number of seconds"):
+            fb.RecordWriter(part, sel, buffer_timeout=bad)
+    for bad in (-1, -0.001, float("-inf"), float("nan")):
+        with pytest.raises(ValueError, match=">= 0 seconds"):
+            fb.RecordWriter(part, sel, buffer_timeout=bad)
+    for bad in (float("inf"), 1e300, 10**400, threading.TIMEOUT_MAX * 2):
+        with pytest.raises(ValueError, match="must be finite.*use None"):
+            fb.RecordWriter(part, sel, buffer_timeout=bad)
+    assert threading.active_count() == threads, "no flusher thread was started"
+    for good, want in ((None, None), (0, 0.0), (Fraction(1, 4), 0.25), (np.int64(2), 2.0),
+                       (threading.TIMEOUT_MAX, threading.TIMEOUT_MAX)):
+        other = fb.create_partition(nbp, 1)
+        w = fb.RecordWriter(other, buffer_timeout=good)
+        assert w.buffer_timeout == want and type(w.buffer_timeout) is type(want)
+        w.close()
+        other.pool.destroy()
+    # the refused writers took nothing: the partition and the selector are free
+    gate = fb.InputGate([(part, 0)])
+    w = fb.RecordWriter(part, sel, buffer_timeout=np.float64(0.005))
+    w.emit("x")                                    # a partly filled 32 KiB buffer
+    reader = Task(lambda: next(gate))
+    reader.start()
+    assert reader.finish(timeout=10) == "x", "the flusher hands it over"
+    w.close()
+    assert list(gate) == []
+    gate.close()
+    assert_all_recycled(nbp, [part.pool])
+
+
+def test_names_are_strings():
+    """Any object was stored as the name of a partition, writer or gate
+    (and shown in their errors and thread names)."""
+    nbp = fb.NetworkBufferPool(16, 128)
+    pool = nbp.create_buffer_pool(3, 3, num_subpartitions=2)
+    for bad in (3, b"p", ["p"], object()):
+        with pytest.raises(TypeError, match=f"name must be a str or None, got {type(bad).__name__}"):
+            fb.ResultPartition(pool, 2, name=bad)
+    with pytest.raises(TypeError, match="name must be a str"):
+        fb.create_partition(nbp, 2, name=1.5)
+    assert nbp.num_total_required_buffers == 3, "the pool made for it was destroyed"
+    part = fb.ResultPartition(pool, 2, name="src")
+    with pytest.raises(TypeError, match="name must be a str or None, got int"):
+        fb.RecordWriter(part, name=7)
+    with pytest.raises(TypeError, match="name must be a str or None, got bytes"):
+        fb.InputGate([(part, 0)], name=b"c0")
+    # nothing was taken by the refused writer and gate
+    gates = [fb.InputGate([(part, c)], name=f"c{c}") for c in range(2)]
+    w = fb.RecordWriter(part, fb.RoundRobinSelector(start=0))
+    assert (part.name, w.name, gates[1].name) == ("src", "src", "c1")
+    w.emit(1)
+    w.close()
+    assert [list(g) for g in gates] == [[1], []]
+    for g in gates:
+        g.close()
+    unnamed = fb.RecordWriter(fb.create_partition(nbp, 1), name=None, buffer_timeout=None)
+    assert unnamed.name is None
+    unnamed.close()
+    assert_all_recycled(nbp, [pool, unnamed.partition.pool])
 
 
 def test_a_record_the_codec_refuses_leaves_the_writer_usable():

@@ -96,6 +96,123 @@ def test_failing_drops_queued_buffers_and_the_writers_own():
     assert_all_recycled(nbp, [pool])
 
 
+def test_a_partition_with_block_finishes_it_and_keeps_the_data():
+    """Leaving `with partition:` released the partition: everything queued,
+    EndOfPartition included, was dropped, and consumers that had not read
+    it yet got PartitionReleasedError."""
+    nbp = fb.NetworkBufferPool(64, 128)
+    with fb.create_partition(nbp, 2, min_buffers=40, name="p") as part:
+        gates = [fb.InputGate([(part, c)]) for c in range(2)]
+        with fb.RecordWriter(part, fb.RoundRobinSelector(start=0), buffer_timeout=None) as w:
+            for i in range(200):
+                w.emit(i)
+    assert part.is_finished and not part.is_released and not part.is_failed
+    assert part.backlogs()[0] > 0, "queued for the consumers, which read after the block"
+    readers = [Task(lambda g=g: list(g)) for g in gates]
+    for r in readers:
+        r.start()
+    assert [r.finish() for r in readers] == [list(range(0, 200, 2)), list(range(1, 200, 2))]
+    for g in gates:
+        g.close()
+    # a writer still open at the end of the block is closed: its partly
+    # filled buffer is handed over before EndOfPartition
+    with fb.create_partition(nbp, 1) as part2:
+        gate = fb.InputGate([(part2, 0)])
+        w2 = fb.RecordWriter(part2, buffer_timeout=None)
+        w2.emit("a")
+        w2.emit("b")
+    assert w2.is_closed and part2.is_finished
+    assert list(gate) == ["a", "b"]
+    gate.close()
+    assert_all_recycled(nbp, [part.pool, part2.pool])
+
+
+def test_a_partition_with_block_fails_it_on_an_exception():
+    nbp = fb.NetworkBufferPool(16, 128)
+    boom = KeyError("k")
+    gates = []
+    with pytest.raises(KeyError):
+        with fb.create_partition(nbp, 1, name="p") as part:
+            gates.append(fb.InputGate([(part, 0)]))
+            w = fb.RecordWriter(part, buffer_timeout=None)
+            w.emit(1)
+            raise boom
+    assert part.is_failed and part.failure_cause is boom and w.is_closed
+    with pytest.raises(fb.ProducerFailedError) as info:
+        next(gates[0])
+    assert info.value.__cause__ is boom
+    gates[0].close()
+    # also once the writer had finished it
+    with pytest.raises(ValueError):
+        with fb.create_partition(nbp, 1) as part2:
+            gate = fb.InputGate([(part2, 0)])
+            with fb.RecordWriter(part2) as w2:
+                w2.emit(1)
+            raise ValueError("after the writer")
+    assert part2.is_failed
+    with pytest.raises(fb.ProducerFailedError, match="ValueError"):
+        list(gate)
+    gate.close()
+    assert_all_recycled(nbp, [part.pool, part2.pool])
+
+
+def test_finishing_a_partition_closes_its_open_writer():
+    """finish() while the writer was open queued EndOfPartition behind the
+    writer's back: its partly filled buffer could no longer be handed over
+    and its close() then failed the partition."""
+    nbp = fb.NetworkBufferPool(16, 128)
+    part = fb.create_partition(nbp, 1)
+    gate = fb.InputGate([(part, 0)])
+    w = fb.RecordWriter(part, buffer_timeout=None)
+    w.emit("x")
+    part.finish()
+    assert w.is_closed and part.is_finished
+    w.close()                          # idempotent
+    assert list(gate) == ["x"]
+    gate.close()
+    assert_all_recycled(nbp, [part.pool])
+
+
+def test_fail_takes_an_exception_or_none():
+    """fail("oops") was accepted: consumers then got "TypeError: exception
+    cause must be None or derive from BaseException" instead of a
+    ProducerFailedError."""
+    nbp, part, (gate,) = _pipeline(segment_size=128)
+    w = fb.RecordWriter(part, buffer_timeout=None)
+    w.emit(1)
+    for target in (part, w):
+        with pytest.raises(TypeError, match="exception instance or None, got str"):
+            target.fail("oops")
+        with pytest.raises(TypeError, match="got the class ValueError: pass ValueError"):
+            target.fail(ValueError)
+        with pytest.raises(TypeError, match="got int"):
+            target.fail(3)
+    assert not part.is_failed and not w.is_closed   # refused: nothing happened
+    w.emit(2)
+    w.close()
+    assert list(gate) == [1, 2]
+    gate.close()
+    # None: failed without a cause of the producer's own
+    nbp2, part2, (gate2,) = _pipeline(segment_size=128)
+    w2 = fb.RecordWriter(part2, buffer_timeout=None)
+    w2.fail(None)
+    with pytest.raises(fb.ProducerFailedError) as info:
+        next(gate2)
+    assert type(info.value.__cause__) is RuntimeError
+    assert str(info.value.__cause__) == "producer failed"
+    gate2.close()
+    # any exception instance, BaseExceptions included
+    nbp3, part3, (gate3,) = _pipeline(segment_size=128)
+    interrupt = KeyboardInterrupt()
+    part3.fail(interrupt)
+    with pytest.raises(fb.ProducerFailedError) as info:
+        next(gate3)
+    assert info.value.__cause__ is interrupt and part3.failure_cause is interrupt
+    gate3.close()
+    for n, p in ((nbp, part), (nbp2, part2), (nbp3, part3)):
+        assert_all_recycled(n, [p.pool])
+
+
 def test_closing_the_gate_ends_a_blocked_producer_with_an_error():
     nbp, part, (gate,) = _pipeline(segment_size=64)   # 2 buffers of 64 bytes
     w = fb.RecordWriter(part, buffer_timeout=None)
@@ -140,6 +257,132 @@ def test_closing_one_of_two_gates_fails_only_writes_to_its_channel():
     w2.fail()
     g[0].close()
     assert_all_recycled(nbp, [part.pool, w2_part.pool])
+
+
+def test_a_consumer_that_leaves_early_does_not_fail_the_others():
+    """One of two consumers closes its gate early.  The producer's writes to
+    that channel raise PartitionReleasedError (and are dropped); it used to
+    mark the writer as holding a half written record, so the next emit
+    raised RuntimeError and close() failed the partition for the consumer
+    that was still reading.  Now the producer goes on and closes normally."""
+    nbp, part, (keeps, leaves) = _pipeline(2, segment_size=64, buffers=6)
+    w = fb.RecordWriter(part, fb.RoundRobinSelector(start=0), buffer_timeout=None)
+    n = 3000
+
+    def read_some_then_leave():
+        got = [next(leaves) for _ in range(20)]
+        leaves.close()
+        return got
+
+    def produce():
+        dropped = []
+        for i in range(n):
+            try:
+                w.emit(i)
+            except fb.PartitionReleasedError as exc:
+                assert "subpartition 1 of result partition 'src' was released by its consumer" \
+                    in str(exc), exc
+                dropped.append(i)
+        w.close()
+        return dropped
+
+    tasks = [Task(read_some_then_leave), Task(lambda: list(keeps)), Task(produce)]
+    for t in tasks:
+        t.start()
+    early, full, dropped = (t.finish() for t in tasks)
+    assert early == list(range(1, 40, 2))
+    assert full == list(range(0, n, 2)), "every record for the consumer that stayed, in order"
+    assert dropped and all(i % 2 == 1 and i > 39 for i in dropped)
+    assert part.is_finished and not part.is_failed
+    assert part.subpartition(1).is_released
+    keeps.close()
+    assert_all_recycled(nbp, [part.pool])
+
+
+def test_the_output_flusher_drops_a_released_channels_buffer_quietly():
+    """The flusher kept the PartitionReleasedError of a channel whose
+    consumer had left and raised it from the next emit, to any channel,
+    after which the writer claimed "a record was left half written"."""
+    nbp, part, (stays, leaves) = _pipeline(2, segment_size=4096)
+    pool = part.pool
+    w = fb.RecordWriter(part, lambda rec, n: rec[0], buffer_timeout=0.002)
+    leaves.close()
+    w.emit((1, "lost"))                    # in a fresh, partly filled buffer
+    assert wait_until(lambda: pool.num_requested == pool.num_available), \
+        "the flusher recycles the released channel's buffer"
+    for i in range(100):
+        w.emit((0, i))
+    w.close()
+    assert list(stays) == [(0, i) for i in range(100)]
+    stays.close()
+    assert_all_recycled(nbp, [pool])
+
+
+def test_flush_hands_over_the_live_channels_before_reporting_a_released_one():
+    nbp, part, (leaves, stays) = _pipeline(2, segment_size=4096)
+    w = fb.RecordWriter(part, lambda rec, n: rec[0], buffer_timeout=None)
+    w.emit((0, "lost"))
+    w.emit((1, "a"))
+    leaves.close()
+    with pytest.raises(fb.PartitionReleasedError, match="subpartition 0 .* not delivered"):
+        w.flush()
+    assert part.backlog(1) == 1, "the live channel was flushed all the same"
+    w.flush()                              # reported once: nothing more was written there
+    w.emit((1, "b"))
+    w.close()
+    assert list(stays) == [(1, "a"), (1, "b")]
+    stays.close()
+    assert_all_recycled(nbp, [part.pool])
+
+
+def test_broadcasts_skip_consumers_that_left():
+    """A broadcast writer blocked by a consumer that does not read goes on
+    with the others when that consumer closes its gate: the record reaches
+    every consumer still there (it used to raise half way through the
+    channels, leaving the record with some consumers only)."""
+    nbp, part, gates = _pipeline(3, segment_size=64, buffers=8)
+    w = fb.RecordWriter(part, "broadcast", buffer_timeout=None)
+    n = 500
+
+    def produce():
+        for i in range(n):
+            w.emit(i)
+        w.broadcast_event(fb.UserEvent("end"))
+        w.close()
+
+    readers = [Task(lambda g=g: list(g)) for g in (gates[0], gates[2])]
+    producer = Task(produce)
+    for t in readers + [producer]:
+        t.start()
+    assert wait_until(lambda: w.back_pressured_time_ns > 30_000_000), "gate 1 does not read"
+    gates[1].close()
+    producer.finish()
+    for r in readers:
+        assert r.finish() == list(range(n)) + [fb.UserEvent("end")]
+    assert part.is_finished
+    for g in gates:
+        g.close()
+    assert_all_recycled(nbp, [part.pool])
+
+
+def test_a_broadcast_with_no_consumer_left_raises():
+    nbp, part, gates = _pipeline(2, segment_size=64)
+    w = fb.RecordWriter(part, "broadcast", buffer_timeout=None)
+
+    def produce():
+        for i in range(100000):
+            w.emit((i, i))
+
+    t = Task(produce)
+    t.start()
+    assert wait_until(lambda: w.back_pressured_time_ns > 30_000_000), "producer never blocked"
+    gates[0].close()
+    gates[1].close()
+    with pytest.raises(fb.PartitionReleasedError, match="every consumer of result partition 'src'"):
+        t.finish(timeout=10)
+    w.close()                              # nobody to end: a normal close
+    assert part.is_finished and not part.is_failed
+    assert_all_recycled(nbp, [part.pool])
 
 
 def test_closing_the_gate_from_another_thread_wakes_its_consumer():

@@ -271,6 +271,10 @@ def test_hash_selector_key_forms_and_limits():
         fb.HashSelector(key="name")
     with pytest.raises(ValueError):
         fb.HashSelector(key=-1)
+    # HashSelector(0, 256) read like "key 0, 256 channels": max_parallelism is keyword-only
+    with pytest.raises(TypeError, match="positional argument"):
+        fb.HashSelector(0, 256)
+    assert fb.HashSelector(0).max_parallelism == 128
 
 
 def test_hash_selector_spreads_keys_over_every_channel():
@@ -347,14 +351,117 @@ def test_simple_selectors_and_their_checks():
     m = Mine()
     m.setup(5)
     assert m.select_channel("x") == 4
-    with pytest.raises(NotImplementedError):
-        s = fb.CustomSelector()
-        s.setup(2)
-        s.select_channel(1)
+    with pytest.raises(TypeError, match="needs a function"):
+        fb.CustomSelector()
     with pytest.raises(RuntimeError, match="inside a RecordWriter"):
         s = fb.BacklogAwareRebalanceSelector()
         s.setup(2)
         s.select_channel(1)
+
+
+def test_selectors_in_python_are_custom_selectors():
+    """A Python subclass of ChannelSelector that overrode select_channel
+    looked fine, but a writer calls the C-level _select: every emit raised
+    NotImplementedError.  The abstract base and subclasses the writer would
+    ignore are now refused when constructed, pointing at CustomSelector."""
+    with pytest.raises(TypeError, match="abstract.*CustomSelector"):
+        fb.ChannelSelector()
+
+    class Direct(fb.ChannelSelector):
+        def select_channel(self, record):
+            return 0
+
+    with pytest.raises(TypeError, match="subclass CustomSelector and override select"):
+        Direct()
+
+    class OverridesSelectChannel(fb.CustomSelector):
+        def select_channel(self, record):
+            return 0
+
+    class OverridesSetup(fb.CustomSelector):
+        def select(self, record, num_channels):
+            return 0
+
+        def setup(self, num_channels):
+            super().setup(num_channels)
+
+    for cls, method in ((OverridesSelectChannel, "select_channel"), (OverridesSetup, "setup")):
+        with pytest.raises(TypeError, match=rf"overrides {method}\(\).*override select"):
+            cls()
+        with pytest.raises(TypeError, match="overrides"):
+            cls(lambda record, n: 0)
+
+    class NoSelect(fb.CustomSelector):
+        pass
+
+    with pytest.raises(TypeError, match="needs a function"):
+        NoSelect()
+    with pytest.raises(TypeError, match="fn must be callable, got int"):
+        fb.CustomSelector(3)
+
+    # the supported ways, through a writer
+    class ByParity(fb.CustomSelector):
+        def select(self, record, num_channels):
+            return record % 2
+
+    class Fallback(fb.CustomSelector):       # no override: fn decides
+        pass
+
+    nbp = fb.NetworkBufferPool(16, 128)
+    for sel in (ByParity(), Fallback(lambda record, n: record % 2)):
+        part = fb.create_partition(nbp, 2)
+        gates = [fb.InputGate([(part, c)]) for c in range(2)]
+        with fb.RecordWriter(part, sel) as w:
+            for i in range(6):
+                w.emit(i)
+        assert [list(g) for g in gates] == [[0, 2, 4], [1, 3, 5]]
+        for g in gates:
+            g.close()
+        part.pool.destroy()
+    assert nbp.num_available_segments == nbp.num_segments
+
+
+def test_custom_selectors_may_return_any_integer():
+    """A channel computed with numpy (np.int64) was refused as "not an int"."""
+    import enum
+
+    class Lane(enum.IntEnum):
+        LEFT = 0
+        RIGHT = 2
+
+    answers = [np.int64(2), np.uint8(1), np.int32(0), Lane.RIGHT, 1]
+    sel = fb.CustomSelector(lambda record, n: answers[record])
+    sel.setup(3)
+    assert [sel.select_channel(i) for i in range(len(answers))] == [2, 1, 0, 2, 1]
+    assert all(type(sel.select_channel(i)) is int for i in range(len(answers)))
+    for bad, error, message in [
+            (True, TypeError, "returned bool, not an integer"),
+            (1.0, TypeError, "returned float"),
+            (np.float64(1), TypeError, "returned float64"),
+            ("1", TypeError, "returned str"),
+            (None, TypeError, "returned NoneType"),
+            (np.int64(-1), IndexError, r"channel -1, not in \[0, 3\)"),
+            (3, IndexError, "channel 3"),
+            (np.uint64(2**64 - 1), IndexError, "channel 18446744073709551615"),
+            (1 << 80, IndexError, "not in"),
+            (-(1 << 80), IndexError, "not in")]:
+        with pytest.raises(error, match=message):
+            s = fb.CustomSelector(lambda record, n: bad)
+            s.setup(3)
+            s.select_channel(0)
+    # through a writer, numpy channels from a vectorised computation
+    nbp = fb.NetworkBufferPool(16, 128)
+    part = fb.create_partition(nbp, 3)
+    gates = [fb.InputGate([(part, c)]) for c in range(3)]
+    lanes = np.arange(9, dtype=np.int64) % 3
+    with fb.RecordWriter(part, lambda record, n: lanes[record]) as w:
+        for i in range(9):
+            w.emit(i)
+    assert [list(g) for g in gates] == [[0, 3, 6], [1, 4, 7], [2, 5, 8]]
+    for g in gates:
+        g.close()
+    part.pool.destroy()
+    assert nbp.num_available_segments == nbp.num_segments
 
 
 def test_backlog_aware_threshold_from_the_pool():
@@ -369,10 +476,36 @@ def test_backlog_aware_threshold_from_the_pool():
     assert sel2.max_backlog == 4
     fixed = fb.BacklogAwareRebalanceSelector(max_backlog=9)
     assert fixed.max_backlog == 9
+    assert fb.BacklogAwareRebalanceSelector(9).max_backlog == 9
+    with pytest.raises(TypeError, match="positional argument"):   # start is keyword-only
+        fb.BacklogAwareRebalanceSelector(None, 0)
     with pytest.raises(ValueError, match="already bound"):
         fb.RecordWriter(fb.create_partition(nbp, 2), sel)
     w.close()
     w2.close()
+
+
+def test_reading_max_backlog_has_no_side_effects():
+    """Reading max_backlog on a bound selector recomputed the threshold
+    from the pool and restarted the countdown to the next refresh: a
+    property read changed which channels counted as blocked."""
+    nbp = fb.NetworkBufferPool(40, 64)
+    part = fb.create_partition(nbp, 2, min_buffers=8, max_buffers=16)
+    assert part.pool.num_buffers == 16
+    sel = fb.BacklogAwareRebalanceSelector(start=0)
+    w = fb.RecordWriter(part, sel, buffer_timeout=None)
+    assert sel.max_backlog == 16 // 4          # what the first record will use
+    sel.select_channel(None)                   # in force now, refreshed every 1024 records
+    part.pool.set_num_buffers(8)
+    for _ in range(3):
+        assert sel.max_backlog == 4, "a read must not refresh the threshold"
+    for _ in range(1023):
+        sel.select_channel(None)
+    assert sel.max_backlog == 4
+    sel.select_channel(None)                   # the 1025th: refreshed from the pool
+    assert sel.max_backlog == 8 // 4
+    w.close()
+    part.pool.destroy()
 
 
 def test_backlog_aware_is_plain_round_robin_while_nothing_is_blocked():

@@ -1,0 +1,145 @@
+"""InputChannel as the base of channels written in Cython (remote channels,
+layer 4, will be): compile a small extension whose channel subclasses it
+and hands the gate whatever items the test chooses, then drive a gate
+over it in a child process (a crash fails the test instead of the run)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+PYX = textwrap.dedent("""
+    from cpython.ref cimport Py_INCREF
+    from libc.stdint cimport int32_t
+
+    from flinkbuf._io cimport InputChannel, InputGate
+    from flinkbuf._io_csrc cimport (
+        FB_ITEM_EVENT, FB_X_EMPTY, FB_X_OK, fb_gate_notify, fb_item_t)
+
+
+    cdef class ListChannel(InputChannel):
+        \"\"\"Hands its gate the given objects as event items, in order.\"\"\"
+        cdef list _items
+        cdef InputGate _gate
+
+        def __init__(self, items):
+            self._items = list(items)
+
+        cdef int _connect(self, InputGate gate, int32_t index) except -1:
+            self._index = index
+            self._gate = gate
+            if self._items:
+                fb_gate_notify(&gate._c, index)
+            return 0
+
+        cdef int _poll(self, fb_item_t *out) except -1:
+            if not self._items:
+                return FB_X_EMPTY
+            obj = self._items.pop(0)
+            Py_INCREF(obj)              # the item's reference, taken by the gate
+            out.obj = <void *>obj
+            out.kind = FB_ITEM_EVENT
+            out.size = 0
+            if self._items:
+                fb_gate_notify(&self._gate._c, self._index)
+            return FB_X_OK
+
+        cdef int _release(self, InputGate gate) except -1:
+            self._gate = None
+            return 0
+
+        cdef int _disconnect(self, InputGate gate) except -1:
+            self._gate = None
+            self._index = -1
+            return 0
+""")
+
+SETUP = textwrap.dedent(f"""
+    import numpy
+    from Cython.Build import cythonize
+    from setuptools import Extension, setup
+    setup(ext_modules=cythonize(
+        [Extension("list_channel", ["list_channel.pyx",     # the gate's C calls are linked in
+                                    {os.path.join(ROOT, "csrc", "exchange.c")!r},
+                                    {os.path.join(ROOT, "csrc", "clock.c")!r}],
+                   include_dirs=[{os.path.join(ROOT, "csrc")!r}, numpy.get_include()])],
+        include_path=[{os.path.join(ROOT, "flinkbuf")!r}, {ROOT!r}],
+        compiler_directives={{"language_level": 3}}, quiet=True))
+""")
+
+SCRIPT = textwrap.dedent("""
+    import flinkbuf as fb
+    from flinkbuf._serialization import encode
+    from list_channel import ListChannel
+
+    def user_event(payload):
+        return b"\\x01" + encode(payload)
+
+    END = b"\\x00"
+
+    # a channel subclassed in Cython works like a local one
+    gate = fb.InputGate([ListChannel([user_event({"k": [1, 2]}), END]),
+                         ListChannel([user_event("x"), user_event(None), END])])
+    got = sorted(map(repr, gate))
+    assert got == sorted(map(repr, [fb.UserEvent({"k": [1, 2]}), fb.UserEvent("x"),
+                                    fb.UserEvent(None)])), got
+    assert gate.is_finished
+    gate.close()
+
+    # an event item that is not bytes: a clear error, for good
+    for bad in (12345, "\\x01abc", bytearray(b"\\x00"), None):
+        gate = fb.InputGate([ListChannel([bad, END])])
+        for attempt in range(2):
+            try:
+                next(gate)
+            except fb.errors.CorruptRecordError as exc:
+                assert "must arrive as bytes" in str(exc), exc
+                assert type(bad).__name__ in str(exc), exc
+            else:
+                raise AssertionError(f"{bad!r} was read as an event")
+        gate.close()
+
+    # a malformed event stops the gate for good as well
+    gate = fb.InputGate([ListChannel([b"\\x07junk", user_event(1), END])])
+    for attempt in range(2):
+        try:
+            next(gate)
+        except fb.errors.CorruptRecordError as exc:
+            assert "unknown event kind 7" in str(exc), exc
+        else:
+            raise AssertionError("a malformed event was accepted")
+    gate.close()
+    print("ok")
+""")
+
+
+@pytest.fixture(scope="module")
+def list_channel_module(tmp_path_factory):
+    """Build the extension (without a sanitizer preload: the compiler is not
+    built for it) and return its directory."""
+    where = tmp_path_factory.mktemp("list_channel")
+    (where / "list_channel.pyx").write_text(PYX)
+    (where / "setup.py").write_text(SETUP)
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    env["PYTHONPATH"] = ROOT
+    proc = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
+                          cwd=where, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return where
+
+
+def test_cython_channels_and_events_that_are_not_bytes(list_channel_module):
+    """The gate cast every event item to bytes unchecked: a channel handing
+    over anything else had it read as bytes (garbage or a crash).  Remote
+    channels will feed the gate; a wrong item is now a CorruptRecordError
+    that fails the gate for good."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(list_channel_module), ROOT]))
+    proc = subprocess.run([sys.executable, "-X", "faulthandler", "-c", SCRIPT],
+                          cwd=list_channel_module, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert proc.stdout.strip() == "ok"
