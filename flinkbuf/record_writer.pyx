@@ -472,19 +472,8 @@ a broadcast selector); blocks while no buffer is free."""
         """Hand a full buffer to its subpartition while a record for that
         channel alone is copied (empty ones are recycled).  A released
         channel drops the record (see _drop_record)."""
-        cdef int32_t size = <int32_t>buf._writer
-        if size == 0:
-            buf._release()
-            return 0
-        cdef ResultSubpartition sp = <ResultSubpartition>self._subparts[channel]
-        cdef int rc = sp._add(buf, FB_ITEM_DATA, size, False)
-        if rc != FB_X_OK:
-            buf._release()
-            if rc == FB_X_RELEASED:
-                return self._drop_record(channel)
-            self._partition._raise_for_rc(rc, channel)
-        self._bytes_out += size
-        self._buffers_out += 1
+        if self._hand_over(channel, buf):
+            return self._drop_record(channel)
         return 0
 
     cdef int _hand_over(self, int32_t channel, Buffer buf) except -1:

@@ -75,7 +75,7 @@ cdef class RecordSerializer:
                     # one large bytes value: its 32-bit header, then the value by reference
                     p[0] = <char>T_BYTES32
                     fb_store_u32(p + 1, <uint32_t>n, 0)
-                    return _stage_external_record(self, 9, record, PyBytes_AS_STRING(record), n)
+                    return _stage_record(self, 9, record, PyBytes_AS_STRING(record), n)
         elif self._codec == CODEC_BYTES and type(record) is bytes:
             n = PyBytes_GET_SIZE(record)
             if n < EXTERNAL_MIN:
@@ -85,7 +85,7 @@ cdef class RecordSerializer:
                 memcpy(p, PyBytes_AS_STRING(record), <size_t>n)
                 return _stage_inline_record(self, 4 + n)
             if n <= MAX_PAYLOAD:
-                return _stage_external_record(self, 4, record, PyBytes_AS_STRING(record), n)
+                return _stage_record(self, 4, record, PyBytes_AS_STRING(record), n)
         return self._serialize_general(record)
 
     cdef int _serialize_general(self, object record) except -1:

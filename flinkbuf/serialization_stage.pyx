@@ -62,23 +62,6 @@ cdef int _add_piece(RecordSerializer s, const char *ptr, Py_ssize_t off,
     return 0
 
 
-cdef inline int _stage_inline_record(RecordSerializer s, Py_ssize_t total) noexcept:
-    """The staged record is the first ``total`` staging bytes (prefix
-    included): one piece, ready to copy."""
-    s._stage_len = total
-    s._piece_start = total
-    s._ext_bytes = 0
-    s._pieces[0].ptr = NULL
-    s._pieces[0].off = 0
-    s._pieces[0].len = total
-    s._npieces = 1
-    s._cur_piece = 0
-    s._cur_off = 0
-    fb_store_u32(s._stage, <uint32_t>(total - 4), 1)
-    s._record_len = total
-    return 0
-
-
 cdef int _close_staged_piece(RecordSerializer s) except -1:
     """End the open staged piece (bytes staged since the last external one)."""
     if s._stage_len > s._piece_start:
@@ -96,11 +79,11 @@ cdef int _add_external(RecordSerializer s, const char *ptr, Py_ssize_t n) except
     return 0
 
 
-cdef inline int _stage_external_record(RecordSerializer s, Py_ssize_t head, object owner,
-                                       const char *ptr, Py_ssize_t n) noexcept:
+cdef inline int _stage_record(RecordSerializer s, Py_ssize_t head, object owner,
+                              const char *ptr, Py_ssize_t n) noexcept:
     """The staged record is the first ``head`` staging bytes (prefix
-    included) followed by ``n`` bytes at ``ptr``, kept alive by ``owner``
-    (the staging area holds no other external value)."""
+    included), then, if ``n`` > 0, ``n`` bytes at ``ptr`` kept alive by
+    ``owner`` (the staging area holds no other external value)."""
     s._owner = owner
     s._stage_len = head
     s._piece_start = head
@@ -108,15 +91,23 @@ cdef inline int _stage_external_record(RecordSerializer s, Py_ssize_t head, obje
     s._pieces[0].ptr = NULL
     s._pieces[0].off = 0
     s._pieces[0].len = head
-    s._pieces[1].ptr = ptr
-    s._pieces[1].off = 0
-    s._pieces[1].len = n
-    s._npieces = 2
+    s._npieces = 1
+    if n:
+        s._pieces[1].ptr = ptr
+        s._pieces[1].off = 0
+        s._pieces[1].len = n
+        s._npieces = 2
     s._cur_piece = 0
     s._cur_off = 0
     fb_store_u32(s._stage, <uint32_t>(head - 4 + n), 1)
     s._record_len = head + n
     return 0
+
+
+cdef inline int _stage_inline_record(RecordSerializer s, Py_ssize_t total) noexcept:
+    """The staged record is the first ``total`` staging bytes (prefix
+    included): one piece, ready to copy."""
+    return _stage_record(s, total, None, NULL, 0)
 
 
 cdef inline int _keep_object(RecordSerializer s, object o) except -1:
