@@ -510,8 +510,11 @@ cdef class BacklogAwareRebalanceSelector(ChannelSelector):
         return 0
 
     cdef bint _is_blocked(self, int32_t channel) except -1:
+        """The channel's backlog reached the threshold, or its consumer left
+        (a released channel takes nothing)."""
         cdef ResultSubpartition sp = <ResultSubpartition>self._partition._subpartitions[channel]
-        return fb_subpart_backlog(&sp._c) >= self._threshold
+        return (fb_subpart_state(&sp._c) != FB_SP_LIVE
+                or fb_subpart_backlog(&sp._c) >= self._threshold)
 
     cdef int32_t _select(self, object record) except -1:
         if self._partition is None:
@@ -547,6 +550,13 @@ cdef class BacklogAwareRebalanceSelector(ChannelSelector):
                 self._next = ch + 1 if ch + 1 < self._n else 0
                 self._steered += 1
                 return ch
+        cdef ResultSubpartition sp
+        for sp in self._partition._subpartitions:
+            if fb_subpart_state(&sp._c) == FB_SP_LIVE:
+                break
+        else:
+            raise PartitionReleasedError(
+                f"every consumer of {self._partition._describe()} released its subpartition")
         cdef int64_t deadline = fb_deadline_after(timeout)
         with nogil:
             fb_signal_wait(&signal._c, seen, deadline)

@@ -22,10 +22,13 @@ Closing the writer (or leaving its ``with`` block) finishes the partition:
 each consumer reads its subpartition to EndOfPartition, and its gate
 releases the subpartition when it is done.  On an exception the writer
 fails the partition and consumers raise :class:`ProducerFailedError`.
-``with partition:`` on the producer's side does the same (and closes a
-writer still open); it never drops what is queued.  A consumer that leaves
-early (``gate.close()``) only affects its own subpartition: writes to it
-raise :class:`PartitionReleasedError`, the other consumers carry on.
+``with partition:`` on the producer's side does the same: a normal exit
+finishes it (closing a writer still open) and drops nothing; an exception
+fails it, and what is queued is dropped.  A consumer that leaves early
+(``gate.close()``) only affects its own subpartition: records for it raise
+:class:`PartitionReleasedError` from the writer's next buffer for that
+channel on (records already in a buffer for it are lost with it), and the
+other consumers carry on.
 
 Channel selectors: :class:`RoundRobinSelector` (Flink's rebalance),
 :class:`RescaleSelector` (with :func:`pointwise_connections`),

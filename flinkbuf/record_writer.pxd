@@ -33,7 +33,6 @@ cdef class RecordWriter:
     cdef int _drop_record(self, int32_t channel) except -1
     cdef int _drop_current(self, int32_t channel) except -1
     cdef int32_t _await_channel(self) except -1
-    cdef int _copy_to(self, int32_t channel) except -1
     cdef int _copy_rest(self, int32_t channel, Buffer buf, int flags) except -1
     cdef Buffer _request_buffer(self, int32_t channel)
     cdef int _check_partition(self) except -1

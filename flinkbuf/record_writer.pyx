@@ -116,10 +116,12 @@ cdef class RecordWriter:
     A consumer that leaves early (closes its input gate) releases its
     subpartition, which is never written again (Flink does the same); the
     other consumers are not affected.  A record for that channel alone is
-    dropped and its ``emit`` raises :class:`PartitionReleasedError` (when
-    the writer notices: the channel's buffer is full or flushed, or a buffer
-    request for it was waiting); the writer stays usable for the other
-    channels and ``close()`` ends them normally.  Broadcasts
+    dropped and its ``emit`` raises :class:`PartitionReleasedError` once the
+    writer notices, at the channel's next buffer (its buffer is full or
+    flushed, a new one is needed, or a request for one was waiting);
+    records already in the channel's buffer then are lost with it.  The
+    writer stays usable for the other channels and ``close()`` ends them
+    normally.  The backlog-aware rebalance steers around released channels.  Broadcasts
     (``broadcast_emit``, a broadcast selector, ``broadcast_event``) skip
     released channels, and raise only once every channel is released.  The
     output flusher drops the partly filled buffer of a released channel
@@ -247,7 +249,7 @@ a broadcast selector); blocks while no buffer is free."""
             # The common case inline: the record fits the channel's buffer.
             cur = self._current[ch]
             if cur is None:
-                self._copy_to(ch)
+                self._copy_rest(ch, None, 0)
             else:
                 flags = self._ser._copy_to_buffer(<Buffer>cur)
                 if flags != _FULL_RECORD:
@@ -361,16 +363,6 @@ a broadcast selector); blocks while no buffer is free."""
             self._bp_since = 0
         return ch
 
-    cdef int _copy_to(self, int32_t channel) except -1:
-        """Copy the staged record into ``channel``'s buffers (a record for
-        that channel alone: a released channel raises, see _drop_record)."""
-        cdef object cur = self._current[channel]
-        cdef Buffer buf
-        if cur is None:
-            return self._copy_rest(channel, None, 0)
-        buf = <Buffer>cur
-        return self._copy_rest(channel, buf, self._ser._copy_to_buffer(buf))
-
     cdef int _copy_rest(self, int32_t channel, Buffer buf, int flags) except -1:
         """Go on copying the staged record after the channel's current
         buffer ``buf`` took what fit (``flags`` from that copy), or from the
@@ -402,8 +394,10 @@ a broadcast selector); blocks while no buffer is free."""
         (PartitionReleasedError, see _drop_record)."""
         cdef int32_t pool_ch = channel if self._partition._pool_channels else -1
         cdef bint capped = self._partition._cap > 0
+        cdef ResultSubpartition sp = <ResultSubpartition>self._subparts[channel]
         cdef Buffer buf
-        if not capped or self._pool.is_available:
+        # A released (or failed) channel takes the loop below, which says so.
+        if fb_subpart_state(&sp._c) == FB_SP_LIVE and (not capped or self._pool.is_available):
             buf = self._pool._request(pool_ch)
             if buf is not None:
                 return buf

@@ -293,9 +293,70 @@ def test_a_consumer_that_leaves_early_does_not_fail_the_others():
     assert early == list(range(1, 40, 2))
     assert full == list(range(0, n, 2)), "every record for the consumer that stayed, in order"
     assert dropped and all(i % 2 == 1 and i > 39 for i in dropped)
+    # Lost without an error: only what was queued or in the channel's buffer
+    # when its consumer left (6 buffers of 64 bytes, <= 16 records each);
+    # from the channel's next buffer on, every record for it raises.
+    lost = set(range(41, n, 2)) - set(dropped)
+    assert len(lost) <= 6 * 16, len(lost)
     assert part.is_finished and not part.is_failed
     assert part.subpartition(1).is_released
     keeps.close()
+    assert_all_recycled(nbp, [part.pool])
+
+
+def test_a_released_channel_raises_at_its_next_buffer_not_after_the_flusher_dropped_it():
+    """The flusher drops a released channel's partly filled buffer; the next
+    record for that channel took a fresh buffer without looking and was lost
+    in it, silently, again and again."""
+    nbp, part, (stays, leaves) = _pipeline(2, segment_size=4096)
+    w = fb.RecordWriter(part, lambda rec, n: rec % 2, buffer_timeout=0.002)
+    leaves.close()
+    for i in range(0, 200, 2):
+        w.emit(i)
+        with pytest.raises(fb.PartitionReleasedError, match="subpartition 1 .* released"):
+            w.emit(i + 1)
+    w.close()
+    assert list(stays) == list(range(0, 200, 2))
+    stays.close()
+    assert_all_recycled(nbp, [part.pool])
+
+
+def test_backlog_aware_rebalance_steers_around_a_consumer_that_left():
+    """A released channel has no backlog, so it never looked blocked: records
+    were steered into it (and dropped) instead of waiting for the live one."""
+    nbp, part, (stays, leaves) = _pipeline(2, segment_size=64, buffers=6)
+    leaves.close()
+    w = fb.RecordWriter(part, fb.BacklogAwareRebalanceSelector(), buffer_timeout=None)
+    n = 2000
+
+    def produce():
+        for i in range(n):
+            w.emit(i)
+        w.close()
+
+    tasks = [Task(produce), Task(lambda: list(stays))]
+    for t in tasks:
+        t.start()
+    _, got = (t.finish() for t in tasks)
+    assert got == list(range(n)), "every record to the consumer that stayed, in order"
+    stays.close()
+    assert_all_recycled(nbp, [part.pool])
+
+
+def test_backlog_aware_rebalance_with_every_consumer_gone_raises():
+    nbp, part, gates = _pipeline(2, segment_size=64, buffers=6)
+    for g in gates:
+        g.close()
+    w = fb.RecordWriter(part, fb.BacklogAwareRebalanceSelector(), buffer_timeout=None)
+
+    def produce():
+        with pytest.raises(fb.PartitionReleasedError):
+            w.emit(0)
+        w.close()
+
+    t = Task(produce)
+    t.start()
+    t.finish()
     assert_all_recycled(nbp, [part.pool])
 
 
@@ -305,9 +366,9 @@ def test_the_output_flusher_drops_a_released_channels_buffer_quietly():
     after which the writer claimed "a record was left half written"."""
     nbp, part, (stays, leaves) = _pipeline(2, segment_size=4096)
     pool = part.pool
-    w = fb.RecordWriter(part, lambda rec, n: rec[0], buffer_timeout=0.002)
-    leaves.close()
-    w.emit((1, "lost"))                    # in a fresh, partly filled buffer
+    w = fb.RecordWriter(part, lambda rec, n: rec[0], buffer_timeout=0.2)
+    w.emit((1, "lost"))                    # in a fresh, partly filled buffer ...
+    leaves.close()                         # ... whose consumer leaves before the flush
     assert wait_until(lambda: pool.num_requested == pool.num_available), \
         "the flusher recycles the released channel's buffer"
     for i in range(100):
