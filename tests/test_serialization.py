@@ -34,6 +34,10 @@ def test_exports_and_results():
     assert pickle.loads(pickle.dumps(SR.FULL_RECORD)) is SR.FULL_RECORD
     with pytest.raises(TypeError):
         SR()
+    with pytest.raises(TypeError, match="cannot be subclassed"):
+        type("Mine", (SR,), {})
+    with pytest.raises(AttributeError, match="immutable"):
+        SR.FULL_RECORD.is_full_buffer = True
     assert repr(S.NO_RECORD) == "NO_RECORD"
 
 
