@@ -15,11 +15,12 @@ Conventions for bench/bench_*.py (pytest-benchmark):
 
 Usage: python bench/run.py [--smoke] [--repeat N] [--json FILE] [-k EXPR] [files...]
 
-``--repeat N`` runs the whole selection N times and keeps, for every row, its
-fastest pass (lowest median).  The machines this runs on are shared: a slow
-spell of the host can make one row of a group 1.5x slower than its peers
-measured a minute later, and the best of a few passes filters that out for
-every row alike.
+``--repeat N`` runs the whole selection N times and shows every group from
+one pass, the one whose rows are closest to their best times.  The machines
+this runs on are shared: a slow spell of the host can make one row of a
+group 1.5x slower than its peers measured a minute later; a few passes give
+each group a chance at a pass without one, and the rows of a group still
+come from the same run.
 """
 
 import argparse
@@ -81,22 +82,30 @@ def table(data):
 
 
 def best_of(passes):
-    """One pytest-benchmark document per pass -> one document with every
-    benchmark's fastest pass (lowest time per op)."""
-    best = {}
-    for data in passes:
+    """One pytest-benchmark document per pass -> one document in which every
+    group comes whole from one pass (its rows measured in the same run): the
+    pass whose rows are, summed, closest to their own best times."""
+    by_group = defaultdict(lambda: defaultdict(dict))     # group -> pass -> name -> bench
+    for i, data in enumerate(passes):
         for b in data["benchmarks"]:
-            key = b["fullname"]
-            if key not in best or ns_per_op(b) < ns_per_op(best[key]):
-                best[key] = b
-    return {"benchmarks": list(best.values()), "passes": len(passes)}
+            by_group[b.get("group") or b["name"]][i][b["fullname"]] = b
+    chosen = []
+    for runs in by_group.values():
+        best = {}
+        for rows in runs.values():
+            for name, b in rows.items():
+                best[name] = min(best.get(name, float("inf")), ns_per_op(b))
+        pick = min(runs.values(), key=lambda rows: sum(ns_per_op(b) / best[n]
+                                                       for n, b in rows.items()))
+        chosen.extend(pick.values())
+    return {"benchmarks": chosen, "passes": len(passes)}
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="one short round each (CI)")
     ap.add_argument("--repeat", type=int, default=1, metavar="N",
-                    help="run everything N times, keep each row's fastest pass")
+                    help="run everything N times, show each group from its best pass")
     ap.add_argument("--json", help="also keep the (best-of) results as JSON here")
     ap.add_argument("-k", help="pytest -k expression")
     ap.add_argument("files", nargs="*")
@@ -130,7 +139,7 @@ def main(argv=None):
             json.dump(data, f, indent=1)
     print(table(data))
     if args.repeat > 1:
-        print(f"each row: the fastest of {args.repeat} passes")
+        print(f"each group: the best of {args.repeat} passes (closest to its rows' best times)")
     return 0
 
 
