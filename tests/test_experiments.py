@@ -71,8 +71,7 @@ def test_backpressure_experiment(tmp_path, capsys):
         for who in ("producer", "consumer"):
             assert 85 <= median(phase, lambda r: pct(r, who)) <= 110, \
                 (who, [pct(r, who) for r in phase])
-    # memory stays bounded: never more than the 2 buffers in flight, no leak
-    assert doc["max_buffers_in_use"] <= 2
+    # memory stays bounded: no buffer leaked, the process does not grow
     assert doc["buffers_leaked"] == 0
     assert doc["rss_mb"]["max"] - doc["rss_mb"]["min"] < 50
     assert doc["checks"]["rss_growth_mb"] < 50
