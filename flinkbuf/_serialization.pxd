@@ -16,6 +16,7 @@
 #   des._close()                    drop all input now, recycling held buffers
 
 cimport cython
+from cpython.object cimport PyObject
 from libc.stdint cimport int64_t
 from flinkbuf._core cimport Buffer
 
@@ -131,11 +132,14 @@ cdef class RecordDeserializer:
     cdef bint _busy                   # decoding (user code may run: pickle, numpy)
     cdef object _failure              # the message once the stream is broken
     cdef object _deferred             # an error to raise at the next _next_record
+    cdef object _spare                # the last bytes record returned (see _bytes_value)
+    cdef object _spare_older          # ... and the one before
 
     cdef int _feed(self, object data) except -1
     cdef object _next_record(self)
     cdef object _next_record_general(self)
     cdef object _fail_raised(self)
+    cdef PyObject *_bytes_value(self, const char *p, Py_ssize_t n) noexcept
     cdef int _finish(self) except -1
     cdef int _close(self) except -1
     # internals

@@ -31,8 +31,40 @@ cdef extern from *:
     """
     /* Returns -1 so that Cython propagates the exception already set. */
     static int fb_reraise(void) { return -1; }
+
+    /* Refill, in place, a bytes object of size n that nobody but the caller
+     * references (reference count 1): 1 if done, else 0.  Nothing can
+     * observe it (CPython extends a str in place on the same condition); it
+     * saves the free and malloc of an object past pymalloc's 512 bytes,
+     * which cost about as much as copying a KiB.  The cached hash is
+     * forgotten.  Off where the object layout is not known to hold the hash
+     * (Python >= 3.14) or reference counts can change under us (no GIL). */
+    #if PY_VERSION_HEX < 0x030E0000 && !defined(Py_GIL_DISABLED)
+    static inline int fb_bytes_refill(PyObject *o, const char *p, Py_ssize_t n) {
+        if (Py_REFCNT(o) != 1 || !PyBytes_CheckExact(o) || PyBytes_GET_SIZE(o) != n)
+            return 0;
+        memcpy(PyBytes_AS_STRING(o), p, (size_t)n);
+    #pragma GCC diagnostic push
+    #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+        ((PyBytesObject *)o)->ob_shash = -1;
+    #pragma GCC diagnostic pop
+        return 1;
+    }
+    #else
+    static inline int fb_bytes_refill(PyObject *o, const char *p, Py_ssize_t n) {
+        (void)o; (void)p; (void)n;
+        return 0;
+    }
+    #endif
     """
     int fb_reraise() except -1
+    bint fb_bytes_refill(PyObject *o, const char *p, Py_ssize_t n) noexcept
+
+# Records returned as bytes of this many bytes are refilled in place once
+# the consumer dropped them (see fb_bytes_refill): below, pymalloc is cheap;
+# above, the copy dwarfs malloc and a spare would pin much memory.
+cdef Py_ssize_t SPARE_MIN = 513
+cdef Py_ssize_t SPARE_MAX = 1 << 16
 
 cdef enum:
     SPAN_NONE = 0
@@ -258,11 +290,11 @@ cdef class RecordDeserializer:
         cdef const char *p
         cdef int64_t start
         cdef PyObject *r
-        # Fast path: a typed record wholly inside the current chunk, and
-        # nothing ready, broken, deferred or being decoded.  It decodes
+        # Fast path: a typed or bytes record wholly inside the current chunk,
+        # and nothing ready, broken, deferred or being decoded.  It decodes
         # without a try block (whose set-up costs as much as a small
         # record): an error is caught by _fail_raised.
-        if (self._span == SPAN_NONE and self._codec == CODEC_TYPED and not self._busy
+        if (self._span == SPAN_NONE and self._codec != CODEC_PICKLE and not self._busy
                 and self._failure is None and self._deferred is None
                 and PyList_GET_SIZE(self._ready) == 0):
             avail = self._cur_end - self._cur_pos
@@ -274,10 +306,12 @@ cdef class RecordDeserializer:
                     start = self._stream_pos
                     self._cur_pos += 4 + n
                     self._stream_pos += 4 + n
-                    if n >= 5 and <uint8_t>p[4] == T_BYTES32 \
+                    if self._codec == CODEC_BYTES:
+                        r = self._bytes_value(p + 4, n)
+                    elif n >= 5 and <uint8_t>p[4] == T_BYTES32 \
                             and <Py_ssize_t>fb_load_u32(p + 5, 0) == n - 5:
                         # one large bytes value (as in a bytes-records stream)
-                        r = _raw_bytes(p + 9, n - 5)
+                        r = self._bytes_value(p + 9, n - 5)
                     else:
                         self._busy = True
                         r = (<_raw_decode_fn>_typed_decode)(p + 4, n, start + 4, start,
@@ -291,6 +325,31 @@ cdef class RecordDeserializer:
                         self._advance_keeping(v)
                     return v
         return self._next_record_general()
+
+    cdef PyObject *_bytes_value(self, const char *p, Py_ssize_t n) noexcept:
+        """A new reference to a bytes record holding ``[p, p + n)``: one of
+        the last two such records refilled, if the consumer dropped it, or
+        a new object; NULL with an exception set if that fails.  Two, as a
+        ``for rec in records()`` loop still holds the previous record while
+        it asks for the next one."""
+        cdef PyObject *o
+        cdef object older
+        if self._spare_older is not None and fb_bytes_refill(<PyObject *>self._spare_older,
+                                                             p, n):
+            older = self._spare_older
+            self._spare_older = self._spare
+            self._spare = older
+        elif self._spare is not None and fb_bytes_refill(<PyObject *>self._spare, p, n):
+            pass
+        else:
+            o = _raw_bytes(p, n)
+            if o != NULL and SPARE_MIN <= n <= SPARE_MAX:
+                self._spare_older = self._spare
+                self._spare = <object>o
+            return o
+        o = <PyObject *>self._spare
+        Py_INCREF(self._spare)
+        return o
 
     cdef object _fail_raised(self):
         """_fail with the exception that is set (raised, not yet caught)."""
@@ -557,6 +616,7 @@ cdef class RecordDeserializer:
         self._finished = True
         del self._ready[:]
         self._ready_head = 0
+        self._spare = self._spare_older = None
         return self._release_input()
 
     # -- Python API -----------------------------------------------------------

@@ -7,6 +7,8 @@ import struct
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import flinkbuf as fb
 from flinkbuf import _serialization as S
@@ -501,3 +503,74 @@ def test_record_is_not_lost_when_its_buffer_cannot_be_recycled(pool):
     view.release()
     buf.recycle()
     assert des.next_record() is S.NO_RECORD
+
+
+# -- bytes records refilled in place once the consumer dropped them ------------
+
+def _bytes_stream(records, codec):
+    return b"".join(write_stream(records, 1 << 16, codec))
+
+
+@pytest.mark.parametrize("codec", ["typed", "bytes"])
+def test_a_dropped_bytes_record_is_refilled_in_place(codec):
+    records = [bytes([i]) * 1000 for i in range(6)]
+    des = fb.RecordDeserializer(codec)
+    des.feed(_bytes_stream(records, codec))
+    it = des.records()
+    first = next(it)
+    assert first == records[0]
+    where = id(first)
+    del first                                    # the consumer is done with it
+    second = next(it)
+    assert second == records[1] and id(second) == where   # no free + malloc
+    kept = [second]                              # still referenced: never refilled
+    view = memoryview(next(it))                  # a view keeps its object too
+    rest = list(it)
+    assert kept == [records[1]] and view == records[2] and rest == records[3:]
+    assert id(rest[0]) != where
+
+
+@pytest.mark.parametrize("codec", ["typed", "bytes"])
+def test_a_refilled_record_forgets_its_cached_hash(codec):
+    a, b = b"a" * 800, b"b" * 800
+    des = fb.RecordDeserializer(codec)
+    des.feed(_bytes_stream([a, b], codec))
+    it = des.records()
+    first = next(it)
+    table = {first: "a"}                         # caches first's hash
+    del table, first
+    second = next(it)
+    assert second == b and hash(second) == hash(b)
+    assert {b: "b"}[second] == "b"
+
+
+@given(st.lists(st.integers(600, 602).flatmap(lambda n: st.binary(min_size=n, max_size=n)),
+                min_size=1, max_size=30),
+       st.lists(st.booleans(), min_size=30, max_size=30), st.sampled_from(["typed", "bytes"]))
+def test_records_kept_by_the_consumer_never_change(records, keep, codec):
+    des = fb.RecordDeserializer(codec)
+    des.feed(_bytes_stream(records, codec))
+    it = des.records()
+    kept = {}
+    for i in range(len(records)):
+        r = next(it)                 # the previous one is dropped unless kept
+        assert r == records[i]
+        if keep[i]:
+            kept[i] = r
+        del r
+    assert all(v == records[i] for i, v in kept.items())
+
+
+@pytest.mark.parametrize("codec", ["typed", "bytes"])
+def test_a_loop_that_drops_each_record_reuses_two_objects(codec):
+    # the loop variable still holds the previous record while the next one
+    # is made: the one before that is refilled
+    records = [bytes([i]) * 2000 for i in range(50)]
+    des = fb.RecordDeserializer(codec)
+    des.feed(_bytes_stream(records, codec))
+    ids, got = set(), []
+    for rec in des.records():
+        ids.add(id(rec))
+        got.append(bytes(bytearray(rec)))        # a copy: the record itself is dropped
+    assert got == records
+    assert len(ids) == 2
