@@ -28,7 +28,7 @@ cdef class RecordWriter:
 
     cdef inline int _emit(self, object record) except -1
     cdef int _broadcast_emit(self, object record) except -1
-    cdef int _broadcast_copy(self, int32_t channel) except -1
+    cdef int _channel_released(self, int32_t channel) except -1
     cdef int _skip_released(self, int32_t channel) except -1
     cdef int _drop_record(self, int32_t channel) except -1
     cdef int _drop_current(self, int32_t channel) except -1
@@ -37,7 +37,6 @@ cdef class RecordWriter:
     cdef Buffer _request_buffer(self, int32_t channel)
     cdef int _check_partition(self) except -1
     cdef bint _target_released(self, int32_t channel) except -1
-    cdef int _finish_buffer(self, int32_t channel, Buffer buf) except -1
     cdef int _hand_over(self, int32_t channel, Buffer buf) except -1
     cdef int _flush_all(self, int mode) except -1
     cdef int _release_current(self) except -1

@@ -265,6 +265,7 @@ a broadcast selector); blocks while no buffer is free."""
 
     cdef int _broadcast_emit(self, object record) except -1:
         cdef int32_t ch
+        cdef object cur
         self._busy = _BROADCASTING
         try:
             self._ser._serialize_record(record)
@@ -272,7 +273,11 @@ a broadcast selector); blocks while no buffer is free."""
             for ch in range(self._n):
                 if ch:
                     self._ser._reset()
-                self._broadcast_copy(ch)
+                cur = self._current[ch]
+                if cur is None:
+                    self._copy_rest(ch, None, 0)
+                else:
+                    self._copy_rest(ch, <Buffer>cur, self._ser._copy_to_buffer(<Buffer>cur))
             self._broken = False
             self._records_out += 1
         finally:
@@ -282,34 +287,13 @@ a broadcast selector); blocks while no buffer is free."""
             self._flush_all(_FLUSH_QUIET)
         return 0
 
-    cdef int _broadcast_copy(self, int32_t channel) except -1:
-        """Copy the staged record into ``channel``'s buffers, for a broadcast:
-        a channel whose consumer released it is skipped."""
-        cdef object cur = self._current[channel]
-        cdef Buffer buf
-        cdef int flags
-        if cur is not None:
-            buf = <Buffer>cur
-            flags = self._ser._copy_to_buffer(buf)
-            if not flags & _FULL_BUFFER:
-                return 0
-            self._current[channel] = None
-            if self._hand_over(channel, buf):
-                return self._skip_released(channel)
-            if flags & _FULL_RECORD:
-                return 0
-        while True:
-            buf = self._request_buffer(channel)
-            if buf is None:
-                return self._skip_released(channel)
-            flags = self._ser._copy_to_buffer(buf)
-            if not flags & _FULL_BUFFER:
-                self._current[channel] = buf
-                return 0
-            if self._hand_over(channel, buf):
-                return self._skip_released(channel)
-            if flags & _FULL_RECORD:
-                return 0
+    cdef int _channel_released(self, int32_t channel) except -1:
+        """The consumer of ``channel`` released it while the staged record
+        was being copied there: a broadcast skips it, a record for that
+        channel alone is dropped."""
+        if self._busy == _BROADCASTING:
+            return self._skip_released(channel)
+        return self._drop_record(channel)
 
     cdef int _skip_released(self, int32_t channel) except -1:
         """A broadcast met a channel whose consumer released it: skip it,
@@ -366,32 +350,35 @@ a broadcast selector); blocks while no buffer is free."""
     cdef int _copy_rest(self, int32_t channel, Buffer buf, int flags) except -1:
         """Go on copying the staged record after the channel's current
         buffer ``buf`` took what fit (``flags`` from that copy), or from the
-        start when there is none (``buf`` None)."""
+        start when there is none (``buf`` None).  A released channel: see
+        _channel_released."""
         if buf is not None:
             if not flags & _FULL_BUFFER:
                 return 0
             self._current[channel] = None
-            self._finish_buffer(channel, buf)
+            if self._hand_over(channel, buf):
+                return self._channel_released(channel)
             if flags & _FULL_RECORD:
                 return 0
         # From here on every buffer is fresh: it becomes current only if the
         # record ends in it with room to spare.
         while True:
             buf = self._request_buffer(channel)
+            if buf is None:
+                return self._channel_released(channel)
             flags = self._ser._copy_to_buffer(buf)
             if not flags & _FULL_BUFFER:
                 self._current[channel] = buf
                 return 0
-            self._finish_buffer(channel, buf)
+            if self._hand_over(channel, buf):
+                return self._channel_released(channel)
             if flags & _FULL_RECORD:
                 return 0
 
     cdef Buffer _request_buffer(self, int32_t channel):
         """The next buffer for ``channel``; blocks while none is free (with a
-        per-channel cap: while the pool is unavailable, as in Flink).  If
-        the channel's consumer releases it meanwhile: None in a broadcast
-        (which skips the channel), else the record is dropped
-        (PartitionReleasedError, see _drop_record)."""
+        per-channel cap: while the pool is unavailable, as in Flink); None
+        if the channel's consumer released it (before or meanwhile)."""
         cdef int32_t pool_ch = channel if self._partition._pool_channels else -1
         cdef bint capped = self._partition._cap > 0
         cdef ResultSubpartition sp = <ResultSubpartition>self._subparts[channel]
@@ -434,10 +421,7 @@ a broadcast selector); blocks while no buffer is free."""
             self._busy = mode
             self._bp_ns += fb_monotonic_ns() - t0
             self._bp_since = 0
-        # the consumer of `channel` left while this request waited
-        if mode == _BROADCASTING:
-            return None
-        self._drop_record(channel)
+        return None                 # the consumer of `channel` left
 
     cdef int _check_partition(self) except -1:
         if self._state == _W_FAILED:
@@ -461,14 +445,6 @@ a broadcast selector); blocks while no buffer is free."""
         if state == FB_SP_FAILED:
             self._partition._raise_for_rc(FB_X_FAILED, channel)
         return state == FB_SP_RELEASED
-
-    cdef int _finish_buffer(self, int32_t channel, Buffer buf) except -1:
-        """Hand a full buffer to its subpartition while a record for that
-        channel alone is copied (empty ones are recycled).  A released
-        channel drops the record (see _drop_record)."""
-        if self._hand_over(channel, buf):
-            return self._drop_record(channel)
-        return 0
 
     cdef int _hand_over(self, int32_t channel, Buffer buf) except -1:
         """Hand a buffer to its subpartition (empty ones are recycled): 0, or 1
