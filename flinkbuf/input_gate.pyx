@@ -387,8 +387,6 @@ cdef class InputGate:
         try:
             self._release_channels()
         finally:
-            self._cur_des = None
-            self._current = -1
             # Buffers a deserializer still holds go back when it is dropped.
             self._deserializers = [None] * self._n
 
