@@ -35,8 +35,6 @@ backpressure_level``), ``backpressure.json`` (configuration, calibration, the
 rows with more metrics, and the checks) and ``backpressure.png``.
 """
 
-import csv
-import json
 import math
 import os
 import resource
@@ -45,6 +43,7 @@ import threading
 import time
 
 import flinkbuf as fb
+from flinkbuf.experiments._output import VERDICT, write_table_and_doc
 from flinkbuf.experiments._throttle import Throttle
 from flinkbuf.metrics import TaskMetrics
 
@@ -321,18 +320,18 @@ def run_backpressure(out_dir, phase_seconds=5.0, *, interval=0.5, schedule=DEFAU
 
 def _print_summary(doc, printer):
     c = doc["checks"]
-    yes = {True: "yes", False: "NO", None: "n/a"}
     if c["max_tracking_error_pct"] is not None:
         printer(f"slowed consumer: the producer tracks it within "
                 f"{c['max_tracking_error_pct']:.1f} % from {SETTLE_SECONDS:g} s after each "
-                f"change (<= {TRACKING_TOLERANCE_PCT:g} %: {yes[c['tracks_consumer']]})")
+                f"change (<= {TRACKING_TOLERANCE_PCT:g} %: {VERDICT[c['tracks_consumer']]})")
     if c["released_producer_median_pct"] is not None:
         printer(f"released: producer {c['released_producer_median_pct']:.0f} %, consumer "
                 f"{c['released_consumer_median_pct']:.0f} % of full speed (lowest median of a "
-                f"released phase; >= {RELEASED_MIN_PCT:g} %: {yes[c['returns_to_full_speed']]})")
+                f"released phase; >= {RELEASED_MIN_PCT:g} %: "
+                f"{VERDICT[c['returns_to_full_speed']]})")
     printer(f"memory: at most {c['max_buffers_in_use']} of {doc['config']['buffers_per_task']} "
             f"buffers in use, {c['buffers_leaked']} leaked; RSS grew {c['rss_growth_mb']:g} MB "
-            f"(bounded: {yes[c['memory_bounded']]})")
+            f"(bounded: {VERDICT[c['memory_bounded']]})")
     if not c["passed"]:
         printer("FAILED: the expectations above marked NO did not hold")
 
@@ -381,13 +380,7 @@ def check_backpressure(rows, interval, ticks_per_phase):
 
 
 def write_outputs(out_dir, rows, doc, plot=True):
-    with open(os.path.join(out_dir, "backpressure.csv"), "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(CSV_COLUMNS)
-        for r in rows:
-            w.writerow([r[c] for c in CSV_COLUMNS])
-    with open(os.path.join(out_dir, "backpressure.json"), "w") as f:
-        json.dump(doc, f, indent=2)
+    write_table_and_doc(out_dir, "backpressure", CSV_COLUMNS, rows, doc)
     if plot:
         from flinkbuf.experiments.plotting import plot_backpressure
         plot_backpressure(rows, doc, os.path.join(out_dir, "backpressure.png"))

@@ -27,13 +27,12 @@ Outputs in ``out_dir``: ``slow-subpartition.csv`` (columns
 ``slow-subpartition.json`` and ``slow-subpartition.png``.
 """
 
-import csv
-import json
 import os
 import threading
 import time
 
 import flinkbuf as fb
+from flinkbuf.experiments._output import VERDICT, write_table_and_doc
 from flinkbuf.experiments._throttle import Throttle
 
 MODES = ("unimpeded", "shared-pool", "per-channel-cap", "backlog-aware")
@@ -205,21 +204,14 @@ def run_slow_subpartition(out_dir, phase_seconds=3.0, *, consumer_rate=50_000,
         "results": results,
         "checks": checks,
     }
-    with open(os.path.join(out_dir, "slow-subpartition.csv"), "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(CSV_COLUMNS)
-        for r in results:
-            w.writerow([r[c] for c in CSV_COLUMNS])
-    with open(os.path.join(out_dir, "slow-subpartition.json"), "w") as f:
-        json.dump(doc, f, indent=2)
+    write_table_and_doc(out_dir, "slow-subpartition", CSV_COLUMNS, results, doc)
     if plot:
         from flinkbuf.experiments.plotting import plot_slow_subpartition
         plot_slow_subpartition(results, doc, os.path.join(out_dir, "slow-subpartition.png"))
-    yes = {True: "yes", False: "NO", None: "n/a"}
     printer(f"shared pool starves the fast consumer (<= {STARVED_MAX:.0%} of unimpeded): "
-            f"{yes[checks['shared_pool_starves']]}; restored (>= {RESTORED_MIN:.0%}) by the "
-            f"per-channel cap: {yes[checks['per_channel_cap_restores']]}, by the backlog-aware "
-            f"rebalance: {yes[checks['backlog_aware_restores']]}")
+            f"{VERDICT[checks['shared_pool_starves']]}; restored (>= {RESTORED_MIN:.0%}) by the "
+            f"per-channel cap: {VERDICT[checks['per_channel_cap_restores']]}, by the backlog-aware "
+            f"rebalance: {VERDICT[checks['backlog_aware_restores']]}")
     if not checks["passed"]:
         printer("FAILED: the expectations above marked NO did not hold")
     printer(f"wrote {os.path.join(out_dir, 'slow-subpartition.csv')}"
