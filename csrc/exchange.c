@@ -220,9 +220,10 @@ int fb_subpart_add(fb_subpart_t *sp, fb_item_t item, int last)
     } else {
         sp->ring[(sp->head + sp->count) % sp->cap] = item;
         sp->count++;
-        sp->items_added++;
         if (item.kind == FB_ITEM_DATA)
             __atomic_store_n(&sp->backlog, sp->backlog + 1, __ATOMIC_RELAXED);
+        else
+            __atomic_store_n(&sp->events, sp->events + 1, __ATOMIC_RELAXED);
         if (last)
             sp->finished = 1;
         if (sp->count == 1 && sp->gate != NULL)
@@ -246,9 +247,10 @@ int fb_subpart_poll(fb_subpart_t *sp, fb_item_t *out)
         *out = sp->ring[sp->head];
         sp->head = (sp->head + 1) % sp->cap;
         sp->count--;
-        sp->items_polled++;
         if (out->kind == FB_ITEM_DATA)
             __atomic_store_n(&sp->backlog, sp->backlog - 1, __ATOMIC_RELAXED);
+        else
+            __atomic_store_n(&sp->events, sp->events - 1, __ATOMIC_RELAXED);
         if (sp->count > 0 && sp->gate != NULL)
             fb_gate_notify(sp->gate, sp->gate_channel);
     }
@@ -319,6 +321,7 @@ int32_t fb_subpart_terminate(fb_subpart_t *sp, int32_t state, fb_item_t **out)
     sp->head = 0;
     sp->count = 0;
     __atomic_store_n(&sp->backlog, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&sp->events, 0, __ATOMIC_RELAXED);
     if (sp->state == FB_SP_LIVE)
         __atomic_store_n(&sp->state, state, __ATOMIC_RELEASE);
     if (sp->gate != NULL)
@@ -333,6 +336,11 @@ int32_t fb_subpart_terminate(fb_subpart_t *sp, int32_t state, fb_item_t **out)
 int32_t fb_subpart_backlog(const fb_subpart_t *sp)
 {
     return __atomic_load_n(&sp->backlog, __ATOMIC_RELAXED);
+}
+
+int32_t fb_subpart_events(const fb_subpart_t *sp)
+{
+    return __atomic_load_n(&sp->events, __ATOMIC_RELAXED);
 }
 
 int32_t fb_subpart_state(const fb_subpart_t *sp)

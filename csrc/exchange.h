@@ -72,11 +72,11 @@ typedef struct fb_subpart {
     fb_item_t *ring;   /* NULL once terminated with items (handed to the caller) */
     int32_t cap, head, count;
     int32_t backlog;   /* data items queued; written under mu, read atomically */
+    int32_t events;    /* event items queued; written under mu, read atomically */
     int32_t state;     /* FB_SP_*; written under mu, read atomically */
     int32_t finished;  /* the producer added its last item */
     fb_gate_t *gate;   /* consumer to notify, or NULL */
     int32_t gate_channel;
-    int64_t items_added, items_polled;
     fb_signal_t *on_poll; /* posted after every poll and on termination */
     int initialized;
 } fb_subpart_t;
@@ -123,6 +123,7 @@ void fb_subpart_disconnect(fb_subpart_t *sp, fb_gate_t *g);
  * queued.  The gate is told. */
 int32_t fb_subpart_terminate(fb_subpart_t *sp, int32_t state, fb_item_t **out);
 int32_t fb_subpart_backlog(const fb_subpart_t *sp);
+int32_t fb_subpart_events(const fb_subpart_t *sp);         /* events queued */
 int32_t fb_subpart_state(const fb_subpart_t *sp);
 int32_t fb_subpart_size(fb_subpart_t *sp);                 /* items queued */
 

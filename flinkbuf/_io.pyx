@@ -7,6 +7,7 @@ from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_CheckBuffer
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.number cimport PyIndex_Check
 from cpython.object cimport PyTypeObject
+from cpython.pythread cimport PyThread_get_thread_ident
 from cpython.ref cimport Py_DECREF, Py_INCREF
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free
@@ -47,6 +48,17 @@ cdef int32_t _as_int32(object value, str name, int32_t minimum) except? -1:
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if value < minimum or value > _MAX_INT32:
         raise ValueError(f"{name} must be in [{minimum}, {_MAX_INT32}], got {value}")
+    return <int32_t>value
+
+
+cdef int32_t _as_subpartition(object value, int32_t n) except -1:
+    """A subpartition index: any integer (not bool) in [0, n); IndexError
+    outside, however large."""
+    if isinstance(value, bool) or not PyIndex_Check(value):
+        raise TypeError(f"a subpartition index must be an int, got {type(value).__name__}")
+    value = operator.index(value)
+    if value < 0 or value >= n:
+        raise IndexError(f"subpartition {value} is not in [0, {n})")
     return <int32_t>value
 
 

@@ -38,8 +38,7 @@ cdef extern from "exchange.h" nogil:
         pass
 
     ctypedef struct fb_subpart_t:
-        int64_t items_added
-        int64_t items_polled
+        pass
 
     int fb_gate_init(fb_gate_t *g, int32_t num_channels)
     void fb_gate_free(fb_gate_t *g)
@@ -61,6 +60,7 @@ cdef extern from "exchange.h" nogil:
     void fb_subpart_disconnect(fb_subpart_t *sp, fb_gate_t *g)
     int32_t fb_subpart_terminate(fb_subpart_t *sp, int32_t state, fb_item_t **out)
     int32_t fb_subpart_backlog(const fb_subpart_t *sp)
+    int32_t fb_subpart_events(const fb_subpart_t *sp)
     int32_t fb_subpart_state(const fb_subpart_t *sp)
     int32_t fb_subpart_size(fb_subpart_t *sp)
 

@@ -1,6 +1,9 @@
 cdef class ChannelSelector:
     cdef int32_t _n             # number of channels, 0 until set up
     cdef bint _broadcast
+    cdef bint _initialised      # __init__ ran (subclasses that take arguments)
+    cdef bint _bound            # set up by its RecordWriter: one writer, for good
+    cdef int _init_once(self) except -1
     cdef int _setup(self, int32_t num_channels) except -1
     cdef int _bind(self, ResultPartition partition) except -1
     cdef int32_t _select(self, object record) except -1

@@ -218,9 +218,21 @@ cdef class ChannelSelector:
     cdef int32_t _select(self, object record) except -1:
         raise NotImplementedError
 
+    cdef int _init_once(self) except -1:
+        if self._initialised:
+            raise RuntimeError(f"{type(self).__name__} is already initialised")
+        self._initialised = True
+        return 0
+
     def setup(self, num_channels):
-        """Prepare for ``num_channels`` channels (a writer does this)."""
-        self._setup(_as_int32(num_channels, "num_channels", 1))
+        """Prepare for ``num_channels`` channels (a writer does this).
+        RuntimeError once a :class:`RecordWriter` set the selector up: a
+        selector serves one writer, for good."""
+        cdef int32_t n = _as_int32(num_channels, "num_channels", 1)
+        if self._bound:
+            raise RuntimeError(f"the selector serves a RecordWriter of {self._n} channels and "
+                               "cannot be set up again: use one selector per writer")
+        self._setup(n)
 
     def select_channel(self, record):
         """The channel for ``record``."""
@@ -268,6 +280,7 @@ cdef class RoundRobinSelector(ChannelSelector):
     def __init__(self, start=None):
         if start is not None:
             _as_int32(start, "start", 0)
+        self._init_once()
         self._start = start
 
     cdef int _setup(self, int32_t num_channels) except -1:
@@ -319,23 +332,33 @@ cdef class HashSelector(ChannelSelector):
     number of key groups, Flink's max parallelism of the consuming
     operator (default 128; at most 32768)."""
 
+    def __cinit__(self):
+        self._key_index = -1            # as HashSelector(): the record is the key
+        self._max_parallelism = 128
+
     def __init__(self, key=None, *, max_parallelism=128):
-        self._key = None
-        self._key_index = -1
+        cdef object fn = None
+        cdef Py_ssize_t index = -1
         if key is None:
             pass
         elif isinstance(key, int) and not isinstance(key, bool):
             if key < 0:
                 raise ValueError(f"key index must be >= 0, got {key}")
-            self._key_index = key
+            if key > 2147483647:
+                raise ValueError(f"key index must be < 2**31, got {key}")
+            index = key
         elif callable(key):
-            self._key = key
+            fn = key
         else:
             raise TypeError("key must be None, a field index or a callable")
-        self._max_parallelism = _as_int32(max_parallelism, "max_parallelism", 1)
-        if self._max_parallelism > 32768:
+        cdef int32_t mp = _as_int32(max_parallelism, "max_parallelism", 1)
+        if mp > 32768:
             raise ValueError(f"max_parallelism must be <= 32768 (Flink's limit), "
                              f"got {max_parallelism}")
+        self._init_once()
+        self._key = fn
+        self._key_index = index
+        self._max_parallelism = mp
 
     cdef int _setup(self, int32_t num_channels) except -1:
         if num_channels > self._max_parallelism:
@@ -410,6 +433,7 @@ cdef class CustomSelector(ChannelSelector):
                                 "or a subclass that overrides select(record, num_channels)")
         elif not callable(fn):
             raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+        self._init_once()
         self._fn = fn
 
     def select(self, record, num_channels):
@@ -467,13 +491,18 @@ cdef class BacklogAwareRebalanceSelector(ChannelSelector):
     ``start`` (keyword-only): the first round-robin channel (default
     random)."""
 
+    def __cinit__(self):
+        self._max_backlog = -1          # as BacklogAwareRebalanceSelector()
+        self._cap = -1
+
     def __init__(self, max_backlog=None, *, start=None):
-        self._max_backlog = -1 if max_backlog is None else \
+        cdef int32_t mb = -1 if max_backlog is None else \
             _as_int32(max_backlog, "max_backlog", 1)
         if start is not None:
             _as_int32(start, "start", 0)
+        self._init_once()
+        self._max_backlog = mb
         self._start = start
-        self._cap = -1
 
     cdef int _bind(self, ResultPartition partition) except -1:
         if self._partition is not None and self._partition is not partition:

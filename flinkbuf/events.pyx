@@ -8,6 +8,13 @@ cdef enum:
     _EV_END_OF_PARTITION = 0
     _EV_USER = 1
 
+# User events a subpartition holds before its consumer takes them; a
+# broadcast_event waits (backpressure) while a consumer has this many, so
+# stalled consumers bound events as they bound records.
+cdef int32_t _MAX_EVENTS = 8
+MAX_QUEUED_EVENTS = _MAX_EVENTS
+cdef double _EVENT_SLICE = 0.05   # waits for room wake this often (signals, failures)
+
 
 class Event:
     """Base of the events that travel in-band, between records."""

@@ -68,14 +68,16 @@ cdef class LocalInputChannel(InputChannel):
     the producer's buffers are handed over by reference and go back to the
     producer's pool when consumed."""
 
-    def __init__(self, ResultPartition partition not None, Py_ssize_t subpartition):
+    def __init__(self, ResultPartition partition not None, subpartition):
+        if self._partition is not None:
+            raise RuntimeError("LocalInputChannel is already initialised: a channel reads "
+                               "one subpartition for good")
         if partition._n == 0:
             raise ValueError("partition is not initialised")
-        if subpartition < 0 or subpartition >= partition._n:
-            raise IndexError(f"subpartition {subpartition} is not in [0, {partition._n})")
+        cdef int32_t index = _as_subpartition(subpartition, partition._n)
         self._partition = partition
-        self._sp = <ResultSubpartition>partition._subpartitions[subpartition]
-        self._subpartition = <int32_t>subpartition
+        self._sp = <ResultSubpartition>partition._subpartitions[index]
+        self._subpartition = index
 
     cdef int _connect(self, InputGate gate, int32_t index) except -1:
         if self._sp is None:

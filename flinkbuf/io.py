@@ -43,6 +43,7 @@ and :class:`BacklogAwareRebalanceSelector`.
 
 from flinkbuf._io import (
     END_OF_PARTITION,
+    MAX_QUEUED_EVENTS,
     BacklogAwareRebalanceSelector,
     BroadcastSelector,
     ChannelSelector,
@@ -71,6 +72,7 @@ from flinkbuf.errors import PartitionReleasedError, ProducerFailedError
 
 __all__ = [
     "END_OF_PARTITION",
+    "MAX_QUEUED_EVENTS",
     "BacklogAwareRebalanceSelector",
     "BroadcastSelector",
     "ChannelSelector",

@@ -12,7 +12,8 @@ cdef class RecordWriter:
     cdef bint _flush_pending    # the flusher came while busy
     cdef bint _flush_always     # buffer timeout 0
     cdef bint _broken           # a record was left half written (in a live channel)
-    cdef int _state             # _W_OPEN, _W_CLOSED, _W_FAILED
+    cdef int _state             # _W_NEW, _W_OPEN, _W_CLOSED, _W_FAILED
+    cdef unsigned long _user    # thread in a call (emit, flush, close...), 0 if none
     cdef object _timeout
     cdef object _flusher
     cdef object _flusher_stop
@@ -26,7 +27,11 @@ cdef class RecordWriter:
     cdef int64_t _bp_ns         # time blocked requesting buffers, finished waits
     cdef int64_t _bp_since      # start of the current wait, or 0
 
+    cdef inline int _enter(self) except -1
+    cdef int _concurrent_use(self) except -1
     cdef inline int _emit(self, object record) except -1
+    cdef int _emit_entered(self, object record) except -1
+    cdef int32_t _bad_channel(self, int32_t channel) except -1
     cdef int _broadcast_emit(self, object record) except -1
     cdef int _channel_released(self, int32_t channel) except -1
     cdef int _skip_released(self, int32_t channel) except -1
@@ -41,3 +46,4 @@ cdef class RecordWriter:
     cdef int _flush_all(self, int mode) except -1
     cdef int _release_current(self) except -1
     cdef int _check_open(self) except -1
+    cdef int _close(self) except -1

@@ -4,6 +4,7 @@ cdef enum:
     _W_OPEN = 0
     _W_CLOSED = 1
     _W_FAILED = 2
+    _W_NEW = 3              # made without __init__
 
 # Serializer result flags (flinkbuf._serialization).
 cdef enum:
@@ -108,10 +109,16 @@ cdef class RecordWriter:
     and finite (TypeError for bools and strings, ValueError for negative
     numbers, NaN and infinity: "never" is ``None``).
 
-    One thread emits; the flusher and metric readers may run concurrently.
-    ``close()`` flushes and ends every subpartition with EndOfPartition;
-    ``fail(exc)`` drops everything and makes consumers raise.  As a context
-    manager it closes on success and fails on an exception.
+    One thread at a time uses a writer (``emit``, ``broadcast_emit``,
+    ``flush``, ``broadcast_event``, ``close``): a call that overlaps another
+    (from a second thread, or re-entered from a selector or codec) raises
+    RuntimeError and changes nothing, so the stream of the thread in the
+    first call goes on.  ``fail()`` may come from any thread at any time:
+    it is how a producer blocked in ``emit`` is aborted.  The output flusher
+    and metric readers run concurrently.  ``close()`` flushes and ends every
+    subpartition with EndOfPartition; ``fail(exc)`` drops everything and
+    makes consumers raise.  As a context manager it closes on success and
+    fails on an exception.
 
     A consumer that leaves early (closes its input gate) releases its
     subpartition, which is never written again (Flink does the same); the
@@ -134,13 +141,13 @@ cdef class RecordWriter:
     """
 
     def __cinit__(self):
-        self._state = _W_CLOSED
+        self._state = _W_NEW
         self._current = []
         self._subparts = []
 
     def __init__(self, ResultPartition partition not None, selector=None, *, codec="typed",
                  buffer_timeout=0.1, name=None):
-        if self._partition is not None:
+        if self._state != _W_NEW:
             raise RuntimeError("RecordWriter is already initialised")
         _check_name(name)
         buffer_timeout = _as_buffer_timeout(buffer_timeout)
@@ -151,8 +158,12 @@ cdef class RecordWriter:
         partition._check_live()
         cdef RecordSerializer ser = RecordSerializer(codec)
         cdef ChannelSelector sel = _as_selector(selector)
-        sel._bind(partition)
+        if sel._bound:
+            raise ValueError(f"the {type(sel).__name__} already serves a RecordWriter: "
+                             "use one selector per writer")
         sel._setup(partition._n)
+        sel._bind(partition)
+        sel._bound = True
         self._ser = ser
         self._partition = partition
         self._pool = partition._pool
@@ -203,16 +214,40 @@ cdef class RecordWriter:
 --
 
 Write ``record`` to the channel the selector picks (every channel for
-a broadcast selector); blocks while no buffer is free."""
+a broadcast selector); blocks while no buffer is free.  Either the
+record is written or emit raises."""
         self._emit(record)
 
     def broadcast_emit(self, record):
         """Write ``record`` to every channel."""
-        self._check_open()
-        self._broadcast_emit(record)
+        self._enter()
+        try:
+            self._check_open()
+            self._broadcast_emit(record)
+        finally:
+            self._user = 0
+
+    cdef inline int _enter(self) except -1:
+        """Start a call: refused while another one is in progress."""
+        if self._user:
+            return self._concurrent_use()
+        self._user = PyThread_get_thread_ident()
+        return 0
+
+    cdef int _concurrent_use(self) except -1:
+        if self._user == PyThread_get_thread_ident():
+            raise RuntimeError(
+                "RecordWriter was re-entered: code run during a call (a selector, a codec, a "
+                "pool listener) called the writer again; nothing was written by this call")
+        raise RuntimeError(
+            f"RecordWriter {self._name!r} is in use by another thread: a writer serves one "
+            "thread at a time (fail() may come from any thread); nothing was written by "
+            "this call")
 
     cdef int _check_open(self) except -1:
         cdef object err
+        if self._state == _W_NEW:
+            raise RuntimeError("RecordWriter is not initialised (its __init__ was not called)")
         if self._state == _W_CLOSED:
             raise ValueError("record writer is closed")
         if self._state == _W_FAILED:
@@ -228,6 +263,15 @@ a broadcast selector); blocks while no buffer is free."""
         return 0
 
     cdef inline int _emit(self, object record) except -1:
+        if self._user:
+            return self._concurrent_use()
+        self._user = PyThread_get_thread_ident()
+        try:
+            return self._emit_entered(record)
+        finally:
+            self._user = 0
+
+    cdef int _emit_entered(self, object record) except -1:
         cdef int32_t ch
         cdef object cur
         cdef int flags
@@ -242,9 +286,18 @@ a broadcast selector); blocks while no buffer is free."""
                 ch = (<RoundRobinSelector>self._selector)._select(record)
             else:
                 ch = self._selector._select(record)
-                if ch < 0:
+            # Whatever the selector (a Cython subclass may return anything),
+            # only a channel of this writer reaches its lists.
+            if <uint32_t>ch >= <uint32_t>self._n:
+                if ch == _ALL_BLOCKED and type(self._selector) is BacklogAwareRebalanceSelector:
                     ch = self._await_channel()
+                else:
+                    self._bad_channel(ch)
             self._ser._serialize_record(record)
+            if self._state != _W_OPEN:
+                # fail() came (from the selector, the codec or another thread)
+                self._ser._clear()
+                self._check_open()
             self._broken = True
             # The common case inline: the record fits the channel's buffer.
             cur = self._current[ch]
@@ -263,12 +316,19 @@ a broadcast selector); blocks while no buffer is free."""
             self._flush_all(_FLUSH_RAISE if self._flush_always else _FLUSH_QUIET)
         return 0
 
+    cdef int32_t _bad_channel(self, int32_t channel) except -1:
+        raise IndexError(f"the {type(self._selector).__name__} chose channel {channel}, not in "
+                         f"[0, {self._n}): nothing was written")
+
     cdef int _broadcast_emit(self, object record) except -1:
         cdef int32_t ch
         cdef object cur
         self._busy = _BROADCASTING
         try:
             self._ser._serialize_record(record)
+            if self._state != _W_OPEN:
+                self._ser._clear()
+                self._check_open()
             self._broken = True
             for ch in range(self._n):
                 if ch:
@@ -331,7 +391,7 @@ a broadcast selector); blocks while no buffer is free."""
     cdef int32_t _await_channel(self) except -1:
         """Every channel is blocked (backlog-aware rebalance): wait until a
         consumer takes a buffer.  Counted as back-pressured time."""
-        cdef BacklogAwareRebalanceSelector sel = <BacklogAwareRebalanceSelector?>self._selector
+        cdef BacklogAwareRebalanceSelector sel = <BacklogAwareRebalanceSelector>self._selector
         cdef int32_t ch = _ALL_BLOCKED
         cdef int64_t t0 = fb_monotonic_ns()
         self._bp_since = t0
@@ -522,19 +582,31 @@ a broadcast selector); blocks while no buffer is free."""
         whose consumer left gets nothing; what was written for it is dropped
         and reported with :class:`PartitionReleasedError` once the others
         are handed over (not for a broadcast selector, see the class)."""
-        self._check_open()
-        self._flush_all(_FLUSH_QUIET if self._broadcast else _FLUSH_RAISE)
+        self._enter()
+        try:
+            self._check_open()
+            self._flush_all(_FLUSH_QUIET if self._broadcast else _FLUSH_RAISE)
+        finally:
+            self._user = 0
 
     def broadcast_event(self, event):
         """Flush, then send a :class:`UserEvent` in-band to every channel:
         each consumer sees it after all records emitted before it.  The
-        event is encoded first: a wrong one is refused before anything is
-        flushed."""
-        self._check_open()
-        cdef bytes data = _serialize_event(event)
-        self._flush_all(_FLUSH_QUIET)
-        self._partition._check_live()
-        self._partition._add_event_all(data, False)
+        event is encoded first: a wrong one, or one larger than a buffer of
+        the partition's pool, is refused before anything is flushed.
+
+        Events are bounded like records: while a consumer has
+        ``MAX_QUEUED_EVENTS`` events it has not taken yet, this call waits
+        (without the GIL; counted as back-pressured time)."""
+        self._enter()
+        try:
+            self._check_open()
+            data = self._partition._encode_event(event)
+            self._flush_all(_FLUSH_QUIET)
+            self._partition._check_live()
+            self._partition._add_event_all(data, False, self)
+        finally:
+            self._user = 0
 
     def _stop_flusher(self):
         if self._flusher is not None:
@@ -549,10 +621,19 @@ a broadcast selector); blocks while no buffer is free."""
         Idempotent; after a failure it only frees the writer's buffers."""
         if self._state == _W_CLOSED:
             return
+        if self._state == _W_NEW:
+            self._check_open()
+        self._enter()
+        try:
+            self._close()
+        finally:
+            self._user = 0
+
+    cdef int _close(self) except -1:
         self._stop_flusher()
         if self._state == _W_FAILED:
             self._release_current()
-            return
+            return 0
         cdef int32_t ch
         cdef object cur
         try:
@@ -573,6 +654,7 @@ a broadcast selector); blocks while no buffer is free."""
             self._partition.fail(exc)
             raise
         self._state = _W_CLOSED
+        return 0
 
     def fail(self, exc=None):
         """Drop this writer's buffers and fail the partition: consumers raise
@@ -581,6 +663,8 @@ a broadcast selector); blocks while no buffer is free."""
         _check_failure_cause(exc)
         if self._state == _W_FAILED:
             return
+        if self._state == _W_NEW:
+            self._check_open()
         self._stop_flusher()
         self._state = _W_FAILED
         self._release_current()
@@ -649,6 +733,6 @@ a broadcast selector); blocks while no buffer is free."""
                 self._bp_ns + (fb_monotonic_ns() - since if since else 0))
 
     def __repr__(self):
-        state = ("open", "closed", "failed")[self._state]
+        state = ("open", "closed", "failed", "not initialised")[self._state]
         return (f"<flinkbuf.RecordWriter name={self._name!r} channels={self._n} "
                 f"selector={type(self._selector).__name__} {state}>")

@@ -3,6 +3,9 @@ cdef class _ConsumeSignal:
     cdef bint _initialized
 
 
+cdef class RecordWriter
+
+
 cdef class ResultSubpartition:
     cdef fb_subpart_t _c
     cdef bint _initialized
@@ -29,5 +32,9 @@ cdef class ResultPartition:
     cdef _ConsumeSignal _signal
 
     cdef int _raise_for_rc(self, int rc, int32_t index) except -1
-    cdef int _add_event_all(self, bytes payload, bint last) except -1
+    cdef int32_t _segment_size   # an event must fit one buffer
+    cdef bytes _encode_event(self, object event)
+    cdef int _add_event_all(self, bytes payload, bint last, RecordWriter writer) except -1
+    cdef int _await_event_room(self, ResultSubpartition sp, RecordWriter writer) except -1
     cdef int _finish(self) except -1
+    cdef int _check_initialised(self) except -1

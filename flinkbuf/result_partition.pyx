@@ -185,6 +185,7 @@ cdef class ResultPartition:
         if pool.is_destroyed:
             raise PoolDestroyedError("buffer pool is destroyed")
         self._pool = pool
+        self._segment_size = pool.network_buffer_pool.segment_size
         self._pool_channels = pool_channels
         cap = pool.max_buffers_per_channel
         self._cap = -1 if cap is None else cap
@@ -218,21 +219,70 @@ cdef class ResultPartition:
             raise MemoryError()
         raise RuntimeError(f"internal error {rc} in subpartition {index}")
 
-    cdef int _add_event_all(self, bytes payload, bint last) except -1:
-        """Queue an event to every live subpartition (released ones are skipped)."""
+    cdef bytes _encode_event(self, object event):
+        """A user event's bytes; it must fit one buffer of the pool."""
+        cdef bytes data = _serialize_event(event)
+        if len(data) > self._segment_size:
+            raise ValueError(f"an event of {len(data)} bytes does not fit one buffer of the "
+                             f"partition's pool ({self._segment_size} bytes): events travel "
+                             "in one buffer each")
+        return data
+
+    cdef int _add_event_all(self, bytes payload, bint last, RecordWriter writer) except -1:
+        """Queue an event to every live subpartition (released ones are
+        skipped).  A user event first waits for room (MAX_QUEUED_EVENTS);
+        ``writer`` (or None) counts that wait as its back-pressured time."""
         cdef ResultSubpartition sp
         cdef int rc
         for sp in self._subpartitions:
+            if not last:
+                self._await_event_room(sp, writer)
             rc = sp._add(payload, FB_ITEM_EVENT, len(payload), last)
             if rc == FB_X_RELEASED:
                 continue
             self._raise_for_rc(rc, sp._index)
         return 0
 
+    cdef int _await_event_room(self, ResultSubpartition sp, RecordWriter writer) except -1:
+        """Wait (without the GIL) while ``sp`` holds MAX_QUEUED_EVENTS events
+        its consumer has not taken; a released subpartition has room (the
+        event is skipped).  Raises if the partition or the writer fails."""
+        if fb_subpart_events(&sp._c) < _MAX_EVENTS:
+            return 0
+        cdef object keep = self          # alive across the nogil waits
+        cdef _ConsumeSignal signal = self._signal
+        cdef uint64_t seen
+        cdef int64_t deadline, t0 = fb_monotonic_ns()
+        if writer is not None:
+            writer._bp_since = t0
+        try:
+            while True:
+                seen = fb_signal_seq(&signal._c)
+                if (fb_subpart_events(&sp._c) < _MAX_EVENTS
+                        or fb_subpart_state(&sp._c) == FB_SP_RELEASED):
+                    return 0
+                if writer is not None:
+                    writer._check_partition()
+                self._check_live()
+                deadline = fb_deadline_after(_EVENT_SLICE)
+                with nogil:
+                    fb_signal_wait(&signal._c, seen, deadline)
+                PyErr_CheckSignals()
+        finally:
+            if writer is not None:
+                writer._bp_ns += fb_monotonic_ns() - t0
+                writer._bp_since = 0
+
     def _describe(self):
         return f"result partition {self._name!r}" if self._name is not None else "result partition"
 
+    cdef int _check_initialised(self) except -1:
+        if self._n == 0:
+            raise RuntimeError("ResultPartition is not initialised (its __init__ was not called)")
+        return 0
+
     def _check_live(self):
+        self._check_initialised()
         if self._state == _P_FAILED:
             raise ProducerFailedError(f"{self._describe()} has failed") from self._cause
         if self._state == _P_RELEASED:
@@ -240,12 +290,12 @@ cdef class ResultPartition:
         if self._state == _P_FINISHED:
             raise RuntimeError(f"{self._describe()} is finished")
 
-    def add_buffer(self, Py_ssize_t subpartition, Buffer buffer not None):
+    def add_buffer(self, subpartition, Buffer buffer not None):
         """Queue a finished data buffer for ``subpartition``; the partition
         takes over the caller's reference (the consumer recycles it).  On
         error the buffer is recycled and the error raised."""
-        if subpartition < 0 or subpartition >= self._n:
-            raise IndexError(f"subpartition {subpartition} is not in [0, {self._n})")
+        self._check_initialised()
+        cdef int32_t index = _as_subpartition(subpartition, self._n)
         if buffer._pool is not self._pool:
             raise ValueError("the buffer is not from this partition's pool")
         buffer._check()
@@ -254,18 +304,19 @@ cdef class ResultPartition:
         except BaseException:
             buffer._release()
             raise
-        cdef ResultSubpartition sp = <ResultSubpartition>self._subpartitions[subpartition]
+        cdef ResultSubpartition sp = <ResultSubpartition>self._subpartitions[index]
         cdef int rc = sp._add(buffer, FB_ITEM_DATA, <int32_t>buffer._writer, False)
         if rc != FB_X_OK:
             buffer._release()
-            self._raise_for_rc(rc, <int32_t>subpartition)
+            self._raise_for_rc(rc, index)
 
     def broadcast_event(self, event):
         """Queue a user :class:`Event` to every subpartition (in-band: after
-        what is queued already).  Writers flush first: use
-        :meth:`RecordWriter.broadcast_event`."""
+        what is queued already), waiting while a consumer has
+        ``MAX_QUEUED_EVENTS`` events it has not taken.  Writers flush
+        first: use :meth:`RecordWriter.broadcast_event`."""
         self._check_live()
-        self._add_event_all(_serialize_event(event), False)
+        self._add_event_all(self._encode_event(event), False, None)
 
     def finish(self):
         """End every subpartition with EndOfPartition; nothing can be added
@@ -284,7 +335,7 @@ cdef class ResultPartition:
         if self._state == _P_FINISHED:
             return 0
         self._check_live()
-        self._add_event_all(_END_OF_PARTITION_BYTES, True)
+        self._add_event_all(_END_OF_PARTITION_BYTES, True, None)
         self._state = _P_FINISHED
         return 0
 
@@ -339,12 +390,10 @@ cdef class ResultPartition:
         if first_error is not None:
             raise first_error
 
-    def subpartition(self, Py_ssize_t index):
-        if index < 0 or index >= self._n:
-            raise IndexError(f"subpartition {index} is not in [0, {self._n})")
-        return self._subpartitions[index]
+    def subpartition(self, index):
+        return self._subpartitions[_as_subpartition(index, self._n)]
 
-    def backlog(self, Py_ssize_t index):
+    def backlog(self, index):
         """Finished data buffers queued for subpartition ``index``."""
         return self.subpartition(index).backlog
 

@@ -16,7 +16,7 @@ PYX = textwrap.dedent("""
     from cpython.ref cimport Py_INCREF
     from libc.stdint cimport int32_t
 
-    from flinkbuf._io cimport InputChannel, InputGate
+    from flinkbuf._io cimport ChannelSelector, InputChannel, InputGate
     from flinkbuf._io_csrc cimport (
         FB_ITEM_EVENT, FB_X_EMPTY, FB_X_OK, fb_gate_notify, fb_item_t)
 
@@ -56,6 +56,17 @@ PYX = textwrap.dedent("""
             self._gate = None
             self._index = -1
             return 0
+
+
+    cdef class FixedSelector(ChannelSelector):
+        \"\"\"Picks the channel it was given, whatever the writer's size.\"\"\"
+        cdef int32_t _channel
+
+        def __init__(self, channel):
+            self._channel = channel
+
+        cdef int32_t _select(self, object record) except -1:
+            return self._channel
 """)
 
 SETUP = textwrap.dedent(f"""
@@ -139,6 +150,41 @@ def test_cython_channels_and_events_that_are_not_bytes(list_channel_module):
     that fails the gate for good."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(list_channel_module), ROOT]))
     proc = subprocess.run([sys.executable, "-X", "faulthandler", "-c", SCRIPT],
+                          cwd=list_channel_module, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert proc.stdout.strip() == "ok"
+
+
+SELECTOR_SCRIPT = textwrap.dedent("""
+    import flinkbuf as fb
+    from list_channel import FixedSelector
+
+    nbp = fb.NetworkBufferPool(64, 256)
+    for channel in (2, 3, 16, 2**31 - 1, -2, -3, -2**31):
+        part = fb.io.create_partition(nbp, 2)
+        gate = fb.InputGate([(part, 0), (part, 1)])
+        writer = fb.RecordWriter(part, FixedSelector(channel), buffer_timeout=None)
+        for attempt in range(3):
+            try:
+                writer.emit((attempt, "x" * 100))
+            except IndexError as exc:
+                assert f"channel {channel}, not in [0, 2)" in str(exc), exc
+            else:
+                raise AssertionError(f"channel {channel} was accepted")
+        writer.close()                      # nothing was left half written
+        assert list(gate) == []
+        gate.close()
+    print("ok")
+""")
+
+
+def test_a_cython_selector_cannot_pick_a_channel_outside_the_writer(list_channel_module):
+    """A selector compiled in Cython returns whatever it likes from _select:
+    the writer indexed its channel lists with it unchecked (a segfault for
+    any channel past the end).  Every channel is now checked."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(list_channel_module), ROOT]))
+    proc = subprocess.run([sys.executable, "-X", "faulthandler", "-c", SELECTOR_SCRIPT],
                           cwd=list_channel_module, env=env, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]

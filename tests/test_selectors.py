@@ -479,7 +479,7 @@ def test_backlog_aware_threshold_from_the_pool():
     assert fb.BacklogAwareRebalanceSelector(9).max_backlog == 9
     with pytest.raises(TypeError, match="positional argument"):   # start is keyword-only
         fb.BacklogAwareRebalanceSelector(None, 0)
-    with pytest.raises(ValueError, match="already bound"):
+    with pytest.raises(ValueError, match="already serves a RecordWriter"):
         fb.RecordWriter(fb.create_partition(nbp, 2), sel)
     w.close()
     w2.close()
