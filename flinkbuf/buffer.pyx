@@ -19,7 +19,8 @@ cdef class Buffer:
     its pool exactly once, when the count reaches zero.  After that every
     use raises :class:`RecycledBufferError`; recycling while views are
     exported raises :class:`ExportedBufferError`.  A buffer dropped without
-    recycling is recycled when it is garbage collected.
+    recycling is recycled when it is garbage collected.  A Buffer not made
+    by a pool (``Buffer.__new__(Buffer)``) behaves as a recycled one.
     """
 
     def __init__(self):
@@ -91,6 +92,8 @@ cdef class Buffer:
     @property
     def pool(self):
         """The :class:`LocalBufferPool` the segment returns to."""
+        if self._pool is None:
+            raise RecycledBufferError("buffer was not handed out by a pool")
         return self._pool
 
     @property

@@ -1,6 +1,9 @@
 # NetworkBufferPool and LocalBufferPool.  Included by _core.pyx.
 
 cdef int32_t _MAX_INT32 = 2147483647
+# Passed by create_buffer_pool() alone: a LocalBufferPool made any other way
+# would have no network pool under its C struct (net is NULL).
+cdef object _POOL_TOKEN = object()
 cdef double _WAIT_SLICE = 0.05   # blocking waits wake this often to check signals
 
 
@@ -96,7 +99,8 @@ cdef class NetworkBufferPool:
     ``destroy()`` destroys every local pool (blocked requests fail with
     :class:`PoolDestroyedError`) and refuses new work; segments still out
     stay valid until recycled, and the arena is unmapped once the last one
-    is back.  Use as a context manager to destroy on exit.
+    is back.  Use as a context manager to destroy on exit.  One made by
+    ``__new__`` without ``__init__`` raises ``RuntimeError`` when used.
     """
 
     def __cinit__(self):
@@ -220,7 +224,7 @@ cdef class NetworkBufferPool:
                 raise ValueError("max_buffers_per_channel needs num_subpartitions > 0")
             per_channel = _as_count(max_buffers_per_channel, "max_buffers_per_channel", 1)
         cdef int32_t overdraft = _as_count(max_overdraft_buffers, "max_overdraft_buffers", 0)
-        cdef LocalBufferPool pool = LocalBufferPool.__new__(LocalBufferPool)
+        cdef LocalBufferPool pool = LocalBufferPool.__new__(LocalBufferPool, _POOL_TOKEN)
         pool._nbp = self
         cdef int rc = fb_localpool_create(&self._c, &pool._c, mn, mx, nsub, per_channel,
                                           overdraft)
@@ -368,11 +372,14 @@ cdef class LocalBufferPool:
     to the global pool when recycled.
     """
 
-    def __cinit__(self):
+    def __cinit__(self, *args, **kwargs):
+        if len(args) != 1 or args[0] is not _POOL_TOKEN or kwargs:
+            raise TypeError("LocalBufferPool cannot be created directly; use "
+                            "NetworkBufferPool.create_buffer_pool()")
         self._created = False
         self._listeners = []
 
-    def __init__(self):
+    def __init__(self, *args, **kwargs):
         raise TypeError("use NetworkBufferPool.create_buffer_pool()")
 
     def __dealloc__(self):
