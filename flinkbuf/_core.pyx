@@ -45,8 +45,36 @@ cdef extern from *:
     int FB_DBG_SEGMENTS
     int FB_DBG_BUFFERS
 
-cdef extern from "Python.h":
-    void PyErr_WriteUnraisable(object obj)
+cdef extern from *:
+    """
+    /* listener(pool): an Exception it raises goes to sys.unraisablehook (0);
+     * any other BaseException (KeyboardInterrupt, SystemExit) stays set (-1). */
+    static int fb_call_listener(PyObject *listener, PyObject *pool)
+    {
+        PyObject *r = PyObject_CallOneArg(listener, pool);
+        if (r != NULL) {
+            Py_DECREF(r);
+            return 0;
+        }
+        if (!PyErr_ExceptionMatches(PyExc_Exception))
+            return -1;
+        PyErr_WriteUnraisable(listener);
+        return 0;
+    }
+
+    /* Report the exception being handled to sys.unraisablehook: a Cython
+     * except clause has taken it off the error indicator, where
+     * PyErr_WriteUnraisable looks for it. */
+    static void fb_write_unraisable_handled(PyObject *obj)
+    {
+        PyObject *type, *value, *tb;
+        PyErr_GetExcInfo(&type, &value, &tb);
+        PyErr_Restore(type, value, tb);
+        PyErr_WriteUnraisable(obj);
+    }
+    """
+    int fb_call_listener(object listener, object pool) except -1
+    void fb_write_unraisable_handled(object obj)
 
 
 include "memory_segment.pyx"

@@ -36,7 +36,7 @@ cdef class Buffer:
                 try:
                     self._pool._nbp._dispatch_listeners()
                 except BaseException:
-                    PyErr_WriteUnraisable(self)
+                    fb_write_unraisable_handled(self)
 
     cdef int _check(self) except -1:
         if self._data == NULL:

@@ -137,9 +137,15 @@ cdef class NetworkBufferPool:
         return 0
 
     cdef int _dispatch_listeners(self) except -1:
-        """Call, outside every lock, the listeners of pools now available."""
+        """Call, outside every lock, the listeners of pools now available.
+
+        A listener's Exception goes to sys.unraisablehook and the others
+        still run: it must not surface in whichever thread's recycle, resize
+        or destroy made the pool available.  A KeyboardInterrupt or
+        SystemExit is raised once the others ran."""
         cdef LocalBufferPool pool
         cdef list ready = []
+        cdef object interrupt = None
         for pool in list(self._listening):
             if fb_localpool_is_available(&pool._c) or pool.is_destroyed:
                 self._listening.discard(pool)
@@ -147,7 +153,15 @@ cdef class NetworkBufferPool:
                 pool._listeners = []
         for pool, listeners in ready:
             for listener in listeners:
-                listener(pool)
+                try:
+                    fb_call_listener(listener, pool)
+                except BaseException as e:
+                    if interrupt is None:
+                        interrupt = e
+                    else:
+                        fb_write_unraisable_handled(listener)
+        if interrupt is not None:
+            raise interrupt
         return 0
 
     @property
@@ -486,11 +500,14 @@ cdef class LocalBufferPool:
         if it is now) or destroyed.  Listeners run in the thread whose call
         (a recycle, a resize, a destroy) made the pool available, never under
         a pool lock; a listener is a hint, another thread may take the buffer
-        first."""
+        first.  An exception a listener raises is reported through
+        ``sys.unraisablehook``, never raised from that call (which succeeds)
+        nor from this one, and the other listeners still run; only
+        ``KeyboardInterrupt`` and ``SystemExit`` propagate, after them."""
         if not callable(callback):
             raise TypeError("callback must be callable")
         if fb_localpool_is_available(&self._c) or self.is_destroyed:
-            callback(self)
+            fb_call_listener(callback, self)
             return
         self._listeners.append(callback)
         self._nbp._listening.add(self)

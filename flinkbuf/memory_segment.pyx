@@ -34,8 +34,16 @@ cdef class MemorySegment:
             FB_DBG_ADD(FB_DBG_SEGMENTS, -1)
             fb_aligned_free(self._data)
         elif self._kind == SEG_UNPOOLED:
-            # Dropped without recycle_unpooled_segments: give it back.
-            fb_netpool_recycle_unpooled(&(<NetworkBufferPool>self._owner)._c, &self._index, 1)
+            # Dropped without recycle_unpooled_segments: give it back, which
+            # may make local pools available.
+            self._data = NULL
+            nbp = <NetworkBufferPool>self._owner
+            fb_netpool_recycle_unpooled(&nbp._c, &self._index, 1)
+            if nbp._listening:
+                try:
+                    nbp._dispatch_listeners()
+                except BaseException:
+                    fb_write_unraisable_handled(self)
         self._data = NULL
 
     @staticmethod

@@ -108,3 +108,93 @@ def test_bare_memory_segment_behaves_as_freed_also_as_an_argument():
         nbp.destroy()
         del bare; gc.collect()
     """)
+
+
+# -- 3. listener errors -------------------------------------------------------
+
+@pytest.fixture
+def unraisable(monkeypatch):
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", seen.append)
+    return seen
+
+
+def _trigger(kind, nbp, pool, held):
+    """Make ``pool`` (whose one buffer is ``held``) available by ``kind``."""
+    if kind == "recycle":
+        held[0].recycle()
+    elif kind == "garbage_collected_buffer":
+        del held[:]
+    elif kind == "destroy":
+        pool.destroy()
+        held[0].recycle()
+    elif kind == "set_num_buffers":
+        pool.set_num_buffers(2)
+        held[0].recycle()
+    elif kind == "recycle_unpooled":
+        nbp.recycle_unpooled_segments(held.pop())
+        held[0].recycle()
+    elif kind == "garbage_collected_unpooled":
+        held.pop()
+        held[0].recycle()
+
+
+TRIGGERS = ["recycle", "garbage_collected_buffer", "destroy", "set_num_buffers",
+            "recycle_unpooled", "garbage_collected_unpooled"]
+
+
+@pytest.mark.parametrize("kind", TRIGGERS)
+def test_listener_error_is_unraisable_in_the_dispatching_thread(unraisable, kind):
+    """A producer's listener error came out of whichever call made the pool
+    available: a consumer's recycle() (and so its next(gate)) raised it."""
+    from helpers import run_in_thread
+    with fb.NetworkBufferPool(3, 64) as nbp:
+        pool = nbp.create_buffer_pool(1, 2)
+        held = [pool.request_buffer()]
+        if kind.endswith("unpooled"):
+            held.append(nbp.request_unpooled_segments(2))    # pool size 1: unavailable
+        else:
+            pool.set_num_buffers(1)
+        assert not pool.is_available
+        calls = []
+
+        def bad(p):
+            calls.append("bad")
+            raise KeyError("listener bug")
+
+        pool.add_availability_listener(bad)
+        pool.add_availability_listener(lambda p: calls.append("good"))
+        t, res = run_in_thread(_trigger, kind, nbp, pool, held)
+        t.join(10)
+        assert res.get("error") is None and "value" in res
+        assert calls == ["bad", "good"]
+        assert [(type(u.exc_value), u.object) for u in unraisable] == [(KeyError, bad)]
+        assert pool.is_available or pool.is_destroyed
+
+
+def test_listener_error_on_registration_is_unraisable_too(unraisable):
+    with fb.NetworkBufferPool(2, 64) as nbp:
+        pool = nbp.create_buffer_pool(1, 2)
+
+        def bad(p):
+            raise ValueError("at once")
+
+        pool.add_availability_listener(bad)           # available: called at once
+        assert [(type(u.exc_value), u.object) for u in unraisable] == [(ValueError, bad)]
+
+
+def test_keyboard_interrupt_in_a_listener_propagates_after_the_others(unraisable):
+    with fb.NetworkBufferPool(2, 64) as nbp:
+        pool = nbp.create_buffer_pool(1, 1)
+        held = pool.request_buffer()
+        calls = []
+
+        def interrupted(p):
+            calls.append("interrupted")
+            raise KeyboardInterrupt
+
+        pool.add_availability_listener(interrupted)
+        pool.add_availability_listener(lambda p: calls.append("after"))
+        with pytest.raises(KeyboardInterrupt):
+            held.recycle()
+        assert held.is_recycled and calls == ["interrupted", "after"] and unraisable == []
