@@ -463,8 +463,11 @@ cdef class LocalBufferPool:
         return self._request_blocking(self._channel_arg(channel), _as_timeout(timeout))
 
     def set_num_buffers(self, num_buffers):
-        """Resize to ``num_buffers`` (capped at ``max_buffers``); shrinking
-        is lazy.  ``ValueError`` below ``min_buffers``."""
+        """Resize to ``num_buffers``, capped at ``max_buffers`` and at what
+        leaves every other pool room for its ``min_buffers`` (so at most
+        ``min_buffers`` plus the segments no pool or unpooled request
+        requires); shrinking is lazy.  The next redistribution sets the size
+        again.  ``ValueError`` below ``min_buffers``."""
         cdef int32_t n = _as_count(num_buffers, "num_buffers", 0)
         cdef int rc = fb_localpool_set_num_buffers(&self._c, n)
         if rc == FB_EINVAL:

@@ -9,6 +9,7 @@ import sys
 import textwrap
 
 import pytest
+from hypothesis import assume, given, strategies as st
 
 import flinkbuf as fb
 
@@ -198,3 +199,77 @@ def test_keyboard_interrupt_in_a_listener_propagates_after_the_others(unraisable
         with pytest.raises(KeyboardInterrupt):
             held.recycle()
         assert held.is_recycled and calls == ["interrupted", "after"] and unraisable == []
+
+
+# -- 2. set_num_buffers and other pools' minimums ----------------------------
+
+def test_resize_leaves_the_other_pool_its_minimum():
+    """a.set_num_buffers(100) on a 6-segment arena made a's size 100, and a
+    then took all six segments from b (min 2) until the next redistribution."""
+    with fb.NetworkBufferPool(6, 64) as nbp:
+        a = nbp.create_buffer_pool(2, None)
+        b = nbp.create_buffer_pool(2, None)
+        assert (a.num_buffers, b.num_buffers) == (3, 3)
+        a.set_num_buffers(100)
+        assert a.num_buffers == 4                    # min 2 + the 2 not required
+        held = [a.request_buffer() for _ in range(4)]
+        assert all(held) and a.request_buffer() is None
+        got = [b.request_buffer() for _ in range(2)]
+        assert all(got)
+        for buf in held + got:
+            buf.recycle()
+
+
+def test_resizes_of_two_pools_leave_a_third_its_minimum():
+    """Capping each pool at min + (total - required) alone is not enough: two
+    resized pools could then hold everything a third was guaranteed."""
+    with fb.NetworkBufferPool(10, 64) as nbp:
+        a, b, c = (nbp.create_buffer_pool(2, None) for _ in range(3))
+        assert [p.num_buffers for p in (a, b, c)] == fb.redistribute(4, [(2, None)] * 3)
+        a.set_num_buffers(100)
+        b.set_num_buffers(100)
+        assert a.num_buffers + b.num_buffers + c.min_buffers <= 10
+        held = []
+        for p in (a, b):
+            while (buf := p.request_buffer()) is not None:
+                held.append(buf)
+        got = [c.request_buffer() for _ in range(c.min_buffers)]
+        assert all(got)
+        for buf in held + got:
+            buf.recycle()
+        a.set_num_buffers(2)                          # what a gives up, b may take
+        b.set_num_buffers(100)
+        assert (a.num_buffers, b.num_buffers) == (2, 10 - 2 - c.num_buffers)
+
+
+@given(data=st.data())
+def test_after_any_resizes_every_pool_can_get_its_minimum(data):
+    total = data.draw(st.integers(2, 24), label="total")
+    with fb.NetworkBufferPool(total, 64) as nbp:
+        pools = []
+        for mn in data.draw(st.lists(st.integers(1, 5), min_size=1, max_size=5), label="mins"):
+            extra = data.draw(st.none() | st.integers(0, 8), label="max - min")
+            try:
+                pools.append(nbp.create_buffer_pool(mn, None if extra is None else mn + extra))
+            except fb.InsufficientBuffersError:
+                pass
+        assume(pools)
+        spare = total - nbp.num_total_required_buffers
+        unpooled = nbp.request_unpooled_segments(data.draw(st.integers(1, spare)), timeout=0) \
+            if spare and data.draw(st.booleans(), label="unpooled") else []
+        for _ in range(data.draw(st.integers(0, 12), label="resizes")):
+            pool = data.draw(st.sampled_from(pools))
+            pool.set_num_buffers(data.draw(st.integers(pool.min_buffers, 40)))
+            assert pool.min_buffers <= pool.num_buffers
+        for target in pools:
+            held = []
+            for pool in pools:
+                if pool is not target:
+                    while (buf := pool.request_buffer()) is not None:
+                        held.append(buf)
+            got = [target.request_buffer() for _ in range(target.min_buffers)]
+            assert all(got), f"pool {pools.index(target)} starved below its minimum"
+            for buf in held + got:
+                buf.recycle()
+        if unpooled:
+            nbp.recycle_unpooled_segments(unpooled)
