@@ -7,6 +7,7 @@ from cpython.buffer cimport PyBuffer_FillInfo, PyObject_GetBuffer, PyBuffer_Rele
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
+from cpython.pyport cimport PY_SSIZE_T_MAX, PY_SSIZE_T_MIN
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memmove, memcmp
 
@@ -118,6 +119,15 @@ def redistribute(available, pools):
         return [arr[2 * n + i] for i in range(n)]
     finally:
         PyMem_Free(arr)
+
+
+def _set_ref_count(Buffer buffer not None, Py_ssize_t count):
+    """Tests only: set a live buffer's reference count (>= 1), to reach the
+    limits without 2**63 calls to retain()."""
+    buffer._check()
+    if count < 1:
+        raise ValueError(f"count must be >= 1, got {count}")
+    buffer._refcnt = count
 
 
 def _c_request_recycle_loop(LocalBufferPool pool not None, Py_ssize_t iterations):

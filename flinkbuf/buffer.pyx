@@ -68,8 +68,11 @@ cdef class Buffer:
         self._release()
 
     def retain(self):
-        """Add a reference (to be dropped by another ``recycle()``); returns self."""
+        """Add a reference (to be dropped by another ``recycle()``); returns self.
+        ``OverflowError`` rather than a count past ``sys.maxsize``."""
         self._check()
+        if self._refcnt == PY_SSIZE_T_MAX:
+            raise OverflowError(f"buffer reference count cannot exceed {PY_SSIZE_T_MAX}")
         self._refcnt += 1
         return self
 

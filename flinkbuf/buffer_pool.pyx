@@ -327,6 +327,8 @@ cdef class NetworkBufferPool:
         cdef Py_ssize_t n = len(segs), k
         if n == 0:
             return
+        if n > self._c.num_segments:    # and the count passed to C is an int32_t
+            raise ValueError("a segment is listed twice")
         cdef int32_t *idx = <int32_t *>PyMem_Malloc(sizeof(int32_t) * n)
         if idx == NULL:
             raise MemoryError()

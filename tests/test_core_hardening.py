@@ -273,3 +273,39 @@ def test_after_any_resizes_every_pool_can_get_its_minimum(data):
                 buf.recycle()
         if unpooled:
             nbp.recycle_unpooled_segments(unpooled)
+
+
+# -- 4. counters that could wrap ----------------------------------------------
+
+def test_retain_never_wraps_the_reference_count():
+    """The count was a C int: retain() past INT_MAX wrapped it negative."""
+    from flinkbuf._core import _set_ref_count
+    with fb.NetworkBufferPool(2, 64) as nbp:
+        buf = nbp.create_buffer_pool(1, 1).request_buffer()
+        _set_ref_count(buf, 2 ** 31 - 1)
+        assert buf.retain() is buf and buf.ref_count == 2 ** 31
+        buf.recycle()
+        assert buf.ref_count == 2 ** 31 - 1 and not buf.is_recycled
+        _set_ref_count(buf, sys.maxsize)
+        with pytest.raises(OverflowError, match="reference count"):
+            buf.retain()
+        assert buf.ref_count == sys.maxsize and not buf.is_recycled
+        with pytest.raises(ValueError):
+            _set_ref_count(buf, 0)
+        _set_ref_count(buf, 1)
+        buf.recycle()
+        assert buf.is_recycled
+        with pytest.raises(fb.RecycledBufferError):
+            _set_ref_count(buf, 1)
+
+
+def test_recycling_more_unpooled_segments_than_exist_is_refused_up_front():
+    """The list length goes to C as an int32_t; a list longer than the pool
+    (which must repeat a segment) is refused before that.  (A length that
+    truncated, past 2**31, would take a list of 16 GiB to test.)"""
+    with fb.NetworkBufferPool(4, 64) as nbp:
+        segs = nbp.request_unpooled_segments(2)
+        with pytest.raises(ValueError, match="twice"):
+            nbp.recycle_unpooled_segments(segs * 3)
+        assert nbp.num_unpooled_segments == 2
+        nbp.recycle_unpooled_segments(segs)
