@@ -48,6 +48,37 @@ cdef extern from *:
 
 cdef extern from *:
     """
+    /* An index or length argument: any int (or object with __index__) as a
+     * Py_ssize_t, clamped to PY_SSIZE_T_MIN or PY_SSIZE_T_MAX beyond that
+     * range, where every bounds check fails; TypeError for anything else. */
+    static CYTHON_INLINE Py_ssize_t fb_as_position(PyObject *o)
+    {
+        if (PyLong_CheckExact(o)) {
+            int overflow;
+            long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+            if (overflow > 0 || v > PY_SSIZE_T_MAX)
+                return PY_SSIZE_T_MAX;
+            if (overflow < 0 || v < PY_SSIZE_T_MIN)
+                return PY_SSIZE_T_MIN;
+            return (Py_ssize_t)v;   /* -1 with an error set cannot happen here */
+        }
+        return PyNumber_AsSsize_t(o, NULL);
+    }
+    """
+    Py_ssize_t fb_as_position(object o) except? -1
+
+
+cdef str _shown(Py_ssize_t value):
+    """An index argument for a message: a clamped one was out of range."""
+    if value == PY_SSIZE_T_MAX:
+        return f"{value} or more"
+    if value == PY_SSIZE_T_MIN:
+        return f"{value} or less"
+    return str(value)
+
+
+cdef extern from *:
+    """
     /* listener(pool): an Exception it raises goes to sys.unraisablehook (0);
      * any other BaseException (KeyboardInterrupt, SystemExit) stays set (-1). */
     static int fb_call_listener(PyObject *listener, PyObject *pool)

@@ -15,4 +15,5 @@ cdef class MemorySegment:
     cdef Py_ssize_t _exports
 
     cdef int _check(self, Py_ssize_t offset, Py_ssize_t n) except -1
+    cdef Py_ssize_t _at(self, object offset, Py_ssize_t n) except -1
     cdef int _invalidate(self) except -1

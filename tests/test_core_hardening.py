@@ -309,3 +309,123 @@ def test_recycling_more_unpooled_segments_than_exist_is_refused_up_front():
             nbp.recycle_unpooled_segments(segs * 3)
         assert nbp.num_unpooled_segments == 2
         nbp.recycle_unpooled_segments(segs)
+
+
+# -- 5. index, offset and length arguments of any size ------------------------
+
+import numpy as np  # noqa: E402
+
+TYPES = ["int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+         "float32", "float64"]
+EXTREMES = [2 ** 31, 2 ** 32, 2 ** 63 - 1, 2 ** 63, 2 ** 64, 2 ** 1000,
+            -2 ** 31, -2 ** 63, -2 ** 63 - 1, -2 ** 1000]
+# Never a valid offset or length of a 64-byte segment (nor of a Buffer).
+OUT_OF_BOUNDS = st.one_of(
+    st.integers(max_value=-1), st.integers(min_value=65), st.sampled_from(EXTREMES),
+    st.sampled_from([np.int64(-1), np.int64(2 ** 63 - 1), np.uint64(2 ** 64 - 1), True * 65]))
+NOT_INTS = st.sampled_from([0.5, 1.0, "1", b"\x00", [0], 1j, np.float64(1.0)])
+
+
+def _typed(kind, name):
+    if kind == "get":
+        return lambda s, t, v: getattr(s, f"get_{name}")(v)
+    return lambda s, t, v: getattr(s, f"put_{name}")(v, 0)
+
+
+SEGMENT_INDEX_ARGS = {
+    **{f"get_{n}": _typed("get", n) for n in TYPES},
+    **{f"put_{n}": _typed("put", n) for n in TYPES},
+    "get_bytes(offset)": lambda s, t, v: s.get_bytes(v, 1),
+    "get_bytes(length)": lambda s, t, v: s.get_bytes(0, v),
+    "put_bytes(offset)": lambda s, t, v: s.put_bytes(v, b"x"),
+    "copy_to(offset)": lambda s, t, v: s.copy_to(v, t, 0, 1),
+    "copy_to(target_offset)": lambda s, t, v: s.copy_to(0, t, v, 1),
+    "copy_to(length)": lambda s, t, v: s.copy_to(0, t, 0, v),
+    "compare(offset)": lambda s, t, v: s.compare(t, v, 0, 1),
+    "compare(other_offset)": lambda s, t, v: s.compare(t, 0, v, 1),
+    "compare(length)": lambda s, t, v: s.compare(t, 0, 0, v),
+}
+
+
+@pytest.mark.parametrize("segment_kind", ["standalone", "buffer"])
+@pytest.mark.parametrize("method", sorted(SEGMENT_INDEX_ARGS))
+@given(value=OUT_OF_BOUNDS, other=NOT_INTS)
+def test_segment_index_arguments_of_any_size(method, segment_kind, value, other):
+    """Offsets past 2**63 raised OverflowError; the README promises IndexError."""
+    call = SEGMENT_INDEX_ARGS[method]
+    nbp = fb.NetworkBufferPool(2, 64)
+    buf = nbp.create_buffer_pool(1, 1).request_buffer()
+    seg = buf.segment if segment_kind == "buffer" else fb.MemorySegment.allocate(64)
+    target = fb.MemorySegment.allocate(64)
+    try:
+        with pytest.raises(IndexError, match="out of bounds"):
+            call(seg, target, value)
+        with pytest.raises(TypeError):
+            call(seg, target, other)
+        call(seg, target, 0)                       # still usable
+    finally:
+        target.free()
+        if segment_kind == "standalone":
+            seg.free()
+        buf.recycle()
+        nbp.destroy()
+
+
+BUFFER_INDEX_ARGS = {
+    "size": lambda b, v: setattr(b, "size", v),
+    "reader_index": lambda b, v: setattr(b, "reader_index", v),
+}
+
+
+@pytest.mark.parametrize("attr", sorted(BUFFER_INDEX_ARGS))
+@given(value=OUT_OF_BOUNDS, other=NOT_INTS)
+def test_buffer_indices_of_any_size_are_value_errors(attr, value, other):
+    with fb.NetworkBufferPool(1, 64) as nbp:
+        with nbp.create_buffer_pool(1, 1).request_buffer() as buf:
+            buf.write(b"abc")
+            with pytest.raises(ValueError, match=attr):
+                BUFFER_INDEX_ARGS[attr](buf, value)
+            with pytest.raises(TypeError):
+                BUFFER_INDEX_ARGS[attr](buf, other)
+            assert (buf.size, buf.reader_index) == (3, 0)
+
+
+@given(n=st.one_of(st.integers(), st.sampled_from(EXTREMES)), other=NOT_INTS)
+def test_buffer_read_takes_any_count(n, other):
+    """read(n): up to n bytes, all of them for a negative n, for any int."""
+    with fb.NetworkBufferPool(1, 64) as nbp:
+        with nbp.create_buffer_pool(1, 1).request_buffer() as buf:
+            buf.write(b"abcdef")
+            with pytest.raises(TypeError):
+                buf.read(other)
+            assert buf.read(n) == b"abcdef"[:n if 0 <= n < 6 else 6]
+
+
+# Counts and channels are values: ValueError out of range, however large.
+OUT_OF_INT32 = st.one_of(st.integers(max_value=-1), st.integers(min_value=2 ** 31),
+                         st.sampled_from(EXTREMES))
+POOL_INT_ARGS = {
+    "request_buffer(channel)": lambda nbp, p, v: p.request_buffer(v),
+    "request_buffer_blocking(channel)": lambda nbp, p, v: p.request_buffer_blocking(0, v),
+    "channel_count(channel)": lambda nbp, p, v: p.channel_count(v),
+    "set_num_buffers": lambda nbp, p, v: p.set_num_buffers(v),
+    "create_buffer_pool(min_buffers)": lambda nbp, p, v: nbp.create_buffer_pool(v, None),
+    "create_buffer_pool(max_buffers)": lambda nbp, p, v: nbp.create_buffer_pool(1, v),
+    "request_unpooled_segments": lambda nbp, p, v: nbp.request_unpooled_segments(v),
+    "NetworkBufferPool(num_segments)": lambda nbp, p, v: fb.NetworkBufferPool(v, 64),
+    "NetworkBufferPool(segment_size)": lambda nbp, p, v: fb.NetworkBufferPool(1, v),
+    "NetworkBufferPool(alignment)": lambda nbp, p, v: fb.NetworkBufferPool(1, 64, v),
+}
+
+
+@pytest.mark.parametrize("method", sorted(POOL_INT_ARGS))
+@given(value=OUT_OF_INT32, other=NOT_INTS)
+def test_pool_counts_and_channels_of_any_size_are_value_errors(method, value, other):
+    call = POOL_INT_ARGS[method]
+    with fb.NetworkBufferPool(4, 64) as nbp:
+        pool = nbp.create_buffer_pool(1, 2, num_subpartitions=2)
+        with pytest.raises(ValueError):
+            call(nbp, pool, value)
+        with pytest.raises(TypeError):
+            call(nbp, pool, other)
+        assert nbp.num_total_required_buffers == 1
