@@ -7,8 +7,10 @@ from cpython.buffer cimport PyBuffer_FillInfo, PyObject_GetBuffer, PyBuffer_Rele
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
+from cpython.number cimport PyNumber_Index
 from cpython.pyport cimport PY_SSIZE_T_MAX, PY_SSIZE_T_MIN
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdint cimport INT64_MAX
 from libc.string cimport memmove, memcmp
 
 from flinkbuf._csrc cimport *
@@ -130,12 +132,15 @@ def debug_counters():
 def redistribute(available, pools):
     """The sizes Flink's redistribution gives ``pools``, a sequence of
     ``(min_buffers, max_buffers)`` in creation order (``max_buffers`` None
-    for unbounded), when ``available`` segments exceed all requirements."""
+    for unbounded), when ``available`` segments exceed all requirements.
+    ``available`` is any int >= 0 (the pools' caps bound what they get)."""
+    available = PyNumber_Index(available)
+    if available < 0:
+        raise ValueError(f"available must be >= 0, got {available}")
+    # More than int64 holds gives the same sizes: each pool gets < 2**31.
+    cdef int64_t avail = available if available <= INT64_MAX else INT64_MAX
     cdef list spec = list(pools)
     cdef Py_ssize_t n = len(spec), i
-    cdef int64_t avail = available
-    if avail < 0:
-        raise ValueError(f"available must be >= 0, got {available}")
     cdef int64_t *arr = <int64_t *>PyMem_Malloc(sizeof(int64_t) * 3 * (n if n else 1))
     if arr == NULL:
         raise MemoryError()

@@ -22,7 +22,12 @@ cdef double _as_timeout(object timeout) except? -2.0:
         return -1.0
     if isinstance(timeout, (str, bytes, bytearray)) or not hasattr(type(timeout), "__float__"):
         raise TypeError(f"timeout must be None or a number, got {type(timeout).__name__}")
-    cdef double t = float(timeout)
+    cdef double t
+    try:
+        t = float(timeout)
+    except OverflowError:
+        # An int past the double range: longer than any deadline, or negative.
+        t = float("inf") if timeout > 0 else -1.0
     if t != t or t < 0:
         raise ValueError(f"timeout must be None or a non-negative number, got {timeout!r}")
     return t

@@ -49,19 +49,23 @@ cdef class MemorySegment:
         self._data = NULL
 
     @staticmethod
-    def allocate(Py_ssize_t size, Py_ssize_t alignment=64):
+    def allocate(size, alignment=64):
         """A standalone zeroed segment of ``size`` bytes aligned to ``alignment``
-        (a power of two >= 64).  Release it with :meth:`free`."""
-        if size <= 0:
+        (a power of two in [64, 2**30]).  Release it with :meth:`free`.
+        ``MemoryError`` if it cannot be allocated, however large ``size`` is."""
+        cdef Py_ssize_t n = fb_as_position(size)
+        cdef Py_ssize_t align = fb_as_position(alignment)
+        if n <= 0:
             raise ValueError(f"size must be positive, got {size}")
-        if alignment < 64 or not fb_is_pow2(<size_t>alignment):
-            raise ValueError(f"alignment must be a power of two >= 64, got {alignment}")
-        cdef void *p = fb_aligned_alloc(<size_t>size, <size_t>alignment)
+        if align < 64 or align > (1 << 30) or not fb_is_pow2(<size_t>align):
+            raise ValueError(f"alignment must be a power of two in [64, 2**30], got {alignment}")
+        # A clamped size is past the address space: nothing to ask malloc for.
+        cdef void *p = NULL if n == PY_SSIZE_T_MAX else fb_aligned_alloc(<size_t>n, <size_t>align)
         if p == NULL:
             raise MemoryError(f"cannot allocate a segment of {size} bytes")
         cdef MemorySegment seg = MemorySegment.__new__(MemorySegment)
         seg._data = <char *>p
-        seg._size = size
+        seg._size = n
         FB_DBG_ADD(FB_DBG_SEGMENTS, 1)
         return seg
 

@@ -412,6 +412,7 @@ POOL_INT_ARGS = {
     "create_buffer_pool(min_buffers)": lambda nbp, p, v: nbp.create_buffer_pool(v, None),
     "create_buffer_pool(max_buffers)": lambda nbp, p, v: nbp.create_buffer_pool(1, v),
     "request_unpooled_segments": lambda nbp, p, v: nbp.request_unpooled_segments(v),
+    "MemorySegment.allocate(alignment)": lambda nbp, p, v: fb.MemorySegment.allocate(64, v),
     "NetworkBufferPool(num_segments)": lambda nbp, p, v: fb.NetworkBufferPool(v, 64),
     "NetworkBufferPool(segment_size)": lambda nbp, p, v: fb.NetworkBufferPool(1, v),
     "NetworkBufferPool(alignment)": lambda nbp, p, v: fb.NetworkBufferPool(1, 64, v),
@@ -429,3 +430,53 @@ def test_pool_counts_and_channels_of_any_size_are_value_errors(method, value, ot
         with pytest.raises(TypeError):
             call(nbp, pool, other)
         assert nbp.num_total_required_buffers == 1
+
+
+@given(size=st.one_of(st.integers(2 ** 63, 2 ** 200), st.sampled_from([2 ** 63 - 1, 2 ** 64])),
+       negative=st.one_of(st.integers(max_value=0), st.sampled_from([e for e in EXTREMES if e < 0])))
+def test_allocate_sizes_of_any_size(size, negative):
+    """allocate(2**64) raised OverflowError: MemoryError, as for any size
+    that cannot be allocated (never asking malloc past the address space);
+    a non-positive size stays ValueError."""
+    with pytest.raises(MemoryError, match="cannot allocate"):
+        fb.MemorySegment.allocate(size)
+    with pytest.raises(ValueError, match="positive"):
+        fb.MemorySegment.allocate(negative)
+    with pytest.raises(TypeError):
+        fb.MemorySegment.allocate(64.0)
+    with fb.MemorySegment.allocate(np.int64(64), alignment=np.uint64(128)) as seg:
+        assert seg.size == 64 and seg.address % 128 == 0
+
+
+@given(extra=st.one_of(st.integers(0, 2 ** 200), st.sampled_from([e for e in EXTREMES if e > 0])))
+def test_redistribute_takes_any_available_count(extra):
+    """redistribute(2**64, ...) raised OverflowError; past the caps more
+    available segments change nothing."""
+    pools = [(1, 5), (2, None), (3, 3)]
+    assert fb.redistribute(2 ** 62 + extra, pools) == fb.redistribute(2 ** 62, pools)
+    with pytest.raises(ValueError, match=">= 0"):
+        fb.redistribute(-1 - extra, pools)
+    with pytest.raises(TypeError):
+        fb.redistribute(1.0, pools)
+
+
+@pytest.mark.parametrize("call", ["request_buffer_blocking", "wait_available",
+                                  "request_unpooled_segments"])
+def test_timeouts_past_the_double_range(call):
+    """A timeout of 10**400 raised OverflowError from float(): it waits
+    forever like inf; a negative one is a ValueError like -1."""
+    with fb.NetworkBufferPool(2, 64) as nbp:
+        pool = nbp.create_buffer_pool(1, 1)
+        fn = {"request_buffer_blocking": pool.request_buffer_blocking,
+              "wait_available": pool.wait_available,
+              "request_unpooled_segments": lambda t: nbp.request_unpooled_segments(1, t)}[call]
+        for t in (-10 ** 400, -2 ** 64):
+            with pytest.raises(ValueError, match="non-negative"):
+                fn(t)
+        got = fn(10 ** 400)
+        if call == "request_buffer_blocking":
+            got.recycle()
+        elif call == "request_unpooled_segments":
+            nbp.recycle_unpooled_segments(got)
+        else:
+            assert got is True
