@@ -21,8 +21,8 @@ cdef class Buffer:
     exported raises :class:`ExportedBufferError`.  A buffer dropped without
     recycling is recycled when it is garbage collected.  ``size`` and
     ``reader_index`` take any ``int`` (``ValueError`` out of range, however
-    large).  A Buffer not made
-    by a pool (``Buffer.__new__(Buffer)``) behaves as a recycled one.
+    large).  A Buffer not made by a pool (``Buffer.__new__(Buffer)``)
+    behaves as a recycled one.
     """
 
     def __init__(self):

@@ -11,8 +11,8 @@ cdef class MemorySegment:
     :attr:`Buffer.segment`.  Every access is bounds-checked (``IndexError``);
     access after free, return or recycle raises :class:`SegmentFreedError`
     or :class:`RecycledBufferError`.  Offsets and lengths are any ``int``
-    (one out of bounds, however large, is an ``IndexError``) or an object
-    with ``__index__`` (``TypeError`` otherwise).  The segment supports the buffer
+    or object with ``__index__`` (else ``TypeError``); one out of bounds,
+    however large, is an ``IndexError``.  The segment supports the buffer
     protocol: ``memoryview(seg)`` is writable and ``numpy.frombuffer(seg,
     ...)`` is zero-copy; while such views exist it cannot be freed.
     """
