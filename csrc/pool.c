@@ -519,6 +519,32 @@ int fb_localpool_recycle(fb_localpool_t *lp, int32_t index)
     return FB_OK;
 }
 
+/* The largest size a resize may give lp.  Redistribution keeps the sizes
+ * of all live pools within the segments not reserved as unpooled; a resize
+ * must at least leave every other pool j its minimum: the sizes of all
+ * pools but j, plus min_j, fit in those segments.  With no other pool, lp
+ * may have all of them. */
+static int64_t max_resize_locked(fb_localpool_t *lp)
+{
+    fb_netpool_t *np = lp->net;
+    int64_t unreserved = np->num_segments - np->total_required; /* + the mins below */
+    int64_t others = 0, least_slack = -1;
+    size_t i;
+    for (i = 0; i < np->num_pools; i++) {
+        fb_localpool_t *p = np->pools[i];
+        unreserved += p->min_buffers;
+        if (p == lp)
+            continue;
+        others += p->size;
+        if (least_slack < 0 || p->size - p->min_buffers < least_slack)
+            least_slack = p->size - p->min_buffers;
+    }
+    if (least_slack >= 0)
+        unreserved -= others - least_slack;
+    /* Not below the minimum, should the sizes ever have broken the rule. */
+    return unreserved > lp->min_buffers ? unreserved : lp->min_buffers;
+}
+
 int fb_localpool_set_num_buffers(fb_localpool_t *lp, int32_t n)
 {
     fb_netpool_t *np = lp->net;
@@ -530,7 +556,8 @@ int fb_localpool_set_num_buffers(fb_localpool_t *lp, int32_t n)
         rc = FB_EINVAL;
     else {
         int32_t before = np->num_free;
-        set_size_locked(lp, n);
+        int64_t limit = max_resize_locked(lp);
+        set_size_locked(lp, n < limit ? n : limit);
         if (np->num_free != before)
             notify_global_return(np);
     }

@@ -127,7 +127,11 @@ int fb_localpool_request_blocking(fb_localpool_t *lp, int32_t channel, int64_t d
                                   int32_t *index);
 /* Give a segment back; FB_ESTATE if it is not out (double recycle). */
 int fb_localpool_recycle(fb_localpool_t *lp, int32_t index);
-/* FB_EINVAL if n < min_buffers; FB_EDESTROYED if destroyed. */
+/* Resize to n, capped at max_buffers and at what leaves every other live
+ * pool room for its min_buffers (the sizes of all pools but one, plus that
+ * one's minimum, fit in the segments not reserved as unpooled; so never
+ * more than min_buffers + total - required).  FB_EINVAL if n < min_buffers;
+ * FB_EDESTROYED if destroyed. */
 int fb_localpool_set_num_buffers(fb_localpool_t *lp, int32_t n);
 int fb_localpool_is_available(fb_localpool_t *lp);
 /* Wait until available: FB_OK, FB_ETIMEDOUT or FB_EDESTROYED. */

@@ -7,7 +7,10 @@ from cpython.buffer cimport PyBuffer_FillInfo, PyObject_GetBuffer, PyBuffer_Rele
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
+from cpython.number cimport PyNumber_Index
+from cpython.pyport cimport PY_SSIZE_T_MAX, PY_SSIZE_T_MIN
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdint cimport INT64_MAX
 from libc.string cimport memmove, memcmp
 
 from flinkbuf._csrc cimport *
@@ -45,8 +48,67 @@ cdef extern from *:
     int FB_DBG_SEGMENTS
     int FB_DBG_BUFFERS
 
-cdef extern from "Python.h":
-    void PyErr_WriteUnraisable(object obj)
+cdef extern from *:
+    """
+    /* An index or length argument: any int (or object with __index__) as a
+     * Py_ssize_t, clamped to PY_SSIZE_T_MIN or PY_SSIZE_T_MAX beyond that
+     * range, where every bounds check fails; TypeError for anything else. */
+    static CYTHON_INLINE Py_ssize_t fb_as_position(PyObject *o)
+    {
+        if (PyLong_CheckExact(o)) {
+            int overflow;
+            long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+            if (overflow > 0 || v > PY_SSIZE_T_MAX)
+                return PY_SSIZE_T_MAX;
+            if (overflow < 0 || v < PY_SSIZE_T_MIN)
+                return PY_SSIZE_T_MIN;
+            return (Py_ssize_t)v;   /* -1 with an error set cannot happen here */
+        }
+        return PyNumber_AsSsize_t(o, NULL);
+    }
+    """
+    Py_ssize_t fb_as_position(object o) except? -1
+
+
+cdef str _shown(Py_ssize_t value):
+    """An index argument for a message: a clamped one was out of range."""
+    if value == PY_SSIZE_T_MAX:
+        return f"{value} or more"
+    if value == PY_SSIZE_T_MIN:
+        return f"{value} or less"
+    return str(value)
+
+
+cdef extern from *:
+    """
+    /* listener(pool): an Exception it raises goes to sys.unraisablehook (0);
+     * any other BaseException (KeyboardInterrupt, SystemExit) stays set (-1). */
+    static int fb_call_listener(PyObject *listener, PyObject *pool)
+    {
+        PyObject *r = PyObject_CallOneArg(listener, pool);
+        if (r != NULL) {
+            Py_DECREF(r);
+            return 0;
+        }
+        if (!PyErr_ExceptionMatches(PyExc_Exception))
+            return -1;
+        PyErr_WriteUnraisable(listener);
+        return 0;
+    }
+
+    /* Report the exception being handled to sys.unraisablehook: a Cython
+     * except clause has taken it off the error indicator, where
+     * PyErr_WriteUnraisable looks for it. */
+    static void fb_write_unraisable_handled(PyObject *obj)
+    {
+        PyObject *type, *value, *tb;
+        PyErr_GetExcInfo(&type, &value, &tb);
+        PyErr_Restore(type, value, tb);
+        PyErr_WriteUnraisable(obj);
+    }
+    """
+    int fb_call_listener(object listener, object pool) except -1
+    void fb_write_unraisable_handled(object obj)
 
 
 include "memory_segment.pyx"
@@ -70,12 +132,15 @@ def debug_counters():
 def redistribute(available, pools):
     """The sizes Flink's redistribution gives ``pools``, a sequence of
     ``(min_buffers, max_buffers)`` in creation order (``max_buffers`` None
-    for unbounded), when ``available`` segments exceed all requirements."""
+    for unbounded), when ``available`` segments exceed all requirements.
+    ``available`` is any int >= 0 (the pools' caps bound what they get)."""
+    available = PyNumber_Index(available)
+    if available < 0:
+        raise ValueError(f"available must be >= 0, got {available}")
+    # More than int64 holds gives the same sizes: each pool gets < 2**31.
+    cdef int64_t avail = available if available <= INT64_MAX else INT64_MAX
     cdef list spec = list(pools)
     cdef Py_ssize_t n = len(spec), i
-    cdef int64_t avail = available
-    if avail < 0:
-        raise ValueError(f"available must be >= 0, got {available}")
     cdef int64_t *arr = <int64_t *>PyMem_Malloc(sizeof(int64_t) * 3 * (n if n else 1))
     if arr == NULL:
         raise MemoryError()
@@ -90,6 +155,15 @@ def redistribute(available, pools):
         return [arr[2 * n + i] for i in range(n)]
     finally:
         PyMem_Free(arr)
+
+
+def _set_ref_count(Buffer buffer not None, Py_ssize_t count):
+    """Tests only: set a live buffer's reference count (>= 1), to reach the
+    limits without 2**63 calls to retain()."""
+    buffer._check()
+    if count < 1:
+        raise ValueError(f"count must be >= 1, got {count}")
+    buffer._refcnt = count
 
 
 def _c_request_recycle_loop(LocalBufferPool pool not None, Py_ssize_t iterations):

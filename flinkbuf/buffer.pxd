@@ -8,9 +8,10 @@ cdef class Buffer:
     cdef Py_ssize_t _capacity
     cdef Py_ssize_t _reader
     cdef Py_ssize_t _writer   # the size: bytes written so far
-    cdef int _refcnt
-    cdef int _exports         # views of the buffer itself
-    cdef int _seg_exports     # views of MemorySegments over it
+    # Counters as wide as the objects that can hold them: they cannot wrap.
+    cdef Py_ssize_t _refcnt
+    cdef Py_ssize_t _exports       # views of the buffer itself
+    cdef Py_ssize_t _seg_exports   # views of MemorySegments over it
     cdef int _data_type
 
     cdef int _check(self) except -1

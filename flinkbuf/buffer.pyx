@@ -19,7 +19,10 @@ cdef class Buffer:
     its pool exactly once, when the count reaches zero.  After that every
     use raises :class:`RecycledBufferError`; recycling while views are
     exported raises :class:`ExportedBufferError`.  A buffer dropped without
-    recycling is recycled when it is garbage collected.
+    recycling is recycled when it is garbage collected.  ``size`` and
+    ``reader_index`` take any ``int`` (``ValueError`` out of range, however
+    large).  A Buffer not made by a pool (``Buffer.__new__(Buffer)``)
+    behaves as a recycled one.
     """
 
     def __init__(self):
@@ -35,7 +38,7 @@ cdef class Buffer:
                 try:
                     self._pool._nbp._dispatch_listeners()
                 except BaseException:
-                    PyErr_WriteUnraisable(self)
+                    fb_write_unraisable_handled(self)
 
     cdef int _check(self) except -1:
         if self._data == NULL:
@@ -67,8 +70,11 @@ cdef class Buffer:
         self._release()
 
     def retain(self):
-        """Add a reference (to be dropped by another ``recycle()``); returns self."""
+        """Add a reference (to be dropped by another ``recycle()``); returns self.
+        ``OverflowError`` rather than a count past ``sys.maxsize``."""
         self._check()
+        if self._refcnt == PY_SSIZE_T_MAX:
+            raise OverflowError(f"buffer reference count cannot exceed {PY_SSIZE_T_MAX}")
         self._refcnt += 1
         return self
 
@@ -91,6 +97,8 @@ cdef class Buffer:
     @property
     def pool(self):
         """The :class:`LocalBufferPool` the segment returns to."""
+        if self._pool is None:
+            raise RecycledBufferError("buffer was not handed out by a pool")
         return self._pool
 
     @property
@@ -118,11 +126,12 @@ cdef class Buffer:
         return self._writer
 
     @size.setter
-    def size(self, Py_ssize_t value):
+    def size(self, value):
+        cdef Py_ssize_t v = fb_as_position(value)
         self._check()
-        if value < self._reader or value > self._capacity:
+        if v < self._reader or v > self._capacity:
             raise ValueError(f"size must be in [{self._reader}, {self._capacity}], got {value}")
-        self._writer = value
+        self._writer = v
 
     @property
     def reader_index(self):
@@ -131,11 +140,12 @@ cdef class Buffer:
         return self._reader
 
     @reader_index.setter
-    def reader_index(self, Py_ssize_t value):
+    def reader_index(self, value):
+        cdef Py_ssize_t v = fb_as_position(value)
         self._check()
-        if value < 0 or value > self._writer:
+        if v < 0 or v > self._writer:
             raise ValueError(f"reader_index must be in [0, {self._writer}], got {value}")
-        self._reader = value
+        self._reader = v
 
     @property
     def readable_bytes(self):
@@ -180,14 +190,15 @@ cdef class Buffer:
         finally:
             PyBuffer_Release(&pb)
 
-    def read(self, Py_ssize_t n=-1):
+    def read(self, n=-1):
         """Up to ``n`` unread bytes (all if negative), advancing the reader index."""
+        cdef Py_ssize_t k = fb_as_position(n)
         self._check()
         cdef Py_ssize_t avail = self._writer - self._reader
-        if n < 0 or n > avail:
-            n = avail
-        out = PyBytes_FromStringAndSize(self._data + self._reader, n)
-        self._reader += n
+        if k < 0 or k > avail:
+            k = avail
+        out = PyBytes_FromStringAndSize(self._data + self._reader, k)
+        self._reader += k
         return out
 
     def __getbuffer__(self, Py_buffer *view, int flags):

@@ -1,6 +1,9 @@
 # NetworkBufferPool and LocalBufferPool.  Included by _core.pyx.
 
 cdef int32_t _MAX_INT32 = 2147483647
+# Passed by create_buffer_pool() alone: a LocalBufferPool made any other way
+# would have no network pool under its C struct (net is NULL).
+cdef object _POOL_TOKEN = object()
 cdef double _WAIT_SLICE = 0.05   # blocking waits wake this often to check signals
 
 
@@ -19,7 +22,12 @@ cdef double _as_timeout(object timeout) except? -2.0:
         return -1.0
     if isinstance(timeout, (str, bytes, bytearray)) or not hasattr(type(timeout), "__float__"):
         raise TypeError(f"timeout must be None or a number, got {type(timeout).__name__}")
-    cdef double t = float(timeout)
+    cdef double t
+    try:
+        t = float(timeout)
+    except OverflowError:
+        # An int past the double range: longer than any deadline, or negative.
+        t = float("inf") if timeout > 0 else -1.0
     if t != t or t < 0:
         raise ValueError(f"timeout must be None or a non-negative number, got {timeout!r}")
     return t
@@ -96,7 +104,8 @@ cdef class NetworkBufferPool:
     ``destroy()`` destroys every local pool (blocked requests fail with
     :class:`PoolDestroyedError`) and refuses new work; segments still out
     stay valid until recycled, and the arena is unmapped once the last one
-    is back.  Use as a context manager to destroy on exit.
+    is back.  Use as a context manager to destroy on exit.  One made by
+    ``__new__`` without ``__init__`` raises ``RuntimeError`` when used.
     """
 
     def __cinit__(self):
@@ -133,9 +142,15 @@ cdef class NetworkBufferPool:
         return 0
 
     cdef int _dispatch_listeners(self) except -1:
-        """Call, outside every lock, the listeners of pools now available."""
+        """Call, outside every lock, the listeners of pools now available.
+
+        A listener's Exception goes to sys.unraisablehook and the others
+        still run: it must not surface in whichever thread's recycle, resize
+        or destroy made the pool available.  A KeyboardInterrupt or
+        SystemExit is raised once the others ran."""
         cdef LocalBufferPool pool
         cdef list ready = []
+        cdef object interrupt = None
         for pool in list(self._listening):
             if fb_localpool_is_available(&pool._c) or pool.is_destroyed:
                 self._listening.discard(pool)
@@ -143,7 +158,15 @@ cdef class NetworkBufferPool:
                 pool._listeners = []
         for pool, listeners in ready:
             for listener in listeners:
-                listener(pool)
+                try:
+                    fb_call_listener(listener, pool)
+                except BaseException as e:
+                    if interrupt is None:
+                        interrupt = e
+                    else:
+                        fb_write_unraisable_handled(listener)
+        if interrupt is not None:
+            raise interrupt
         return 0
 
     @property
@@ -220,7 +243,7 @@ cdef class NetworkBufferPool:
                 raise ValueError("max_buffers_per_channel needs num_subpartitions > 0")
             per_channel = _as_count(max_buffers_per_channel, "max_buffers_per_channel", 1)
         cdef int32_t overdraft = _as_count(max_overdraft_buffers, "max_overdraft_buffers", 0)
-        cdef LocalBufferPool pool = LocalBufferPool.__new__(LocalBufferPool)
+        cdef LocalBufferPool pool = LocalBufferPool.__new__(LocalBufferPool, _POOL_TOKEN)
         pool._nbp = self
         cdef int rc = fb_localpool_create(&self._c, &pool._c, mn, mx, nsub, per_channel,
                                           overdraft)
@@ -309,6 +332,8 @@ cdef class NetworkBufferPool:
         cdef Py_ssize_t n = len(segs), k
         if n == 0:
             return
+        if n > self._c.num_segments:    # and the count passed to C is an int32_t
+            raise ValueError("a segment is listed twice")
         cdef int32_t *idx = <int32_t *>PyMem_Malloc(sizeof(int32_t) * n)
         if idx == NULL:
             raise MemoryError()
@@ -368,11 +393,14 @@ cdef class LocalBufferPool:
     to the global pool when recycled.
     """
 
-    def __cinit__(self):
+    def __cinit__(self, *args, **kwargs):
+        if len(args) != 1 or args[0] is not _POOL_TOKEN or kwargs:
+            raise TypeError("LocalBufferPool cannot be created directly; use "
+                            "NetworkBufferPool.create_buffer_pool()")
         self._created = False
         self._listeners = []
 
-    def __init__(self):
+    def __init__(self, *args, **kwargs):
         raise TypeError("use NetworkBufferPool.create_buffer_pool()")
 
     def __dealloc__(self):
@@ -442,8 +470,11 @@ cdef class LocalBufferPool:
         return self._request_blocking(self._channel_arg(channel), _as_timeout(timeout))
 
     def set_num_buffers(self, num_buffers):
-        """Resize to ``num_buffers`` (capped at ``max_buffers``); shrinking
-        is lazy.  ``ValueError`` below ``min_buffers``."""
+        """Resize to ``num_buffers``, capped at ``max_buffers`` and at what
+        leaves every other pool room for its ``min_buffers`` (so at most
+        ``min_buffers`` plus the segments no pool or unpooled request
+        requires); shrinking is lazy.  The next redistribution sets the size
+        again.  ``ValueError`` below ``min_buffers``."""
         cdef int32_t n = _as_count(num_buffers, "num_buffers", 0)
         cdef int rc = fb_localpool_set_num_buffers(&self._c, n)
         if rc == FB_EINVAL:
@@ -479,11 +510,14 @@ cdef class LocalBufferPool:
         if it is now) or destroyed.  Listeners run in the thread whose call
         (a recycle, a resize, a destroy) made the pool available, never under
         a pool lock; a listener is a hint, another thread may take the buffer
-        first."""
+        first.  An exception a listener raises is reported through
+        ``sys.unraisablehook``, never raised from that call (which succeeds)
+        nor from this one, and the other listeners still run; only
+        ``KeyboardInterrupt`` and ``SystemExit`` propagate, after them."""
         if not callable(callback):
             raise TypeError("callback must be callable")
         if fb_localpool_is_available(&self._c) or self.is_destroyed:
-            callback(self)
+            fb_call_listener(callback, self)
             return
         self._listeners.append(callback)
         self._nbp._listening.add(self)

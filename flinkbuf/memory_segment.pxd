@@ -12,7 +12,8 @@ cdef class MemorySegment:
     cdef object _owner        # keeps the memory alive (pool or Buffer)
     cdef int32_t _index       # segment number in its arena, -1 standalone
     cdef SegmentKind _kind
-    cdef int _exports
+    cdef Py_ssize_t _exports
 
     cdef int _check(self, Py_ssize_t offset, Py_ssize_t n) except -1
+    cdef Py_ssize_t _at(self, object offset, Py_ssize_t n) except -1
     cdef int _invalidate(self) except -1

@@ -10,7 +10,9 @@ cdef class MemorySegment:
     from :meth:`NetworkBufferPool.request_unpooled_segments`, or as
     :attr:`Buffer.segment`.  Every access is bounds-checked (``IndexError``);
     access after free, return or recycle raises :class:`SegmentFreedError`
-    or :class:`RecycledBufferError`.  The segment supports the buffer
+    or :class:`RecycledBufferError`.  Offsets and lengths are any ``int``
+    or object with ``__index__`` (else ``TypeError``); one out of bounds,
+    however large, is an ``IndexError``.  The segment supports the buffer
     protocol: ``memoryview(seg)`` is writable and ``numpy.frombuffer(seg,
     ...)`` is zero-copy; while such views exist it cannot be freed.
     """
@@ -34,24 +36,36 @@ cdef class MemorySegment:
             FB_DBG_ADD(FB_DBG_SEGMENTS, -1)
             fb_aligned_free(self._data)
         elif self._kind == SEG_UNPOOLED:
-            # Dropped without recycle_unpooled_segments: give it back.
-            fb_netpool_recycle_unpooled(&(<NetworkBufferPool>self._owner)._c, &self._index, 1)
+            # Dropped without recycle_unpooled_segments: give it back, which
+            # may make local pools available.
+            self._data = NULL
+            nbp = <NetworkBufferPool>self._owner
+            fb_netpool_recycle_unpooled(&nbp._c, &self._index, 1)
+            if nbp._listening:
+                try:
+                    nbp._dispatch_listeners()
+                except BaseException:
+                    fb_write_unraisable_handled(self)
         self._data = NULL
 
     @staticmethod
-    def allocate(Py_ssize_t size, Py_ssize_t alignment=64):
+    def allocate(size, alignment=64):
         """A standalone zeroed segment of ``size`` bytes aligned to ``alignment``
-        (a power of two >= 64).  Release it with :meth:`free`."""
-        if size <= 0:
+        (a power of two in [64, 2**30]).  Release it with :meth:`free`.
+        ``MemoryError`` if it cannot be allocated, however large ``size`` is."""
+        cdef Py_ssize_t n = fb_as_position(size)
+        cdef Py_ssize_t align = fb_as_position(alignment)
+        if n <= 0:
             raise ValueError(f"size must be positive, got {size}")
-        if alignment < 64 or not fb_is_pow2(<size_t>alignment):
-            raise ValueError(f"alignment must be a power of two >= 64, got {alignment}")
-        cdef void *p = fb_aligned_alloc(<size_t>size, <size_t>alignment)
+        if align < 64 or align > (1 << 30) or not fb_is_pow2(<size_t>align):
+            raise ValueError(f"alignment must be a power of two in [64, 2**30], got {alignment}")
+        # A clamped size is past the address space: nothing to ask malloc for.
+        cdef void *p = NULL if n == PY_SSIZE_T_MAX else fb_aligned_alloc(<size_t>n, <size_t>align)
         if p == NULL:
             raise MemoryError(f"cannot allocate a segment of {size} bytes")
         cdef MemorySegment seg = MemorySegment.__new__(MemorySegment)
         seg._data = <char *>p
-        seg._size = size
+        seg._size = n
         FB_DBG_ADD(FB_DBG_SEGMENTS, 1)
         return seg
 
@@ -61,9 +75,15 @@ cdef class MemorySegment:
         if self._kind == SEG_BUFFER and (<Buffer>self._owner)._data == NULL:
             raise RecycledBufferError("the buffer of this segment was recycled")
         if offset < 0 or n < 0 or offset > self._size - n:
-            raise IndexError(f"access of {n} bytes at offset {offset} is out of "
-                             f"bounds of a {self._size}-byte segment")
+            raise IndexError(f"access of {_shown(n)} bytes at offset {_shown(offset)} is "
+                             f"out of bounds of a {self._size}-byte segment")
         return 0
+
+    cdef Py_ssize_t _at(self, object offset, Py_ssize_t n) except -1:
+        """``offset`` (any int) checked for an access of ``n`` bytes."""
+        cdef Py_ssize_t off = fb_as_position(offset)
+        self._check(off, n)
+        return off
 
     cdef int _invalidate(self) except -1:
         if self._exports:
@@ -134,115 +154,117 @@ cdef class MemorySegment:
 
     # -- typed access ------------------------------------------------------
 
-    def get_int8(self, Py_ssize_t offset):
-        self._check(offset, 1)
-        return <int8_t>self._data[offset]
+    def get_int8(self, offset):
+        cdef Py_ssize_t off = self._at(offset, 1)
+        return <int8_t>self._data[off]
 
-    def get_uint8(self, Py_ssize_t offset):
-        self._check(offset, 1)
-        return <uint8_t>self._data[offset]
+    def get_uint8(self, offset):
+        cdef Py_ssize_t off = self._at(offset, 1)
+        return <uint8_t>self._data[off]
 
-    def put_int8(self, Py_ssize_t offset, int8_t value):
-        self._check(offset, 1)
-        self._data[offset] = <char>value
+    def put_int8(self, offset, int8_t value):
+        cdef Py_ssize_t off = self._at(offset, 1)
+        self._data[off] = <char>value
 
-    def put_uint8(self, Py_ssize_t offset, uint8_t value):
-        self._check(offset, 1)
-        self._data[offset] = <char>value
+    def put_uint8(self, offset, uint8_t value):
+        cdef Py_ssize_t off = self._at(offset, 1)
+        self._data[off] = <char>value
 
-    def get_int16(self, Py_ssize_t offset, bint big_endian=False):
-        self._check(offset, 2)
-        return <int16_t>fb_load_u16(self._data + offset, big_endian)
+    def get_int16(self, offset, bint big_endian=False):
+        cdef Py_ssize_t off = self._at(offset, 2)
+        return <int16_t>fb_load_u16(self._data + off, big_endian)
 
-    def get_uint16(self, Py_ssize_t offset, bint big_endian=False):
-        self._check(offset, 2)
-        return fb_load_u16(self._data + offset, big_endian)
+    def get_uint16(self, offset, bint big_endian=False):
+        cdef Py_ssize_t off = self._at(offset, 2)
+        return fb_load_u16(self._data + off, big_endian)
 
-    def put_int16(self, Py_ssize_t offset, int16_t value, bint big_endian=False):
-        self._check(offset, 2)
-        fb_store_u16(self._data + offset, <uint16_t>value, big_endian)
+    def put_int16(self, offset, int16_t value, bint big_endian=False):
+        cdef Py_ssize_t off = self._at(offset, 2)
+        fb_store_u16(self._data + off, <uint16_t>value, big_endian)
 
-    def put_uint16(self, Py_ssize_t offset, uint16_t value, bint big_endian=False):
-        self._check(offset, 2)
-        fb_store_u16(self._data + offset, value, big_endian)
+    def put_uint16(self, offset, uint16_t value, bint big_endian=False):
+        cdef Py_ssize_t off = self._at(offset, 2)
+        fb_store_u16(self._data + off, value, big_endian)
 
-    def get_int32(self, Py_ssize_t offset, bint big_endian=False):
-        self._check(offset, 4)
-        return <int32_t>fb_load_u32(self._data + offset, big_endian)
+    def get_int32(self, offset, bint big_endian=False):
+        cdef Py_ssize_t off = self._at(offset, 4)
+        return <int32_t>fb_load_u32(self._data + off, big_endian)
 
-    def get_uint32(self, Py_ssize_t offset, bint big_endian=False):
-        self._check(offset, 4)
-        return fb_load_u32(self._data + offset, big_endian)
+    def get_uint32(self, offset, bint big_endian=False):
+        cdef Py_ssize_t off = self._at(offset, 4)
+        return fb_load_u32(self._data + off, big_endian)
 
-    def put_int32(self, Py_ssize_t offset, int32_t value, bint big_endian=False):
-        self._check(offset, 4)
-        fb_store_u32(self._data + offset, <uint32_t>value, big_endian)
+    def put_int32(self, offset, int32_t value, bint big_endian=False):
+        cdef Py_ssize_t off = self._at(offset, 4)
+        fb_store_u32(self._data + off, <uint32_t>value, big_endian)
 
-    def put_uint32(self, Py_ssize_t offset, uint32_t value, bint big_endian=False):
-        self._check(offset, 4)
-        fb_store_u32(self._data + offset, value, big_endian)
+    def put_uint32(self, offset, uint32_t value, bint big_endian=False):
+        cdef Py_ssize_t off = self._at(offset, 4)
+        fb_store_u32(self._data + off, value, big_endian)
 
-    def get_int64(self, Py_ssize_t offset, bint big_endian=False):
-        self._check(offset, 8)
-        return <int64_t>fb_load_u64(self._data + offset, big_endian)
+    def get_int64(self, offset, bint big_endian=False):
+        cdef Py_ssize_t off = self._at(offset, 8)
+        return <int64_t>fb_load_u64(self._data + off, big_endian)
 
-    def get_uint64(self, Py_ssize_t offset, bint big_endian=False):
-        self._check(offset, 8)
-        return fb_load_u64(self._data + offset, big_endian)
+    def get_uint64(self, offset, bint big_endian=False):
+        cdef Py_ssize_t off = self._at(offset, 8)
+        return fb_load_u64(self._data + off, big_endian)
 
-    def put_int64(self, Py_ssize_t offset, int64_t value, bint big_endian=False):
-        self._check(offset, 8)
-        fb_store_u64(self._data + offset, <uint64_t>value, big_endian)
+    def put_int64(self, offset, int64_t value, bint big_endian=False):
+        cdef Py_ssize_t off = self._at(offset, 8)
+        fb_store_u64(self._data + off, <uint64_t>value, big_endian)
 
-    def put_uint64(self, Py_ssize_t offset, uint64_t value, bint big_endian=False):
-        self._check(offset, 8)
-        fb_store_u64(self._data + offset, value, big_endian)
+    def put_uint64(self, offset, uint64_t value, bint big_endian=False):
+        cdef Py_ssize_t off = self._at(offset, 8)
+        fb_store_u64(self._data + off, value, big_endian)
 
-    def get_float32(self, Py_ssize_t offset, bint big_endian=False):
-        self._check(offset, 4)
-        return fb_load_f32(self._data + offset, big_endian)
+    def get_float32(self, offset, bint big_endian=False):
+        cdef Py_ssize_t off = self._at(offset, 4)
+        return fb_load_f32(self._data + off, big_endian)
 
-    def put_float32(self, Py_ssize_t offset, float value, bint big_endian=False):
-        self._check(offset, 4)
-        fb_store_f32(self._data + offset, value, big_endian)
+    def put_float32(self, offset, float value, bint big_endian=False):
+        cdef Py_ssize_t off = self._at(offset, 4)
+        fb_store_f32(self._data + off, value, big_endian)
 
-    def get_float64(self, Py_ssize_t offset, bint big_endian=False):
-        self._check(offset, 8)
-        return fb_load_f64(self._data + offset, big_endian)
+    def get_float64(self, offset, bint big_endian=False):
+        cdef Py_ssize_t off = self._at(offset, 8)
+        return fb_load_f64(self._data + off, big_endian)
 
-    def put_float64(self, Py_ssize_t offset, double value, bint big_endian=False):
-        self._check(offset, 8)
-        fb_store_f64(self._data + offset, value, big_endian)
+    def put_float64(self, offset, double value, bint big_endian=False):
+        cdef Py_ssize_t off = self._at(offset, 8)
+        fb_store_f64(self._data + off, value, big_endian)
 
     # -- bulk access -------------------------------------------------------
 
-    def get_bytes(self, Py_ssize_t offset, Py_ssize_t length):
+    def get_bytes(self, offset, length):
         """``length`` bytes from ``offset`` as ``bytes``."""
-        self._check(offset, length)
-        return PyBytes_FromStringAndSize(self._data + offset, length)
+        cdef Py_ssize_t n = fb_as_position(length)
+        cdef Py_ssize_t off = self._at(offset, n)
+        return PyBytes_FromStringAndSize(self._data + off, n)
 
-    def put_bytes(self, Py_ssize_t offset, data):
+    def put_bytes(self, offset, data):
         """Copy a bytes-like object to ``offset``."""
+        cdef Py_ssize_t off = fb_as_position(offset)
         cdef Py_buffer pb
         PyObject_GetBuffer(data, &pb, PyBUF_SIMPLE)
         try:
-            self._check(offset, pb.len)
-            memmove(self._data + offset, pb.buf, pb.len)
+            self._check(off, pb.len)
+            memmove(self._data + off, pb.buf, pb.len)
         finally:
             PyBuffer_Release(&pb)
 
-    def copy_to(self, Py_ssize_t offset, MemorySegment target not None,
-                Py_ssize_t target_offset, Py_ssize_t length):
+    def copy_to(self, offset, MemorySegment target not None, target_offset, length):
         """Copy ``length`` bytes at ``offset`` into ``target`` at ``target_offset``
         (the two ranges may overlap)."""
-        self._check(offset, length)
-        target._check(target_offset, length)
-        memmove(target._data + target_offset, self._data + offset, length)
+        cdef Py_ssize_t n = fb_as_position(length)
+        cdef Py_ssize_t off = self._at(offset, n)
+        cdef Py_ssize_t target_off = target._at(target_offset, n)
+        memmove(target._data + target_off, self._data + off, n)
 
-    def compare(self, MemorySegment other not None, Py_ssize_t offset,
-                Py_ssize_t other_offset, Py_ssize_t length):
+    def compare(self, MemorySegment other not None, offset, other_offset, length):
         """Compare bytes lexicographically (unsigned): -1, 0 or 1."""
-        self._check(offset, length)
-        other._check(other_offset, length)
-        cdef int c = memcmp(self._data + offset, other._data + other_offset, length)
+        cdef Py_ssize_t n = fb_as_position(length)
+        cdef Py_ssize_t off = self._at(offset, n)
+        cdef Py_ssize_t other_off = other._at(other_offset, n)
+        cdef int c = memcmp(self._data + off, other._data + other_off, n)
         return (c > 0) - (c < 0)

@@ -5,7 +5,10 @@ Invariants after every step:
     pools with buffers in flight included) + unpooled outstanding = total;
   * per pool: requested = idle here + handed out (as the model counts them);
   * sizes are exactly Flink's redistribution of the live pools, in creation
-    order, over total - (sum of mins + unpooled outstanding).
+    order, over total - (sum of mins + unpooled outstanding), unless a pool
+    was resized by hand since the last redistribution;
+  * every live pool keeps room for its minimum: the sizes of all other live
+    pools plus its min_buffers fit in the segments not taken unpooled.
 """
 
 import hypothesis.strategies as st
@@ -30,6 +33,7 @@ class PoolModel(RuleBasedStateMachine):
         self.live = []             # live pools, creation order
         self.out = {}              # id(pool) -> list of handed-out buffers
         self.unpooled = []         # lists of unpooled segments
+        self.resized = False       # set_num_buffers since the last redistribution
 
     def teardown(self):
         if self.nbp is None:
@@ -57,6 +61,7 @@ class PoolModel(RuleBasedStateMachine):
                 return None
             raise AssertionError("admission control let an impossible pool in")
         pool = self.nbp.create_buffer_pool(mn, mx, max_overdraft_buffers=overdraft)
+        self.resized = False
         self.all_pools.append(pool)
         self.live.append(pool)
         self.out[id(pool)] = []
@@ -69,6 +74,7 @@ class PoolModel(RuleBasedStateMachine):
         pool.destroy()
         if pool in self.live:
             self.live.remove(pool)
+            self.resized = False
 
     @rule(pool=pools, blocking=st.booleans())
     def request(self, pool, blocking):
@@ -116,11 +122,17 @@ class PoolModel(RuleBasedStateMachine):
             except ValueError:
                 return
             raise AssertionError("size below min accepted")
+        # At most what leaves every other live pool room for its minimum.
+        unpooled = sum(len(s) for s in self.unpooled)
+        others = [p for p in self.live if p is not pool]
+        limit = self.total - unpooled - sum(p.num_buffers for p in others)
+        if others:
+            limit += min(p.num_buffers - p.min_buffers for p in others)
+        assert limit <= pool.min_buffers + self.total - self.required()
         pool.set_num_buffers(n)
         cap = pool.max_buffers if pool.max_buffers is not None else 2 ** 31 - 1
-        assert pool.num_buffers == min(n, cap)
-        # A manual resize lasts until the next redistribution: re-sync the model.
-        self.nbp._redistribute()
+        assert pool.num_buffers == min(n, cap, limit)
+        self.resized = True        # until the next redistribution
 
     @rule(n=st.integers(1, 8))
     def request_unpooled(self, n):
@@ -130,6 +142,7 @@ class PoolModel(RuleBasedStateMachine):
             except fb.InsufficientBuffersError:
                 return
             raise AssertionError("impossible unpooled request accepted")
+        self.resized = False       # reserving (and a timeout's release) redistributes
         try:
             segs = self.nbp.request_unpooled_segments(n, timeout=0)
         except fb.BufferRequestTimeoutError:
@@ -143,6 +156,7 @@ class PoolModel(RuleBasedStateMachine):
         if not self.unpooled:
             return
         self.nbp.recycle_unpooled_segments(self.unpooled.pop(k % len(self.unpooled)))
+        self.resized = False
 
     @invariant()
     def conservation(self):
@@ -160,9 +174,21 @@ class PoolModel(RuleBasedStateMachine):
         if self.nbp is None:
             return
         assert self.nbp.num_total_required_buffers == self.required()
+        if self.resized:
+            return
         specs = [(p.min_buffers, p.max_buffers) for p in self.live]
         expected = fb.redistribute(self.total - self.required(), specs)
         assert [p.num_buffers for p in self.live] == expected
+
+    @invariant()
+    def every_pool_keeps_room_for_its_minimum(self):
+        if self.nbp is None:
+            return
+        room = self.total - sum(len(s) for s in self.unpooled)
+        sizes = sum(p.num_buffers for p in self.live)
+        for p in self.live:
+            assert p.min_buffers <= p.num_buffers
+            assert sizes - p.num_buffers + p.min_buffers <= room
 
 
 PoolModel.TestCase.settings = settings(
