@@ -50,13 +50,16 @@ if SANITIZE:
     cflags += ["-O1", "-g", f"-fsanitize={SANITIZE}", "-fno-omit-frame-pointer"]
     ldflags += [f"-fsanitize={SANITIZE}"]
 
+# Each layer is one extension module: its .pyx includes the layer's files
+# (as uvloop, asyncpg's pgproto and msgpack do) and links the plain C it owns.
 CSRC = {
-    "core": ["csrc/clock.c", "csrc/arena.c", "csrc/redistribution.c", "csrc/pool.c"],
+    "buffer": ["csrc/clock.c", "csrc/arena.c", "csrc/redistribution.c", "csrc/pool.c"],
     "io": ["csrc/clock.c", "csrc/exchange.c", "csrc/keygroup.c"],
 }
 
 
-def ext(name, pyx, csrc=()):
+def ext(name, csrc=()):
+    pyx = name.replace(".", "/") + ".pyx"
     return Extension(
         name,
         [pyx, *csrc],
@@ -67,14 +70,11 @@ def ext(name, pyx, csrc=()):
     )
 
 
-# Layer by layer; a module whose source is not there yet is skipped.
 extensions = [
-    e for e in (
-        ext("flinkbuf._core", "flinkbuf/_core.pyx", CSRC["core"]),
-        ext("flinkbuf._serialization", "flinkbuf/_serialization.pyx"),
-        ext("flinkbuf._io", "flinkbuf/_io.pyx", CSRC["io"]),
-    )
-    if os.path.exists(e.sources[0])
+    ext("flinkbuf.buffer._buffer", CSRC["buffer"]),
+    ext("flinkbuf._serialization"),
+    ext("flinkbuf.io._io", CSRC["io"]),
+    ext("flinkbuf._testing", ["csrc/clock.c"]),      # test and benchmark hooks
 ]
 
 class BuildExt(build_ext):
@@ -107,7 +107,7 @@ setup(
     ext_modules=cythonize(
         extensions,
         compiler_directives=DIRECTIVES,
-        include_path=["flinkbuf"],
+        include_path=["."],
         # Debug and release builds must not share generated C.
         build_dir=f"build/cython-{MODE}",
     ),

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import flinkbuf as fb
-from flinkbuf import _core
+from flinkbuf import _testing
 from conftest import scale
 
 SEGMENT = 32768
@@ -200,7 +200,7 @@ def test_c_loop_request_recycle(benchmark, pool):
     iterations = scale(2_000_000, 50_000)
     _info(benchmark, C_LOOP, iterations, subject=True, target="<= 30 ns/op")
     results = []
-    benchmark.pedantic(lambda: results.append(_core._c_request_recycle_loop(pool, iterations)),
+    benchmark.pedantic(lambda: results.append(_testing.c_request_recycle_loop(pool, iterations)),
                        rounds=scale(5, 1), iterations=1)
     benchmark.extra_info["ns_per_op"] = min(results)
 
@@ -213,6 +213,6 @@ def test_redistribution(benchmark, num_pools):
     benchmark.extra_info.update(ops=1, target="<= 10 ms at 10,000 pools" if num_pools == 10_000 else "")
     nbp = fb.NetworkBufferPool(num_segments=4 * num_pools, segment_size=1)
     pools = [nbp.create_buffer_pool(1, None if i % 2 else 1 + i % 7) for i in range(num_pools)]
-    benchmark(nbp._redistribute)
+    benchmark(_testing.redistribute_now, nbp)
     assert sum(p.num_buffers for p in pools) <= nbp.num_segments
     nbp.destroy()

@@ -17,6 +17,11 @@
 
 #define FB_WAIT_FOREVER INT64_MAX
 
+/* Waits that a caller with Python-visible state makes (a blocked buffer
+ * request, a consumer waiting for input) are cut into slices of this many
+ * seconds, so that signals (KeyboardInterrupt) and state changes are seen. */
+#define FB_WAIT_SLICE 0.05
+
 /* CLOCK_MONOTONIC in ns. */
 int64_t fb_monotonic_ns(void);
 

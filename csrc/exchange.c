@@ -10,7 +10,7 @@ int fb_gate_init(fb_gate_t *g, int32_t num_channels)
 {
     memset(g, 0, sizeof(*g));
     if (num_channels <= 0)
-        return FB_X_ESTATE;
+        return FB_ESTATE;
     g->ready = malloc(sizeof(int32_t) * (size_t)num_channels);
     g->queued = calloc((size_t)num_channels, 1);
     if (g->ready == NULL || g->queued == NULL)
@@ -23,12 +23,12 @@ int fb_gate_init(fb_gate_t *g, int32_t num_channels)
     }
     g->num_channels = num_channels;
     g->initialized = 1;
-    return FB_X_OK;
+    return FB_OK;
 nomem:
     free(g->ready);
     free(g->queued);
     memset(g, 0, sizeof(*g));
-    return FB_X_ENOMEM;
+    return FB_ENOMEM;
 }
 
 void fb_gate_free(fb_gate_t *g)
@@ -59,11 +59,11 @@ void fb_gate_notify(fb_gate_t *g, int32_t channel)
 
 int fb_gate_wait(fb_gate_t *g, int64_t deadline_ns, int32_t *channel)
 {
-    int rc = FB_X_OK;
+    int rc = FB_OK;
     pthread_mutex_lock(&g->mu);
     for (;;) {
         if (g->closed) {
-            rc = FB_X_CLOSED;
+            rc = FB_ECLOSED;
             break;
         }
         if (g->count > 0) {
@@ -75,7 +75,7 @@ int fb_gate_wait(fb_gate_t *g, int64_t deadline_ns, int32_t *channel)
             break;
         }
         if (deadline_ns <= fb_monotonic_ns()) {
-            rc = FB_X_TIMEDOUT;
+            rc = FB_ETIMEDOUT;
             break;
         }
         g->waiters++;
@@ -100,13 +100,13 @@ int fb_signal_init(fb_signal_t *s)
 {
     memset(s, 0, sizeof(*s));
     if (fb_cond_init(&s->cv) != 0)
-        return FB_X_ENOMEM;
+        return FB_ENOMEM;
     if (pthread_mutex_init(&s->mu, NULL) != 0) {
         pthread_cond_destroy(&s->cv);
-        return FB_X_ENOMEM;
+        return FB_ENOMEM;
     }
     s->initialized = 1;
-    return FB_X_OK;
+    return FB_OK;
 }
 
 void fb_signal_free(fb_signal_t *s)
@@ -138,14 +138,14 @@ uint64_t fb_signal_seq(fb_signal_t *s)
 
 int fb_signal_wait(fb_signal_t *s, uint64_t seen, int64_t deadline_ns)
 {
-    int rc = FB_X_OK;
+    int rc = FB_OK;
     pthread_mutex_lock(&s->mu);
     __atomic_add_fetch(&s->waiters, 1, __ATOMIC_SEQ_CST);
     for (;;) {
         if (__atomic_load_n(&s->seq, __ATOMIC_SEQ_CST) != seen)
             break;
         if (deadline_ns <= fb_monotonic_ns()) {
-            rc = FB_X_TIMEDOUT;
+            rc = FB_ETIMEDOUT;
             break;
         }
         fb_cond_wait_until(&s->cv, &s->mu, deadline_ns);
@@ -164,17 +164,17 @@ int fb_subpart_init(fb_subpart_t *sp, fb_signal_t *on_poll)
     memset(sp, 0, sizeof(*sp));
     sp->ring = malloc(sizeof(fb_item_t) * SP_INITIAL_CAP);
     if (sp->ring == NULL)
-        return FB_X_ENOMEM;
+        return FB_ENOMEM;
     if (pthread_mutex_init(&sp->mu, NULL) != 0) {
         free(sp->ring);
         sp->ring = NULL;
-        return FB_X_ENOMEM;
+        return FB_ENOMEM;
     }
     sp->cap = SP_INITIAL_CAP;
     sp->gate_channel = -1;
     sp->on_poll = on_poll;
     sp->initialized = 1;
-    return FB_X_OK;
+    return FB_OK;
 }
 
 void fb_subpart_free(fb_subpart_t *sp)
@@ -192,31 +192,31 @@ static int grow(fb_subpart_t *sp)
     int32_t cap = sp->cap * 2, k;
     fb_item_t *ring;
     if (cap <= sp->cap)
-        return FB_X_ENOMEM;
+        return FB_ENOMEM;
     ring = malloc(sizeof(fb_item_t) * (size_t)cap);
     if (ring == NULL)
-        return FB_X_ENOMEM;
+        return FB_ENOMEM;
     for (k = 0; k < sp->count; k++)
         ring[k] = sp->ring[(sp->head + k) % sp->cap];
     free(sp->ring);
     sp->ring = ring;
     sp->cap = cap;
     sp->head = 0;
-    return FB_X_OK;
+    return FB_OK;
 }
 
 int fb_subpart_add(fb_subpart_t *sp, fb_item_t item, int last)
 {
-    int rc = FB_X_OK;
+    int rc = FB_OK;
     pthread_mutex_lock(&sp->mu);
     if (sp->state == FB_SP_RELEASED) {
-        rc = FB_X_RELEASED;
+        rc = FB_ERELEASED;
     } else if (sp->state == FB_SP_FAILED) {
-        rc = FB_X_FAILED;
+        rc = FB_EFAILED;
     } else if (sp->finished) {
-        rc = FB_X_ESTATE;
-    } else if (sp->count == sp->cap && grow(sp) != FB_X_OK) {
-        rc = FB_X_ENOMEM;
+        rc = FB_ESTATE;
+    } else if (sp->count == sp->cap && grow(sp) != FB_OK) {
+        rc = FB_ENOMEM;
     } else {
         sp->ring[(sp->head + sp->count) % sp->cap] = item;
         sp->count++;
@@ -235,14 +235,14 @@ int fb_subpart_add(fb_subpart_t *sp, fb_item_t item, int last)
 
 int fb_subpart_poll(fb_subpart_t *sp, fb_item_t *out)
 {
-    int rc = FB_X_OK;
+    int rc = FB_OK;
     pthread_mutex_lock(&sp->mu);
     if (sp->state == FB_SP_FAILED) {
-        rc = FB_X_FAILED;
+        rc = FB_EFAILED;
     } else if (sp->state == FB_SP_RELEASED) {
-        rc = FB_X_RELEASED;
+        rc = FB_ERELEASED;
     } else if (sp->count == 0) {
-        rc = FB_X_EMPTY;
+        rc = FB_EMPTY;
     } else {
         *out = sp->ring[sp->head];
         sp->head = (sp->head + 1) % sp->cap;
@@ -255,17 +255,17 @@ int fb_subpart_poll(fb_subpart_t *sp, fb_item_t *out)
             fb_gate_notify(sp->gate, sp->gate_channel);
     }
     pthread_mutex_unlock(&sp->mu);
-    if (rc == FB_X_OK && sp->on_poll != NULL)
+    if (rc == FB_OK && sp->on_poll != NULL)
         fb_signal_post(sp->on_poll);
     return rc;
 }
 
 int fb_subpart_connect(fb_subpart_t *sp, fb_gate_t *g, int32_t channel)
 {
-    int rc = FB_X_OK;
+    int rc = FB_OK;
     pthread_mutex_lock(&sp->mu);
     if (sp->gate != NULL || sp->state == FB_SP_RELEASED) {
-        rc = FB_X_ESTATE;
+        rc = FB_ESTATE;
     } else {
         sp->gate = g;
         sp->gate_channel = channel;

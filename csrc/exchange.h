@@ -19,19 +19,8 @@
 #include <pthread.h>
 #include <stdint.h>
 
+#include "status.h"    /* result codes */
 #include "clock.h"     /* deadlines: fb_deadline_after, FB_WAIT_FOREVER */
-
-/* Result codes: 0..7 agree with pool.h; the rest are the exchange's own. */
-enum {
-    FB_X_OK = 0,
-    FB_X_EMPTY = 1,      /* nothing queued */
-    FB_X_TIMEDOUT = 2,   /* deadline passed */
-    FB_X_ESTATE = 6,     /* call not valid in this state */
-    FB_X_ENOMEM = 7,
-    FB_X_RELEASED = 16,  /* the consumer released the subpartition */
-    FB_X_FAILED = 17,    /* the producer failed */
-    FB_X_CLOSED = 18     /* the gate was closed */
-};
 
 /* Item kinds. */
 enum { FB_ITEM_DATA = 0, FB_ITEM_EVENT = 1 };
@@ -82,37 +71,37 @@ typedef struct fb_subpart {
 } fb_subpart_t;
 
 /* ---- gate ---- */
-int fb_gate_init(fb_gate_t *g, int32_t num_channels);     /* FB_X_OK / FB_X_ENOMEM */
+int fb_gate_init(fb_gate_t *g, int32_t num_channels);     /* FB_OK / FB_ENOMEM */
 void fb_gate_free(fb_gate_t *g);                           /* no waiter may remain */
 /* Mark `channel` as having data (no-op if already marked) and wake a waiter. */
 void fb_gate_notify(fb_gate_t *g, int32_t channel);
 /* Wait until some channel has data and take it off the ring:
- * FB_X_OK (channel in *channel), FB_X_TIMEDOUT, or FB_X_CLOSED.  Deadlines
+ * FB_OK (channel in *channel), FB_ETIMEDOUT, or FB_ECLOSED.  Deadlines
  * are clock.h's: FB_WAIT_FOREVER, or a time (one that passed: no waiting). */
 int fb_gate_wait(fb_gate_t *g, int64_t deadline_ns, int32_t *channel);
-/* Wake every waiter with FB_X_CLOSED, now and later. */
+/* Wake every waiter with FB_ECLOSED, now and later. */
 void fb_gate_close(fb_gate_t *g);
 
 /* ---- signal ---- */
-int fb_signal_init(fb_signal_t *s);                        /* FB_X_OK / FB_X_ENOMEM */
+int fb_signal_init(fb_signal_t *s);                        /* FB_OK / FB_ENOMEM */
 void fb_signal_free(fb_signal_t *s);
 void fb_signal_post(fb_signal_t *s);
 uint64_t fb_signal_seq(fb_signal_t *s);
-/* Wait until the counter differs from `seen`: FB_X_OK or FB_X_TIMEDOUT. */
+/* Wait until the counter differs from `seen`: FB_OK or FB_ETIMEDOUT. */
 int fb_signal_wait(fb_signal_t *s, uint64_t seen, int64_t deadline_ns);
 
 /* ---- subpartition ---- */
 /* `on_poll` (may be NULL) must outlive the subpartition. */
-int fb_subpart_init(fb_subpart_t *sp, fb_signal_t *on_poll); /* FB_X_OK / FB_X_ENOMEM */
+int fb_subpart_init(fb_subpart_t *sp, fb_signal_t *on_poll); /* FB_OK / FB_ENOMEM */
 void fb_subpart_free(fb_subpart_t *sp);                    /* caller drained it first */
-/* Append an item; `last` marks the producer's final item.  FB_X_RELEASED or
- * FB_X_FAILED (the item was not taken), FB_X_ESTATE after the last item,
- * FB_X_ENOMEM. */
+/* Append an item; `last` marks the producer's final item.  FB_ERELEASED or
+ * FB_EFAILED (the item was not taken), FB_ESTATE after the last item,
+ * FB_ENOMEM. */
 int fb_subpart_add(fb_subpart_t *sp, fb_item_t item, int last);
-/* Take the oldest item: FB_X_OK, FB_X_EMPTY, FB_X_FAILED, FB_X_RELEASED.
+/* Take the oldest item: FB_OK, FB_EMPTY, FB_EFAILED, FB_ERELEASED.
  * If items remain the connected gate is told again (fair turns). */
 int fb_subpart_poll(fb_subpart_t *sp, fb_item_t *out);
-/* Connect a consumer: FB_X_ESTATE if one is connected or it was released. */
+/* Connect a consumer: FB_ESTATE if one is connected or it was released. */
 int fb_subpart_connect(fb_subpart_t *sp, fb_gate_t *g, int32_t channel);
 void fb_subpart_disconnect(fb_subpart_t *sp, fb_gate_t *g);
 /* Move to `state` (FB_SP_RELEASED or FB_SP_FAILED; a terminated subpartition

@@ -324,6 +324,8 @@ done:
 
 /* ---- local pools ----------------------------------------------------- */
 
+static const fb_pool_ops_t fb_pool_ops = {fb_localpool_request, fb_localpool_recycle};
+
 int fb_localpool_create(fb_netpool_t *np, fb_localpool_t *lp, int32_t min_buffers,
                         int32_t max_buffers, int32_t num_subpartitions,
                         int32_t max_per_channel, int32_t max_overdraft)
@@ -342,6 +344,7 @@ int fb_localpool_create(fb_netpool_t *np, fb_localpool_t *lp, int32_t min_buffer
         free(lp->channel_count);
         return FB_ENOMEM;
     }
+    lp->ops = &fb_pool_ops;
     lp->net = np;
     lp->min_buffers = min_buffers;
     lp->max_buffers = max_buffers;

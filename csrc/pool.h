@@ -14,19 +14,8 @@
 #include <stdint.h>
 
 #include "arena.h"
+#include "status.h"    /* FB_OK and the error codes */
 #include "clock.h"     /* fb_monotonic_ns, fb_deadline_after, FB_WAIT_FOREVER */
-
-/* Result codes (0 is success). */
-enum {
-    FB_OK = 0,
-    FB_EMPTY = 1,          /* non-blocking request found nothing */
-    FB_ETIMEDOUT = 2,      /* deadline passed */
-    FB_EDESTROYED = 3,     /* pool (or its network pool) destroyed */
-    FB_EINSUFFICIENT = 4,  /* required buffers would exceed the total */
-    FB_EINVAL = 5,         /* bad argument */
-    FB_ESTATE = 6,         /* segment not in the state the call needs */
-    FB_ENOMEM = 7
-};
 
 /* Segment states. */
 enum { FB_SEG_GLOBAL = 0, FB_SEG_LOCAL = 1, FB_SEG_OUT = 2, FB_SEG_UNPOOLED = 3 };
@@ -35,6 +24,14 @@ enum { FB_SEG_GLOBAL = 0, FB_SEG_LOCAL = 1, FB_SEG_OUT = 2, FB_SEG_UNPOOLED = 3 
 #define FB_NO_CHANNEL (-1)
 
 typedef struct fb_localpool fb_localpool_t;
+
+/* The hot operations of a local pool, reached through the pool itself: code
+ * in other extension modules (which do not link pool.c) calls the one copy
+ * in the buffer module, whose counters and checks are the ones that count. */
+typedef struct fb_pool_ops {
+    int (*request)(fb_localpool_t *lp, int32_t channel, int32_t *index);
+    int (*recycle)(fb_localpool_t *lp, int32_t index);
+} fb_pool_ops_t;
 
 typedef struct fb_netpool {
     pthread_mutex_t mu;
@@ -60,6 +57,7 @@ typedef struct fb_netpool {
 } fb_netpool_t;
 
 struct fb_localpool {
+    const fb_pool_ops_t *ops;   /* fb_localpool_request / fb_localpool_recycle */
     fb_netpool_t *net;
     pthread_cond_t cv;
     int32_t min_buffers;

@@ -11,7 +11,7 @@ Tasks exchange records through :class:`ResultPartition` s written by a
 :mod:`flinkbuf.io`); :class:`TaskMetrics` reports Flink's task metrics.
 """
 
-from flinkbuf._core import (
+from flinkbuf.buffer import (
     Buffer,
     DataType,
     LocalBufferPool,
@@ -55,7 +55,7 @@ from flinkbuf.io import (
     UserEvent,
     create_partition,
 )
-from flinkbuf.metrics import TaskMetrics
+from flinkbuf.io.metrics import TaskMetrics
 
 __version__ = "0.1.0"
 

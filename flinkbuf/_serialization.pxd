@@ -18,7 +18,7 @@
 cimport cython
 from cpython.object cimport PyObject
 from libc.stdint cimport int64_t
-from flinkbuf._core cimport Buffer
+from flinkbuf.buffer._buffer cimport Buffer
 
 cdef enum:
     FULL_RECORD = 1        # the staged record is completely copied

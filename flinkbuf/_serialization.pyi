@@ -6,7 +6,7 @@ from typing import Any, ClassVar, Literal, final
 from typing_extensions import Buffer as _BufferProtocol
 from typing_extensions import Self
 
-from flinkbuf._core import Buffer
+from flinkbuf.buffer._buffer import Buffer
 
 _Codec = Literal["typed", "bytes", "pickle"]
 

@@ -6,7 +6,7 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
-import flinkbuf._core as core
+import flinkbuf.buffer as core
 
 settings.register_profile(
     "ci", max_examples=60, deadline=None,

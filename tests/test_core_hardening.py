@@ -13,7 +13,7 @@ import pytest
 from hypothesis import assume, given, strategies as st
 
 import flinkbuf as fb
-from flinkbuf._core import _set_ref_count
+from flinkbuf._testing import set_ref_count
 from helpers import run_in_thread
 
 
@@ -22,7 +22,8 @@ def run_child(code):
     prelude = textwrap.dedent("""
         import gc, sys
         import flinkbuf as fb
-        from flinkbuf._core import Buffer, LocalBufferPool, MemorySegment, NetworkBufferPool
+        from flinkbuf.buffer._buffer import Buffer, LocalBufferPool, MemorySegment, NetworkBufferPool
+        from flinkbuf._testing import redistribute_now
         def expect(exc, fn, *args):
             try:
                 fn(*args)
@@ -68,8 +69,8 @@ def test_bare_buffer_behaves_as_recycled():
                    lambda: setattr(b, "data_type", 0), lambda: b.pool):
             expect(fb.RecycledBufferError, fn)
         # ... and as an argument
-        from flinkbuf._core import _set_ref_count
-        expect(fb.RecycledBufferError, _set_ref_count, b, 1)
+        from flinkbuf._testing import set_ref_count
+        expect(fb.RecycledBufferError, set_ref_count, b, 1)
         seg = MemorySegment.allocate(64)
         expect(fb.RecycledBufferError, seg.put_bytes, 0, b)
         seg.free()
@@ -89,7 +90,7 @@ def test_bare_network_buffer_pool_raises_until_initialised():
         assert not nbp.is_destroyed and not nbp.is_arena_released
         assert "uninitialised" in repr(nbp)
         for fn in (lambda: nbp.create_buffer_pool(1, 1), lambda: nbp.request_unpooled_segments(1),
-                   lambda: nbp.recycle_unpooled_segments([]), nbp.destroy, nbp._redistribute,
+                   lambda: nbp.recycle_unpooled_segments([]), nbp.destroy, lambda: redistribute_now(nbp),
                    lambda: nbp.__exit__(None, None, None), lambda: nbp.num_available_segments,
                    lambda: nbp.num_total_required_buffers, lambda: nbp.num_unpooled_segments,
                    lambda: nbp.num_outstanding_segments):
@@ -295,21 +296,21 @@ def test_retain_never_wraps_the_reference_count():
     """The count was a C int: retain() past INT_MAX wrapped it negative."""
     with fb.NetworkBufferPool(2, 64) as nbp:
         buf = nbp.create_buffer_pool(1, 1).request_buffer()
-        _set_ref_count(buf, 2 ** 31 - 1)
+        set_ref_count(buf, 2 ** 31 - 1)
         assert buf.retain() is buf and buf.ref_count == 2 ** 31
         buf.recycle()
         assert buf.ref_count == 2 ** 31 - 1 and not buf.is_recycled
-        _set_ref_count(buf, sys.maxsize)
+        set_ref_count(buf, sys.maxsize)
         with pytest.raises(OverflowError, match="reference count"):
             buf.retain()
         assert buf.ref_count == sys.maxsize and not buf.is_recycled
         with pytest.raises(ValueError):
-            _set_ref_count(buf, 0)
-        _set_ref_count(buf, 1)
+            set_ref_count(buf, 0)
+        set_ref_count(buf, 1)
         buf.recycle()
         assert buf.is_recycled
         with pytest.raises(fb.RecycledBufferError):
-            _set_ref_count(buf, 1)
+            set_ref_count(buf, 1)
 
 
 def test_recycling_more_unpooled_segments_than_exist_is_refused_up_front():

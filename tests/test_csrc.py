@@ -41,7 +41,7 @@ def test_clock_deadlines_and_timed_waits(tmp_path, sanitizer):
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize("module", ["flinkbuf._core", "flinkbuf._io"])
+@pytest.mark.parametrize("module", ["flinkbuf.buffer._buffer", "flinkbuf.io._io"])
 def test_both_extensions_share_one_clock_semantics(module):
     """csrc/clock.c is linked into both extension modules (the exchange once
     had its own copy, where a negative timeout meant "forever"): a timeout

@@ -16,9 +16,9 @@ PYX = textwrap.dedent("""
     from cpython.ref cimport Py_INCREF
     from libc.stdint cimport int32_t
 
-    from flinkbuf._io cimport ChannelSelector, InputChannel, InputGate
-    from flinkbuf._io_csrc cimport (
-        FB_ITEM_EVENT, FB_X_EMPTY, FB_X_OK, fb_gate_notify, fb_item_t)
+    from flinkbuf.csrc.exchange cimport FB_ITEM_EVENT, fb_gate_notify, fb_item_t
+    from flinkbuf.csrc.status cimport FB_EMPTY, FB_OK
+    from flinkbuf.io._io cimport ChannelSelector, InputChannel, InputGate
 
 
     cdef class ListChannel(InputChannel):
@@ -38,7 +38,7 @@ PYX = textwrap.dedent("""
 
         cdef int _poll(self, fb_item_t *out) except -1:
             if not self._items:
-                return FB_X_EMPTY
+                return FB_EMPTY
             obj = self._items.pop(0)
             Py_INCREF(obj)              # the item's reference, taken by the gate
             out.obj = <void *>obj
@@ -46,7 +46,7 @@ PYX = textwrap.dedent("""
             out.size = 0
             if self._items:
                 fb_gate_notify(&self._gate._c, self._index)
-            return FB_X_OK
+            return FB_OK
 
         cdef int _release(self, InputGate gate) except -1:
             self._gate = None
@@ -78,7 +78,7 @@ SETUP = textwrap.dedent(f"""
                                     {os.path.join(ROOT, "csrc", "exchange.c")!r},
                                     {os.path.join(ROOT, "csrc", "clock.c")!r}],
                    include_dirs=[{os.path.join(ROOT, "csrc")!r}, numpy.get_include()])],
-        include_path=[{os.path.join(ROOT, "flinkbuf")!r}, {ROOT!r}],
+        include_path=[{ROOT!r}],
         compiler_directives={{"language_level": 3}}, quiet=True))
 """)
 

@@ -46,17 +46,17 @@ TERMINATE_CHECK = textwrap.dedent(r"""
         intptr_t next = 1;
         fb_item_t got, *items = NULL;
         int32_t n, k;
-        CHECK(fb_signal_init(&sig) == FB_X_OK);
-        CHECK(fb_subpart_init(&sp, &sig) == FB_X_OK);
+        CHECK(fb_signal_init(&sig) == FB_OK);
+        CHECK(fb_subpart_init(&sp, &sig) == FB_OK);
         srand(seed);
         for (const char *p = ops; *p; p++) {
             int reps = *p == 'A' ? 1 + rand() % 9 : *p == 'P' ? 1 + rand() % 5 : 0;
             for (int r = 0; r < reps; r++) {
                 if (*p == 'A') {
-                    CHECK(fb_subpart_add(&sp, item(next), 0) == FB_X_OK);
+                    CHECK(fb_subpart_add(&sp, item(next), 0) == FB_OK);
                     model[tail++] = next++;
                 } else if (head < tail) {
-                    CHECK(fb_subpart_poll(&sp, &got) == FB_X_OK);
+                    CHECK(fb_subpart_poll(&sp, &got) == FB_OK);
                     CHECK((intptr_t)got.obj == model[head++]);
                 }
             }
@@ -78,8 +78,8 @@ TERMINATE_CHECK = textwrap.dedent(r"""
         /* terminated: nothing is queued or taken any more */
         CHECK(fb_subpart_state(&sp) == FB_SP_RELEASED);
         CHECK(fb_subpart_backlog(&sp) == 0 && fb_subpart_size(&sp) == 0);
-        CHECK(fb_subpart_add(&sp, item(1), 0) == FB_X_RELEASED);
-        CHECK(fb_subpart_poll(&sp, &got) == FB_X_RELEASED);
+        CHECK(fb_subpart_add(&sp, item(1), 0) == FB_ERELEASED);
+        CHECK(fb_subpart_poll(&sp, &got) == FB_ERELEASED);
         CHECK(fb_subpart_terminate(&sp, FB_SP_FAILED, &items) == 0 && items == NULL);
         CHECK(fb_subpart_state(&sp) == FB_SP_RELEASED);
         fb_subpart_free(&sp);

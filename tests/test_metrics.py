@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import flinkbuf as fb
-from flinkbuf.metrics import HIGH, LOW, OK, TaskMetrics, backpressure_level
+from flinkbuf.io.metrics import HIGH, LOW, OK, TaskMetrics, backpressure_level
 from test_io_support import Task, assert_all_recycled
 
 FLINK_NAMES = {

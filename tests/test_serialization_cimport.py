@@ -11,7 +11,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PYX = textwrap.dedent("""
-    from flinkbuf._core cimport Buffer
+    from flinkbuf.buffer._buffer cimport Buffer
     from flinkbuf._serialization cimport (
         RecordSerializer, RecordDeserializer, is_no_record, FULL_RECORD, FULL_BUFFER)
 
@@ -56,7 +56,7 @@ SETUP = textwrap.dedent(f"""
     setup(ext_modules=cythonize(
         [Extension("contract_user", ["contract_user.pyx"],
                    include_dirs=[{os.path.join(ROOT, "csrc")!r}, numpy.get_include()])],
-        include_path=[{os.path.join(ROOT, "flinkbuf")!r}, {ROOT!r}],
+        include_path=[{ROOT!r}],
         compiler_directives={{"language_level": 3}}, quiet=True))
 """)
 

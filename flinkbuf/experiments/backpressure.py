@@ -45,7 +45,7 @@ import time
 import flinkbuf as fb
 from flinkbuf.experiments._output import VERDICT, write_table_and_doc
 from flinkbuf.experiments._throttle import Throttle
-from flinkbuf.metrics import TaskMetrics
+from flinkbuf.io.metrics import TaskMetrics
 
 DEFAULT_SCHEDULE = ((60, 100), (60, 30), (100, 100), (100, 30), (100, 100))
 CSV_COLUMNS = ("t_seconds", "producer_limit_pct", "consumer_limit_pct", "producer_pct",

@@ -41,7 +41,7 @@ with Python's per-process salted ``hash()``: ints in the int32 range as
 and :class:`BacklogAwareRebalanceSelector`.
 """
 
-from flinkbuf._io import (
+from flinkbuf.io._io import (
     END_OF_PARTITION,
     MAX_QUEUED_EVENTS,
     BacklogAwareRebalanceSelector,

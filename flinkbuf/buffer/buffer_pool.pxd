@@ -1,5 +1,5 @@
 from libc.stdint cimport int32_t
-from flinkbuf._csrc cimport fb_netpool_t, fb_localpool_t, fb_localpool_stats_t
+from flinkbuf.csrc.pool cimport fb_localpool_stats_t, fb_localpool_t, fb_netpool_t
 
 
 cdef class NetworkBufferPool:
@@ -10,6 +10,7 @@ cdef class NetworkBufferPool:
 
     cdef int _check_live(self) except -1
     cdef int _dispatch_listeners(self) except -1
+    cdef int _redistribute_now(self) except -1
 
 
 cdef class LocalBufferPool:

@@ -45,7 +45,7 @@ cdef class _ConsumeSignal:
 
     def __cinit__(self):
         self._initialized = False
-        if fb_signal_init(&self._c) != FB_X_OK:
+        if fb_signal_init(&self._c) != FB_OK:
             raise MemoryError()
         self._initialized = True
 
@@ -79,7 +79,7 @@ cdef class ResultSubpartition:
             try:
                 _dispose_items(items, n)
             except BaseException:
-                PyErr_WriteUnraisable(self)
+                write_unraisable(self)
         fb_subpart_free(&self._c)
         self._initialized = False
 
@@ -91,7 +91,7 @@ cdef class ResultSubpartition:
         item.size = size
         Py_INCREF(obj)
         cdef int rc = fb_subpart_add(&self._c, item, last)
-        if rc != FB_X_OK:
+        if rc != FB_OK:
             Py_DECREF(obj)
         return rc
 
@@ -172,7 +172,7 @@ cdef class ResultPartition:
         if self._n:
             raise RuntimeError("ResultPartition is already initialised")
         _check_name(name)
-        cdef int32_t n = _as_int32(num_subpartitions, "num_subpartitions", 1)
+        cdef int32_t n = as_int32(num_subpartitions, "num_subpartitions", 1)
         cdef int32_t pool_channels = pool.num_subpartitions
         if pool_channels not in (0, n):
             raise ValueError(
@@ -195,7 +195,7 @@ cdef class ResultPartition:
         cdef int32_t i
         for i in range(n):
             sp = ResultSubpartition.__new__(ResultSubpartition)
-            if fb_subpart_init(&sp._c, &self._signal._c) != FB_X_OK:
+            if fb_subpart_init(&sp._c, &self._signal._c) != FB_OK:
                 raise MemoryError()
             sp._initialized = True
             sp._index = i
@@ -205,17 +205,17 @@ cdef class ResultPartition:
 
     cdef int _raise_for_rc(self, int rc, int32_t index) except -1:
         cdef ResultSubpartition sp
-        if rc == FB_X_OK:
+        if rc == FB_OK:
             return 0
-        if rc == FB_X_RELEASED:
+        if rc == FB_ERELEASED:
             raise PartitionReleasedError(
                 f"subpartition {index} of {self._describe()} was released by its consumer")
-        if rc == FB_X_FAILED:
+        if rc == FB_EFAILED:
             sp = <ResultSubpartition>self._subpartitions[index]
             raise ProducerFailedError(f"{self._describe()} has failed") from sp._cause
-        if rc == FB_X_ESTATE:
+        if rc == FB_ESTATE:
             raise RuntimeError(f"{self._describe()} is finished: nothing can be added")
-        if rc == FB_X_ENOMEM:
+        if rc == FB_ENOMEM:
             raise MemoryError()
         raise RuntimeError(f"internal error {rc} in subpartition {index}")
 
@@ -238,7 +238,7 @@ cdef class ResultPartition:
             if not last:
                 self._await_event_room(sp, writer)
             rc = sp._add(payload, FB_ITEM_EVENT, len(payload), last)
-            if rc == FB_X_RELEASED:
+            if rc == FB_ERELEASED:
                 continue
             self._raise_for_rc(rc, sp._index)
         return 0
@@ -264,7 +264,7 @@ cdef class ResultPartition:
                 if writer is not None:
                     writer._check_partition()
                 self._check_live()
-                deadline = fb_deadline_after(_EVENT_SLICE)
+                deadline = fb_deadline_after(FB_WAIT_SLICE)
                 with nogil:
                     fb_signal_wait(&signal._c, seen, deadline)
                 PyErr_CheckSignals()
@@ -306,7 +306,7 @@ cdef class ResultPartition:
             raise
         cdef ResultSubpartition sp = <ResultSubpartition>self._subpartitions[index]
         cdef int rc = sp._add(buffer, FB_ITEM_DATA, <int32_t>buffer._writer, False)
-        if rc != FB_X_OK:
+        if rc != FB_OK:
             buffer._release()
             self._raise_for_rc(rc, index)
 

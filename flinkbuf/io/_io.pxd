@@ -1,8 +1,8 @@
 # Layer 3 as one extension module; other modules (layer 4) cimport from here.
 from libc.stdint cimport int32_t, int64_t
 
-from flinkbuf._core cimport Buffer, LocalBufferPool
-from flinkbuf._io_csrc cimport fb_gate_t, fb_item_t, fb_signal_t, fb_subpart_t
+from flinkbuf.buffer._buffer cimport Buffer, LocalBufferPool
+from flinkbuf.csrc.exchange cimport fb_gate_t, fb_item_t, fb_signal_t, fb_subpart_t
 from flinkbuf._serialization cimport RecordDeserializer, RecordSerializer
 
 cdef class ResultPartition

@@ -27,8 +27,6 @@ cdef enum:
     _FLUSH_TIMER = 2        # the output flusher: errors are kept for the
                             # writer's next call; dropped buffers not reported
 
-# Blocking waits wake this often to look at the partition and at signals.
-cdef double _REQUEST_SLICE = 0.05
 
 
 def _output_flusher(writer_ref, stop, interval):
@@ -61,34 +59,6 @@ cdef object _as_buffer_timeout(object value):
                          f"got {value!r}: use None to hand buffers over only when they "
                          "are full (or on flush() and close())")
     return t
-
-
-cdef ChannelSelector _as_selector(object selector):
-    if selector is None:
-        return RoundRobinSelector()
-    if isinstance(selector, ChannelSelector):
-        return <ChannelSelector>selector
-    if isinstance(selector, str):
-        factory = _SELECTORS.get(selector.replace("-", "_"))
-        if factory is None:
-            raise ValueError(f"unknown selector {selector!r}; one of {sorted(_SELECTORS)}")
-        return factory()
-    if callable(selector):
-        return CustomSelector(selector)
-    raise TypeError(f"selector must be a ChannelSelector, a name or a callable, "
-                    f"got {type(selector).__name__}")
-
-
-_SELECTORS = {
-    "round_robin": RoundRobinSelector,
-    "rebalance": RoundRobinSelector,
-    "rescale": RescaleSelector,
-    "hash": HashSelector,
-    "broadcast": BroadcastSelector,
-    "forward": ForwardSelector,
-    "global": GlobalSelector,
-    "backlog_aware": BacklogAwareRebalanceSelector,
-}
 
 
 @cython.final
@@ -201,7 +171,7 @@ cdef class RecordWriter:
                 self._partition.fail(RuntimeError(
                     f"the RecordWriter {self._name!r} was dropped without close() or fail()"))
         except BaseException:
-            PyErr_WriteUnraisable(self)
+            write_unraisable(self)
 
     # ---- the record path ----------------------------------------------------
 
@@ -399,7 +369,7 @@ record is written or emit raises."""
         try:
             while ch < 0:
                 self._check_partition()
-                ch = sel._wait_unblocked(_REQUEST_SLICE)
+                ch = sel._wait_unblocked(FB_WAIT_SLICE)
                 PyErr_CheckSignals()
         finally:
             self._busy = _EMITTING
@@ -458,14 +428,14 @@ record is written or emit raises."""
                 if self._target_released(channel):
                     break
                 if capped:
-                    if not self._pool.wait_available(_REQUEST_SLICE):
+                    if not self._pool.wait_available(FB_WAIT_SLICE):
                         continue
                     buf = self._pool._request(pool_ch)
                     if buf is None:
                         continue
                 else:
                     try:
-                        buf = self._pool._request_blocking(pool_ch, _REQUEST_SLICE)
+                        buf = self._pool._request_blocking(pool_ch, FB_WAIT_SLICE)
                     except BufferRequestTimeoutError:
                         continue
                 try:
@@ -503,7 +473,7 @@ record is written or emit raises."""
         cdef ResultSubpartition sp = <ResultSubpartition>self._subparts[channel]
         cdef int32_t state = fb_subpart_state(&sp._c)
         if state == FB_SP_FAILED:
-            self._partition._raise_for_rc(FB_X_FAILED, channel)
+            self._partition._raise_for_rc(FB_EFAILED, channel)
         return state == FB_SP_RELEASED
 
     cdef int _hand_over(self, int32_t channel, Buffer buf) except -1:
@@ -515,9 +485,9 @@ record is written or emit raises."""
             return 0
         cdef ResultSubpartition sp = <ResultSubpartition>self._subparts[channel]
         cdef int rc = sp._add(buf, FB_ITEM_DATA, size, False)
-        if rc != FB_X_OK:
+        if rc != FB_OK:
             buf._release()
-            if rc == FB_X_RELEASED:
+            if rc == FB_ERELEASED:
                 return 1
             self._partition._raise_for_rc(rc, channel)
         self._bytes_out += size

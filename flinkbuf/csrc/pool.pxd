@@ -1,32 +1,10 @@
-# Declarations of the plain-C layer (csrc/).  No Python API lives there.
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
-
-
-cdef extern from "arena.h" nogil:
-    int fb_is_pow2(size_t x)
-    size_t fb_stride(size_t segment_size)
-    void *fb_aligned_alloc(size_t size, size_t alignment)
-    void fb_aligned_free(void *p)
-
-
-cdef extern from "redistribution.h" nogil:
-    void fb_redistribute(int64_t avail, size_t n, const int64_t *mins,
-                         const int64_t *maxs, int64_t *out)
-
+# csrc/pool.h: the network pool and its local pools (locking notes there).
+from libc.stdint cimport int32_t, int64_t
 
 cdef extern from "pool.h" nogil:
     enum:
-        FB_OK
-        FB_EMPTY
-        FB_ETIMEDOUT
-        FB_EDESTROYED
-        FB_EINSUFFICIENT
-        FB_EINVAL
-        FB_ESTATE
-        FB_ENOMEM
         FB_UNBOUNDED
         FB_NO_CHANNEL
-    int64_t FB_WAIT_FOREVER
 
     ctypedef struct fb_netpool_t:
         int32_t segment_size
@@ -34,7 +12,14 @@ cdef extern from "pool.h" nogil:
         size_t stride
         char *base
 
+    ctypedef struct fb_localpool_t
+
+    ctypedef struct fb_pool_ops_t:
+        int (*request)(fb_localpool_t *lp, int32_t channel, int32_t *index) noexcept nogil
+        int (*recycle)(fb_localpool_t *lp, int32_t index) noexcept nogil
+
     ctypedef struct fb_localpool_t:
+        const fb_pool_ops_t *ops
         fb_netpool_t *net
         int32_t min_buffers
         int32_t max_buffers
@@ -77,19 +62,4 @@ cdef extern from "pool.h" nogil:
     void fb_localpool_stats(fb_localpool_t *lp, fb_localpool_stats_t *out)
     int32_t fb_localpool_channel_count(fb_localpool_t *lp, int32_t channel)
 
-    int64_t fb_monotonic_ns()
-    int64_t fb_deadline_after(double seconds)
     int64_t fb_debug_segments_out()
-
-
-cdef extern from "byteorder.h" nogil:
-    uint16_t fb_load_u16(const char *p, int big)
-    uint32_t fb_load_u32(const char *p, int big)
-    uint64_t fb_load_u64(const char *p, int big)
-    void fb_store_u16(char *p, uint16_t v, int big)
-    void fb_store_u32(char *p, uint32_t v, int big)
-    void fb_store_u64(char *p, uint64_t v, int big)
-    float fb_load_f32(const char *p, int big)
-    double fb_load_f64(const char *p, int big)
-    void fb_store_f32(char *p, float v, int big)
-    void fb_store_f64(char *p, double v, int big)

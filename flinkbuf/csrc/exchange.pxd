@@ -1,25 +1,8 @@
-# Declarations of the plain-C helpers of layer 3 (csrc/exchange.*, csrc/keygroup.*)
-# and of the clock they share with the pools (csrc/clock.*).
+# csrc/exchange.h: subpartition queues, gate readiness, consume signals.
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
-
-
-cdef extern from "clock.h" nogil:
-    int64_t FB_WAIT_FOREVER
-    int64_t fb_monotonic_ns()
-    # now + seconds; a timeout <= 0 (or NaN) is a deadline of now (no waiting)
-    int64_t fb_deadline_after(double seconds)
-
 
 cdef extern from "exchange.h" nogil:
     enum:
-        FB_X_OK
-        FB_X_EMPTY
-        FB_X_TIMEDOUT
-        FB_X_ESTATE
-        FB_X_ENOMEM
-        FB_X_RELEASED
-        FB_X_FAILED
-        FB_X_CLOSED
         FB_ITEM_DATA
         FB_ITEM_EVENT
         FB_SP_LIVE
@@ -63,13 +46,3 @@ cdef extern from "exchange.h" nogil:
     int32_t fb_subpart_events(const fb_subpart_t *sp)
     int32_t fb_subpart_state(const fb_subpart_t *sp)
     int32_t fb_subpart_size(fb_subpart_t *sp)
-
-
-cdef extern from "keygroup.h" nogil:
-    int32_t fb_murmur_hash(int32_t code)
-    int32_t fb_key_group(int32_t hash_code, int32_t max_parallelism)
-    int32_t fb_operator_index(int32_t key_group, int32_t parallelism, int32_t max_parallelism)
-    int32_t fb_java_long_hash(int64_t v)
-    int32_t fb_java_double_hash(double v)
-    int32_t fb_java_bytes_hash(const unsigned char *p, size_t n)
-    int32_t fb_java_string_hash(const void *data, int width, size_t len)

@@ -1,4 +1,4 @@
-# Buffer: a reference-counted view of one pooled segment.  Included by _core.pyx.
+# Buffer: a reference-counted view of one pooled segment.  Included by _buffer.pyx.
 
 class DataType(enum.IntEnum):
     """What a buffer carries: serialized records or an in-band event."""
@@ -38,7 +38,7 @@ cdef class Buffer:
                 try:
                     self._pool._nbp._dispatch_listeners()
                 except BaseException:
-                    fb_write_unraisable_handled(self)
+                    write_unraisable(self)
 
     cdef int _check(self) except -1:
         if self._data == NULL:

@@ -13,7 +13,6 @@ cdef enum:
 # stalled consumers bound events as they bound records.
 cdef int32_t _MAX_EVENTS = 8
 MAX_QUEUED_EVENTS = _MAX_EVENTS
-cdef double _EVENT_SLICE = 0.05   # waits for room wake this often (signals, failures)
 
 
 class Event:

@@ -26,7 +26,7 @@ import json
 import threading
 from collections import deque
 
-from flinkbuf._io import monotonic_ns
+from flinkbuf.io._io import monotonic_ns
 
 __all__ = [
     "HIGH",

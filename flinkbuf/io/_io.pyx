@@ -1,19 +1,28 @@
 # Layer 3, tasks exchanging data: ResultPartition, RecordWriter and channel
 # selectors, InputGate and input channels, in-band events; one extension over
 # csrc/exchange.c and csrc/keygroup.c.  Compiler directives live in setup.py.
+# One concept per included file; errors from C result codes are raised in
+# one place per type (ResultPartition._raise_for_rc, the gate's _wait_item).
 
 cimport cython
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_CheckBuffer, PyObject_GetBuffer
+from cpython.exc cimport PyErr_CheckSignals
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.number cimport PyIndex_Check
 from cpython.object cimport PyTypeObject
 from cpython.pythread cimport PyThread_get_thread_ident
 from cpython.ref cimport Py_DECREF, Py_INCREF
+from cpython.unicode cimport PyUnicode_DATA, PyUnicode_GET_LENGTH, PyUnicode_KIND
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free
 
-from flinkbuf._core cimport Buffer, LocalBufferPool
-from flinkbuf._io_csrc cimport *
+from flinkbuf.buffer._buffer cimport Buffer, LocalBufferPool
+from flinkbuf.capi cimport write_unraisable
+from flinkbuf.checks cimport as_int32
+from flinkbuf.csrc.clock cimport FB_WAIT_FOREVER, FB_WAIT_SLICE, fb_deadline_after, fb_monotonic_ns
+from flinkbuf.csrc.exchange cimport *
+from flinkbuf.csrc.keygroup cimport *
+from flinkbuf.csrc.status cimport *
 from flinkbuf._serialization cimport RecordDeserializer, RecordSerializer, is_no_record
 
 import numbers
@@ -32,23 +41,6 @@ from flinkbuf.errors import (
     ProducerFailedError,
 )
 
-cdef extern from "Python.h":
-    void PyErr_WriteUnraisable(object obj)
-    int PyErr_CheckSignals() except -1
-    int PyUnicode_KIND(object o)
-    void *PyUnicode_DATA(object o)
-    Py_ssize_t PyUnicode_GET_LENGTH(object o)
-
-cdef int32_t _MAX_INT32 = 2147483647
-
-
-cdef int32_t _as_int32(object value, str name, int32_t minimum) except? -1:
-    """A Python int in [minimum, 2**31 - 1] (bools refused)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum or value > _MAX_INT32:
-        raise ValueError(f"{name} must be in [{minimum}, {_MAX_INT32}], got {value}")
-    return <int32_t>value
 
 
 cdef int32_t _as_subpartition(object value, int32_t n) except -1:
@@ -98,6 +90,7 @@ def monotonic_ns():
 
 
 include "events.pyx"
+include "keygroup.pyx"
 include "channel_selector.pyx"
 include "result_partition.pyx"
 include "record_writer.pyx"

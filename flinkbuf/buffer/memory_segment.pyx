@@ -1,5 +1,5 @@
 # MemorySegment: a bounds-checked window onto off-heap memory.
-# Included by _core.pyx.
+# Included by _buffer.pyx.
 
 @cython.final
 @cython.no_gc_clear
@@ -45,7 +45,7 @@ cdef class MemorySegment:
                 try:
                     nbp._dispatch_listeners()
                 except BaseException:
-                    fb_write_unraisable_handled(self)
+                    write_unraisable(self)
         self._data = NULL
 
     @staticmethod

@@ -1,5 +1,7 @@
 # Layer 1, the buffer core: MemorySegment, Buffer, NetworkBufferPool,
-# LocalBufferPool, compiled as one extension over csrc/ (layer 0).
+# LocalBufferPool, compiled as one extension over csrc/ (layer 0).  Other
+# modules cimport the types from _buffer.pxd and reach the pools' C code
+# through them (or through fb_localpool_t's ops), never by linking csrc again.
 # Compiler directives are set once, in setup.py.
 
 cimport cython
@@ -13,7 +15,14 @@ from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, u
 from libc.stdint cimport INT64_MAX
 from libc.string cimport memmove, memcmp
 
-from flinkbuf._csrc cimport *
+from flinkbuf.capi cimport write_unraisable
+from flinkbuf.checks cimport as_int32
+from flinkbuf.csrc.arena cimport fb_aligned_alloc, fb_aligned_free, fb_is_pow2
+from flinkbuf.csrc.byteorder cimport *
+from flinkbuf.csrc.clock cimport FB_WAIT_FOREVER, FB_WAIT_SLICE, fb_deadline_after, fb_monotonic_ns
+from flinkbuf.csrc.pool cimport *
+from flinkbuf.csrc.redistribution cimport fb_redistribute
+from flinkbuf.csrc.status cimport *
 
 import enum
 import resource
@@ -95,20 +104,8 @@ cdef extern from *:
         PyErr_WriteUnraisable(listener);
         return 0;
     }
-
-    /* Report the exception being handled to sys.unraisablehook: a Cython
-     * except clause has taken it off the error indicator, where
-     * PyErr_WriteUnraisable looks for it. */
-    static void fb_write_unraisable_handled(PyObject *obj)
-    {
-        PyObject *type, *value, *tb;
-        PyErr_GetExcInfo(&type, &value, &tb);
-        PyErr_Restore(type, value, tb);
-        PyErr_WriteUnraisable(obj);
-    }
     """
     int fb_call_listener(object listener, object pool) except -1
-    void fb_write_unraisable_handled(object obj)
 
 
 include "memory_segment.pyx"
@@ -147,39 +144,11 @@ def redistribute(available, pools):
     try:
         for i in range(n):
             mn, mx = spec[i]
-            arr[i] = _as_count(mn, "min_buffers", 0)
-            arr[n + i] = FB_UNBOUNDED if mx is None else _as_count(mx, "max_buffers", 0)
+            arr[i] = as_int32(mn, "min_buffers", 0)
+            arr[n + i] = FB_UNBOUNDED if mx is None else as_int32(mx, "max_buffers", 0)
             if arr[n + i] < arr[i]:
                 raise ValueError(f"pool {i}: max_buffers {mx} < min_buffers {mn}")
         fb_redistribute(avail, <size_t>n, arr, arr + n, arr + 2 * n)
         return [arr[2 * n + i] for i in range(n)]
     finally:
         PyMem_Free(arr)
-
-
-def _set_ref_count(Buffer buffer not None, Py_ssize_t count):
-    """Tests only: set a live buffer's reference count (>= 1), to reach the
-    limits without 2**63 calls to retain()."""
-    buffer._check()
-    if count < 1:
-        raise ValueError(f"count must be >= 1, got {count}")
-    buffer._refcnt = count
-
-
-def _c_request_recycle_loop(LocalBufferPool pool not None, Py_ssize_t iterations):
-    """Benchmark: request+recycle pairs in C without the GIL; ns per pair."""
-    cdef int32_t index
-    cdef Py_ssize_t i
-    cdef int64_t t0, t1
-    cdef int rc = FB_OK
-    with nogil:
-        t0 = fb_monotonic_ns()
-        for i in range(iterations):
-            rc = fb_localpool_request(&pool._c, FB_NO_CHANNEL, &index)
-            if rc != FB_OK:
-                break
-            fb_localpool_recycle(&pool._c, index)
-        t1 = fb_monotonic_ns()
-    if rc != FB_OK:
-        raise RuntimeError("pool had no buffer for the benchmark loop")
-    return (t1 - t0) / <double>(iterations if iterations > 0 else 1)

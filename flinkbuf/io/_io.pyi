@@ -1,4 +1,4 @@
-"""Type stubs for flinkbuf._io, layer 3: partitions, writers and selectors, input gates, events."""
+"""Type stubs for flinkbuf.io._io, layer 3: partitions, writers and selectors, input gates, events."""
 
 from collections.abc import Callable, Iterable
 from types import TracebackType
@@ -7,7 +7,7 @@ from typing import Any, Literal, NoReturn, SupportsIndex, final
 from typing_extensions import Buffer as _BufferProtocol
 from typing_extensions import Self, TypeAlias, disjoint_base
 
-from flinkbuf._core import Buffer, LocalBufferPool
+from flinkbuf.buffer._buffer import Buffer, LocalBufferPool
 from flinkbuf._serialization import _Codec
 
 # What java_hash_code (and so HashSelector) can hash deterministically: None,

@@ -1,6 +1,5 @@
 # InputGate and its input channels.  Included by _io.pyx.
 
-cdef double _GATE_SLICE = 0.1    # waits wake this often to look at signals
 
 
 cdef class InputChannel:
@@ -34,7 +33,7 @@ cdef class InputChannel:
         raise NotImplementedError
 
     cdef int _poll(self, fb_item_t *out) except -1:
-        """Take the next item: FB_X_OK, FB_X_EMPTY, FB_X_FAILED or FB_X_RELEASED."""
+        """Take the next item: FB_OK, FB_EMPTY, FB_EFAILED or FB_ERELEASED."""
         raise NotImplementedError
 
     cdef int _release(self, InputGate gate) except -1:
@@ -84,7 +83,7 @@ cdef class LocalInputChannel(InputChannel):
             raise ValueError("channel is not initialised")
         if self._index >= 0:
             raise ValueError("the channel already belongs to an input gate")
-        if fb_subpart_connect(&self._sp._c, &gate._c, index) != FB_X_OK:
+        if fb_subpart_connect(&self._sp._c, &gate._c, index) != FB_OK:
             raise ValueError(f"subpartition {self._subpartition} of "
                              f"{self._partition._describe()} already has a consumer "
                              "or was released")
@@ -177,7 +176,7 @@ cdef class InputGate:
         cdef int32_t n = <int32_t>len(chans)
         cdef list deserializers = [RecordDeserializer(codec=codec, max_record_size=max_record_size)
                                    for _ in range(n)]
-        if fb_gate_init(&self._c, n) != FB_X_OK:
+        if fb_gate_init(&self._c, n) != FB_OK:
             raise MemoryError()
         self._initialized = True
         self._n = n
@@ -209,7 +208,7 @@ cdef class InputGate:
         try:
             self._release_channels()
         except BaseException:
-            PyErr_WriteUnraisable(self)
+            write_unraisable(self)
         fb_gate_free(&self._c)
         self._initialized = False
 
@@ -334,33 +333,33 @@ cdef class InputGate:
         try:
             while True:
                 rc = fb_gate_wait(&self._c, 0, &ch)          # a try, no waiting
-                if rc == FB_X_TIMEDOUT:
+                if rc == FB_ETIMEDOUT:
                     if t0 == 0:
                         t0 = fb_monotonic_ns()
                         self._idle_since = t0
-                    deadline = fb_deadline_after(_GATE_SLICE)
+                    deadline = fb_deadline_after(FB_WAIT_SLICE)
                     with nogil:
                         rc = fb_gate_wait(&self._c, deadline, &ch)
-                    if rc == FB_X_TIMEDOUT:
+                    if rc == FB_ETIMEDOUT:
                         PyErr_CheckSignals()
                         continue
-                if rc == FB_X_CLOSED or self._closed:
+                if rc == FB_ECLOSED or self._closed:
                     raise ValueError("input gate is closed")
                 chan = <InputChannel>self._channels[ch]
                 rc = chan._poll(item)
-                if rc == FB_X_OK:
+                if rc == FB_OK:
                     channel[0] = ch
                     return 0
-                if rc == FB_X_EMPTY:
+                if rc == FB_EMPTY:
                     continue
-                if rc == FB_X_FAILED:
+                if rc == FB_EFAILED:
                     cause = chan._failure()
                     err = ProducerFailedError(f"the producer of input channel {ch} failed: "
                                               f"{cause!r}")
                     err.__cause__ = cause
                     self._error = err
                     raise err
-                if rc == FB_X_RELEASED:
+                if rc == FB_ERELEASED:
                     if self._finished[ch]:
                         continue
                     err = PartitionReleasedError(

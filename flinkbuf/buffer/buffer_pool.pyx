@@ -1,19 +1,8 @@
-# NetworkBufferPool and LocalBufferPool.  Included by _core.pyx.
+# NetworkBufferPool and LocalBufferPool.  Included by _buffer.pyx.
 
-cdef int32_t _MAX_INT32 = 2147483647
 # Passed by create_buffer_pool() alone: a LocalBufferPool made any other way
 # would have no network pool under its C struct (net is NULL).
 cdef object _POOL_TOKEN = object()
-cdef double _WAIT_SLICE = 0.05   # blocking waits wake this often to check signals
-
-
-cdef int32_t _as_count(object value, str name, int32_t minimum) except? -1:
-    """A Python int in [minimum, 2**31 - 1] (bools refused)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum or value > _MAX_INT32:
-        raise ValueError(f"{name} must be in [{minimum}, {_MAX_INT32}], got {value}")
-    return <int32_t>value
 
 
 cdef double _as_timeout(object timeout) except? -2.0:
@@ -43,7 +32,7 @@ cdef int _wait_in_slices(int (*step)(void *, int64_t) noexcept nogil, void *arg,
     cdef int64_t slice_end
     cdef int rc
     while True:
-        slice_end = fb_deadline_after(_WAIT_SLICE)
+        slice_end = fb_deadline_after(FB_WAIT_SLICE)
         if slice_end > deadline:
             slice_end = deadline
         with nogil:
@@ -115,8 +104,8 @@ cdef class NetworkBufferPool:
     def __init__(self, num_segments, segment_size, alignment=None):
         if self._initialized:
             raise RuntimeError("NetworkBufferPool is already initialised")
-        cdef int32_t n = _as_count(num_segments, "num_segments", 1)
-        cdef int32_t size = _as_count(segment_size, "segment_size", 1)
+        cdef int32_t n = as_int32(num_segments, "num_segments", 1)
+        cdef int32_t size = as_int32(segment_size, "segment_size", 1)
         if alignment is None:
             alignment = _default_alignment()
         if isinstance(alignment, bool) or not isinstance(alignment, int):
@@ -164,7 +153,7 @@ cdef class NetworkBufferPool:
                     if interrupt is None:
                         interrupt = e
                     else:
-                        fb_write_unraisable_handled(listener)
+                        write_unraisable(listener)
         if interrupt is not None:
             raise interrupt
         return 0
@@ -231,18 +220,18 @@ cdef class NetworkBufferPool:
         pool beyond the pool size.  Raises :class:`InsufficientBuffersError`
         if the required buffers of all pools would exceed the total."""
         self._check_live()
-        cdef int32_t mn = _as_count(min_buffers, "min_buffers", 1)
+        cdef int32_t mn = as_int32(min_buffers, "min_buffers", 1)
         cdef int32_t mx = FB_UNBOUNDED if max_buffers is None else \
-            _as_count(max_buffers, "max_buffers", 1)
+            as_int32(max_buffers, "max_buffers", 1)
         if mx < mn:
             raise ValueError(f"max_buffers ({max_buffers}) must be >= min_buffers ({mn})")
-        cdef int32_t nsub = _as_count(num_subpartitions, "num_subpartitions", 0)
+        cdef int32_t nsub = as_int32(num_subpartitions, "num_subpartitions", 0)
         cdef int32_t per_channel = FB_UNBOUNDED
         if max_buffers_per_channel is not None:
             if nsub == 0:
                 raise ValueError("max_buffers_per_channel needs num_subpartitions > 0")
-            per_channel = _as_count(max_buffers_per_channel, "max_buffers_per_channel", 1)
-        cdef int32_t overdraft = _as_count(max_overdraft_buffers, "max_overdraft_buffers", 0)
+            per_channel = as_int32(max_buffers_per_channel, "max_buffers_per_channel", 1)
+        cdef int32_t overdraft = as_int32(max_overdraft_buffers, "max_overdraft_buffers", 0)
         cdef LocalBufferPool pool = LocalBufferPool.__new__(LocalBufferPool, _POOL_TOKEN)
         pool._nbp = self
         cdef int rc = fb_localpool_create(&self._c, &pool._c, mn, mx, nsub, per_channel,
@@ -270,7 +259,7 @@ cdef class NetworkBufferPool:
         :class:`BufferRequestTimeoutError` after ``timeout`` seconds
         (``None``: forever).  Return them with :meth:`recycle_unpooled_segments`."""
         self._check_live()
-        cdef int32_t n = _as_count(num_segments, "num_segments", 1)
+        cdef int32_t n = as_int32(num_segments, "num_segments", 1)
         cdef double t = _as_timeout(timeout)
         if n > self._c.num_segments:
             raise InsufficientBuffersError(
@@ -359,10 +348,10 @@ cdef class NetworkBufferPool:
             self._dispatch_listeners()
         return out
 
-    def _redistribute(self):
-        """Run one redistribution (benchmarks)."""
+    cdef int _redistribute_now(self) except -1:
         self._check_live()
         fb_netpool_redistribute(&self._c)
+        return 0
 
     def __enter__(self):
         return self
@@ -475,7 +464,7 @@ cdef class LocalBufferPool:
         ``min_buffers`` plus the segments no pool or unpooled request
         requires); shrinking is lazy.  The next redistribution sets the size
         again.  ``ValueError`` below ``min_buffers``."""
-        cdef int32_t n = _as_count(num_buffers, "num_buffers", 0)
+        cdef int32_t n = as_int32(num_buffers, "num_buffers", 0)
         cdef int rc = fb_localpool_set_num_buffers(&self._c, n)
         if rc == FB_EINVAL:
             raise ValueError(f"buffer pool needs at least {self._c.min_buffers} buffers, "

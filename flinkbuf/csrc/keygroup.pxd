@@ -1,0 +1,11 @@
+# csrc/keygroup.h: Flink's key groups and Java's hashCode()s.
+from libc.stdint cimport int32_t, int64_t
+
+cdef extern from "keygroup.h" nogil:
+    int32_t fb_murmur_hash(int32_t code)
+    int32_t fb_key_group(int32_t hash_code, int32_t max_parallelism)
+    int32_t fb_operator_index(int32_t key_group, int32_t parallelism, int32_t max_parallelism)
+    int32_t fb_java_long_hash(int64_t v)
+    int32_t fb_java_double_hash(double v)
+    int32_t fb_java_bytes_hash(const unsigned char *p, size_t n)
+    int32_t fb_java_string_hash(const void *data, int width, size_t len)

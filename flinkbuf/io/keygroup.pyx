@@ -1,0 +1,176 @@
+# Java's hashCode() of Python keys and Flink's key-group assignment (what
+# HashSelector routes by).  Included by _io.pyx.
+
+cdef int32_t _java_int(object v) except? -1:
+    """A Python int's hash as Java would compute it for the narrowest type
+    that holds it: Integer (the value), Long, else BigInteger."""
+    cdef int overflow = 0
+    cdef long long x = PyLong_AsLongLongAndOverflow(v, &overflow)
+    if overflow == 0:
+        if -2147483648 <= x <= 2147483647:
+            return <int32_t>x
+        return fb_java_long_hash(<int64_t>x)
+    # BigInteger.hashCode: 31-polynomial over the magnitude's 32-bit words
+    # (most significant first), times the sign, in int arithmetic.
+    cdef object mag = -v if v < 0 else v
+    cdef list words = []
+    while mag:
+        words.append(mag & 0xffffffff)
+        mag >>= 32
+    cdef uint32_t h = 0
+    cdef object w
+    for w in reversed(words):
+        h = 31u * h + <uint32_t>(<unsigned long long>w)
+    if v < 0:
+        h = 0u - h
+    return <int32_t>h
+
+
+cdef int _KEY_MAX_DEPTH = 100     # containers in a key, as the typed codec allows
+
+
+cdef int _java_hash(object key, int32_t *out, int depth) except -1:
+    """``key``'s hash code as Java computes it for the matching type.
+    ``depth``: containers around ``key``; a key nested deeper than the
+    typed codec allows (or a list that holds itself) raises ValueError
+    instead of recursing off the C stack."""
+    cdef type t = type(key)
+    cdef Py_buffer view
+    cdef uint32_t h
+    cdef int32_t item
+    cdef object element
+    cdef Py_ssize_t i, n
+    if t is int:
+        out[0] = _java_int(key)
+    elif t is str:
+        out[0] = fb_java_string_hash(PyUnicode_DATA(key), PyUnicode_KIND(key),
+                                     <size_t>PyUnicode_GET_LENGTH(key))
+    elif key is None:
+        out[0] = 0
+    elif t is bool:
+        out[0] = 1231 if key else 1237
+    elif isinstance(key, float):
+        out[0] = fb_java_double_hash(<double>key)
+    elif isinstance(key, tuple):
+        # Flink's TupleN.hashCode: f0's hash, then 31 * h + each next field's.
+        if depth >= _KEY_MAX_DEPTH:
+            _key_too_deep()
+        n = len(<tuple>key)
+        h = 0
+        for i in range(n):
+            element = (<tuple>key)[i]
+            _java_hash(element, &item, depth + 1)
+            h = (31u * h + <uint32_t>item) if i else <uint32_t>item
+        out[0] = <int32_t>h
+    elif isinstance(key, list):
+        # java.util.List.hashCode
+        if depth >= _KEY_MAX_DEPTH:
+            _key_too_deep()
+        h = 1
+        for element in <list>key:
+            _java_hash(element, &item, depth + 1)
+            h = 31u * h + <uint32_t>item
+        out[0] = <int32_t>h
+    elif isinstance(key, int):     # int subclasses (bool handled above)
+        out[0] = _java_int(int(key))
+    elif isinstance(key, str):
+        out[0] = fb_java_string_hash(PyUnicode_DATA(key), PyUnicode_KIND(key),
+                                     <size_t>PyUnicode_GET_LENGTH(key))
+    elif PyIndex_Check(key):       # numpy integers and the like
+        out[0] = _java_int(operator.index(key))
+    elif PyObject_CheckBuffer(key):
+        # Arrays.hashCode(byte[]) over the raw bytes
+        PyObject_GetBuffer(key, &view, PyBUF_SIMPLE)
+        try:
+            out[0] = fb_java_bytes_hash(<const unsigned char *>view.buf, <size_t>view.len)
+        finally:
+            PyBuffer_Release(&view)
+    else:
+        raise TypeError(
+            f"cannot hash a key of type {t.__name__} deterministically; use a key "
+            "function that returns None, bool, int, float, str, bytes, or a tuple or "
+            "list of those")
+    return 0
+
+
+cdef int _key_too_deep() except -1:
+    raise ValueError(f"cannot hash keys nested deeper than {_KEY_MAX_DEPTH} levels "
+                     "(or a list that contains itself)")
+
+
+def java_hash_code(key):
+    """``key``'s hash code as Java computes ``hashCode()`` for the matching
+    type, the same in every process (unlike Python's ``hash()`` of
+    ``str``/``bytes``, which is salted per process):
+
+    * ``int`` (and numpy integers, by value): the narrowest Java type that
+      holds the value.  In ``[-2**31, 2**31)`` as ``Integer.hashCode(v) == v``;
+      elsewhere in the int64 range as ``Long.hashCode(v) ==
+      (int) (v ^ (v >>> 32))``; beyond that as ``BigInteger.hashCode()``.
+      A Flink job keyed by ``Long`` hashes small values as Long too: the two
+      agree for ``0 <= v < 2**31`` but not for negative ones
+      (``Long.hashCode(-1) == 0``).  To match ``Long`` keys exactly, key by
+      Long's hash code, which an int32 then passes through unchanged::
+
+          def long_hash(v):                       # Long.hashCode(v)
+              u = v & 0xFFFFFFFFFFFFFFFF
+              h = (u ^ (u >> 32)) & 0xFFFFFFFF
+              return h - (1 << 32) if h >= 1 << 31 else h
+
+          HashSelector(key=lambda record: long_hash(record[0]))
+
+    * ``float`` as Double (``doubleToLongBits``, one NaN), ``bool`` as
+      Boolean (1231 / 1237), ``str`` as String (over UTF-16 code units),
+      bytes-like as ``Arrays.hashCode(byte[])``, ``None`` as 0;
+    * ``tuple`` as Flink's ``TupleN`` (``h = f0``, then ``31 * h + fi``) and
+      ``list`` as ``java.util.List`` (``h = 1``, then ``31 * h + e``), at
+      most 100 containers deep (ValueError beyond, as the typed codec).
+
+    Other types raise TypeError: pass a key function that returns one of
+    these."""
+    cdef int32_t h
+    _java_hash(key, &h, 0)
+    return h
+
+
+def murmur_hash(code):
+    """Flink's ``MathUtils.murmurHash`` of a 32-bit int: non-negative."""
+    return fb_murmur_hash(_as_java_int32(code))
+
+
+def key_group_for_hash(hash_code, max_parallelism=128):
+    """Flink's ``computeKeyGroupForKeyHash``: murmur(hash) % max_parallelism."""
+    return fb_key_group(_as_java_int32(hash_code),
+                        as_int32(max_parallelism, "max_parallelism", 1))
+
+
+def operator_index_for_key_group(key_group, parallelism, max_parallelism=128):
+    """Flink's ``computeOperatorIndexForKeyGroup``: key_group * parallelism // max_parallelism."""
+    cdef int32_t mp = as_int32(max_parallelism, "max_parallelism", 1)
+    cdef int32_t p = as_int32(parallelism, "parallelism", 1)
+    cdef int32_t kg = as_int32(key_group, "key_group", 0)
+    if p > mp:
+        raise ValueError(f"parallelism {p} exceeds max_parallelism {mp}")
+    if kg >= mp:
+        raise ValueError(f"key group {kg} is not in [0, {mp})")
+    return fb_operator_index(kg, p, mp)
+
+
+def assign_key_to_operator(key, parallelism, max_parallelism=128):
+    """Flink's ``KeyGroupRangeAssignment.assignKeyToParallelOperator`` for a
+    Python key hashed by :func:`java_hash_code`."""
+    cdef int32_t mp = as_int32(max_parallelism, "max_parallelism", 1)
+    cdef int32_t p = as_int32(parallelism, "parallelism", 1)
+    if p > mp:
+        raise ValueError(f"parallelism {p} exceeds max_parallelism {mp}")
+    cdef int32_t h
+    _java_hash(key, &h, 0)
+    return fb_operator_index(fb_key_group(h, mp), p, mp)
+
+
+cdef int32_t _as_java_int32(object v) except? -1:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"expected an int, got {type(v).__name__}")
+    if v < -2147483648 or v > 2147483647:
+        raise ValueError(f"{v} is not a 32-bit int")
+    return <int32_t>v
