@@ -4,6 +4,26 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* ---- items ------------------------------------------------------------ */
+
+void fb_item_dispose(fb_item_t *item)
+{
+    if (item->pool != NULL)
+        item->pool->ops->recycle(item->pool, item->index);
+    else
+        free(item->data);
+    item->data = NULL;
+    item->pool = NULL;
+}
+
+void fb_items_dispose(fb_item_t *items, int32_t n)
+{
+    int32_t k;
+    for (k = 0; k < n; k++)
+        fb_item_dispose(&items[k]);
+    free(items);
+}
+
 /* ---- gate ------------------------------------------------------------ */
 
 int fb_gate_init(fb_gate_t *g, int32_t num_channels)

@@ -1,9 +1,12 @@
 /* Local exchange between tasks: subpartition queues and input-gate readiness.
  *
  * A subpartition is a FIFO of items (finished data buffers and serialized
- * events) written by one producer thread and read by one consumer.  Items are
- * opaque pointers: the caller owns what they point to and frees whatever a
- * terminate call hands back.  A subpartition may be connected to one gate;
+ * events) written by one producer thread and read by one consumer.  An item
+ * is plain memory, no Python object: a pooled segment (returned through its
+ * pool's ops) or malloc'd bytes (freed), so that threads without the GIL (the
+ * network layer's) can send, receive and dispose of items.  Whoever takes an
+ * item out of a queue owns it and disposes of it once (fb_item_dispose);
+ * a terminate call hands back whatever was queued.  A subpartition may be connected to one gate;
  * whenever it turns non-empty it tells the gate, which keeps a FIFO of the
  * channels that have data (each at most once) so a consumer serves its
  * channels in turn and sleeps on a condition variable while none has data.
@@ -21,6 +24,7 @@
 
 #include "status.h"    /* result codes */
 #include "clock.h"     /* deadlines: fb_deadline_after, FB_WAIT_FOREVER */
+#include "pool.h"      /* fb_localpool_t: where a segment item returns (through its ops) */
 
 /* Item kinds. */
 enum { FB_ITEM_DATA = 0, FB_ITEM_EVENT = 1 };
@@ -29,10 +33,17 @@ enum { FB_ITEM_DATA = 0, FB_ITEM_EVENT = 1 };
 enum { FB_SP_LIVE = 0, FB_SP_RELEASED = 1, FB_SP_FAILED = 2 };
 
 typedef struct fb_item {
-    void *obj;
-    int32_t kind;
-    int32_t size;  /* bytes of payload, for statistics */
+    char *data;             /* the bytes */
+    fb_localpool_t *pool;   /* a pooled segment: the pool it returns to; NULL: malloc'd */
+    int32_t index;          /* the segment's number in its network pool */
+    int32_t kind;           /* FB_ITEM_DATA or FB_ITEM_EVENT */
+    int32_t size;           /* bytes at data */
 } fb_item_t;
+
+/* Give an item's memory back, once: its segment to its pool, or free(). */
+void fb_item_dispose(fb_item_t *item);
+/* Dispose of n items, then free() the array (as a terminate call returns it). */
+void fb_items_dispose(fb_item_t *items, int32_t n);
 
 typedef struct fb_gate {
     pthread_mutex_t mu;

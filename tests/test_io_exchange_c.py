@@ -30,7 +30,7 @@ TERMINATE_CHECK = textwrap.dedent(r"""
 
     static fb_item_t item(intptr_t v)
     {
-        fb_item_t it = {(void *)v, (v % 3) ? FB_ITEM_DATA : FB_ITEM_EVENT, (int32_t)v};
+        fb_item_t it = {(char *)v, NULL, 0, (v % 3) ? FB_ITEM_DATA : FB_ITEM_EVENT, (int32_t)v};
         return it;
     }
 
@@ -57,7 +57,7 @@ TERMINATE_CHECK = textwrap.dedent(r"""
                     model[tail++] = next++;
                 } else if (head < tail) {
                     CHECK(fb_subpart_poll(&sp, &got) == FB_OK);
-                    CHECK((intptr_t)got.obj == model[head++]);
+                    CHECK((intptr_t)got.data == model[head++]);
                 }
             }
         }
@@ -70,7 +70,7 @@ TERMINATE_CHECK = textwrap.dedent(r"""
         CHECK(n == tail - head);
         CHECK((n == 0) == (items == NULL));
         for (k = 0; k < n; k++) {
-            CHECK((intptr_t)items[k].obj == model[head + k]);
+            CHECK((intptr_t)items[k].data == model[head + k]);
             CHECK(items[k].kind == item(model[head + k]).kind);
             CHECK(items[k].size == (int32_t)model[head + k]);
         }

@@ -464,3 +464,80 @@ def test_stalled_consumers_bound_the_memory_of_events():
     for g in gates:
         g.close()
     nbp.destroy()
+
+
+# ---- queue items are plain memory -------------------------------------------------
+
+def test_add_buffer_takes_a_buffer_over_only_when_nothing_else_holds_it():
+    """Queued buffers are handed over as plain segments (so that threads
+    without the GIL can send and recycle them): a buffer with another
+    reference or an exported view is refused, untouched."""
+    nbp = fb.NetworkBufferPool(16, 256)
+    part = fio.create_partition(nbp, 1)
+    gate = fb.InputGate([(part, 0)])
+    pool = part.pool
+    buf = pool.request_buffer()
+    fb.RecordSerializer().serialize_record("hello")
+    ser = fb.RecordSerializer()
+    ser.serialize_record("hello")
+    ser.copy_to_buffer(buf)
+    buf.retain()
+    with pytest.raises(ValueError, match="2 references"):
+        part.add_buffer(0, buf)
+    buf.recycle()
+    view = memoryview(buf)
+    with pytest.raises(fb.ExportedBufferError):
+        part.add_buffer(0, buf)
+    view.release()
+    assert buf.ref_count == 1 and not buf.is_recycled
+    part.add_buffer(0, buf)
+    assert buf.is_recycled                 # handed over: this object is done
+    part.finish()
+    assert list(gate) == ["hello"]
+    gate.close()
+    assert pool.num_available == pool.num_requested
+    nbp.destroy()
+
+
+def test_an_event_buffer_travels_as_an_event():
+    """DataType.EVENT_BUFFER: a buffer holding an encoded event is queued
+    as an event, in order with the records."""
+    from flinkbuf.io._io import _serialize_event_for_tests as encode_event
+    nbp = fb.NetworkBufferPool(16, 256)
+    part = fio.create_partition(nbp, 1, min_buffers=4)     # nobody reads until the end
+    gate = fb.InputGate([(part, 0)])
+    writer = fb.RecordWriter(part, buffer_timeout=None)
+    writer.emit("before")
+    writer.flush()
+    buf = part.pool.request_buffer()
+    buf.write(encode_event(fb.UserEvent({"k": 1})))
+    buf.data_type = fb.DataType.EVENT_BUFFER
+    part.add_buffer(0, buf)
+    writer.emit("after")
+    writer.close()
+    assert list(gate) == ["before", fb.UserEvent({"k": 1}), "after"]
+    gate.close()
+    nbp.destroy()
+
+
+def test_a_subpartition_outliving_its_partition_gives_its_buffers_back():
+    """Queued items are plain segments: the subpartition keeps their pool
+    alive, so one held past its partition still returns them safely."""
+    _run_child("""
+        import gc, flinkbuf as fb
+        from flinkbuf import io
+        nbp = fb.NetworkBufferPool(16, 128)
+        part = io.create_partition(nbp, 2)
+        w = fb.RecordWriter(part, buffer_timeout=None)
+        for i in range(4):                  # fits the pool: nobody reads
+            w.emit(("x" * 30, i))
+        w.flush()
+        sp = part.subpartition(0)
+        assert sp.num_queued > 0
+        w.fail()
+        del w, part; gc.collect()
+        del sp; gc.collect()
+        assert nbp.num_available_segments == 16, nbp.num_available_segments
+        nbp.destroy()
+        print("survived")
+    """)

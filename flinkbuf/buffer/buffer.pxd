@@ -16,3 +16,4 @@ cdef class Buffer:
 
     cdef int _check(self) except -1
     cdef int _release(self) except -1
+    cdef int _detach(self) except -1

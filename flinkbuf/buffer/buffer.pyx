@@ -65,6 +65,25 @@ cdef class Buffer:
             self._refcnt -= 1
         return 0
 
+    cdef int _detach(self) except -1:
+        """Hand the segment over to C code (a queue), which returns it to
+        the pool itself: afterwards this object is recycled, and the segment
+        (``_pool``, ``_index``, ``_data``, read before) is the caller's.
+        Only the sole reference, with no view exported, may be detached."""
+        if self._data == NULL:
+            raise RecycledBufferError("buffer was recycled")
+        if self._refcnt != 1:
+            raise ValueError(f"a buffer with {self._refcnt} references cannot be handed over: "
+                             "whoever holds the others could still write to it")
+        if self._exports or self._seg_exports:
+            raise ExportedBufferError(
+                f"buffer has {self._exports + self._seg_exports} exported view(s); "
+                "release them before handing it over")
+        self._data = NULL
+        self._refcnt = 0
+        FB_DBG_ADD(FB_DBG_BUFFERS, -1)
+        return 0
+
     def recycle(self):
         """Drop one reference; the last returns the segment to its pool."""
         self._release()

@@ -24,3 +24,4 @@ cdef class LocalBufferPool:
     cdef Buffer _request_blocking(self, int32_t channel, double timeout)
     cdef int32_t _channel_arg(self, object channel) except? -2
     cdef fb_localpool_stats_t _stats(self)
+    cdef int _recycled_in_c(self) except -1

@@ -408,6 +408,13 @@ cdef class LocalBufferPool:
         FB_DBG_ADD(FB_DBG_BUFFERS, 1)
         return buf
 
+    cdef int _recycled_in_c(self) except -1:
+        """C code returned segments of this pool (through its ops): call
+        the listeners a Python recycle would have called."""
+        if self._nbp._listening:
+            self._nbp._dispatch_listeners()
+        return 0
+
     cdef int32_t _channel_arg(self, object channel) except? -2:
         if channel is None:
             return FB_NO_CHANNEL

@@ -1,6 +1,8 @@
 # csrc/exchange.h: subpartition queues, gate readiness, consume signals.
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 
+from flinkbuf.csrc.pool cimport fb_localpool_t
+
 cdef extern from "exchange.h" nogil:
     enum:
         FB_ITEM_DATA
@@ -10,9 +12,14 @@ cdef extern from "exchange.h" nogil:
         FB_SP_FAILED
 
     ctypedef struct fb_item_t:
-        void *obj
-        int32_t kind
+        char *data              # the bytes
+        fb_localpool_t *pool    # a pooled segment's pool, or NULL: malloc'd
+        int32_t index           # the segment's number in its network pool
+        int32_t kind            # FB_ITEM_DATA or FB_ITEM_EVENT
         int32_t size
+
+    void fb_item_dispose(fb_item_t *item)
+    void fb_items_dispose(fb_item_t *items, int32_t n)
 
     ctypedef struct fb_gate_t:
         int32_t num_channels

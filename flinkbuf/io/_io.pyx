@@ -5,6 +5,7 @@
 # one place per type (ResultPartition._raise_for_rc, the gate's _wait_item).
 
 cimport cython
+from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_CheckBuffer, PyObject_GetBuffer
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.long cimport PyLong_AsLongLongAndOverflow
@@ -14,7 +15,8 @@ from cpython.pythread cimport PyThread_get_thread_ident
 from cpython.ref cimport Py_DECREF, Py_INCREF
 from cpython.unicode cimport PyUnicode_DATA, PyUnicode_GET_LENGTH, PyUnicode_KIND
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
-from libc.stdlib cimport free
+from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy
 
 from flinkbuf.buffer._buffer cimport Buffer, LocalBufferPool
 from flinkbuf.capi cimport write_unraisable
@@ -36,6 +38,7 @@ from flinkbuf._serialization import encode as _typed_encode
 from flinkbuf.errors import (
     BufferRequestTimeoutError,
     CorruptRecordError,
+    ExportedBufferError,
     PartitionReleasedError,
     PoolDestroyedError,
     ProducerFailedError,

@@ -2,6 +2,7 @@ cdef class InputChannel:
     cdef int32_t _index         # position in its gate, -1 before connecting
     cdef int _connect(self, InputGate gate, int32_t index) except -1
     cdef int _poll(self, fb_item_t *out) except -1
+    cdef object _take(self, fb_item_t *item)
     cdef int _release(self, InputGate gate) except -1
     cdef int _disconnect(self, InputGate gate) except -1
     cdef object _failure(self)

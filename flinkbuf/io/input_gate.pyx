@@ -1,14 +1,36 @@
 # InputGate and its input channels.  Included by _io.pyx.
 
 
+cdef object _item_object(fb_item_t *item, LocalBufferPool pool):
+    """What the gate reads from an item a channel handed over, which owns
+    its memory from here on: a data item becomes a Buffer of ``pool`` (the
+    pool its segment belongs to), an event its bytes (the item's memory is
+    given back at once).  Disposes of the item if that fails."""
+    cdef Buffer buf
+    if item.kind == FB_ITEM_DATA:
+        if item.pool == NULL or pool is None or item.pool != &pool._c:
+            fb_item_dispose(item)
+            raise RuntimeError("internal error: a data item not of its channel's pool")
+        buf = pool._wrap(item.index)
+        buf._writer = item.size
+        return buf
+    try:
+        return PyBytes_FromStringAndSize(item.data, item.size)
+    finally:
+        fb_item_dispose(item)
+        if pool is not None and item.pool != NULL:
+            pool._recycled_in_c()
+
 
 cdef class InputChannel:
     """One input of an :class:`InputGate`.  Local channels read a
     subpartition of this process; remote channels (layer 4) read one over
     a connection and tell the gate when data arrived.
 
-    A channel hands its gate *items*: finished data buffers (the consumer
-    recycles them) and serialized events (bytes), in order.
+    A channel hands its gate *items* (``fb_item_t``: a pooled segment or
+    malloc'd bytes, see csrc/exchange.h), in order: finished data buffers
+    and serialized events; ``_take`` turns the item just polled into the
+    Buffer (the consumer recycles it) or the event's bytes.
 
     Abstract, and implemented in Cython: a subclass is a ``cdef class``
     that implements the C-level methods of ``input_gate.pxd`` (``_connect``,
@@ -35,6 +57,11 @@ cdef class InputChannel:
     cdef int _poll(self, fb_item_t *out) except -1:
         """Take the next item: FB_OK, FB_EMPTY, FB_EFAILED or FB_ERELEASED."""
         raise NotImplementedError
+
+    cdef object _take(self, fb_item_t *item):
+        """The object for an item just polled (see _item_object): events
+        only, unless a subclass knows the pool of its data items."""
+        return _item_object(item, None)
 
     cdef int _release(self, InputGate gate) except -1:
         return 0
@@ -92,6 +119,9 @@ cdef class LocalInputChannel(InputChannel):
 
     cdef int _poll(self, fb_item_t *out) except -1:
         return fb_subpart_poll(&self._sp._c, out)
+
+    cdef object _take(self, fb_item_t *item):
+        return _item_object(item, self._partition._pool)
 
     cdef int _release(self, InputGate gate) except -1:
         fb_subpart_disconnect(&self._sp._c, &gate._c)
@@ -278,7 +308,7 @@ cdef class InputGate:
         if self._closed or self._error is not None:
             self._check_open()
         self._wait_item(&ch, &item)
-        obj = _take_item_object(&item)
+        obj = (<InputChannel>self._channels[ch])._take(&item)
         des_obj = self._deserializers[ch]
         if des_obj is None:             # closed by another thread meanwhile
             if item.kind == FB_ITEM_DATA:

@@ -484,9 +484,8 @@ record is written or emit raises."""
             buf._release()
             return 0
         cdef ResultSubpartition sp = <ResultSubpartition>self._subparts[channel]
-        cdef int rc = sp._add(buf, FB_ITEM_DATA, size, False)
+        cdef int rc = sp._add_buffer(buf, FB_ITEM_DATA, False)    # buf is gone either way
         if rc != FB_OK:
-            buf._release()
             if rc == FB_ERELEASED:
                 return 1
             self._partition._raise_for_rc(rc, channel)

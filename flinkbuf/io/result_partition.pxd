@@ -14,7 +14,9 @@ cdef class ResultSubpartition:
     cdef _ConsumeSignal _signal
     cdef object __weakref__
 
-    cdef int _add(self, object obj, int32_t kind, int32_t size, bint last) except -1
+    cdef LocalBufferPool _pool  # where queued segments return: alive while they are queued
+    cdef int _add_buffer(self, Buffer buf, int32_t kind, bint last) except -1
+    cdef int _add_bytes(self, bytes payload, bint last) except -1
     cdef int32_t _terminate(self, int32_t state) except -1
 
 

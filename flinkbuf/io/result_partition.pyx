@@ -7,36 +7,6 @@ cdef enum:
     _P_RELEASED = 3
 
 
-cdef inline object _take_item_object(fb_item_t *item):
-    """The object a queue item owned, with the queue's reference moved to the caller."""
-    cdef object obj = <object>item.obj   # +1
-    Py_DECREF(obj)                       # the queue's reference
-    item.obj = NULL
-    return obj
-
-
-cdef int _dispose_items(fb_item_t *items, int32_t n) except -1:
-    """Recycle the buffers of terminated queue items; frees the array."""
-    cdef int32_t k
-    cdef object obj
-    cdef object first_error = None
-    try:
-        for k in range(n):
-            obj = _take_item_object(&items[k])
-            if items[k].kind == FB_ITEM_DATA:
-                try:
-                    (<Buffer>obj)._release()
-                except BaseException as exc:   # keep going: recycle the rest
-                    if first_error is None:
-                        first_error = exc
-            obj = None
-    finally:
-        free(items)
-    if first_error is not None:
-        raise first_error
-    return 0
-
-
 @cython.final
 @cython.no_gc_clear
 cdef class _ConsumeSignal:
@@ -70,38 +40,59 @@ cdef class ResultSubpartition:
         raise TypeError("subpartitions are made by ResultPartition")
 
     def __dealloc__(self):
-        cdef fb_item_t *items = NULL
-        cdef int32_t n
         if not self._initialized:
             return
-        n = fb_subpart_terminate(&self._c, FB_SP_RELEASED, &items)
-        if n > 0:
-            try:
-                _dispose_items(items, n)
-            except BaseException:
-                write_unraisable(self)
+        try:
+            self._terminate(FB_SP_RELEASED)     # _pool is still referenced here
+        except BaseException:
+            write_unraisable(self)
         fb_subpart_free(&self._c)
         self._initialized = False
 
-    cdef int _add(self, object obj, int32_t kind, int32_t size, bint last) except -1:
-        """Queue ``obj`` (the queue takes a reference); the C result code."""
+    cdef int _add_buffer(self, Buffer buf, int32_t kind, bint last) except -1:
+        """Hand ``buf`` (of the partition's pool, its sole reference) to the
+        queue as an item; the C result code.  The buffer is gone either way:
+        queued, or recycled when the queue refuses it."""
         cdef fb_item_t item
-        item.obj = <void *>obj
+        item.pool = &buf._pool._c
+        item.index = buf._index
+        item.data = buf._data
+        item.size = <int32_t>buf._writer
         item.kind = kind
-        item.size = size
-        Py_INCREF(obj)
+        buf._detach()
         cdef int rc = fb_subpart_add(&self._c, item, last)
         if rc != FB_OK:
-            Py_DECREF(obj)
+            fb_item_dispose(&item)
+            self._pool._recycled_in_c()
+        return rc
+
+    cdef int _add_bytes(self, bytes payload, bint last) except -1:
+        """Queue a copy of an event's bytes; the C result code."""
+        cdef fb_item_t item
+        cdef Py_ssize_t n = len(payload)
+        item.data = <char *>malloc(n if n else 1)
+        if item.data == NULL:
+            raise MemoryError()
+        memcpy(item.data, <const char *>payload, n)
+        item.pool = NULL
+        item.index = -1
+        item.kind = FB_ITEM_EVENT
+        item.size = <int32_t>n
+        cdef int rc = fb_subpart_add(&self._c, item, last)
+        if rc != FB_OK:
+            fb_item_dispose(&item)
         return rc
 
     cdef int32_t _terminate(self, int32_t state) except -1:
-        """Release or fail: recycle everything queued; the number recycled.
-        (Terminating never allocates, so __dealloc__ can always recycle.)"""
+        """Release or fail: everything queued goes back to its pool now; the
+        number of items dropped.  (Never allocates and never fails in C, so
+        __dealloc__ can always give everything back.)"""
         cdef fb_item_t *items = NULL
         cdef int32_t n = fb_subpart_terminate(&self._c, state, &items)
         if n > 0:
-            _dispose_items(items, n)
+            fb_items_dispose(items, n)
+            if self._pool is not None:
+                self._pool._recycled_in_c()
         return n
 
     @property
@@ -200,6 +191,7 @@ cdef class ResultPartition:
             sp._initialized = True
             sp._index = i
             sp._signal = self._signal
+            sp._pool = pool
             self._subpartitions.append(sp)
         self._n = n
 
@@ -237,7 +229,7 @@ cdef class ResultPartition:
         for sp in self._subpartitions:
             if not last:
                 self._await_event_room(sp, writer)
-            rc = sp._add(payload, FB_ITEM_EVENT, len(payload), last)
+            rc = sp._add_bytes(payload, last)
             if rc == FB_ERELEASED:
                 continue
             self._raise_for_rc(rc, sp._index)
@@ -291,23 +283,37 @@ cdef class ResultPartition:
             raise RuntimeError(f"{self._describe()} is finished")
 
     def add_buffer(self, subpartition, Buffer buffer not None):
-        """Queue a finished data buffer for ``subpartition``; the partition
-        takes over the caller's reference (the consumer recycles it).  On
-        error the buffer is recycled and the error raised."""
+        """Queue a finished buffer for ``subpartition``; the partition takes
+        it over (the consumer recycles it).  A buffer whose ``data_type`` is
+        ``EVENT_BUFFER`` holds an encoded event and travels as one (waiting,
+        like :meth:`broadcast_event`, while the consumer holds
+        ``MAX_QUEUED_EVENTS``).  The buffer must be of this partition's pool,
+        with no other reference and no exported view (ValueError /
+        ExportedBufferError; it is left untouched).  If the partition or the
+        subpartition can no longer take it, the buffer is recycled and the
+        error raised."""
         self._check_initialised()
         cdef int32_t index = _as_subpartition(subpartition, self._n)
         if buffer._pool is not self._pool:
             raise ValueError("the buffer is not from this partition's pool")
         buffer._check()
+        if buffer._refcnt != 1:
+            raise ValueError(f"a buffer with {buffer._refcnt} references cannot be handed over: "
+                             "whoever holds the others could still write to it")
+        if buffer._exports or buffer._seg_exports:
+            raise ExportedBufferError("the buffer has exported views; release them before "
+                                      "handing it over")
+        cdef int32_t kind = FB_ITEM_EVENT if buffer._data_type == 1 else FB_ITEM_DATA
+        cdef ResultSubpartition sp = <ResultSubpartition>self._subpartitions[index]
         try:
             self._check_live()
+            if kind == FB_ITEM_EVENT:
+                self._await_event_room(sp, None)
         except BaseException:
             buffer._release()
             raise
-        cdef ResultSubpartition sp = <ResultSubpartition>self._subpartitions[index]
-        cdef int rc = sp._add(buffer, FB_ITEM_DATA, <int32_t>buffer._writer, False)
+        cdef int rc = sp._add_buffer(buffer, kind, False)
         if rc != FB_OK:
-            buffer._release()
             self._raise_for_rc(rc, index)
 
     def broadcast_event(self, event):
