@@ -77,3 +77,11 @@ clean:
 	find . \( -path ./.venv -o -path ./.git \) -prune -o -type d \( -name __pycache__ \
 	  -o -name '*.egg-info' -o -name .pytest_cache -o -name .hypothesis -o -name .benchmarks \
 	  -o -name .mypy_cache \) -prune -exec rm -rf {} +
+
+# The README's figure, docs/backpressure.png: the backpressure experiment (about
+# 25 s), copied only if its expectations held.
+FIGURE_OUT ?= build/figure
+.PHONY: figure
+figure: build
+	$(PY) -m flinkbuf experiment backpressure --out $(FIGURE_OUT) --phase-seconds 4
+	cp $(FIGURE_OUT)/backpressure.png docs/backpressure.png
