@@ -40,10 +40,13 @@ def _copy_sources(dest):
 
 
 def _env(**extra):
-    """The environment without this checkout's build switches and search
-    paths (pip's own settings stay: they may be how the index is reached)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLINKBUF_")
-           and k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV")}
+    """The environment without this checkout's build switches, search paths
+    and sanitizer runtime (the wheel is a plain release build); pip's own
+    settings stay: they may be how the index is reached."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("FLINKBUF_", "ASAN_", "UBSAN_", "LSAN_"))
+           and k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONMALLOC",
+                         "VIRTUAL_ENV", "LD_PRELOAD")}
     env.update(extra)
     return env
 
