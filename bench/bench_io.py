@@ -107,7 +107,7 @@ BATCH = 4096     # (int, int) records per numpy array
 @pytest.mark.parametrize("impl", ["flinkbuf", "queue_Queue_1000-records", "queue_Queue_1000-arrays"])
 def test_numpy_batch_1to1(benchmark, impl):
     """Arrays of records as single records: records/s counts the rows.  The
-    issue's peer is queue.Queue carrying one record per item (the int_int
+    peer compared with is queue.Queue carrying one record per item (the int_int
     records); the same queue passing whole arrays by reference is shown too."""
     rows = np.zeros((BATCH, 2), dtype=np.int64)   # one (int, int) record per row
     rows[:, 0] = np.arange(BATCH)

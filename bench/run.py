@@ -11,7 +11,7 @@ Conventions for bench/bench_*.py (pytest-benchmark):
     ratio > 1 means flinkbuf is faster);
   * ``benchmark.extra_info["ns_per_op"]`` overrides the time per op (loops
     timed inside C); ``extra_info["bytes"]`` per op adds a bandwidth column;
-  * ``benchmark.extra_info["target"]``: the issue's target, shown beside it.
+  * ``benchmark.extra_info["target"]``: the target for this entry, shown beside it.
 
 Usage: python bench/run.py [--smoke] [--repeat N] [--json FILE] [-k EXPR] [files...]
 

@@ -1,140 +1,236 @@
-"""The ``flinkbuf`` command line: ``flinkbuf demo`` and the seeds' experiments,
-``flinkbuf experiment backpressure`` and ``flinkbuf experiment slow-subpartition``."""
+"""The ``flinkbuf`` command line: ``flinkbuf demo`` and the experiments,
+``flinkbuf experiment backpressure`` and ``flinkbuf experiment slow-subpartition``.
+
+Every argument is checked before anything runs: a bad one is reported on
+one line of standard error, with exit status 2, and nothing is written.
+An experiment exits with 1 if one of its expectations does not hold.
+"""
 
 import argparse
+import re
 import sys
+
+import flinkbuf
+from flinkbuf.experiments import ExperimentArgumentError
+from flinkbuf.experiments import backpressure as _bp
+from flinkbuf.experiments import slow_subpartition as _ss
+from flinkbuf.experiments._args import MAX_SECONDS
+from flinkbuf.experiments._output import PLOT_HINT, prepare_out_dir
+
+# Parameter names of the library functions -> the options that set them.
+_OPTION_NAMES = {
+    "out_dir": "--out",
+    "phase_seconds": "--phase-seconds",
+    "interval": "--interval",
+    "full_speed": "--full-speed",
+    "full_speed_fraction": "--full-speed-fraction",
+    "segment_size": "--segment-size",
+    "buffers": "--buffers",
+    "consumer_rate": "--consumer-rate",
+    "pool_buffers": "--pool-buffers",
+    "cap": "--cap",
+    "modes": "--modes",
+}
+_DEMO_NAMES = {"phase_seconds": "--seconds", "segment_size": "--segment-size"}
+
+
+class _Parser(argparse.ArgumentParser):
+    """Errors on one line (no usage block), exit status 2.  Negative numbers
+    in any notation (``-1e3``, ``-inf``) are option values, not options, so
+    that they get the range check's message."""
+
+    _NEGATIVE_NUMBER = re.compile(
+        r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-(inf|infinity|nan)$", re.IGNORECASE)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = self._NEGATIVE_NUMBER
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {' '.join(str(message).split())} "
+                     f"(see {self.prog} --help)\n")
+
+
+def _number(text):
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+
+
+def _integer(text):
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+
+
+def _modes(text):
+    if text.strip() == "all":
+        return list(_ss.MODES)
+    return [m.strip() for m in text.split(",") if m.strip()]
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(
-        prog="flinkbuf", description="Flink's network buffers and backpressure for Python.")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    demo = sub.add_parser(
-        "demo", help="backpressure between two threads through a pool of 2 buffers")
-    demo.add_argument("--seconds", type=float, default=1.0, help="length of each phase")
-    demo.add_argument("--segment-size", type=int, default=4096)
-    demo.set_defaults(func=_run_demo)
-
-    exp = sub.add_parser("experiment", help="the seeds' experiments (CSV, JSON and PNG)")
-    which = exp.add_subparsers(dest="experiment", required=True)
-
-    bp = which.add_parser(
-        "backpressure",
-        help="the 2015 Flink blog post: a producer follows a consumer that is slowed and "
-             "released, through 2 buffers of 4096 bytes",
-        description=(
-            "One producer and one consumer task exchange records through a pool of 2 buffers "
-            "of 4096 bytes (--buffers, --segment-size). Phases of (producer, consumer) speed in "
-            "% of full speed: (60, 100) -> (60, 30) -> (100, 100) -> (100, 30) -> (100, 100); "
-            "only the blocking buffer request makes the producer follow the slowed consumer. "
-            "Every interval, a line with both tasks' throughput and the producer's backpressure "
-            "level (OK/LOW/HIGH). Full speed is measured first: a quarter of the rate of the "
-            "unthrottled pipeline, so that the tasks hold it while other processes share the "
-            "CPU (a consumer at 100 % is not slowed at all). Writes DIR/backpressure.csv (one "
-            "row per interval), .json (configuration, calibration, rows, checks) and .png; "
-            "exits with 1 if an expectation fails."))
-    bp.add_argument("--out", default="out", metavar="DIR", help="output directory (default: out)")
-    bp.add_argument("--phase-seconds", type=_positive, default=5.0, metavar="S",
-                    help="length of each of the 5 phases (default: 5)")
-    bp.add_argument("--interval", type=_positive, default=0.5, metavar="S",
-                    help="sampling interval (default: 0.5)")
-    bp.add_argument("--full-speed-fraction", type=_fraction, default=0.25, metavar="F",
-                    help="full speed = F x the unthrottled pipeline's rate (default: 0.25; "
-                         "1 = the unthrottled rate itself, which other load on the machine "
-                         "shows as noise)")
-    bp.add_argument("--full-speed", type=_positive, default=None, metavar="RECORDS_PER_S",
-                    help="full speed in records/s, instead of measuring it")
-    bp.add_argument("--segment-size", type=_positive_int, default=4096, metavar="BYTES",
-                    help="buffer size (default: 4096)")
-    bp.add_argument("--buffers", type=_positive_int, default=2, metavar="N",
-                    help="buffers of the producer's pool (default: 2)")
-    bp.add_argument("--no-plot", action="store_true", help="skip the PNG")
-    bp.set_defaults(func=_run_backpressure, parser=bp)
-
-    ss = which.add_parser(
-        "slow-subpartition",
-        help="seed 003: a blocked consumer starves its round-robin sibling through a shared "
-             "pool, unless the per-channel cap and the backlog-aware rebalance step in",
-        description="A round-robin producer feeds two consumers through one shared output "
-                    "pool; consumer 0 is blocked. Modes: unimpeded (nobody blocked: the "
-                    "reference), shared-pool (the fast consumer starves), per-channel-cap and "
-                    "backlog-aware (its throughput restored). Writes DIR/slow-subpartition.csv, "
-                    ".json and .png; exits with 1 if an expectation fails.")
-    ss.add_argument("--out", default="out", metavar="DIR", help="output directory (default: out)")
-    ss.add_argument("--phase-seconds", type=_positive, default=3.0, metavar="S",
-                    help="length of each mode's run (default: 3)")
-    ss.add_argument("--consumer-rate", type=_positive_int, default=50_000, metavar="RECORDS_PER_S",
-                    help="records/s each consumer can process (default: 50000)")
-    ss.add_argument("--pool-buffers", type=_positive_int, default=16, metavar="N",
-                    help="buffers of the shared output pool (default: 16)")
-    ss.add_argument("--cap", type=_positive_int, default=6, metavar="N",
-                    help="max buffers per subpartition in the per-channel-cap mode (default: 6)")
-    ss.add_argument("--segment-size", type=_positive_int, default=4096, metavar="BYTES",
-                    help="buffer size (default: 4096)")
-    ss.add_argument("--no-plot", action="store_true", help="skip the PNG")
-    ss.set_defaults(func=_run_slow_subpartition)
+    parser = _Parser(
+        prog="flinkbuf", description="Flink's network buffers and backpressure for Python.",
+        epilog="Bad arguments are reported on one line with exit status 2, before anything "
+               "runs; an experiment whose expectations do not hold exits with 1.")
+    parser.add_argument("--version", action="version", version=f"flinkbuf {flinkbuf.__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{demo,experiment}")
+    _add_demo(sub)
+    exp = sub.add_parser(
+        "experiment", help="the experiments (CSV, JSON and, with matplotlib, a PNG figure)",
+        description="The experiments. Each writes a CSV table and a JSON document to --out, "
+                    f"and a PNG figure when matplotlib is installed ({PLOT_HINT}).")
+    which = exp.add_subparsers(dest="experiment", required=True,
+                               metavar="{backpressure,slow-subpartition}")
+    _add_backpressure(which)
+    _add_slow_subpartition(which)
     return parser
 
 
-def _number(text, kind=float):
-    try:
-        return kind(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"must be {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+def _add_demo(sub):
+    demo = sub.add_parser(
+        "demo", help="backpressure between two threads through a pool of 2 buffers",
+        description="The buffer core alone: a producer thread fills buffers from a pool of 2 "
+                    "and a consumer thread recycles them; when the consumer slows down, the "
+                    "producer's blocking buffer request makes it follow.")
+    demo.add_argument("--seconds", type=_number, default=1.0, metavar="S",
+                      help=f"length of each of the 3 phases, in (0, {MAX_SECONDS:g}] "
+                           "(default: 1)")
+    demo.add_argument("--segment-size", type=_integer, default=4096, metavar="BYTES",
+                      help="buffer size, >= 1 (default: 4096)")
+    demo.set_defaults(func=_run_demo, parser=demo)
 
 
-def _positive(text):
-    value = _number(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
+def _add_backpressure(which):
+    bp = which.add_parser(
+        "backpressure",
+        help="Flink's 2015 backpressure experiment: a producer follows a consumer that is "
+             "slowed and released, through 2 buffers of 4096 bytes",
+        description=(
+            "Flink's 2015 backpressure experiment (the blog post \"How Apache Flink handles "
+            "backpressure\"). One producer and one consumer task exchange records through a "
+            "pool of 2 buffers of 4096 bytes (--buffers, --segment-size). Phases of "
+            "(producer, consumer) speed in % of full speed: (60, 100) -> (60, 30) -> "
+            "(100, 100) -> (100, 30) -> (100, 100); only the blocking buffer request makes "
+            "the producer follow the slowed consumer. Every interval, a line with both "
+            "tasks' throughput and the producer's backpressure level (OK/LOW/HIGH). Full "
+            "speed is measured first: a quarter of the rate of the unthrottled pipeline, so "
+            "that the tasks hold it while other processes share the CPU (a consumer at 100 % "
+            "is not slowed at all). Writes DIR/backpressure.csv (one row per interval), .json "
+            "(configuration, calibration, rows, checks) and, with matplotlib, .png; exits "
+            "with 1 if an expectation fails."))
+    bp.add_argument("--out", default="out", metavar="DIR",
+                    help="output directory, created if missing (default: out)")
+    bp.add_argument("--phase-seconds", type=_number, default=5.0, metavar="S",
+                    help=f"length of each of the 5 phases, in [--interval, {MAX_SECONDS:g}] "
+                         "(default: 5)")
+    bp.add_argument("--interval", type=_number, default=0.5, metavar="S",
+                    help=f"sampling interval, in [{_bp.MIN_INTERVAL:g}, --phase-seconds] "
+                         "(default: 0.5)")
+    bp.add_argument("--full-speed-fraction", type=_number, default=0.25, metavar="F",
+                    help=f"full speed = F x the unthrottled pipeline's rate, F in "
+                         f"[{_bp.MIN_FULL_SPEED_FRACTION:g}, 1] (default: 0.25; 1 = the "
+                         "unthrottled rate itself, which other load on the machine shows as "
+                         "noise)")
+    bp.add_argument("--full-speed", type=_number, default=None, metavar="RECORDS_PER_S",
+                    help="full speed in records/s, instead of measuring it; at least "
+                         f"{_bp.min_full_speed(0.5):,} with intervals of 0.5 s (a batch of "
+                         f"{_bp._BATCH} records per interval at 30 %%)")
+    bp.add_argument("--segment-size", type=_integer, default=4096, metavar="BYTES",
+                    help="buffer size, >= 1 (default: 4096)")
+    bp.add_argument("--buffers", type=_integer, default=2, metavar="N",
+                    help=f"buffers of the producer's pool, >= {_bp.MIN_BUFFERS}: one being "
+                         "filled, one in flight (default: 2)")
+    bp.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    bp.set_defaults(func=_run_backpressure, parser=bp)
 
 
-def _positive_int(text):
-    value = _number(text, int)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
-    return value
-
-
-def _fraction(text):
-    value = _number(text)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
-    return value
+def _add_slow_subpartition(which):
+    ss = which.add_parser(
+        "slow-subpartition",
+        help="one slow subpartition: a blocked consumer starves its round-robin sibling "
+             "through a shared pool, unless the backlog-aware rebalance steps in",
+        description=(
+            "A producer feeds two consumers through one shared output pool; consumer 0 is "
+            "blocked. Modes (--modes): unimpeded (round robin, nobody blocked: the "
+            "reference); shared-pool (round robin: the fast consumer starves, expected at "
+            f"most {_ss.STARVED_MAX:.0%} of the reference); per-channel-cap-only (round robin "
+            "with the per-channel cap: the blocked subpartition holds at most --cap buffers, "
+            "but round robin still waits for it, so the fast consumer still starves; not run "
+            "by default); per-channel-cap (the cap together with the backlog-aware "
+            "rebalance, which keeps the blocked subpartition under its cap: throughput "
+            f"restored, expected at least {_ss.RESTORED_MIN:.0%}); backlog-aware (the "
+            f"backlog-aware rebalance alone: restored, at least {_ss.RESTORED_MIN:.0%}). "
+            "Writes DIR/slow-subpartition.csv, .json and, with matplotlib, .png; exits with "
+            "1 if an expectation fails."))
+    ss.add_argument("--out", default="out", metavar="DIR",
+                    help="output directory, created if missing (default: out)")
+    ss.add_argument("--phase-seconds", type=_number, default=3.0, metavar="S",
+                    help=f"length of each mode's run, in (0, {MAX_SECONDS:g}] (default: 3)")
+    ss.add_argument("--consumer-rate", type=_integer, default=50_000, metavar="RECORDS_PER_S",
+                    help=f"records/s each consumer can process, at most "
+                         f"{_ss.MAX_CONSUMER_RATE:,}, and at least {_ss._BATCH} (more for "
+                         f"runs under 1.5 s: a batch of {_ss._BATCH} records must fit the "
+                         "measured part of each run) (default: 50000)")
+    ss.add_argument("--pool-buffers", type=_integer, default=16, metavar="N",
+                    help=f"buffers of the shared output pool, >= {_ss.MIN_POOL_BUFFERS} "
+                         "(default: 16)")
+    ss.add_argument("--cap", type=_integer, default=6, metavar="N",
+                    help="max buffers per subpartition in the per-channel-cap modes, in "
+                         "[1, --pool-buffers] (default: 6)")
+    ss.add_argument("--segment-size", type=_integer, default=4096, metavar="BYTES",
+                    help="buffer size, >= 1 (default: 4096)")
+    ss.add_argument("--modes", type=_modes, default=list(_ss.DEFAULT_MODES), metavar="LIST",
+                    help=f"comma-separated modes to run, in order, or 'all' "
+                         f"({','.join(_ss.MODES)}); default: {','.join(_ss.DEFAULT_MODES)}")
+    ss.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    ss.set_defaults(func=_run_slow_subpartition, parser=ss)
 
 
 def _run_demo(args):
-    from flinkbuf.demo import run_demo
+    from flinkbuf.demo import check_arguments, run_demo
+    check_arguments(args.seconds, args.segment_size, names=_DEMO_NAMES)
     run_demo(phase_seconds=args.seconds, segment_size=args.segment_size)
     return 0
 
 
 def _run_backpressure(args):
-    from flinkbuf.experiments import run_backpressure
-    if args.phase_seconds < args.interval:
-        args.parser.error(f"--phase-seconds ({args.phase_seconds:g}) must be at least "
-                          f"--interval ({args.interval:g})")
-    doc = run_backpressure(args.out, args.phase_seconds, interval=args.interval,
-                           segment_size=args.segment_size, buffers=args.buffers,
-                           full_speed=args.full_speed,
-                           full_speed_fraction=args.full_speed_fraction, plot=not args.no_plot)
+    _bp.check_arguments(args.phase_seconds, args.interval, _bp.DEFAULT_SCHEDULE,
+                        args.segment_size, args.buffers, args.full_speed,
+                        args.full_speed_fraction, names=_OPTION_NAMES)
+    prepare_out_dir(args.out, _bp.OUTPUT_FILES, names=_OPTION_NAMES)
+    doc = _bp.run_backpressure(args.out, args.phase_seconds, interval=args.interval,
+                               segment_size=args.segment_size, buffers=args.buffers,
+                               full_speed=args.full_speed,
+                               full_speed_fraction=args.full_speed_fraction,
+                               plot=not args.no_plot)
     return 0 if doc["checks"]["passed"] else 1
 
 
 def _run_slow_subpartition(args):
-    from flinkbuf.experiments import run_slow_subpartition
-    doc = run_slow_subpartition(args.out, args.phase_seconds, consumer_rate=args.consumer_rate,
-                                pool_buffers=args.pool_buffers, cap=args.cap,
-                                segment_size=args.segment_size, plot=not args.no_plot)
+    _ss.check_arguments(args.phase_seconds, args.consumer_rate, args.segment_size,
+                        args.pool_buffers, args.cap, args.modes, names=_OPTION_NAMES)
+    prepare_out_dir(args.out, _ss.OUTPUT_FILES, names=_OPTION_NAMES)
+    doc = _ss.run_slow_subpartition(args.out, args.phase_seconds,
+                                    consumer_rate=args.consumer_rate,
+                                    pool_buffers=args.pool_buffers, cap=args.cap,
+                                    segment_size=args.segment_size, modes=args.modes,
+                                    plot=not args.no_plot)
     return 0 if doc["checks"]["passed"] else 1
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except ExperimentArgumentError as exc:
+        args.parser.error(str(exc))
+    except KeyboardInterrupt:
+        print(f"{args.parser.prog}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -12,13 +12,27 @@ import threading
 import time
 
 import flinkbuf as fb
+from flinkbuf.experiments._args import check_int, check_pool_fits, check_seconds
 
+NUM_SEGMENTS = 4
 _PHASES = (("consumer at full speed", 0.0), ("consumer slowed", 200e-6),
            ("consumer released", 0.0))
 
 
+def check_arguments(phase_seconds=1.0, segment_size=4096, *, names=None):
+    """Raise :class:`~flinkbuf.experiments.ExperimentArgumentError` (a
+    ``ValueError``) unless the arguments of :func:`run_demo` are in range."""
+    check_seconds("phase_seconds", phase_seconds, names=names)
+    check_int("segment_size", segment_size, ge=1, names=names)
+    check_pool_fits(NUM_SEGMENTS, segment_size, count_param="num_segments",
+                    size_param="segment_size", names=names)
+
+
 def run_demo(phase_seconds=1.0, segment_size=4096, out=print):
-    nbp = fb.NetworkBufferPool(num_segments=4, segment_size=segment_size)
+    """Run the three phases, ``phase_seconds`` each, printing a line per
+    phase with ``out``."""
+    check_arguments(phase_seconds, segment_size)
+    nbp = fb.NetworkBufferPool(num_segments=NUM_SEGMENTS, segment_size=segment_size)
     pool = nbp.create_buffer_pool(min_buffers=2, max_buffers=2)
     handoff = collections.deque()
     ready = threading.Semaphore(0)

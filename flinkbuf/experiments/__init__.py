@@ -1,14 +1,23 @@
-"""The seeds' experiments, as library functions behind ``flinkbuf experiment``.
+"""The experiments, as library functions behind ``flinkbuf experiment``.
 
-* :func:`run_backpressure` -- the 2015 Flink blog post: a producer and a
-  consumer task exchanging records locally through 2 buffers of 4096 bytes;
-  the consumer is slowed and released twice, the producer follows.
-* :func:`run_slow_subpartition` -- seed 003: one blocked consumer of a
-  round-robin producer starves the other through a shared output pool,
-  unless the per-channel cap and the backlog-aware rebalance step in.
+* :func:`run_backpressure` -- Flink's 2015 backpressure experiment (the blog
+  post "How Apache Flink handles backpressure"): a producer and a consumer
+  task exchanging records locally through 2 buffers of 4096 bytes; the
+  consumer is slowed and released twice, the producer follows.
+* :func:`run_slow_subpartition` -- one slow subpartition: a blocked
+  consumer of a round-robin producer starves the other through a shared
+  output pool, unless the backlog-aware rebalance (alone, or with the
+  per-channel cap) steers records around it.
+
+Both check every argument before anything runs and raise
+:class:`ExperimentArgumentError` (a ``ValueError``) for one out of range.
+They write a CSV table and a JSON document, and a PNG figure when
+matplotlib is installed (``pip install 'flinkbuf[plot]'``).
 """
 
+from flinkbuf.experiments._args import ExperimentArgumentError
 from flinkbuf.experiments.backpressure import DEFAULT_SCHEDULE, run_backpressure
-from flinkbuf.experiments.slow_subpartition import MODES, run_slow_subpartition
+from flinkbuf.experiments.slow_subpartition import DEFAULT_MODES, MODES, run_slow_subpartition
 
-__all__ = ["DEFAULT_SCHEDULE", "MODES", "run_backpressure", "run_slow_subpartition"]
+__all__ = ["DEFAULT_MODES", "DEFAULT_SCHEDULE", "MODES", "ExperimentArgumentError",
+           "run_backpressure", "run_slow_subpartition"]

@@ -1,11 +1,62 @@
-"""What both experiments write: a CSV table and a JSON document."""
+"""What both experiments write: a CSV table and a JSON document, then a
+figure when matplotlib is there."""
 
 import csv
 import json
 import os
+import tempfile
+
+from flinkbuf.experiments._args import fail
 
 # How a check reads in the printed summary (None: the check did not run).
 VERDICT = {True: "yes", False: "NO", None: "n/a"}
+
+PLOT_HINT = "pip install 'flinkbuf[plot]'"
+
+
+def prepare_out_dir(out_dir, filenames, *, names=None, param="out_dir"):
+    """Make ``out_dir`` a directory that ``filenames`` can be written to,
+    creating it (and missing parents) if needed, before anything runs.
+
+    Raises :class:`ExperimentArgumentError` if it is a file, lies under a
+    file, cannot be created or written, or one of ``filenames`` in it is a
+    directory; whatever this call created is removed again then."""
+    name = (names or {}).get(param, param)
+    path = os.fspath(out_dir)
+    if not path:
+        fail(f"{name} must not be empty")
+    if os.path.exists(path) and not os.path.isdir(path):
+        fail(f"{name} {path!r} is a file, not a directory")
+    missing = []
+    parent = os.path.abspath(path)
+    while not os.path.exists(parent):
+        missing.append(parent)
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        fail(f"{name} {path!r} cannot be a directory: {parent!r} is a file")
+    created = []
+    try:
+        for d in reversed(missing):
+            os.mkdir(d)
+            created.append(d)
+        fd, probe = tempfile.mkstemp(prefix=".flinkbuf-probe-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        for d in reversed(created):
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass
+        fail(f"{name} {path!r} cannot be {'created' if missing else 'written'}: "
+             f"{exc.strerror or exc}")
+    for filename in filenames:
+        target = os.path.join(path, filename)
+        if os.path.lexists(target) and not os.path.isfile(target):
+            fail(f"{name} {path!r}: {filename} in it is not a file")
+        if os.path.isfile(target) and not os.access(target, os.W_OK):
+            fail(f"{name} {path!r}: {filename} in it cannot be written")
+    return path
 
 
 def write_table_and_doc(out_dir, name, columns, rows, doc):
@@ -18,3 +69,14 @@ def write_table_and_doc(out_dir, name, columns, rows, doc):
             w.writerow([r[c] for c in columns])
     with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
         json.dump(doc, f, indent=2)
+
+
+def load_plotting(printer):
+    """The plotting module, or None (after printing how to get the figure)
+    when matplotlib cannot be imported."""
+    try:
+        from flinkbuf.experiments import plotting
+    except ImportError:
+        printer(f"no figure: matplotlib is not installed; for the PNG, {PLOT_HINT}")
+        return None
+    return plotting

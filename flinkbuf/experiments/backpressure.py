@@ -1,4 +1,5 @@
-"""Experiment 1: the backpressure experiment of the 2015 Flink blog post.
+"""Experiment 1: Flink's 2015 backpressure experiment (the blog post "How
+Apache Flink handles backpressure").
 
 One producer task and one consumer task in this process exchange ``(int,
 int)`` records through a local channel; the producer's pool has 2 buffers of
@@ -32,7 +33,8 @@ when the consumer is released.
 Outputs in ``out_dir``: ``backpressure.csv`` (one row per interval:
 ``t_seconds,producer_limit_pct,consumer_limit_pct,producer_pct,consumer_pct,
 backpressure_level``), ``backpressure.json`` (configuration, calibration, the
-rows with more metrics, and the checks) and ``backpressure.png``.
+rows with more metrics, and the checks) and, with matplotlib,
+``backpressure.png``.
 """
 
 import math
@@ -43,7 +45,20 @@ import threading
 import time
 
 import flinkbuf as fb
-from flinkbuf.experiments._output import VERDICT, write_table_and_doc
+from flinkbuf.experiments._args import (
+    MAX_SECONDS,
+    check_int,
+    check_pool_fits,
+    check_real,
+    check_seconds,
+    fail,
+)
+from flinkbuf.experiments._output import (
+    VERDICT,
+    load_plotting,
+    prepare_out_dir,
+    write_table_and_doc,
+)
 from flinkbuf.experiments._throttle import Throttle
 from flinkbuf.io.metrics import TaskMetrics
 
@@ -55,6 +70,10 @@ SETTLE_SECONDS = 0.5            # ... from this long after each change
 RELEASED_MIN_PCT = 85.0         # released: each task's median interval >= 85 % of full speed
 RSS_GROWTH_MAX_MB = 50.0        # memory stays bounded: the process does not grow meanwhile
 _BATCH = 128                    # records between throttle checks
+MIN_BUFFERS = 2                 # one being filled, one in flight to the consumer
+MIN_INTERVAL = 0.05             # the window of the tasks' metrics
+MIN_FULL_SPEED_FRACTION = 0.01
+OUTPUT_FILES = ("backpressure.csv", "backpressure.json", "backpressure.png")
 
 
 def _rss_mb():
@@ -161,27 +180,53 @@ class _Pipeline:
         return leaked
 
 
-def _check_args(phase_seconds, interval, schedule, segment_size, buffers, full_speed,
-                full_speed_fraction, calibration_intervals):
-    if not interval > 0:
-        raise ValueError(f"interval must be > 0 seconds, got {interval}")
+# Argument names of run_backpressure (the command line names its options instead).
+def check_arguments(phase_seconds, interval=0.5, schedule=DEFAULT_SCHEDULE, segment_size=4096,
+                    buffers=2, full_speed=None, full_speed_fraction=0.25,
+                    calibration_intervals=4, *, names=None):
+    """Raise :class:`ExperimentArgumentError` (a ``ValueError``) unless every
+    argument of :func:`run_backpressure` is in range; ``names`` maps
+    parameter names to the names to report (say, command-line options)."""
+    n = (names or {}).get
+    check_real("interval", interval, ge=MIN_INTERVAL, le=MAX_SECONDS, names=names,
+               why_low=f" (the task metrics average over {MIN_INTERVAL:g} s)")
+    check_seconds("phase_seconds", phase_seconds, names=names)
     if not phase_seconds >= interval:
-        raise ValueError(f"phase_seconds ({phase_seconds}) must be >= interval ({interval})")
+        fail(f"{n('phase_seconds', 'phase_seconds')} ({phase_seconds:g}) must be >= "
+             f"{n('interval', 'interval')} ({interval:g}): each phase must be at least "
+             f"{n('interval', 'interval')} long")
     if not schedule:
-        raise ValueError("schedule must have at least one phase")
+        fail("schedule must have at least one phase")
     for phase in schedule:
-        if len(phase) != 2 or not all(isinstance(p, (int, float)) and p > 0 for p in phase):
-            raise ValueError("schedule phases must be (producer %, consumer %) pairs of "
-                             f"numbers > 0, got {phase!r}")
-    if segment_size < 1 or buffers < 1:
-        raise ValueError(f"need segment_size >= 1 and buffers >= 1, got {segment_size} "
-                         f"and {buffers}")
-    if full_speed is not None and not full_speed > 0:
-        raise ValueError(f"full_speed must be > 0 records/s, got {full_speed}")
-    if not 0 < full_speed_fraction <= 1:
-        raise ValueError(f"full_speed_fraction must be in (0, 1], got {full_speed_fraction}")
-    if calibration_intervals < 1:
-        raise ValueError(f"calibration_intervals must be >= 1, got {calibration_intervals}")
+        if (not isinstance(phase, (tuple, list)) or len(phase) != 2
+                or not all(isinstance(p, (int, float)) and not isinstance(p, bool)
+                           and math.isfinite(p) and p > 0 for p in phase)):
+            fail("schedule phases must be (producer %, consumer %) pairs of numbers > 0 "
+                 f"(finite), got {phase!r}")
+    check_int("segment_size", segment_size, ge=1, names=names)
+    check_int("buffers", buffers, ge=MIN_BUFFERS, names=names,
+              why_low=" (the producer's partition holds one buffer being filled while "
+                  "another is in flight)")
+    check_pool_fits(buffers, segment_size, count_param="buffers", size_param="segment_size",
+                    names=names)
+    lowest = min_full_speed(interval, schedule)
+    if full_speed is not None:
+        check_real("full_speed", full_speed, ge=lowest, names=names,
+                   why_low=f" (records/s: each task paces batches of {_BATCH} records, and a "
+                       "batch at the lowest limit must fit an interval)")
+    if (isinstance(full_speed_fraction, bool) or not isinstance(full_speed_fraction, (int, float))
+            or not MIN_FULL_SPEED_FRACTION <= full_speed_fraction <= 1):
+        fail(f"{n('full_speed_fraction', 'full_speed_fraction')} must be in "
+             f"[{MIN_FULL_SPEED_FRACTION:g}, 1], got {full_speed_fraction!r}")
+    check_int("calibration_intervals", calibration_intervals, ge=1, le=10_000, names=names)
+
+
+def min_full_speed(interval, schedule=DEFAULT_SCHEDULE):
+    """The lowest full speed (records/s) at which each task, at the lowest
+    limit of ``schedule``, still finishes a batch of records within an
+    interval (and within a second: shutdown waits for a batch to end)."""
+    lowest_pct = min(min(phase) for phase in schedule)
+    return math.ceil(_BATCH * 100.0 / (lowest_pct * min(interval, 1.0)))
 
 
 def run_backpressure(out_dir, phase_seconds=5.0, *, interval=0.5, schedule=DEFAULT_SCHEDULE,
@@ -191,116 +236,36 @@ def run_backpressure(out_dir, phase_seconds=5.0, *, interval=0.5, schedule=DEFAU
     """Run the experiment, write its outputs to ``out_dir`` and return the
     JSON document (a dict; ``doc["checks"]["passed"]`` says whether the
     expectations held).  ``full_speed`` (records/s) replaces the measured
-    one."""
-    _check_args(phase_seconds, interval, schedule, segment_size, buffers, full_speed,
-                full_speed_fraction, calibration_intervals)
+    one.  Every argument is checked, and ``out_dir`` made, before anything
+    runs (:class:`ExperimentArgumentError`, a ``ValueError``, otherwise).
+    Without matplotlib the figure is skipped with a line saying how to get
+    it."""
+    check_arguments(phase_seconds, interval, schedule, segment_size, buffers, full_speed,
+                    full_speed_fraction, calibration_intervals)
+    prepare_out_dir(out_dir, OUTPUT_FILES)
     ticks_per_phase = max(1, round(phase_seconds / interval))
-    os.makedirs(out_dir, exist_ok=True)
     pipe = _Pipeline(segment_size, buffers, buffer_timeout)
     pipe.start()
-    rows = []
     rss = [_rss_mb()]
     try:
-        # The unthrottled pipeline, measured like the phases, after a warm-up.
-        start = time.perf_counter()
-        pipe.wait_until(start + interval)
-        samples = []
-        prev = pipe.counts()
-        for k in range(1, calibration_intervals + 1):
-            pipe.wait_until(start + (k + 1) * interval)
-            now = pipe.counts()
-            samples.append((now[2] - prev[2]) / (now[0] - prev[0]))
-            prev = now
-        # the lower quartile by rank: one stalled or one lucky interval does not decide
-        unthrottled = sorted(samples)[len(samples) // 4]
-        if not unthrottled > 0:
-            raise RuntimeError("no records flowed through the unthrottled pipeline")
-        full_rate = float(full_speed) if full_speed else full_speed_fraction * unthrottled
-        printer(f"unthrottled pipeline: {unthrottled:,.0f} records/s (lower quartile of "
-                f"{calibration_intervals} intervals of {interval:g} s; {buffers} buffers of "
-                f"{segment_size} bytes, local exchange)")
-        if full_speed:
-            printer(f"full speed (100 %): {full_rate:,.0f} records/s, as given")
-        else:
-            printer(f"full speed (100 %): {full_rate:,.0f} records/s = {full_speed_fraction:g} "
-                    f"x unthrottled")
-        if full_rate > unthrottled:
-            printer("warning: full speed is above what the unthrottled pipeline measured; "
-                    "released tasks may not reach it")
-        printer(f"{'t [s]':>6} {'limits P/C [%]':>15} {'producer':>9} {'consumer':>9} "
-                f"{'backpressure':>12} {'bp ms/s':>8} {'outPool':>7}")
-
-        pipe.set_limits(*schedule[0], full_rate)
-        pipe.producer_metrics.snapshot()
-        pipe.consumer_metrics.snapshot()
-        start = time.perf_counter()
-        prev = pipe.counts()
-        total_ticks = ticks_per_phase * len(schedule)
-        for tick in range(1, total_ticks + 1):
-            phase = (tick - 1) // ticks_per_phase
-            limits = schedule[phase]
-            pipe.wait_until(start + tick * interval)
-            now = pipe.counts()
-            p_snap = pipe.producer_metrics.snapshot()
-            c_snap = pipe.consumer_metrics.snapshot()
-            dt = now[0] - prev[0]
-            producer_rate = (now[1] - prev[1]) / dt
-            consumer_rate = (now[2] - prev[2]) / dt
-            prev = now
-            rss.append(_rss_mb())
-            bp_ms = p_snap["backPressuredTimeMsPerSecond"]
-            row = {
-                "t_seconds": round(tick * interval, 3),
-                "producer_limit_pct": limits[0],
-                "consumer_limit_pct": limits[1],
-                "producer_pct": round(producer_rate / full_rate * 100, 2),
-                "consumer_pct": round(consumer_rate / full_rate * 100, 2),
-                "backpressure_level": p_snap["backPressureLevel"],
-                "producer_records_per_s": round(producer_rate),
-                "consumer_records_per_s": round(consumer_rate),
-                "producer_back_pressured_ms_per_s": round(bp_ms, 1),
-                "producer_busy_ms_per_s": round(p_snap["busyTimeMsPerSecond"], 1),
-                "consumer_idle_ms_per_s": round(c_snap["idleTimeMsPerSecond"], 1),
-                "consumer_busy_ms_per_s": round(c_snap["busyTimeMsPerSecond"], 1),
-                "out_pool_usage": round(p_snap["outPoolUsage"], 3),
-                "in_pool_usage": round(c_snap["inPoolUsage"], 3),
-                "rss_mb": round(rss[-1], 1),
-            }
-            rows.append(row)
-            printer(f"{row['t_seconds']:6.1f} {limits[0]:>7g}/{limits[1]:<7g} "
-                    f"{row['producer_pct']:8.1f}% {row['consumer_pct']:8.1f}% "
-                    f"{row['backpressure_level']:>12} "
-                    f"{row['producer_back_pressured_ms_per_s']:8.0f} {row['out_pool_usage']:7.2f}")
-            if tick % ticks_per_phase == 0 and tick < total_ticks:
-                pipe.set_limits(*schedule[phase + 1], full_rate)
+        unthrottled, samples = _calibrate(pipe, interval, calibration_intervals)
+        full_rate = _full_rate(unthrottled, full_speed, full_speed_fraction, interval, schedule)
+        _print_calibration(printer, unthrottled, full_rate, full_speed, full_speed_fraction,
+                           calibration_intervals, interval, buffers, segment_size)
+        rows = _run_schedule(pipe, schedule, ticks_per_phase, interval, full_rate, rss, printer)
     finally:
         leaked = pipe.shutdown()
     if pipe.errors:
         raise RuntimeError("a task of the experiment failed") from pipe.errors[0]
     checks = check_backpressure(rows, interval, ticks_per_phase)
-    checks["max_buffers_in_use"] = pipe.max_in_use
-    checks["buffers_leaked"] = leaked
-    checks["rss_growth_mb"] = round(max(rss) - rss[0], 1)
-    checks["memory_bounded"] = (pipe.max_in_use <= buffers and leaked == 0
-                                and checks["rss_growth_mb"] < RSS_GROWTH_MAX_MB)
+    checks.update(_memory_checks(pipe.max_in_use, leaked, rss, buffers))
     checks["passed"] = all(checks[k] is not False for k in (
         "tracks_consumer", "returns_to_full_speed", "memory_bounded"))
     doc = {
         "experiment": "backpressure",
-        "config": {
-            "phase_seconds": ticks_per_phase * interval,
-            "interval_seconds": interval,
-            "schedule": [list(s) for s in schedule],
-            "segment_size": segment_size,
-            "buffers_per_task": buffers,
-            "buffer_timeout": buffer_timeout,
-            "full_speed": "given" if full_speed else "fraction of unthrottled",
-            "full_speed_fraction": None if full_speed else full_speed_fraction,
-            "calibration_intervals": calibration_intervals,
-            "unthrottled_rate": "lower quartile (by rank) of the calibration intervals",
-            "record": "(int, int), typed codec",
-            "exchange": "local: the consumer reads the producer's buffers by reference",
-        },
+        "config": _config(ticks_per_phase * interval, interval, schedule, segment_size, buffers,
+                          buffer_timeout, full_speed, full_speed_fraction,
+                          calibration_intervals),
         "unthrottled_records_per_s": round(unthrottled),
         "calibration_records_per_s": [round(s) for s in samples],
         "full_speed_records_per_s": round(full_rate),
@@ -311,11 +276,148 @@ def run_backpressure(out_dir, phase_seconds=5.0, *, interval=0.5, schedule=DEFAU
         "rows": rows,
         "checks": checks,
     }
-    write_outputs(out_dir, rows, doc, plot=plot)
+    drawn = write_outputs(out_dir, rows, doc, plot=plot, printer=printer)
     _print_summary(doc, printer)
     printer(f"wrote {os.path.join(out_dir, 'backpressure.csv')}, backpressure.json"
-            + (" and backpressure.png" if plot else ""))
+            + (" and backpressure.png" if drawn else ""))
     return doc
+
+
+def _calibrate(pipe, interval, calibration_intervals):
+    """The unthrottled pipeline, measured like the phases after a one-interval
+    warm-up: (the lower quartile of the interval rates, every rate)."""
+    start = time.perf_counter()
+    pipe.wait_until(start + interval)
+    samples = []
+    prev = pipe.counts()
+    for k in range(1, calibration_intervals + 1):
+        pipe.wait_until(start + (k + 1) * interval)
+        now = pipe.counts()
+        samples.append((now[2] - prev[2]) / (now[0] - prev[0]))
+        prev = now
+    # the lower quartile by rank: one stalled or one lucky interval does not decide
+    unthrottled = sorted(samples)[len(samples) // 4]
+    if not unthrottled > 0:
+        raise RuntimeError("no records flowed through the unthrottled pipeline")
+    return unthrottled, samples
+
+
+def _full_rate(unthrottled, full_speed, full_speed_fraction, interval, schedule):
+    """Full speed in records/s: as given, or the fraction of the unthrottled
+    rate, which must still be paceable (see :func:`min_full_speed`)."""
+    if full_speed:
+        return float(full_speed)
+    full_rate = full_speed_fraction * unthrottled
+    lowest = min_full_speed(interval, schedule)
+    if full_rate < lowest:
+        fail(f"full speed would be {full_rate:,.0f} records/s ({full_speed_fraction:g} x the "
+             f"unthrottled {unthrottled:,.0f}), below the {lowest:,} records/s that intervals "
+             f"of {interval:g} s need: raise the full-speed fraction or the interval")
+    return full_rate
+
+
+def _print_calibration(printer, unthrottled, full_rate, full_speed, full_speed_fraction,
+                       calibration_intervals, interval, buffers, segment_size):
+    printer(f"unthrottled pipeline: {unthrottled:,.0f} records/s (lower quartile of "
+            f"{calibration_intervals} intervals of {interval:g} s; {buffers} buffers of "
+            f"{segment_size} bytes, local exchange)")
+    if full_speed:
+        printer(f"full speed (100 %): {full_rate:,.0f} records/s, as given")
+    else:
+        printer(f"full speed (100 %): {full_rate:,.0f} records/s = {full_speed_fraction:g} "
+                f"x unthrottled")
+    if full_rate > unthrottled:
+        printer("warning: full speed is above what the unthrottled pipeline measured; "
+                "released tasks may not reach it")
+    printer(f"{'t [s]':>6} {'limits P/C [%]':>15} {'producer':>9} {'consumer':>9} "
+            f"{'backpressure':>12} {'bp ms/s':>8} {'outPool':>7}")
+
+
+def _run_schedule(pipe, schedule, ticks_per_phase, interval, full_rate, rss, printer):
+    """Run every phase of ``schedule``, a row (and a printed line) per
+    interval; appends the process's RSS of each interval to ``rss``."""
+    pipe.set_limits(*schedule[0], full_rate)
+    pipe.producer_metrics.snapshot()
+    pipe.consumer_metrics.snapshot()
+    start = time.perf_counter()
+    prev = pipe.counts()
+    total_ticks = ticks_per_phase * len(schedule)
+    rows = []
+    for tick in range(1, total_ticks + 1):
+        phase = (tick - 1) // ticks_per_phase
+        pipe.wait_until(start + tick * interval)
+        now = pipe.counts()
+        rss.append(_rss_mb())
+        row = _interval_row(pipe, tick * interval, schedule[phase], prev, now, full_rate, rss[-1])
+        prev = now
+        rows.append(row)
+        _print_row(printer, row)
+        if tick % ticks_per_phase == 0 and tick < total_ticks:
+            pipe.set_limits(*schedule[phase + 1], full_rate)
+    return rows
+
+
+def _interval_row(pipe, t_seconds, limits, prev, now, full_rate, rss_mb):
+    """One interval's row: both tasks' rates (between the counts ``prev``
+    and ``now``) and their metrics."""
+    p_snap = pipe.producer_metrics.snapshot()
+    c_snap = pipe.consumer_metrics.snapshot()
+    dt = now[0] - prev[0]
+    producer_rate = (now[1] - prev[1]) / dt
+    consumer_rate = (now[2] - prev[2]) / dt
+    return {
+        "t_seconds": round(t_seconds, 3),
+        "producer_limit_pct": limits[0],
+        "consumer_limit_pct": limits[1],
+        "producer_pct": round(producer_rate / full_rate * 100, 2),
+        "consumer_pct": round(consumer_rate / full_rate * 100, 2),
+        "backpressure_level": p_snap["backPressureLevel"],
+        "producer_records_per_s": round(producer_rate),
+        "consumer_records_per_s": round(consumer_rate),
+        "producer_back_pressured_ms_per_s": round(p_snap["backPressuredTimeMsPerSecond"], 1),
+        "producer_busy_ms_per_s": round(p_snap["busyTimeMsPerSecond"], 1),
+        "consumer_idle_ms_per_s": round(c_snap["idleTimeMsPerSecond"], 1),
+        "consumer_busy_ms_per_s": round(c_snap["busyTimeMsPerSecond"], 1),
+        "out_pool_usage": round(p_snap["outPoolUsage"], 3),
+        "in_pool_usage": round(c_snap["inPoolUsage"], 3),
+        "rss_mb": round(rss_mb, 1),
+    }
+
+
+def _print_row(printer, row):
+    printer(f"{row['t_seconds']:6.1f} {row['producer_limit_pct']:>7g}/"
+            f"{row['consumer_limit_pct']:<7g} "
+            f"{row['producer_pct']:8.1f}% {row['consumer_pct']:8.1f}% "
+            f"{row['backpressure_level']:>12} "
+            f"{row['producer_back_pressured_ms_per_s']:8.0f} {row['out_pool_usage']:7.2f}")
+
+
+def _memory_checks(max_in_use, leaked, rss, buffers):
+    growth = round(max(rss) - rss[0], 1)
+    return {
+        "max_buffers_in_use": max_in_use,
+        "buffers_leaked": leaked,
+        "rss_growth_mb": growth,
+        "memory_bounded": max_in_use <= buffers and leaked == 0 and growth < RSS_GROWTH_MAX_MB,
+    }
+
+
+def _config(phase_seconds, interval, schedule, segment_size, buffers, buffer_timeout,
+            full_speed, full_speed_fraction, calibration_intervals):
+    return {
+        "phase_seconds": phase_seconds,
+        "interval_seconds": interval,
+        "schedule": [list(s) for s in schedule],
+        "segment_size": segment_size,
+        "buffers_per_task": buffers,
+        "buffer_timeout": buffer_timeout,
+        "full_speed": "given" if full_speed else "fraction of unthrottled",
+        "full_speed_fraction": None if full_speed else full_speed_fraction,
+        "calibration_intervals": calibration_intervals,
+        "unthrottled_rate": "lower quartile (by rank) of the calibration intervals",
+        "record": "(int, int), typed codec",
+        "exchange": "local: the consumer reads the producer's buffers by reference",
+    }
 
 
 def _print_summary(doc, printer):
@@ -379,8 +481,12 @@ def check_backpressure(rows, interval, ticks_per_phase):
     }
 
 
-def write_outputs(out_dir, rows, doc, plot=True):
+def write_outputs(out_dir, rows, doc, plot=True, printer=print):
+    """The CSV table and the JSON document, then (with ``plot``) the figure
+    if matplotlib is there.  True if the figure was drawn."""
     write_table_and_doc(out_dir, "backpressure", CSV_COLUMNS, rows, doc)
-    if plot:
-        from flinkbuf.experiments.plotting import plot_backpressure
-        plot_backpressure(rows, doc, os.path.join(out_dir, "backpressure.png"))
+    plotting = load_plotting(printer) if plot else None
+    if plotting is None:
+        return False
+    plotting.plot_backpressure(rows, doc, os.path.join(out_dir, "backpressure.png"))
+    return True

@@ -1,0 +1,242 @@
+"""The command line fails clearly: every bad argument of every subcommand is
+one line on stderr with exit status 2, before anything runs and before
+anything is written.  Each case runs ``python -m flinkbuf`` in a
+subprocess (the checks come first, so each takes a fraction of a second)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import flinkbuf
+from flinkbuf.experiments import ExperimentArgumentError, run_backpressure, run_slow_subpartition
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOO_BIG = str(2**31)          # past the C int32 of counts and sizes
+
+
+def _cli(args, cwd, *, python_args=(), timeout=120):
+    """Run ``python -m flinkbuf args`` from ``cwd`` with this checkout's package."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cmd = [sys.executable, *(python_args or ["-m", "flinkbuf"]), *args]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _tree(path):
+    return sorted(os.path.relpath(os.path.join(d, f), path)
+                  for d, dirs, files in os.walk(path) for f in dirs + files)
+
+
+def _assert_refused(args, tmp_path, message):
+    before = _tree(tmp_path)
+    proc = _cli(args, tmp_path)
+    assert proc.returncode == 2, (args, proc.returncode, proc.stdout, proc.stderr)
+    err = proc.stderr
+    assert err.endswith("\n") and err.count("\n") == 1, (args, err)   # exactly one line
+    assert "Traceback" not in err and "error:" in err, (args, err)
+    assert message in err, (args, message, err)
+    assert proc.stdout == "", (args, proc.stdout)      # nothing ran
+    assert _tree(tmp_path) == before, (args, _tree(tmp_path))   # nothing written
+    return err
+
+
+BP = ["experiment", "backpressure", "--out", "o"]
+SS = ["experiment", "slow-subpartition", "--out", "o"]
+
+BAD_ARGUMENTS = [
+    # top level
+    ([], "required"),
+    (["demos"], "invalid choice"),
+    (["demo", "--bogus"], "unrecognized arguments"),
+    (["experiment"], "required"),
+    (["experiment", "fastest"], "invalid choice"),
+    # demo
+    (["demo", "--seconds", "-1"], "--seconds must be > 0"),
+    (["demo", "--seconds", "0"], "--seconds must be > 0"),
+    (["demo", "--seconds", "inf"], "--seconds must be finite"),
+    (["demo", "--seconds", "-inf"], "--seconds must be finite"),
+    (["demo", "--seconds", "nan"], "--seconds must be finite"),
+    (["demo", "--seconds", "3601"], "--seconds must be <= 3600"),
+    (["demo", "--seconds", "one"], "must be a number"),
+    (["demo", "--segment-size", "0"], "--segment-size must be >= 1"),
+    (["demo", "--segment-size", "-4096"], "--segment-size must be >= 1"),
+    (["demo", "--segment-size", "1.5"], "must be an integer"),
+    (["demo", "--segment-size", TOO_BIG], "--segment-size must be <= 2147483647"),
+    # experiment backpressure
+    (BP + ["--phase-seconds", "inf"], "--phase-seconds must be finite"),
+    (BP + ["--phase-seconds", "nan"], "--phase-seconds must be finite"),
+    (BP + ["--phase-seconds", "0"], "--phase-seconds must be > 0"),
+    (BP + ["--phase-seconds", "-5"], "--phase-seconds must be > 0"),
+    (BP + ["--phase-seconds", "-1e3"], "--phase-seconds must be > 0"),
+    (BP + ["--phase-seconds", "-.5"], "--phase-seconds must be > 0"),
+    (BP + ["--phase-seconds", "1e9"], "--phase-seconds must be <= 3600"),
+    (BP + ["--phase-seconds", "0.2"], "must be at least --interval"),
+    (BP + ["--interval", "0"], "--interval must be >= 0.05"),
+    (BP + ["--interval", "0.01"], "--interval must be >= 0.05"),
+    (BP + ["--interval", "inf"], "--interval must be finite"),
+    (BP + ["--interval", "nan"], "--interval must be finite"),
+    (BP + ["--interval", "-0.5"], "--interval must be >= 0.05"),
+    (BP + ["--full-speed-fraction", "0"], "--full-speed-fraction must be in [0.01, 1]"),
+    (BP + ["--full-speed-fraction", "0.001"], "--full-speed-fraction must be in [0.01, 1]"),
+    (BP + ["--full-speed-fraction", "1.5"], "--full-speed-fraction must be in [0.01, 1]"),
+    (BP + ["--full-speed-fraction", "nan"], "--full-speed-fraction must be in [0.01, 1]"),
+    (BP + ["--full-speed-fraction", "inf"], "--full-speed-fraction must be in [0.01, 1]"),
+    (BP + ["--full-speed", "0"], "--full-speed must be >= 854"),
+    (BP + ["--full-speed", "-1"], "--full-speed must be >= 854"),
+    (BP + ["--full-speed", "100"], "--full-speed must be >= 854"),
+    (BP + ["--full-speed", "inf"], "--full-speed must be finite"),
+    (BP + ["--full-speed", "nan"], "--full-speed must be finite"),
+    (BP + ["--interval", "0.05", "--full-speed", "5000"], "--full-speed must be >= 8534"),
+    (BP + ["--segment-size", "0"], "--segment-size must be >= 1"),
+    (BP + ["--segment-size", TOO_BIG], "--segment-size must be <= 2147483647"),
+    (BP + ["--buffers", "1"], "--buffers must be >= 2"),
+    (BP + ["--buffers", "0"], "--buffers must be >= 2"),
+    (BP + ["--buffers", "two"], "must be an integer"),
+    (BP + ["--buffers", TOO_BIG], "--buffers must be <= 2147483647"),
+    (BP + ["--buffers", "1000", "--segment-size", "2147483647"], "memory"),
+    # experiment slow-subpartition
+    (SS + ["--phase-seconds", "inf"], "--phase-seconds must be finite"),
+    (SS + ["--phase-seconds", "nan"], "--phase-seconds must be finite"),
+    (SS + ["--phase-seconds", "-nan"], "--phase-seconds must be finite"),
+    (SS + ["--phase-seconds", "-Infinity"], "--phase-seconds must be finite"),
+    (SS + ["--phase-seconds", "0"], "--phase-seconds must be > 0"),
+    (SS + ["--phase-seconds", "-1"], "--phase-seconds must be > 0"),
+    (SS + ["--phase-seconds", "7200"], "--phase-seconds must be <= 3600"),
+    (SS + ["--consumer-rate", "0"], "--consumer-rate must be >= 64"),
+    (SS + ["--consumer-rate", "63"], "--consumer-rate must be >= 64"),
+    (SS + ["--phase-seconds", "0.1", "--consumer-rate", "800"], "--consumer-rate must be >= 854"),
+    (SS + ["--consumer-rate", str(10**9 + 1)], "--consumer-rate must be <= 1000000000"),
+    (SS + ["--consumer-rate", "1e5"], "must be an integer"),
+    (SS + ["--pool-buffers", "2"], "--pool-buffers must be >= 3"),
+    (SS + ["--pool-buffers", "0"], "--pool-buffers must be >= 3"),
+    (SS + ["--pool-buffers", TOO_BIG], "--pool-buffers must be <= 2147483647"),
+    (SS + ["--cap", "0"], "--cap must be >= 1"),
+    (SS + ["--cap", "17"], "--cap must be <= 16"),
+    (SS + ["--pool-buffers", "4", "--cap", "5"], "--cap must be <= 4"),
+    (SS + ["--segment-size", "0"], "--segment-size must be >= 1"),
+    (SS + ["--pool-buffers", "1000", "--segment-size", "2147483647"], "memory"),
+    (SS + ["--modes", "fastest"], "unknown modes ['fastest'] in --modes"),
+    (SS + ["--modes", ","], "--modes must name at least one mode"),
+    (SS + ["--modes", "unimpeded,unimpeded"], "--modes must not repeat a mode"),
+]
+
+
+@pytest.mark.parametrize("args,message", BAD_ARGUMENTS,
+                         ids=[" ".join(a) or "(none)" for a, _ in BAD_ARGUMENTS])
+def test_bad_argument_is_one_line_exit_2_and_nothing_written(tmp_path, args, message):
+    _assert_refused(args, tmp_path, message)
+
+
+@pytest.mark.parametrize("experiment", ["backpressure", "slow-subpartition"])
+def test_bad_out_directory(tmp_path, experiment):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a directory")
+    _assert_refused(["experiment", experiment, "--out", "a-file"], tmp_path,
+                    "is a file, not a directory")
+    _assert_refused(["experiment", experiment, "--out", "a-file/sub/dir"], tmp_path,
+                    "'a-file/sub/dir' cannot be a directory")
+    # an output file of the experiment that is a directory
+    (tmp_path / "o" / f"{experiment}.csv").mkdir(parents=True)
+    _assert_refused(["experiment", experiment, "--out", "o"], tmp_path, "is not a file")
+    assert a_file.read_text() == "not a directory"
+
+
+def test_out_directory_that_cannot_be_created_or_written(tmp_path):
+    # /proc refuses new directories, also to root (which ignores permission bits)
+    target = "/proc/flinkbuf-cli-test/out"
+    if not os.path.isdir("/proc") or os.path.exists(target):
+        pytest.skip("no /proc to refuse a directory")
+    err = _assert_refused(["experiment", "slow-subpartition", "--out", target], tmp_path,
+                          "cannot be created")
+    assert target in err
+    assert not os.path.exists(target)
+    # an existing directory nobody may create files in
+    _assert_refused(["experiment", "backpressure", "--out", "/proc"], tmp_path,
+                    "'/proc' cannot be written")
+
+
+def test_out_directory_that_cannot_be_written(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if os.access(locked, os.W_OK):
+            pytest.skip("running as a user who may write anywhere (root)")
+        for out in ("locked", "locked/new"):
+            _assert_refused(["experiment", "backpressure", "--out", out], tmp_path,
+                            "cannot be")
+    finally:
+        locked.chmod(0o700)
+
+
+def test_version(tmp_path):
+    proc = _cli(["--version"], tmp_path)
+    assert proc.returncode == 0 and proc.stderr == ""
+    assert proc.stdout == f"flinkbuf {flinkbuf.__version__}\n"
+
+
+@pytest.mark.parametrize("args", [[], ["demo"], ["experiment"], ["experiment", "backpressure"],
+                                  ["experiment", "slow-subpartition"]])
+def test_help_of_every_command(tmp_path, args):
+    proc = _cli([*args, "--help"], tmp_path)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert proc.stdout.startswith("usage: flinkbuf")
+    assert "seed" not in proc.stdout.lower()
+    assert _tree(tmp_path) == []
+
+
+def test_library_checks_before_anything_runs(tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(ExperimentArgumentError, match="buffers must be >= 2"):
+        run_backpressure(out, 1, buffers=1)
+    with pytest.raises(ExperimentArgumentError, match="phase_seconds must be finite"):
+        run_backpressure(out, float("inf"))
+    with pytest.raises(ExperimentArgumentError, match="pool_buffers must be >= 3"):
+        run_slow_subpartition(out, 1, pool_buffers=2)
+    with pytest.raises(ValueError, match="is a file"):
+        (tmp_path / "f").write_text("")
+        run_slow_subpartition(tmp_path / "f", 1)
+    assert not out.exists()
+
+
+_NO_MATPLOTLIB = ("import sys; sys.modules['matplotlib'] = None; "
+                  "from flinkbuf.cli import main; sys.exit(main())")
+
+
+def test_experiment_without_matplotlib_writes_the_data_and_says_how_to_get_the_figure(
+        tmp_path):
+    proc = _cli(["experiment", "slow-subpartition", "--out", "o", "--phase-seconds", "0.5",
+                 "--modes", "unimpeded,backlog-aware"], tmp_path,
+                python_args=["-c", _NO_MATPLOTLIB])
+    assert "Traceback" not in proc.stderr, proc.stderr
+    hints = [line for line in proc.stdout.splitlines() if "flinkbuf[plot]" in line]
+    assert hints == ["no figure: matplotlib is not installed; for the PNG, "
+                     "pip install 'flinkbuf[plot]'"], proc.stdout
+    assert sorted(os.listdir(tmp_path / "o")) == ["slow-subpartition.csv",
+                                                   "slow-subpartition.json"]
+    doc = json.loads((tmp_path / "o" / "slow-subpartition.json").read_text())
+    assert proc.returncode == (0 if doc["checks"]["passed"] else 1), proc.stdout
+    assert doc["checks"]["passed"], proc.stdout
+
+
+def test_per_channel_cap_only_mode_starves_the_fast_consumer_within_the_cap(tmp_path):
+    proc = _cli(["experiment", "slow-subpartition", "--out", "o", "--phase-seconds", "1",
+                 "--no-plot", "--modes", "unimpeded,per-channel-cap-only,per-channel-cap"],
+                tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads((tmp_path / "o" / "slow-subpartition.json").read_text())
+    by_mode = {r["mode"]: r for r in doc["results"]}
+    checks = doc["checks"]
+    # round robin with the cap: the blocked subpartition holds at most the cap,
+    # and the writer, waiting for it, starves the fast consumer anyway
+    assert by_mode["per-channel-cap-only"]["buffers_held_by_blocked_subpartition"] <= 6
+    assert by_mode["per-channel-cap-only"]["records_steered"] == 0
+    assert checks["per_channel_cap_only_starves"] is True
+    # the cap with the backlog-aware rebalance restores it
+    assert checks["per_channel_cap_restores"] is True
+    assert checks["cap_bounds_blocked_subpartition"] is True
+    assert checks["shared_pool_starves"] is None          # not run
+    assert not (tmp_path / "o" / "slow-subpartition.png").exists()
