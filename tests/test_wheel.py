@@ -14,7 +14,7 @@ import pytest
 pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PUBLIC_MODULES = ("flinkbuf", "flinkbuf.io", "flinkbuf.errors", "flinkbuf.metrics",
+PUBLIC_MODULES = ("flinkbuf", "flinkbuf.buffer", "flinkbuf.io", "flinkbuf.io.metrics", "flinkbuf.errors",
                   "flinkbuf.experiments")
 # Generated or local state a copy of the sources must not carry along.
 _NOT_SOURCES = shutil.ignore_patterns(
