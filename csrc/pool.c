@@ -324,7 +324,8 @@ done:
 
 /* ---- local pools ----------------------------------------------------- */
 
-static const fb_pool_ops_t fb_pool_ops = {fb_localpool_request, fb_localpool_recycle};
+static const fb_pool_ops_t fb_pool_ops = {
+    fb_localpool_request, fb_localpool_recycle, fb_localpool_set_recycle_hook};
 
 int fb_localpool_create(fb_netpool_t *np, fb_localpool_t *lp, int32_t min_buffers,
                         int32_t max_buffers, int32_t num_subpartitions,
@@ -503,6 +504,21 @@ int fb_localpool_recycle(fb_localpool_t *lp, int32_t index)
         pthread_mutex_unlock(&np->mu);
         return FB_ESTATE;
     }
+    if (lp->hook != NULL && !lp->destroyed) {
+        fb_recycle_hook_t hook = lp->hook;
+        void *arg = lp->hook_arg;
+        int kept;
+        lp->hook_calls++;
+        pthread_mutex_unlock(&np->mu);
+        kept = hook(arg, lp, index);
+        pthread_mutex_lock(&np->mu);
+        if (--lp->hook_calls == 0 && lp->waiters > 0)
+            pthread_cond_broadcast(&lp->cv);    /* a set_recycle_hook may wait */
+        if (kept) {
+            pthread_mutex_unlock(&np->mu);
+            return FB_OK;
+        }
+    }
     ch = np->channel[index];
     if (ch >= 0 && lp->channel_count[ch]-- == lp->max_per_channel)
         lp->num_unavailable_channels--;
@@ -520,6 +536,19 @@ int fb_localpool_recycle(fb_localpool_t *lp, int32_t index)
         pthread_cond_broadcast(&lp->cv);
     pthread_mutex_unlock(&np->mu);
     return FB_OK;
+}
+
+void fb_localpool_set_recycle_hook(fb_localpool_t *lp, fb_recycle_hook_t hook, void *arg)
+{
+    fb_netpool_t *np = lp->net;
+    pthread_mutex_lock(&np->mu);
+    lp->hook = hook;
+    lp->hook_arg = arg;
+    lp->waiters++;
+    while (lp->hook_calls > 0)
+        pthread_cond_wait(&lp->cv, &np->mu);
+    lp->waiters--;
+    pthread_mutex_unlock(&np->mu);
 }
 
 /* The largest size a resize may give lp.  Redistribution keeps the sizes

@@ -28,9 +28,17 @@ typedef struct fb_localpool fb_localpool_t;
 /* The hot operations of a local pool, reached through the pool itself: code
  * in other extension modules (which do not link pool.c) calls the one copy
  * in the buffer module, whose counters and checks are the ones that count. */
+/* A recycle hook gets the first claim on every segment recycled into its
+ * pool (the network layer's receive buffers go back to their channel this
+ * way, to be announced as credit): called outside the lock, it returns 1 to
+ * keep the segment (it stays handed out, now the hook owner's) or 0 to let
+ * the pool take it.  It must not block, nor set a hook. */
+typedef int (*fb_recycle_hook_t)(void *arg, fb_localpool_t *lp, int32_t index);
+
 typedef struct fb_pool_ops {
     int (*request)(fb_localpool_t *lp, int32_t channel, int32_t *index);
     int (*recycle)(fb_localpool_t *lp, int32_t index);
+    void (*set_recycle_hook)(fb_localpool_t *lp, fb_recycle_hook_t hook, void *arg);
 } fb_pool_ops_t;
 
 typedef struct fb_netpool {
@@ -73,6 +81,9 @@ struct fb_localpool {
     int32_t *channel_count;
     int32_t num_unavailable_channels;
     int32_t waiters;         /* blocked requests and availability waits */
+    fb_recycle_hook_t hook;  /* or NULL */
+    void *hook_arg;
+    int32_t hook_calls;      /* hooks running now (outside the lock) */
     int destroyed;
 };
 
@@ -123,8 +134,13 @@ int fb_localpool_request(fb_localpool_t *lp, int32_t channel, int32_t *index);
 /* As above but wait (no GIL!) until deadline_ns: FB_ETIMEDOUT, FB_EDESTROYED. */
 int fb_localpool_request_blocking(fb_localpool_t *lp, int32_t channel, int64_t deadline_ns,
                                   int32_t *index);
-/* Give a segment back; FB_ESTATE if it is not out (double recycle). */
+/* Give a segment back (to the hook first, if one is set); FB_ESTATE if it
+ * is not out (double recycle). */
 int fb_localpool_recycle(fb_localpool_t *lp, int32_t index);
+/* Set (or clear, with NULL) the recycle hook.  Returns once no call of the
+ * previous hook is in progress, so its argument may be freed afterwards;
+ * a destroyed pool calls no hook. */
+void fb_localpool_set_recycle_hook(fb_localpool_t *lp, fb_recycle_hook_t hook, void *arg);
 /* Resize to n, capped at max_buffers and at what leaves every other live
  * pool room for its min_buffers (the sizes of all pools but one, plus that
  * one's minimum, fit in the segments not reserved as unpooled; so never

@@ -14,9 +14,12 @@ cdef extern from "pool.h" nogil:
 
     ctypedef struct fb_localpool_t
 
+    ctypedef int (*fb_recycle_hook_t)(void *arg, fb_localpool_t *lp, int32_t index) noexcept nogil
+
     ctypedef struct fb_pool_ops_t:
         int (*request)(fb_localpool_t *lp, int32_t channel, int32_t *index) noexcept nogil
         int (*recycle)(fb_localpool_t *lp, int32_t index) noexcept nogil
+        void (*set_recycle_hook)(fb_localpool_t *lp, fb_recycle_hook_t hook, void *arg) noexcept nogil
 
     ctypedef struct fb_localpool_t:
         const fb_pool_ops_t *ops
