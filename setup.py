@@ -55,6 +55,7 @@ if SANITIZE:
 CSRC = {
     "buffer": ["csrc/clock.c", "csrc/arena.c", "csrc/redistribution.c", "csrc/pool.c"],
     "io": ["csrc/clock.c", "csrc/exchange.c", "csrc/keygroup.c"],
+    "network": ["csrc/clock.c", "csrc/exchange.c", "csrc/connection.c"],
 }
 
 
@@ -74,6 +75,7 @@ extensions = [
     ext("flinkbuf.buffer._buffer", CSRC["buffer"]),
     ext("flinkbuf._serialization"),
     ext("flinkbuf.io._io", CSRC["io"]),
+    ext("flinkbuf.network._network", CSRC["network"]),
     ext("flinkbuf._testing", ["csrc/clock.c"]),      # test and benchmark hooks
 ]
 

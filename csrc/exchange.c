@@ -253,7 +253,39 @@ int fb_subpart_add(fb_subpart_t *sp, fb_item_t item, int last)
     return rc;
 }
 
+/* Take the head item (lock held, count > 0). */
+static void take_head(fb_subpart_t *sp, fb_item_t *out)
+{
+    *out = sp->ring[sp->head];
+    sp->head = (sp->head + 1) % sp->cap;
+    sp->count--;
+    if (out->kind == FB_ITEM_DATA)
+        __atomic_store_n(&sp->backlog, sp->backlog - 1, __ATOMIC_RELAXED);
+    else
+        __atomic_store_n(&sp->events, sp->events - 1, __ATOMIC_RELAXED);
+    if (sp->count > 0 && sp->gate != NULL)
+        fb_gate_notify(sp->gate, sp->gate_channel);
+}
+
 int fb_subpart_poll(fb_subpart_t *sp, fb_item_t *out)
+{
+    int rc = FB_OK;
+    pthread_mutex_lock(&sp->mu);
+    if (sp->state == FB_SP_FAILED)
+        rc = FB_EFAILED;
+    else if (sp->state == FB_SP_RELEASED)
+        rc = FB_ERELEASED;
+    else if (sp->count == 0)
+        rc = FB_EMPTY;
+    else
+        take_head(sp, out);
+    pthread_mutex_unlock(&sp->mu);
+    if (rc == FB_OK && sp->on_poll != NULL)
+        fb_signal_post(sp->on_poll);
+    return rc;
+}
+
+int fb_subpart_poll_credit(fb_subpart_t *sp, int32_t credit, fb_item_t *out, int *last)
 {
     int rc = FB_OK;
     pthread_mutex_lock(&sp->mu);
@@ -261,18 +293,12 @@ int fb_subpart_poll(fb_subpart_t *sp, fb_item_t *out)
         rc = FB_EFAILED;
     } else if (sp->state == FB_SP_RELEASED) {
         rc = FB_ERELEASED;
-    } else if (sp->count == 0) {
-        rc = FB_EMPTY;
+    } else if (sp->count == 0
+               || (credit <= 0 && sp->ring[sp->head].kind == FB_ITEM_DATA)) {
+        rc = FB_EMPTY;          /* the gate is told again when credit comes */
     } else {
-        *out = sp->ring[sp->head];
-        sp->head = (sp->head + 1) % sp->cap;
-        sp->count--;
-        if (out->kind == FB_ITEM_DATA)
-            __atomic_store_n(&sp->backlog, sp->backlog - 1, __ATOMIC_RELAXED);
-        else
-            __atomic_store_n(&sp->events, sp->events - 1, __ATOMIC_RELAXED);
-        if (sp->count > 0 && sp->gate != NULL)
-            fb_gate_notify(sp->gate, sp->gate_channel);
+        take_head(sp, out);
+        *last = sp->finished && sp->count == 0;
     }
     pthread_mutex_unlock(&sp->mu);
     if (rc == FB_OK && sp->on_poll != NULL)

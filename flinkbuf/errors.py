@@ -17,6 +17,10 @@ __all__ = [
     "CorruptRecordError",
     "PartitionReleasedError",
     "ProducerFailedError",
+    "RemoteConnectionError",
+    "AuthenticationError",
+    "PartitionNotFoundError",
+    "RemoteError",
 ]
 
 
@@ -59,3 +63,33 @@ class PartitionReleasedError(FlinkbufError, ConnectionError):
 
 class ProducerFailedError(FlinkbufError, RuntimeError):
     """The producer of a partition failed; ``__cause__`` is its error."""
+
+
+class RemoteConnectionError(FlinkbufError, ConnectionError):
+    """A connection to another process failed: it dropped, the peer stalled
+    in the middle of a frame, or one side broke the protocol.  The channels
+    it carried fail with this error."""
+
+
+class AuthenticationError(RemoteConnectionError):
+    """The peer did not prove that it knows the shared secret (or we could
+    not prove it to the peer): nothing was exchanged."""
+
+
+class PartitionNotFoundError(FlinkbufError, LookupError):
+    """A remote partition was not registered by its producer within the
+    request timeout."""
+
+
+class RemoteError(FlinkbufError):
+    """An exception raised in another process, as far as it travelled: its
+    class name (``type_name``) and message.  The cause of a
+    :class:`ProducerFailedError` of a remote channel."""
+
+    def __init__(self, type_name, message):
+        super().__init__(f"{type_name}: {message}" if type_name else message)
+        self.type_name = type_name
+        self.message = message
+
+    def __reduce__(self):
+        return (type(self), (self.type_name, self.message))

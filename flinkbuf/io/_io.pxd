@@ -8,6 +8,9 @@ from flinkbuf._serialization cimport RecordDeserializer, RecordSerializer
 cdef class ResultPartition
 cdef class InputGate
 
+# What the gate reads from an item a channel handed over (input_gate.pyx).
+cdef object item_object(fb_item_t *item, LocalBufferPool pool)
+
 include "channel_selector.pxd"
 include "result_partition.pxd"
 include "record_writer.pxd"

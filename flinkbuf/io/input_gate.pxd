@@ -6,6 +6,7 @@ cdef class InputChannel:
     cdef int _release(self, InputGate gate) except -1
     cdef int _disconnect(self, InputGate gate) except -1
     cdef object _failure(self)
+    cdef object _channel_error(self)
     cdef int32_t _backlog(self) except -1
     cdef object _source_pool(self)
 

@@ -1,7 +1,7 @@
 # InputGate and its input channels.  Included by _io.pyx.
 
 
-cdef object _item_object(fb_item_t *item, LocalBufferPool pool):
+cdef object item_object(fb_item_t *item, LocalBufferPool pool):
     """What the gate reads from an item a channel handed over, which owns
     its memory from here on: a data item becomes a Buffer of ``pool`` (the
     pool its segment belongs to), an event its bytes (the item's memory is
@@ -59,9 +59,9 @@ cdef class InputChannel:
         raise NotImplementedError
 
     cdef object _take(self, fb_item_t *item):
-        """The object for an item just polled (see _item_object): events
+        """The object for an item just polled (see item_object): events
         only, unless a subclass knows the pool of its data items."""
-        return _item_object(item, None)
+        return item_object(item, None)
 
     cdef int _release(self, InputGate gate) except -1:
         return 0
@@ -73,6 +73,13 @@ cdef class InputChannel:
         return 0
 
     cdef object _failure(self):
+        """The producer's exception, when the channel reports FB_EFAILED."""
+        return None
+
+    cdef object _channel_error(self):
+        """When the channel itself failed (a remote channel whose connection
+        dropped), the error the gate raises as it is; None when the
+        producer failed (the gate raises ProducerFailedError from _failure)."""
         return None
 
     cdef int32_t _backlog(self) except -1:
@@ -121,7 +128,7 @@ cdef class LocalInputChannel(InputChannel):
         return fb_subpart_poll(&self._sp._c, out)
 
     cdef object _take(self, fb_item_t *item):
-        return _item_object(item, self._partition._pool)
+        return item_object(item, self._partition._pool)
 
     cdef int _release(self, InputGate gate) except -1:
         fb_subpart_disconnect(&self._sp._c, &gate._c)
@@ -383,10 +390,12 @@ cdef class InputGate:
                 if rc == FB_EMPTY:
                     continue
                 if rc == FB_EFAILED:
-                    cause = chan._failure()
-                    err = ProducerFailedError(f"the producer of input channel {ch} failed: "
-                                              f"{cause!r}")
-                    err.__cause__ = cause
+                    err = chan._channel_error()
+                    if err is None:
+                        cause = chan._failure()
+                        err = ProducerFailedError(f"the producer of input channel {ch} "
+                                                  f"failed: {cause!r}")
+                        err.__cause__ = cause
                     self._error = err
                     raise err
                 if rc == FB_ERELEASED:

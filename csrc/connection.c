@@ -1,0 +1,1639 @@
+#define _GNU_SOURCE
+#include "connection.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "byteorder.h"
+#include "clock.h"
+
+#define RD_CAP 65536                /* the reader's staging buffer */
+#define CTL_CAP 65536               /* the writer's control-frame buffer */
+#define IDMAP_SIZE (2 * FB_NET_MAX_CHANNELS)
+#define NO_ID 0xFFFFFFFFu
+#define MAX_QUEUED_EVENTS 16        /* received events a consumer has not taken */
+#define RETRY_FIRST_NS 50000000LL   /* not-found requests: 50 ms, doubling ... */
+#define RETRY_MAX_NS 1000000000LL   /* ... up to 1 s */
+
+/* In-channel states. */
+enum { CH_NEW, CH_REQUESTED, CH_RETRY, CH_FINISHED, CH_FAILED, CH_CLOSED };
+/* Connection states. */
+enum { CONN_OPEN, CONN_ENDED };
+
+/* ---- receiver id -> slot (linear probing, backward-shift deletion) ------ */
+
+typedef struct idmap {
+    uint32_t key[IDMAP_SIZE];   /* NO_ID: empty */
+    int32_t slot[IDMAP_SIZE];
+} idmap_t;
+
+static inline uint32_t id_home(uint32_t id)
+{
+    return (id * 2654435761u) & (IDMAP_SIZE - 1);
+}
+
+static void idmap_init(idmap_t *m)
+{
+    size_t i;
+    for (i = 0; i < IDMAP_SIZE; i++)
+        m->key[i] = NO_ID;
+}
+
+static int32_t idmap_get(const idmap_t *m, uint32_t id)
+{
+    uint32_t i = id_home(id);
+    if (id == NO_ID)
+        return -1;
+    while (m->key[i] != NO_ID) {
+        if (m->key[i] == id)
+            return m->slot[i];
+        i = (i + 1) & (IDMAP_SIZE - 1);
+    }
+    return -1;
+}
+
+/* The table holds at most FB_NET_MAX_CHANNELS keys: never full. */
+static void idmap_put(idmap_t *m, uint32_t id, int32_t slot)
+{
+    uint32_t i = id_home(id);
+    while (m->key[i] != NO_ID && m->key[i] != id)
+        i = (i + 1) & (IDMAP_SIZE - 1);
+    m->key[i] = id;
+    m->slot[i] = slot;
+}
+
+static void idmap_del(idmap_t *m, uint32_t id)
+{
+    uint32_t i = id_home(id), j, h;
+    while (m->key[i] != id) {
+        if (m->key[i] == NO_ID)
+            return;
+        i = (i + 1) & (IDMAP_SIZE - 1);
+    }
+    /* Shift back the entries after i whose home is not in (i, j]. */
+    for (j = (i + 1) & (IDMAP_SIZE - 1); m->key[j] != NO_ID; j = (j + 1) & (IDMAP_SIZE - 1)) {
+        h = id_home(m->key[j]);
+        if (((j - h) & (IDMAP_SIZE - 1)) >= ((j - i) & (IDMAP_SIZE - 1))) {
+            m->key[i] = m->key[j];
+            m->slot[i] = m->slot[j];
+            i = j;
+        }
+    }
+    m->key[i] = NO_ID;
+}
+
+/* ---- structures ------------------------------------------------------------ */
+
+typedef struct outchan {
+    uint32_t receiver_id;
+    int32_t slot;
+    fb_subpart_t *sp;
+    void *owner;
+    int32_t credit;
+    uint32_t seq;
+    int cancelled;
+} outchan_t;
+
+typedef struct ctl {
+    struct ctl *next;
+    uint8_t type;
+    uint32_t receiver_id;
+    fb_inchan_t *chan;          /* PARTITION_REQUEST / ADD_CREDIT: read when sent */
+    uint32_t len;               /* a prebuilt body (ERROR_RESPONSE) */
+    char body[];
+} ctl_t;
+
+struct fb_floating {
+    pthread_mutex_t mu;
+    fb_localpool_t *pool;
+    fb_inchan_t **waiting;      /* channels that want buffers, oldest first */
+    int32_t nwaiting, cap;
+    int refs;
+};
+
+struct fb_inchan {
+    fb_conn_t *conn;
+    int refs;
+    uint32_t receiver_id;
+    int32_t slot;
+    char partition_id[FB_NET_MAX_PARTITION_ID];
+    uint16_t id_len;
+    uint32_t subpartition;
+    fb_signal_t on_poll;
+    fb_subpart_t queue;
+    fb_localpool_t *exclusive;
+    fb_floating_t *floating;
+    int32_t num_exclusive;
+    /* under conn->mu */
+    int32_t *avail;             /* segments held for the sender's buffers */
+    uint8_t *avail_floating;
+    int32_t navail, cap_avail;
+    int32_t unannounced;
+    int credit_queued;
+    uint32_t next_seq;
+    int32_t backlog;
+    int state;
+    int64_t request_deadline, retry_at, backoff_ns;
+    int err_code;
+    char err_type[128];
+    char err_msg[FB_NET_MAX_MESSAGE];
+    int64_t buffers_in, bytes_in;
+    /* under floating->mu */
+    int32_t wants;
+};
+
+struct fb_conn {
+    int fd;
+    int32_t segment_size;
+    int io_timeout_ms;
+    fb_conn_callbacks_t cb;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;           /* recv_busy cleared, close request sent */
+    fb_gate_t out;               /* the writer's ready ring: 0 control, 1.. served slots */
+    int state;
+    int err_code;
+    char err_msg[FB_NET_MAX_MESSAGE];
+    outchan_t *outs[FB_NET_MAX_CHANNELS + 1];
+    int32_t free_outs[FB_NET_MAX_CHANNELS], nfree_outs;
+    idmap_t out_ids;
+    fb_inchan_t *ins[FB_NET_MAX_CHANNELS];
+    int32_t free_ins[FB_NET_MAX_CHANNELS], nfree_ins;
+    idmap_t in_ids;
+    uint32_t next_receiver_id;
+    int32_t num_retrying;
+    ctl_t *ctl_head, *ctl_tail;
+    int close_queued, close_sent;
+    fb_inchan_t *recv_busy;      /* the reader receives into this channel's segment */
+    pthread_t reader, writer;
+    int started;
+    int refs;
+    fb_conn_stats_t stats;
+    /* the reader's staging buffer */
+    char *rd;
+    size_t rd_pos, rd_end;
+    /* the writer's control frames */
+    char *ctlbuf;
+};
+
+static inline void stat_add(int64_t *counter, int64_t n)
+{
+    __atomic_add_fetch(counter, n, __ATOMIC_RELAXED);
+}
+
+/* ---- small helpers ------------------------------------------------------------ */
+
+static void copy_text(char *dst, size_t cap, const char *src, size_t n)
+{
+    if (cap == 0)
+        return;
+    if (n >= cap)
+        n = cap - 1;
+    memcpy(dst, src, n);
+    dst[n] = '\0';
+}
+
+static inline char *segment_of(fb_localpool_t *pool, int32_t index)
+{
+    return fb_segment_address(pool->net, index);
+}
+
+static void notify_writer(fb_conn_t *c, int32_t slot)
+{
+    fb_gate_notify(&c->out, slot);
+}
+
+static void inchan_incref(fb_inchan_t *ch)
+{
+    __atomic_add_fetch(&ch->refs, 1, __ATOMIC_ACQ_REL);
+}
+
+/* Free control messages (no lock held: a channel reference may be the last). */
+static void ctl_free_list(ctl_t *m)
+{
+    ctl_t *next;
+    for (; m != NULL; m = next) {
+        next = m->next;
+        if (m->chan != NULL)
+            fb_inchan_decref(m->chan);
+        free(m);
+    }
+}
+
+/* Queue a control message (mu held); the writer sends them in order. */
+static int ctl_push(fb_conn_t *c, uint8_t type, uint32_t receiver_id, fb_inchan_t *chan,
+                    const char *body, uint32_t len)
+{
+    ctl_t *m = malloc(sizeof(ctl_t) + len);
+    if (m == NULL)
+        return FB_ENOMEM;
+    m->next = NULL;
+    m->type = type;
+    m->receiver_id = receiver_id;
+    m->chan = chan;
+    if (chan != NULL)
+        inchan_incref(chan);
+    m->len = len;
+    if (len)
+        memcpy(m->body, body, len);
+    if (c->ctl_tail)
+        c->ctl_tail->next = m;
+    else
+        c->ctl_head = m;
+    c->ctl_tail = m;
+    notify_writer(c, 0);
+    return FB_OK;
+}
+
+/* Take queued control messages that refer to `chan` off the queue (mu
+ * held); the caller frees them with ctl_free_list once unlocked. */
+static ctl_t *ctl_forget(fb_conn_t *c, fb_inchan_t *chan)
+{
+    ctl_t **p = &c->ctl_head, *m, *dropped = NULL;
+    c->ctl_tail = NULL;
+    while ((m = *p) != NULL) {
+        if (m->chan == chan) {
+            *p = m->next;
+            m->next = dropped;
+            dropped = m;
+        } else {
+            c->ctl_tail = m;
+            p = &m->next;
+        }
+    }
+    return dropped;
+}
+
+/* An ERROR_RESPONSE body: code, type name, message. */
+static int ctl_error(fb_conn_t *c, uint32_t receiver_id, int code, const char *type,
+                     const char *msg)
+{
+    size_t tl = strlen(type), ml = strlen(msg);
+    char body[4 + 1 + 2 + 128 + 4 + FB_NET_MAX_MESSAGE];
+    char *p = body;
+    if (tl > 127)
+        tl = 127;
+    if (ml > FB_NET_MAX_MESSAGE - 1)
+        ml = FB_NET_MAX_MESSAGE - 1;
+    fb_store_u32(p, receiver_id, 1);
+    p[4] = (char)code;
+    fb_store_u16(p + 5, (uint16_t)tl, 1);
+    memcpy(p + 7, type, tl);
+    fb_store_u32(p + 7 + tl, (uint32_t)ml, 1);
+    memcpy(p + 11 + tl, msg, ml);
+    return ctl_push(c, FB_MSG_ERROR, receiver_id, NULL, body, (uint32_t)(11 + tl + ml));
+}
+
+/* ---- in-channel credit ---------------------------------------------------------------- */
+
+/* n more buffers for the sender (mu held): announce them once the unannounced
+ * credit turns positive. */
+static void add_credit_locked(fb_conn_t *c, fb_inchan_t *ch, int32_t n)
+{
+    ch->unannounced += n;
+    if (!ch->credit_queued && ch->state == CH_REQUESTED && c->state == CONN_OPEN) {
+        if (ctl_push(c, FB_MSG_ADD_CREDIT, ch->receiver_id, ch, NULL, 0) == FB_OK)
+            ch->credit_queued = 1;
+    }
+}
+
+static inline int holds_buffers(const fb_inchan_t *ch)
+{
+    return ch->state == CH_NEW || ch->state == CH_REQUESTED || ch->state == CH_RETRY;
+}
+
+/* An exclusive segment recycled by the consumer: back to its channel as
+ * credit while the channel still reads. */
+static int exclusive_hook(void *arg, fb_localpool_t *lp, int32_t index)
+{
+    fb_inchan_t *ch = arg;
+    fb_conn_t *c = ch->conn;
+    int kept = 0;
+    (void)lp;
+    pthread_mutex_lock(&c->mu);
+    if (holds_buffers(ch) && ch->navail < ch->cap_avail) {
+        ch->avail[ch->navail] = index;
+        ch->avail_floating[ch->navail++] = 0;
+        add_credit_locked(c, ch, 1);
+        kept = 1;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return kept;
+}
+
+/* A floating segment for `ch` (no lock held): 1 if the channel took it. */
+static int give_floating(fb_inchan_t *ch, int32_t index)
+{
+    fb_conn_t *c = ch->conn;
+    int kept = 0;
+    pthread_mutex_lock(&c->mu);
+    if (holds_buffers(ch) && ch->navail < ch->cap_avail) {
+        ch->avail[ch->navail] = index;
+        ch->avail_floating[ch->navail++] = 1;
+        add_credit_locked(c, ch, 1);
+        kept = 1;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return kept;
+}
+
+/* Take the oldest waiting channel of f off the list with one want fewer
+ * (f->mu held), with a reference; NULL if none waits. */
+static fb_inchan_t *pop_waiter(fb_floating_t *f)
+{
+    fb_inchan_t *ch;
+    if (f->nwaiting == 0)
+        return NULL;
+    ch = f->waiting[0];
+    if (--ch->wants <= 0) {
+        ch->wants = 0;
+        memmove(f->waiting, f->waiting + 1, sizeof(*f->waiting) * (size_t)--f->nwaiting);
+    }
+    inchan_incref(ch);
+    return ch;
+}
+
+static void remove_waiter(fb_floating_t *f, fb_inchan_t *ch)
+{
+    int32_t k;
+    for (k = 0; k < f->nwaiting; k++)
+        if (f->waiting[k] == ch) {
+            memmove(f->waiting + k, f->waiting + k + 1,
+                    sizeof(*f->waiting) * (size_t)(f->nwaiting - k - 1));
+            f->nwaiting--;
+            break;
+        }
+    ch->wants = 0;
+}
+
+/* A floating segment recycled by a consumer: lent to the channel that has
+ * waited longest, or back to the gate's pool. */
+static int floating_hook(void *arg, fb_localpool_t *lp, int32_t index)
+{
+    fb_floating_t *f = arg;
+    fb_inchan_t *ch;
+    (void)lp;
+    for (;;) {
+        pthread_mutex_lock(&f->mu);
+        ch = pop_waiter(f);
+        pthread_mutex_unlock(&f->mu);
+        if (ch == NULL)
+            return 0;
+        if (give_floating(ch, index)) {
+            fb_inchan_decref(ch);
+            return 1;
+        }
+        fb_inchan_decref(ch);
+    }
+}
+
+/* The sender has `backlog` buffers more: hold backlog + exclusive buffers for
+ * it, borrowing floating ones (no lock held). */
+static void want_buffers(fb_inchan_t *ch, int32_t backlog)
+{
+    fb_conn_t *c = ch->conn;
+    fb_floating_t *f = ch->floating;
+    int32_t need, index;
+    int take;
+    if (f == NULL || backlog <= 0)
+        return;
+    pthread_mutex_lock(&c->mu);
+    need = holds_buffers(ch) ? backlog + ch->num_exclusive - ch->navail : 0;
+    if (need > ch->cap_avail - ch->navail)
+        need = ch->cap_avail - ch->navail;
+    pthread_mutex_unlock(&c->mu);
+    if (need <= 0)
+        return;
+    pthread_mutex_lock(&f->mu);
+    if (ch->wants < need) {
+        if (ch->wants == 0) {
+            if (f->nwaiting == f->cap) {
+                int32_t cap = f->cap ? 2 * f->cap : 16;
+                fb_inchan_t **w = realloc(f->waiting, sizeof(*w) * (size_t)cap);
+                if (w == NULL) {
+                    pthread_mutex_unlock(&f->mu);
+                    return;
+                }
+                f->waiting = w;
+                f->cap = cap;
+            }
+            f->waiting[f->nwaiting++] = ch;
+        }
+        ch->wants = need;
+    }
+    pthread_mutex_unlock(&f->mu);
+    /* Registered first, then asked the pool: a recycle in between finds us
+     * waiting, so no buffer goes back to the pool unnoticed. */
+    for (;;) {
+        pthread_mutex_lock(&f->mu);
+        take = ch->wants > 0;
+        pthread_mutex_unlock(&f->mu);
+        if (!take || f->pool->ops->request(f->pool, FB_NO_CHANNEL, &index) != FB_OK)
+            return;
+        pthread_mutex_lock(&f->mu);
+        take = ch->wants > 0;
+        if (take && --ch->wants == 0)
+            remove_waiter(f, ch);
+        pthread_mutex_unlock(&f->mu);
+        if (!take || !give_floating(ch, index)) {
+            f->pool->ops->recycle(f->pool, index);     /* to whoever waits, or the pool */
+            return;
+        }
+    }
+}
+
+/* ---- failing and ending channels ------------------------------------------------------ */
+
+typedef struct segref {
+    fb_localpool_t *pool;
+    int32_t index;
+} segref_t;
+
+/* Segments and items to give back once no connection lock is held (pool
+ * recycle hooks take that lock). */
+typedef struct itemgroup {
+    struct itemgroup *next;
+    fb_item_t *items;
+    int32_t n;
+} itemgroup_t;
+
+typedef struct giveback {
+    segref_t *segs;
+    int32_t nsegs, cap;
+    itemgroup_t *groups;
+} giveback_t;
+
+static void giveback_seg(giveback_t *g, fb_localpool_t *pool, int32_t index)
+{
+    if (g->nsegs == g->cap) {
+        int32_t cap = g->cap ? 2 * g->cap : 16;
+        segref_t *s = realloc(g->segs, sizeof(*s) * (size_t)cap);
+        if (s == NULL) {        /* never lose a segment: give it back now */
+            pool->ops->recycle(pool, index);
+            return;
+        }
+        g->segs = s;
+        g->cap = cap;
+    }
+    g->segs[g->nsegs].pool = pool;
+    g->segs[g->nsegs++].index = index;
+}
+
+static void giveback_run(giveback_t *g)
+{
+    int32_t k;
+    for (k = 0; k < g->nsegs; k++)
+        g->segs[k].pool->ops->recycle(g->segs[k].pool, g->segs[k].index);
+    free(g->segs);
+    while (g->groups != NULL) {
+        itemgroup_t *grp = g->groups;
+        g->groups = grp->next;
+        fb_items_dispose(grp->items, grp->n);
+        free(grp);
+    }
+    memset(g, 0, sizeof(*g));
+}
+
+/* The segments a channel holds for the sender go back (mu held). */
+static void drop_avail_locked(fb_inchan_t *ch, giveback_t *g)
+{
+    int32_t k;
+    for (k = 0; k < ch->navail; k++)
+        giveback_seg(g, ch->avail_floating[k] ? ch->floating->pool : ch->exclusive,
+                     ch->avail[k]);
+    ch->navail = 0;
+    ch->unannounced = 0;
+}
+
+/* Fail an in-channel (mu held): its consumer raises, what it holds goes back. */
+static void inchan_fail_locked(fb_conn_t *c, fb_inchan_t *ch, int code, const char *type,
+                               const char *msg, giveback_t *g)
+{
+    fb_item_t *items = NULL;
+    int32_t n;
+    if (!holds_buffers(ch))
+        return;
+    if (ch->state == CH_RETRY)
+        c->num_retrying--;
+    ch->state = CH_FAILED;
+    ch->err_code = code;
+    copy_text(ch->err_type, sizeof(ch->err_type), type, strlen(type));
+    copy_text(ch->err_msg, sizeof(ch->err_msg), msg, strlen(msg));
+    drop_avail_locked(ch, g);
+    n = fb_subpart_terminate(&ch->queue, FB_SP_FAILED, &items);
+    if (n > 0) {
+        itemgroup_t *grp = malloc(sizeof(*grp));
+        if (grp == NULL) {
+            /* Never lose a segment: give them back now.  Safe under the
+             * lock: this channel failed, so its hook keeps nothing. */
+            (void)c;
+            fb_items_dispose(items, n);
+        } else {
+            grp->items = items;
+            grp->n = n;
+            grp->next = g->groups;
+            g->groups = grp;
+        }
+    }
+}
+
+static void outchan_free_slot(fb_conn_t *c, outchan_t *oc)
+{
+    idmap_del(&c->out_ids, oc->receiver_id);
+    c->outs[oc->slot] = NULL;
+    c->free_outs[c->nfree_outs++] = oc->slot;
+}
+
+/* End a served channel whose slot was freed (no lock held): the reader over
+ * there is gone, so the subpartition is released (`release`), or it was
+ * read to the end; either way the owner reference goes. */
+static void outchan_end(fb_conn_t *c, outchan_t *oc, int release)
+{
+    fb_item_t *items = NULL;
+    int32_t n;
+    fb_subpart_disconnect(oc->sp, &c->out);
+    if (release) {
+        n = fb_subpart_terminate(oc->sp, FB_SP_RELEASED, &items);
+        if (n > 0)
+            fb_items_dispose(items, n);
+    }
+    c->cb.release_owner(c->cb.ctx, oc->owner);
+    free(oc);
+}
+
+/* The connection ended (any thread, no lock held): every channel on it
+ * fails or ends, the socket shuts down, the writer wakes. */
+static void conn_fail(fb_conn_t *c, int code, const char *fmt, ...)
+{
+    giveback_t g;
+    outchan_t *ended[FB_NET_MAX_CHANNELS];
+    int32_t nended = 0, k;
+    char msg[FB_NET_MAX_MESSAGE];
+    va_list ap;
+    memset(&g, 0, sizeof(g));
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    pthread_mutex_lock(&c->mu);
+    if (c->state != CONN_OPEN) {
+        pthread_mutex_unlock(&c->mu);
+        return;
+    }
+    c->state = CONN_ENDED;
+    c->err_code = code;
+    copy_text(c->err_msg, sizeof(c->err_msg), msg, strlen(msg));
+    for (k = 0; k < FB_NET_MAX_CHANNELS; k++)
+        if (c->ins[k] != NULL)
+            inchan_fail_locked(c, c->ins[k], code, "", msg, &g);
+    for (k = 1; k <= FB_NET_MAX_CHANNELS; k++)
+        if (c->outs[k] != NULL) {
+            ended[nended++] = c->outs[k];
+            outchan_free_slot(c, c->outs[k]);
+        }
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    shutdown(c->fd, SHUT_RDWR);
+    fb_gate_close(&c->out);
+    giveback_run(&g);
+    for (k = 0; k < nended; k++)
+        outchan_end(c, ended[k], 1);
+}
+
+/* ---- the reader -------------------------------------------------------------------- */
+
+/* Wait up to the I/O timeout for input (in the middle of a frame). */
+static int wait_readable(fb_conn_t *c)
+{
+    struct pollfd p = {c->fd, POLLIN, 0};
+    int rc;
+    do {
+        rc = poll(&p, 1, c->io_timeout_ms);
+    } while (rc < 0 && errno == EINTR);
+    if (rc == 0) {
+        conn_fail(c, FB_NET_ERR_CONNECTION,
+                  "the peer stalled in the middle of a frame for %d ms", c->io_timeout_ms);
+        return -1;
+    }
+    return 0;
+}
+
+static int recv_some(fb_conn_t *c, char *dst, size_t n, int mid_frame)
+{
+    ssize_t r;
+    for (;;) {
+        if (mid_frame && wait_readable(c) < 0)
+            return -1;
+        r = recv(c->fd, dst, n, 0);
+        if (r > 0) {
+            stat_add(&c->stats.bytes_in, r);
+            return (int)r;
+        }
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r == 0)
+            conn_fail(c, FB_NET_ERR_CONNECTION, mid_frame
+                      ? "the peer closed the connection in the middle of a frame"
+                      : "the peer closed the connection");
+        else
+            conn_fail(c, FB_NET_ERR_CONNECTION, "reading from the connection failed: %s",
+                      strerror(errno));
+        return -1;
+    }
+}
+
+/* At least n (<= RD_CAP) bytes staged. */
+static int rd_fill(fb_conn_t *c, size_t n, int mid_frame)
+{
+    int r;
+    if (c->rd_end - c->rd_pos >= n)
+        return 0;
+    if (c->rd_pos > 0) {
+        memmove(c->rd, c->rd + c->rd_pos, c->rd_end - c->rd_pos);
+        c->rd_end -= c->rd_pos;
+        c->rd_pos = 0;
+    }
+    while (c->rd_end < n) {
+        r = recv_some(c, c->rd + c->rd_end, RD_CAP - c->rd_end, mid_frame || c->rd_end > 0);
+        if (r < 0)
+            return -1;
+        c->rd_end += (size_t)r;
+    }
+    return 0;
+}
+
+/* n body bytes into dst (or dropped, dst NULL): what is staged, then the
+ * rest straight from the socket. */
+static int rd_body(fb_conn_t *c, char *dst, size_t n)
+{
+    size_t have = c->rd_end - c->rd_pos;
+    int r;
+    if (have > n)
+        have = n;
+    if (dst)
+        memcpy(dst, c->rd + c->rd_pos, have);
+    c->rd_pos += have;
+    n -= have;
+    if (dst)
+        dst += have;
+    while (n > 0) {
+        if (dst == NULL) {
+            size_t chunk = n < RD_CAP ? n : RD_CAP;
+            r = recv_some(c, c->rd, chunk, 1);
+            c->rd_pos = c->rd_end = 0;
+        } else {
+            r = recv_some(c, dst, n, 1);
+            dst += r > 0 ? r : 0;
+        }
+        if (r < 0)
+            return -1;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+static int protocol_error(fb_conn_t *c, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    /* Tell the peer why, best effort, then end. */
+    pthread_mutex_lock(&c->mu);
+    if (c->state == CONN_OPEN)
+        ctl_error(c, FB_NET_ALL, FB_NET_ERR_PROTOCOL, "ProtocolError", msg);
+    pthread_mutex_unlock(&c->mu);
+    {
+        struct timespec ts = {0, 20000000};   /* let the writer send it */
+        nanosleep(&ts, NULL);
+    }
+    conn_fail(c, FB_NET_ERR_PROTOCOL, "protocol error from the peer: %s", msg);
+    return -1;
+}
+
+static int32_t in_lookup(fb_conn_t *c, uint32_t id)
+{
+    return idmap_get(&c->in_ids, id);
+}
+
+static int read_buffer(fb_conn_t *c, uint32_t body_len)
+{
+    char *f;
+    uint32_t id, seq, backlog, size;
+    uint8_t type;
+    int32_t slot, index, n;
+    int floating, last;
+    fb_inchan_t *ch;
+    fb_item_t item;
+    fb_localpool_t *pool;
+    giveback_t g;
+    if (rd_fill(c, FB_NET_BUFFER_FIELDS, 1) < 0)
+        return -1;
+    f = c->rd + c->rd_pos;
+    id = fb_load_u32(f, 1);
+    seq = fb_load_u32(f + 4, 1);
+    backlog = fb_load_u32(f + 8, 1);
+    type = (uint8_t)f[12];
+    size = fb_load_u32(f + 13, 1);
+    c->rd_pos += FB_NET_BUFFER_FIELDS;
+    if (size != body_len - FB_NET_BUFFER_FIELDS)
+        return protocol_error(c, "buffer response of %u bytes in a frame for %u", size,
+                              body_len - FB_NET_BUFFER_FIELDS);
+    if (type > 1)
+        return protocol_error(c, "unknown buffer data type %u", type);
+    if (type == 0 && size == 0)
+        return protocol_error(c, "an empty data buffer");
+    pthread_mutex_lock(&c->mu);
+    slot = in_lookup(c, id);
+    ch = slot >= 0 ? c->ins[slot] : NULL;
+    if (ch == NULL || ch->state != CH_REQUESTED) {
+        uint32_t issued = c->next_receiver_id;
+        pthread_mutex_unlock(&c->mu);
+        if (id == 0 || id >= issued)
+            return protocol_error(c, "a buffer for receiver id %u, which was never issued", id);
+        return rd_body(c, NULL, size);     /* a channel that ended: drop it */
+    }
+    if (seq != ch->next_seq) {
+        uint32_t expected = ch->next_seq;
+        pthread_mutex_unlock(&c->mu);
+        return protocol_error(c, "sequence gap on receiver id %u: got %u, expected %u", id,
+                              seq, expected);
+    }
+    ch->next_seq++;
+    if (type == 0) {
+        if (ch->navail == 0) {
+            pthread_mutex_unlock(&c->mu);
+            return protocol_error(c, "a data buffer without credit on receiver id %u", id);
+        }
+        index = ch->avail[--ch->navail];
+        floating = ch->avail_floating[ch->navail];
+        pool = floating ? ch->floating->pool : ch->exclusive;
+        item.data = segment_of(pool, index);
+        item.pool = pool;
+        item.index = index;
+        item.kind = FB_ITEM_DATA;
+    } else {
+        item.data = NULL;
+        item.pool = NULL;
+        item.index = -1;
+        item.kind = FB_ITEM_EVENT;
+    }
+    item.size = (int32_t)size;
+    c->recv_busy = ch;
+    inchan_incref(ch);
+    pthread_mutex_unlock(&c->mu);
+
+    if (type == 1) {
+        /* Events need no credit: bound what a consumer holds by reading no
+         * further until it takes some (TCP then holds the sender back). */
+        uint64_t seen;
+        int reading = 1;
+        while (reading && fb_subpart_events(&ch->queue) >= MAX_QUEUED_EVENTS) {
+            seen = fb_signal_seq(&ch->on_poll);
+            if (fb_subpart_events(&ch->queue) < MAX_QUEUED_EVENTS)
+                break;
+            fb_signal_wait(&ch->on_poll, seen, fb_deadline_after(FB_WAIT_SLICE));
+            pthread_mutex_lock(&c->mu);
+            reading = ch->state == CH_REQUESTED && c->state == CONN_OPEN;
+            pthread_mutex_unlock(&c->mu);
+        }
+        item.data = malloc(size ? size : 1);
+        if (item.data == NULL) {
+            conn_fail(c, FB_NET_ERR_CONNECTION, "out of memory for an event of %u bytes", size);
+            n = -1;
+            goto done;
+        }
+    }
+    n = rd_body(c, item.data, size);
+    if (n == 0) {
+        stat_add(&c->stats.frames_in, 1);
+        if (type == 0)
+            stat_add(&c->stats.buffers_in, 1);
+    }
+done:
+    memset(&g, 0, sizeof(g));
+    pthread_mutex_lock(&c->mu);
+    c->recv_busy = NULL;
+    pthread_cond_broadcast(&c->cv);
+    last = type == 1 && size == 1 && item.data != NULL && item.data[0] == 0;
+    if (n == 0 && ch->state == CH_REQUESTED
+            && fb_subpart_add(&ch->queue, item, last) == FB_OK) {
+        ch->backlog = (int32_t)(backlog > INT32_MAX ? INT32_MAX : backlog);
+        ch->buffers_in += type == 0;
+        ch->bytes_in += size;
+        if (last)
+            ch->state = CH_FINISHED;
+        item.data = NULL;           /* the queue has it */
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (item.data != NULL)
+        fb_item_dispose(&item);
+    if (n == 0 && type == 0)
+        want_buffers(ch, (int32_t)(backlog > INT32_MAX ? INT32_MAX : backlog));
+    fb_inchan_decref(ch);
+    return n;
+}
+
+static int read_error(fb_conn_t *c, uint32_t body_len)
+{
+    char *f;
+    uint32_t id, ml;
+    uint16_t tl;
+    int code;
+    int32_t slot;
+    fb_inchan_t *ch;
+    char type[128], msg[FB_NET_MAX_MESSAGE];
+    giveback_t g;
+    if (rd_fill(c, body_len, 1) < 0)     /* body_len <= 64 KiB = RD_CAP */
+        return -1;
+    f = c->rd + c->rd_pos;
+    id = fb_load_u32(f, 1);
+    code = (uint8_t)f[4];
+    tl = fb_load_u16(f + 5, 1);
+    if (11u + tl > body_len)
+        return protocol_error(c, "malformed error response");
+    ml = fb_load_u32(f + 7 + tl, 1);
+    if (11u + tl + ml != body_len)
+        return protocol_error(c, "malformed error response");
+    copy_text(type, sizeof(type), f + 7, tl);
+    copy_text(msg, sizeof(msg), f + 11 + tl, ml);
+    c->rd_pos += body_len;
+    if (id == FB_NET_ALL) {
+        conn_fail(c, code == FB_NET_ERR_PROTOCOL ? FB_NET_ERR_PROTOCOL : FB_NET_ERR_CONNECTION,
+                  "the peer ended the connection: %s", msg);
+        return -1;
+    }
+    memset(&g, 0, sizeof(g));
+    pthread_mutex_lock(&c->mu);
+    slot = in_lookup(c, id);
+    ch = slot >= 0 ? c->ins[slot] : NULL;
+    if (ch != NULL && ch->state == CH_REQUESTED) {
+        int64_t now = fb_monotonic_ns();
+        if (code == FB_NET_ERR_NOT_FOUND && now + ch->backoff_ns < ch->request_deadline) {
+            ch->state = CH_RETRY;
+            ch->retry_at = now + ch->backoff_ns;
+            ch->backoff_ns = ch->backoff_ns * 2 > RETRY_MAX_NS ? RETRY_MAX_NS
+                                                              : ch->backoff_ns * 2;
+            c->num_retrying++;
+            notify_writer(c, 0);          /* recompute its wake-up */
+        } else {
+            if (code < FB_NET_ERR_PRODUCER_FAILED || code > FB_NET_ERR_REFUSED)
+                code = FB_NET_ERR_REFUSED;
+            inchan_fail_locked(c, ch, code, type, msg, &g);
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    giveback_run(&g);
+    return 0;
+}
+
+static int read_partition_request(fb_conn_t *c, uint32_t body_len)
+{
+    char *f;
+    uint32_t id, sub, credit;
+    uint16_t idl;
+    int rc;
+    int32_t slot;
+    fb_subpart_t *sp = NULL;
+    void *owner = NULL;
+    outchan_t *oc;
+    char pid[FB_NET_MAX_PARTITION_ID], err[512];
+    if (rd_fill(c, body_len, 1) < 0)
+        return -1;
+    f = c->rd + c->rd_pos;
+    id = fb_load_u32(f, 1);
+    sub = fb_load_u32(f + 4, 1);
+    credit = fb_load_u32(f + 8, 1);
+    idl = fb_load_u16(f + 12, 1);
+    if (14u + idl != body_len)
+        return protocol_error(c, "malformed partition request");
+    memcpy(pid, f + 14, idl);
+    c->rd_pos += body_len;
+    if (id == FB_NET_ALL)
+        return protocol_error(c, "receiver id 0x%08x is reserved", id);
+    if (credit > INT32_MAX)
+        return protocol_error(c, "initial credit %u", credit);
+    pthread_mutex_lock(&c->mu);
+    rc = c->state != CONN_OPEN ? -1
+         : idmap_get(&c->out_ids, id) >= 0 ? 1
+         : c->nfree_outs == 0 ? 2 : 0;
+    if (rc == 1)
+        ctl_error(c, id, FB_NET_ERR_REFUSED, "ValueError", "the receiver id is in use");
+    else if (rc == 2)
+        ctl_error(c, id, FB_NET_ERR_REFUSED, "ValueError",
+                  "too many channels on this connection");
+    pthread_mutex_unlock(&c->mu);
+    if (rc)
+        return 0;
+    err[0] = '\0';
+    rc = c->cb.find_subpartition(c->cb.ctx, pid, idl, sub, &sp, &owner, err, sizeof(err));
+    pthread_mutex_lock(&c->mu);
+    if (rc == 0 && c->state == CONN_OPEN && c->nfree_outs > 0
+            && idmap_get(&c->out_ids, id) < 0 && (oc = calloc(1, sizeof(*oc))) != NULL) {
+        slot = c->free_outs[--c->nfree_outs];
+        oc->receiver_id = id;
+        oc->slot = slot;
+        oc->sp = sp;
+        oc->owner = owner;
+        oc->credit = (int32_t)credit;
+        if (fb_subpart_connect(sp, &c->out, slot) == FB_OK) {
+            c->outs[slot] = oc;
+            idmap_put(&c->out_ids, id, slot);
+            pthread_mutex_unlock(&c->mu);
+            return 0;
+        }
+        c->free_outs[c->nfree_outs++] = slot;
+        free(oc);
+        rc = FB_NET_ERR_REFUSED;
+        snprintf(err, sizeof(err), "subpartition %u of partition %.*s already has a reader "
+                 "or was released", sub, (int)(idl > 200 ? 200 : idl), pid);
+    } else if (rc == 0) {
+        rc = FB_NET_ERR_REFUSED;
+        snprintf(err, sizeof(err), "the request cannot be served now");
+    }
+    if (c->state == CONN_OPEN)
+        ctl_error(c, id, rc, rc == FB_NET_ERR_NOT_FOUND ? "PartitionNotFoundError" : "ValueError",
+                  err);
+    pthread_mutex_unlock(&c->mu);
+    if (owner != NULL)
+        c->cb.release_owner(c->cb.ctx, owner);
+    return 0;
+}
+
+static int read_frame(fb_conn_t *c)
+{
+    char *f;
+    uint32_t len, magic, body, id, n;
+    uint8_t msg;
+    int32_t slot;
+    if (rd_fill(c, FB_NET_HEADER, 0) < 0)
+        return -1;
+    f = c->rd + c->rd_pos;
+    len = fb_load_u32(f, 1);
+    magic = fb_load_u32(f + 4, 1);
+    msg = (uint8_t)f[8];
+    c->rd_pos += FB_NET_HEADER;
+    if (magic != FB_NET_MAGIC)
+        return protocol_error(c, "wrong magic number 0x%08x", magic);
+    if (len < FB_NET_HEADER)
+        return protocol_error(c, "frame length %u", len);
+    body = len - FB_NET_HEADER;
+    switch (msg) {
+    case FB_MSG_BUFFER:
+        if (body < FB_NET_BUFFER_FIELDS
+                || body > FB_NET_BUFFER_FIELDS + (uint32_t)c->segment_size)
+            return protocol_error(c, "buffer response frame of %u bytes (segment size %d)",
+                                  len, c->segment_size);
+        return read_buffer(c, body);
+    case FB_MSG_ERROR:
+        if (body < 11 || len > FB_NET_MAX_ERROR_FRAME)
+            return protocol_error(c, "error response frame of %u bytes", len);
+        return read_error(c, body);
+    case FB_MSG_PARTITION_REQUEST:
+        if (body < 14 || body > 14 + FB_NET_MAX_PARTITION_ID)
+            return protocol_error(c, "partition request frame of %u bytes", len);
+        return read_partition_request(c, body);
+    case FB_MSG_ADD_CREDIT:
+    case FB_MSG_CANCEL:
+        if (body != (msg == FB_MSG_ADD_CREDIT ? 8u : 4u))
+            return protocol_error(c, "frame of %u bytes for message %u", len, msg);
+        if (rd_fill(c, body, 1) < 0)
+            return -1;
+        f = c->rd + c->rd_pos;
+        id = fb_load_u32(f, 1);
+        n = msg == FB_MSG_ADD_CREDIT ? fb_load_u32(f + 4, 1) : 0;
+        c->rd_pos += body;
+        if (msg == FB_MSG_ADD_CREDIT && (n == 0 || n > INT32_MAX))
+            return protocol_error(c, "credit of %u", n);
+        pthread_mutex_lock(&c->mu);
+        slot = idmap_get(&c->out_ids, id);
+        if (slot >= 0) {
+            outchan_t *oc = c->outs[slot];
+            if (msg == FB_MSG_CANCEL) {
+                oc->cancelled = 1;
+            } else if ((int64_t)oc->credit + n > INT32_MAX) {
+                pthread_mutex_unlock(&c->mu);
+                return protocol_error(c, "credit overflow on receiver id %u", id);
+            } else {
+                oc->credit += (int32_t)n;
+            }
+            notify_writer(c, slot);
+        }
+        pthread_mutex_unlock(&c->mu);
+        stat_add(&c->stats.frames_in, 1);
+        return 0;
+    case FB_MSG_CLOSE:
+        if (body != 0)
+            return protocol_error(c, "close request of %u bytes", len);
+        conn_fail(c, FB_NET_ERR_CONNECTION, "the peer closed the connection");
+        return -1;
+    default:
+        return protocol_error(c, "unknown message id %u", msg);
+    }
+}
+
+static void *reader_main(void *arg)
+{
+    fb_conn_t *c = arg;
+    while (read_frame(c) == 0)
+        ;
+    return NULL;
+}
+
+/* ---- the writer ------------------------------------------------------------------------ */
+
+static int send_all(fb_conn_t *c, struct iovec *iov, int iovcnt)
+{
+    struct msghdr mh;
+    ssize_t r;
+    memset(&mh, 0, sizeof(mh));
+    while (iovcnt > 0) {
+        mh.msg_iov = iov;
+        mh.msg_iovlen = (size_t)iovcnt;
+        r = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            conn_fail(c, FB_NET_ERR_CONNECTION, "writing to the connection failed: %s",
+                      strerror(errno));
+            return -1;
+        }
+        stat_add(&c->stats.bytes_out, r);
+        while (iovcnt > 0 && (size_t)r >= iov->iov_len) {
+            r -= (ssize_t)iov->iov_len;
+            iov++;
+            iovcnt--;
+        }
+        if (iovcnt > 0) {
+            iov->iov_base = (char *)iov->iov_base + r;
+            iov->iov_len -= (size_t)r;
+        }
+    }
+    return 0;
+}
+
+static char *put_header(char *p, uint32_t body_len, uint8_t msg)
+{
+    fb_store_u32(p, body_len + FB_NET_HEADER, 1);
+    fb_store_u32(p + 4, FB_NET_MAGIC, 1);
+    p[8] = (char)msg;
+    return p + FB_NET_HEADER;
+}
+
+/* Send the queued control messages. */
+static int flush_control(fb_conn_t *c)
+{
+    ctl_t *m, *all;
+    char *p = c->ctlbuf;
+    struct iovec iov;
+    int rc = 0, close_now = 0;
+    pthread_mutex_lock(&c->mu);
+    all = c->ctl_head;
+    c->ctl_head = c->ctl_tail = NULL;
+    for (m = all; m != NULL; m = m->next) {
+        if ((size_t)(p - c->ctlbuf) + FB_NET_HEADER + 14 + FB_NET_MAX_PARTITION_ID + m->len
+                > CTL_CAP) {
+            /* full: send what we have, then go on */
+            pthread_mutex_unlock(&c->mu);
+            iov.iov_base = c->ctlbuf;
+            iov.iov_len = (size_t)(p - c->ctlbuf);
+            if (send_all(c, &iov, 1) < 0)
+                rc = -1;
+            p = c->ctlbuf;
+            pthread_mutex_lock(&c->mu);
+        }
+        if (rc == 0) {
+            fb_inchan_t *ch = m->chan;
+            switch (m->type) {
+            case FB_MSG_ADD_CREDIT:
+                if (ch->unannounced > 0 && ch->state == CH_REQUESTED) {
+                    p = put_header(p, 8, FB_MSG_ADD_CREDIT);
+                    fb_store_u32(p, ch->receiver_id, 1);
+                    fb_store_u32(p + 4, (uint32_t)ch->unannounced, 1);
+                    p += 8;
+                    ch->unannounced = 0;
+                }
+                ch->credit_queued = 0;
+                break;
+            case FB_MSG_PARTITION_REQUEST:
+                if (ch->state == CH_REQUESTED) {
+                    p = put_header(p, 14u + ch->id_len, FB_MSG_PARTITION_REQUEST);
+                    fb_store_u32(p, ch->receiver_id, 1);
+                    fb_store_u32(p + 4, ch->subpartition, 1);
+                    fb_store_u32(p + 8, (uint32_t)ch->navail, 1);
+                    fb_store_u16(p + 12, ch->id_len, 1);
+                    memcpy(p + 14, ch->partition_id, ch->id_len);
+                    p += 14 + ch->id_len;
+                    ch->unannounced = 0;
+                }
+                break;
+            case FB_MSG_CANCEL:
+                p = put_header(p, 4, FB_MSG_CANCEL);
+                fb_store_u32(p, m->receiver_id, 1);
+                p += 4;
+                break;
+            case FB_MSG_CLOSE:
+                p = put_header(p, 0, FB_MSG_CLOSE);
+                close_now = 1;
+                break;
+            default:   /* a prebuilt body */
+                p = put_header(p, m->len, m->type);
+                memcpy(p, m->body, m->len);
+                p += m->len;
+            }
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    ctl_free_list(all);
+    if (rc == 0 && p > c->ctlbuf) {
+        iov.iov_base = c->ctlbuf;
+        iov.iov_len = (size_t)(p - c->ctlbuf);
+        rc = send_all(c, &iov, 1);
+        stat_add(&c->stats.frames_out, 1);
+    }
+    if (close_now) {
+        pthread_mutex_lock(&c->mu);
+        c->close_sent = 1;
+        pthread_cond_broadcast(&c->cv);
+        pthread_mutex_unlock(&c->mu);
+    }
+    return rc;
+}
+
+/* Send what a served channel may send now: one buffer (or event). */
+static int serve(fb_conn_t *c, int32_t slot)
+{
+    outchan_t *oc;
+    fb_item_t item;
+    int rc, last = 0;
+    uint32_t seq;
+    int32_t backlog;
+    char hdr[FB_NET_HEADER + FB_NET_BUFFER_FIELDS], *p;
+    struct iovec iov[2];
+    pthread_mutex_lock(&c->mu);
+    oc = c->outs[slot];
+    if (oc == NULL) {
+        pthread_mutex_unlock(&c->mu);
+        return 0;
+    }
+    if (oc->cancelled) {
+        outchan_free_slot(c, oc);
+        pthread_mutex_unlock(&c->mu);
+        outchan_end(c, oc, 1);
+        return 0;
+    }
+    rc = fb_subpart_poll_credit(oc->sp, oc->credit, &item, &last);
+    if (rc == FB_EMPTY) {
+        pthread_mutex_unlock(&c->mu);
+        return 0;
+    }
+    if (rc != FB_OK) {
+        /* The producer failed, or released its partition. */
+        char type[128] = "", msg[FB_NET_MAX_MESSAGE] = "the partition was released";
+        uint32_t id = oc->receiver_id;
+        outchan_free_slot(c, oc);
+        pthread_mutex_unlock(&c->mu);
+        if (rc == FB_EFAILED)
+            c->cb.describe_failure(c->cb.ctx, oc->owner, type, sizeof(type), msg, sizeof(msg));
+        pthread_mutex_lock(&c->mu);
+        if (c->state == CONN_OPEN)
+            ctl_error(c, id, rc == FB_EFAILED ? FB_NET_ERR_PRODUCER_FAILED : FB_NET_ERR_RELEASED,
+                      type, msg);
+        pthread_mutex_unlock(&c->mu);
+        outchan_end(c, oc, 0);
+        return 0;
+    }
+    if (item.kind == FB_ITEM_DATA)
+        oc->credit--;
+    seq = oc->seq++;
+    backlog = fb_subpart_backlog(oc->sp);
+    p = put_header(hdr, FB_NET_BUFFER_FIELDS + (uint32_t)item.size, FB_MSG_BUFFER);
+    fb_store_u32(p, oc->receiver_id, 1);
+    fb_store_u32(p + 4, seq, 1);
+    fb_store_u32(p + 8, (uint32_t)backlog, 1);
+    p[12] = item.kind == FB_ITEM_DATA ? 0 : 1;
+    fb_store_u32(p + 13, (uint32_t)item.size, 1);
+    if (last)
+        outchan_free_slot(c, oc);
+    pthread_mutex_unlock(&c->mu);
+    iov[0].iov_base = hdr;
+    iov[0].iov_len = sizeof(hdr);
+    iov[1].iov_base = item.data;
+    iov[1].iov_len = (size_t)item.size;
+    rc = send_all(c, iov, item.size ? 2 : 1);
+    fb_item_dispose(&item);
+    if (rc == 0) {
+        stat_add(&c->stats.frames_out, 1);
+        if (item.kind == FB_ITEM_DATA)
+            stat_add(&c->stats.buffers_out, 1);
+    }
+    if (last)
+        outchan_end(c, oc, 0);
+    return rc;
+}
+
+/* Requests whose retry time came: queue them again (mu held); the next
+ * deadline, or FB_WAIT_FOREVER. */
+static int64_t due_retries_locked(fb_conn_t *c)
+{
+    int64_t now = fb_monotonic_ns(), next = FB_WAIT_FOREVER;
+    int32_t k;
+    if (c->num_retrying == 0)
+        return next;
+    for (k = 0; k < FB_NET_MAX_CHANNELS; k++) {
+        fb_inchan_t *ch = c->ins[k];
+        if (ch == NULL || ch->state != CH_RETRY)
+            continue;
+        if (ch->retry_at <= now) {
+            ch->state = CH_REQUESTED;
+            ch->next_seq = 0;
+            c->num_retrying--;
+            ctl_push(c, FB_MSG_PARTITION_REQUEST, ch->receiver_id, ch, NULL, 0);
+        } else if (ch->retry_at < next) {
+            next = ch->retry_at;
+        }
+    }
+    return next;
+}
+
+static void *writer_main(void *arg)
+{
+    fb_conn_t *c = arg;
+    int32_t slot;
+    int64_t deadline;
+    int rc;
+    for (;;) {
+        pthread_mutex_lock(&c->mu);
+        deadline = due_retries_locked(c);
+        pthread_mutex_unlock(&c->mu);
+        rc = fb_gate_wait(&c->out, deadline, &slot);
+        if (rc == FB_ECLOSED)
+            break;
+        if (rc != FB_OK)
+            continue;
+        rc = slot == 0 ? flush_control(c) : serve(c, slot);
+        if (rc < 0)
+            break;
+    }
+    return NULL;
+}
+
+/* ---- connection lifecycle --------------------------------------------------------------- */
+
+fb_conn_t *fb_conn_new(int fd, int32_t segment_size, const fb_conn_callbacks_t *cb,
+                       double io_timeout)
+{
+    fb_conn_t *c = calloc(1, sizeof(*c));
+    int32_t k;
+    if (c == NULL)
+        return NULL;
+    c->rd = malloc(RD_CAP);
+    c->ctlbuf = malloc(CTL_CAP);
+    if (c->rd == NULL || c->ctlbuf == NULL || fb_gate_init(&c->out, FB_NET_MAX_CHANNELS + 1)
+            != FB_OK)
+        goto fail;
+    if (pthread_mutex_init(&c->mu, NULL) != 0)
+        goto fail_gate;
+    if (fb_cond_init(&c->cv) != 0) {
+        pthread_mutex_destroy(&c->mu);
+        goto fail_gate;
+    }
+    c->fd = fd;
+    c->segment_size = segment_size;
+    c->io_timeout_ms = io_timeout > 0 && io_timeout < 2e6 ? (int)(io_timeout * 1000) : 2000000000;
+    c->cb = *cb;
+    c->refs = 1;
+    c->next_receiver_id = 1;
+    for (k = 0; k < FB_NET_MAX_CHANNELS; k++) {
+        c->free_outs[k] = FB_NET_MAX_CHANNELS - k;     /* slots 1..MAX, lowest first */
+        c->free_ins[k] = FB_NET_MAX_CHANNELS - 1 - k;
+    }
+    c->nfree_outs = c->nfree_ins = FB_NET_MAX_CHANNELS;
+    idmap_init(&c->out_ids);
+    idmap_init(&c->in_ids);
+    return c;
+fail_gate:
+    fb_gate_free(&c->out);
+fail:
+    free(c->rd);
+    free(c->ctlbuf);
+    free(c);
+    return NULL;
+}
+
+int fb_conn_start(fb_conn_t *c)
+{
+    if (pthread_create(&c->reader, NULL, reader_main, c) != 0)
+        return FB_ENOMEM;
+    if (pthread_create(&c->writer, NULL, writer_main, c) != 0) {
+        conn_fail(c, FB_NET_ERR_CLOSED, "cannot start the connection's threads");
+        pthread_join(c->reader, NULL);
+        return FB_ENOMEM;
+    }
+    c->started = 1;
+    return FB_OK;
+}
+
+void fb_conn_close(fb_conn_t *c)
+{
+    int64_t deadline;
+    pthread_mutex_lock(&c->mu);
+    if (c->state == CONN_OPEN && c->started && !c->close_queued) {
+        c->close_queued = 1;
+        ctl_push(c, FB_MSG_CLOSE, 0, NULL, NULL, 0);
+        deadline = fb_deadline_after(1.0);
+        while (!c->close_sent && c->state == CONN_OPEN && fb_monotonic_ns() < deadline)
+            fb_cond_wait_until(&c->cv, &c->mu, deadline);
+    }
+    pthread_mutex_unlock(&c->mu);
+    conn_fail(c, FB_NET_ERR_CLOSED, "the connection was closed");
+    if (c->started) {
+        pthread_join(c->reader, NULL);
+        pthread_join(c->writer, NULL);
+        c->started = 0;
+    }
+}
+
+void fb_conn_incref(fb_conn_t *c)
+{
+    __atomic_add_fetch(&c->refs, 1, __ATOMIC_ACQ_REL);
+}
+
+void fb_conn_decref(fb_conn_t *c)
+{
+    if (__atomic_sub_fetch(&c->refs, 1, __ATOMIC_ACQ_REL) != 0)
+        return;
+    fb_conn_close(c);
+    ctl_free_list(c->ctl_head);     /* holds no channel: a channel holds this connection */
+    close(c->fd);
+    fb_gate_free(&c->out);
+    pthread_cond_destroy(&c->cv);
+    pthread_mutex_destroy(&c->mu);
+    free(c->rd);
+    free(c->ctlbuf);
+    free(c);
+}
+
+int fb_conn_is_open(fb_conn_t *c)
+{
+    int open;
+    pthread_mutex_lock(&c->mu);
+    open = c->state == CONN_OPEN;
+    pthread_mutex_unlock(&c->mu);
+    return open;
+}
+
+int fb_conn_error(fb_conn_t *c, char *buf, size_t len)
+{
+    int code;
+    pthread_mutex_lock(&c->mu);
+    code = c->state == CONN_OPEN ? 0 : c->err_code;
+    copy_text(buf, len, c->err_msg, strlen(c->err_msg));
+    pthread_mutex_unlock(&c->mu);
+    return code;
+}
+
+void fb_conn_stats(fb_conn_t *c, fb_conn_stats_t *out)
+{
+    out->bytes_in = __atomic_load_n(&c->stats.bytes_in, __ATOMIC_RELAXED);
+    out->bytes_out = __atomic_load_n(&c->stats.bytes_out, __ATOMIC_RELAXED);
+    out->frames_in = __atomic_load_n(&c->stats.frames_in, __ATOMIC_RELAXED);
+    out->frames_out = __atomic_load_n(&c->stats.frames_out, __ATOMIC_RELAXED);
+    out->buffers_in = __atomic_load_n(&c->stats.buffers_in, __ATOMIC_RELAXED);
+    out->buffers_out = __atomic_load_n(&c->stats.buffers_out, __ATOMIC_RELAXED);
+}
+
+int32_t fb_conn_num_channels(fb_conn_t *c)
+{
+    int32_t n;
+    pthread_mutex_lock(&c->mu);
+    n = 2 * FB_NET_MAX_CHANNELS - c->nfree_ins - c->nfree_outs;
+    pthread_mutex_unlock(&c->mu);
+    return n;
+}
+
+/* ---- floating buffers ------------------------------------------------------------------------ */
+
+fb_floating_t *fb_floating_new(fb_localpool_t *pool)
+{
+    fb_floating_t *f = calloc(1, sizeof(*f));
+    if (f == NULL)
+        return NULL;
+    if (pthread_mutex_init(&f->mu, NULL) != 0) {
+        free(f);
+        return NULL;
+    }
+    f->pool = pool;
+    f->refs = 1;
+    pool->ops->set_recycle_hook(pool, floating_hook, f);
+    return f;
+}
+
+static void floating_incref(fb_floating_t *f)
+{
+    __atomic_add_fetch(&f->refs, 1, __ATOMIC_ACQ_REL);
+}
+
+void fb_floating_detach(fb_floating_t *f)
+{
+    fb_localpool_t *pool = f->pool;
+    pool->ops->set_recycle_hook(pool, NULL, NULL);
+}
+
+void fb_floating_decref(fb_floating_t *f)
+{
+    if (f == NULL || __atomic_sub_fetch(&f->refs, 1, __ATOMIC_ACQ_REL) != 0)
+        return;
+    pthread_mutex_destroy(&f->mu);
+    free(f->waiting);
+    free(f);
+}
+
+/* ---- in-channels ------------------------------------------------------------------------------ */
+
+fb_inchan_t *fb_inchan_new(fb_conn_t *c, const char *partition_id, size_t len,
+                           uint32_t subpartition, fb_localpool_t *exclusive,
+                           fb_floating_t *floating, int64_t request_deadline_ns)
+{
+    fb_inchan_t *ch;
+    if (len > FB_NET_MAX_PARTITION_ID)
+        return NULL;
+    ch = calloc(1, sizeof(*ch));
+    if (ch == NULL)
+        return NULL;
+    ch->num_exclusive = 0;
+    ch->cap_avail = exclusive->max_buffers
+                    + (floating != NULL ? floating->pool->max_buffers : 0);
+    if (ch->cap_avail > 1 << 20 || ch->cap_avail < 1)
+        ch->cap_avail = 1 << 20;      /* unbounded pools: more than a channel can hold */
+    ch->avail = malloc(sizeof(int32_t) * (size_t)ch->cap_avail);
+    ch->avail_floating = malloc((size_t)ch->cap_avail);
+    if (ch->avail == NULL || ch->avail_floating == NULL
+            || fb_signal_init(&ch->on_poll) != FB_OK)
+        goto fail;
+    if (fb_subpart_init(&ch->queue, &ch->on_poll) != FB_OK) {
+        fb_signal_free(&ch->on_poll);
+        goto fail;
+    }
+    memcpy(ch->partition_id, partition_id, len);
+    ch->id_len = (uint16_t)len;
+    ch->subpartition = subpartition;
+    ch->exclusive = exclusive;
+    ch->floating = floating;
+    if (floating)
+        floating_incref(floating);
+    ch->conn = c;
+    fb_conn_incref(c);
+    ch->refs = 1;
+    ch->slot = -1;
+    ch->state = CH_NEW;
+    ch->request_deadline = request_deadline_ns;
+    ch->backoff_ns = RETRY_FIRST_NS;
+    return ch;
+fail:
+    free(ch->avail);
+    free(ch->avail_floating);
+    free(ch);
+    return NULL;
+}
+
+int fb_inchan_add_exclusive(fb_inchan_t *ch, int32_t index)
+{
+    int rc = FB_OK;
+    pthread_mutex_lock(&ch->conn->mu);
+    if (ch->state != CH_NEW || ch->navail >= ch->cap_avail) {
+        rc = FB_ESTATE;
+    } else {
+        ch->avail[ch->navail] = index;
+        ch->avail_floating[ch->navail++] = 0;
+        ch->num_exclusive++;
+    }
+    pthread_mutex_unlock(&ch->conn->mu);
+    return rc;
+}
+
+int fb_inchan_open(fb_inchan_t *ch)
+{
+    fb_conn_t *c = ch->conn;
+    int rc = FB_OK;
+    ch->exclusive->ops->set_recycle_hook(ch->exclusive, exclusive_hook, ch);
+    pthread_mutex_lock(&c->mu);
+    if (ch->state != CH_NEW)
+        rc = FB_ESTATE;
+    else if (c->state != CONN_OPEN)
+        rc = FB_ECLOSED;
+    else if (c->nfree_ins == 0 || c->next_receiver_id == FB_NET_ALL)
+        rc = FB_EINVAL;
+    if (rc == FB_OK) {
+        ch->slot = c->free_ins[--c->nfree_ins];
+        ch->receiver_id = c->next_receiver_id++;
+        c->ins[ch->slot] = ch;
+        idmap_put(&c->in_ids, ch->receiver_id, ch->slot);
+        inchan_incref(ch);                   /* the connection's */
+        ch->state = CH_REQUESTED;
+        if (ctl_push(c, FB_MSG_PARTITION_REQUEST, ch->receiver_id, ch, NULL, 0) != FB_OK)
+            rc = FB_ENOMEM;                  /* the channel stays: close() cleans up */
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+fb_subpart_t *fb_inchan_queue(fb_inchan_t *ch)
+{
+    return &ch->queue;
+}
+
+void fb_inchan_close(fb_inchan_t *ch)
+{
+    fb_conn_t *c = ch->conn;
+    fb_item_t *items = NULL;
+    ctl_t *dropped;
+    int32_t n;
+    int registered = 0;
+    giveback_t g;
+    memset(&g, 0, sizeof(g));
+    pthread_mutex_lock(&c->mu);
+    if (ch->state == CH_CLOSED) {
+        pthread_mutex_unlock(&c->mu);
+        return;
+    }
+    if ((ch->state == CH_REQUESTED || ch->state == CH_RETRY) && c->state == CONN_OPEN)
+        ctl_push(c, FB_MSG_CANCEL, ch->receiver_id, NULL, NULL, 0);
+    if (ch->state == CH_RETRY)
+        c->num_retrying--;
+    dropped = ctl_forget(c, ch);
+    if (ch->slot >= 0 && c->ins[ch->slot] == ch) {
+        idmap_del(&c->in_ids, ch->receiver_id);
+        c->ins[ch->slot] = NULL;
+        c->free_ins[c->nfree_ins++] = ch->slot;
+        registered = 1;
+    }
+    ch->state = CH_CLOSED;
+    while (c->recv_busy == ch)
+        pthread_cond_wait(&c->cv, &c->mu);
+    drop_avail_locked(ch, &g);
+    pthread_mutex_unlock(&c->mu);
+    ctl_free_list(dropped);
+    ch->exclusive->ops->set_recycle_hook(ch->exclusive, NULL, NULL);
+    if (ch->floating) {
+        pthread_mutex_lock(&ch->floating->mu);
+        remove_waiter(ch->floating, ch);
+        pthread_mutex_unlock(&ch->floating->mu);
+    }
+    giveback_run(&g);
+    n = fb_subpart_terminate(&ch->queue, FB_SP_RELEASED, &items);
+    if (n > 0)
+        fb_items_dispose(items, n);
+    if (registered)
+        fb_inchan_decref(ch);                /* the connection's */
+}
+
+void fb_inchan_decref(fb_inchan_t *ch)
+{
+    if (__atomic_sub_fetch(&ch->refs, 1, __ATOMIC_ACQ_REL) != 0)
+        return;
+    fb_subpart_free(&ch->queue);
+    fb_signal_free(&ch->on_poll);
+    fb_floating_decref(ch->floating);
+    fb_conn_decref(ch->conn);
+    free(ch->avail);
+    free(ch->avail_floating);
+    free(ch);
+}
+
+int fb_inchan_error(fb_inchan_t *ch, char *type, size_t tlen, char *message, size_t mlen)
+{
+    int code;
+    pthread_mutex_lock(&ch->conn->mu);
+    code = ch->state == CH_FAILED ? ch->err_code : 0;
+    copy_text(type, tlen, ch->err_type, strlen(ch->err_type));
+    copy_text(message, mlen, ch->err_msg, strlen(ch->err_msg));
+    pthread_mutex_unlock(&ch->conn->mu);
+    return code;
+}
+
+uint32_t fb_inchan_receiver_id(fb_inchan_t *ch)
+{
+    return ch->receiver_id;
+}
+
+void fb_inchan_stats(fb_inchan_t *ch, fb_inchan_stats_t *out)
+{
+    int32_t k, fl = 0;
+    pthread_mutex_lock(&ch->conn->mu);
+    for (k = 0; k < ch->navail; k++)
+        fl += ch->avail_floating[k];
+    out->exclusive_available = ch->navail - fl;
+    out->floating_available = fl;
+    out->exclusive_total = ch->num_exclusive;
+    out->backlog = ch->backlog;
+    out->buffers_in = ch->buffers_in;
+    out->bytes_in = ch->bytes_in;
+    pthread_mutex_unlock(&ch->conn->mu);
+}

@@ -1,0 +1,161 @@
+/* One connection between two processes: the network layer's data path.
+ *
+ * A connection carries every channel between two processes, in both
+ * directions (docs/PROTOCOL.md): it serves subpartitions of this process to
+ * readers over there (out-channels) and reads subpartitions over there into
+ * input gates here (in-channels).  Two threads per connection, both plain C
+ * and never holding the GIL: the reader parses frames and receives buffer
+ * bodies straight into pool segments; the writer sends buffers of served
+ * subpartitions as their credit allows (header and segment in one vectored
+ * send), and the control messages (requests, credit, errors).  Sent segments
+ * go back to the producer's pool through its ops; received ones reach the
+ * consumer through an fb_subpart_t queue, and when the consumer recycles
+ * them a pool recycle hook gives them back to their channel as credit.
+ *
+ * Credit-based flow control as in Flink: each in-channel has exclusive
+ * buffers (a local pool of its own) and borrows from its gate's floating
+ * buffers (fb_floating_t) when the sender's backlog says more is coming.
+ *
+ * Locking: conn->mu guards the connection's tables and every channel's
+ * credit state; fb_floating_t.mu guards a gate's waiting list.  Order:
+ * conn->mu -> subpartition -> gate (the exchange's order) and conn->mu ->
+ * pool; conn->mu and floating->mu are never held together.  Recycle hooks
+ * run outside the pool lock.  The owner's callbacks (which take the GIL)
+ * are called with no lock held.  No Python API. */
+#ifndef FLINKBUF_CONNECTION_H
+#define FLINKBUF_CONNECTION_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "exchange.h"
+#include "pool.h"
+#include "status.h"
+
+/* ---- wire format (docs/PROTOCOL.md) ------------------------------------ */
+
+#define FB_NET_MAGIC 0x46425546u          /* "FBUF" */
+#define FB_NET_HEADER 9                   /* length u32, magic u32, id u8 */
+#define FB_NET_BUFFER_FIELDS 17           /* receiver, sequence, backlog u32; type u8; size u32 */
+#define FB_NET_MAX_CHANNELS 4096          /* per connection and direction */
+#define FB_NET_MAX_PARTITION_ID 1024
+#define FB_NET_MAX_ERROR_FRAME 65536
+#define FB_NET_MAX_MESSAGE 4096           /* error text this side keeps */
+#define FB_NET_ALL 0xFFFFFFFFu            /* receiver id of a connection-wide error */
+
+enum {
+    FB_MSG_BUFFER = 0,
+    FB_MSG_ERROR = 1,
+    FB_MSG_PARTITION_REQUEST = 2,
+    FB_MSG_CANCEL = 4,
+    FB_MSG_CLOSE = 5,
+    FB_MSG_ADD_CREDIT = 6
+};
+
+/* ERROR_RESPONSE codes, and why a channel or connection failed. */
+enum {
+    FB_NET_ERR_PRODUCER_FAILED = 1,
+    FB_NET_ERR_NOT_FOUND = 2,
+    FB_NET_ERR_RELEASED = 3,
+    FB_NET_ERR_PROTOCOL = 4,
+    FB_NET_ERR_REFUSED = 5,
+    /* not on the wire: */
+    FB_NET_ERR_CONNECTION = 16,   /* the connection dropped or stalled */
+    FB_NET_ERR_CLOSED = 17        /* this side closed it */
+};
+
+typedef struct fb_conn fb_conn_t;
+typedef struct fb_inchan fb_inchan_t;
+typedef struct fb_floating fb_floating_t;
+
+/* What the owner (the Cython layer) does for a connection.  Called from the
+ * connection's threads with no lock held; they take the GIL themselves. */
+typedef struct fb_conn_callbacks {
+    void *ctx;
+    /* A PARTITION_REQUEST: the subpartition to serve and an owner reference
+     * that keeps it alive (released with release_owner), or an
+     * FB_NET_ERR_* code with a message in errbuf. */
+    int (*find_subpartition)(void *ctx, const char *partition_id, size_t len,
+                             uint32_t subpartition, fb_subpart_t **sp, void **owner,
+                             char *errbuf, size_t errlen);
+    /* A served subpartition failed: its cause's type name and message. */
+    void (*describe_failure)(void *ctx, void *owner, char *type, size_t tlen,
+                             char *message, size_t mlen);
+    void (*release_owner)(void *ctx, void *owner);
+} fb_conn_callbacks_t;
+
+/* Per-connection counters (read without a lock; monotonic). */
+typedef struct fb_conn_stats {
+    int64_t bytes_in, bytes_out, frames_in, frames_out, buffers_in, buffers_out;
+} fb_conn_stats_t;
+
+/* ---- connection ----------------------------------------------------------- */
+
+/* A connection over `fd` (connected and authenticated; the connection owns it
+ * from here), whose buffers are `segment_size` bytes on both sides.  The
+ * caller holds one reference.  NULL when out of memory. */
+fb_conn_t *fb_conn_new(int fd, int32_t segment_size, const fb_conn_callbacks_t *cb,
+                       double io_timeout);
+/* Start the reader and writer threads: FB_OK or FB_ENOMEM. */
+int fb_conn_start(fb_conn_t *c);
+/* Close: a CLOSE_REQUEST if the connection is open, then both threads end
+ * and every channel on it fails (FB_NET_ERR_CLOSED) or ends; waits for the
+ * threads (no GIL!).  Idempotent. */
+void fb_conn_close(fb_conn_t *c);
+void fb_conn_incref(fb_conn_t *c);
+void fb_conn_decref(fb_conn_t *c);          /* the last reference frees it (closed first) */
+/* 1 while the connection can carry new channels. */
+int fb_conn_is_open(fb_conn_t *c);
+/* Why it ended: an FB_NET_ERR_* code (0 while open) and a message. */
+int fb_conn_error(fb_conn_t *c, char *buf, size_t len);
+void fb_conn_stats(fb_conn_t *c, fb_conn_stats_t *out);
+int32_t fb_conn_num_channels(fb_conn_t *c);  /* in + out channels live now */
+
+/* ---- floating buffers of one input gate ---------------------------------------- */
+
+/* The floating buffers of a gate: `pool` (the gate's local pool) lends its
+ * segments to the gate's in-channels that wait for buffers.  The caller
+ * holds one reference; before the pool goes it detaches (its channels are
+ * closed by then), which clears the pool's hook. */
+fb_floating_t *fb_floating_new(fb_localpool_t *pool);
+void fb_floating_detach(fb_floating_t *f);
+void fb_floating_decref(fb_floating_t *f);
+
+/* ---- in-channels: reading a subpartition over there ----------------------------- */
+
+/* A channel that reads subpartition `subpartition` of `partition_id` over
+ * `c`, receiving into `exclusive` (a local pool of its own, whose segments
+ * the caller adds with fb_inchan_add_exclusive before registering) and
+ * borrowing from `floating` (or NULL).  The caller holds one reference. */
+fb_inchan_t *fb_inchan_new(fb_conn_t *c, const char *partition_id, size_t len,
+                           uint32_t subpartition, fb_localpool_t *exclusive,
+                           fb_floating_t *floating, int64_t request_deadline_ns);
+/* One exclusive segment (of `exclusive`, handed out to the caller). */
+int fb_inchan_add_exclusive(fb_inchan_t *ch, int32_t index);
+/* Register on the connection and send the PARTITION_REQUEST (initial credit:
+ * the exclusive segments): FB_OK, FB_ECLOSED, or FB_EINVAL past the channel
+ * cap.  Not-found answers are retried (50 ms, doubling up to 1 s) until the
+ * deadline. */
+int fb_inchan_open(fb_inchan_t *ch);
+/* The received items, for the consumer's gate (fb_subpart_connect/poll). */
+fb_subpart_t *fb_inchan_queue(fb_inchan_t *ch);
+/* The consumer is done (end of partition, or it closed early): a
+ * CANCEL_PARTITION_REQUEST unless the stream ended, then every segment the
+ * channel holds goes back to its pool.  Waits (no GIL!) for a receive into
+ * one of its segments in progress.  Idempotent. */
+void fb_inchan_close(fb_inchan_t *ch);
+void fb_inchan_decref(fb_inchan_t *ch);
+/* Why the channel failed: FB_NET_ERR_* (0 if it did not), the cause's type
+ * name (for a producer failure) and a message. */
+int fb_inchan_error(fb_inchan_t *ch, char *type, size_t tlen, char *message, size_t mlen);
+uint32_t fb_inchan_receiver_id(fb_inchan_t *ch);
+/* Counters for metrics: buffers held for the sender (exclusive, floating),
+ * exclusive segments in all, and what arrived. */
+typedef struct fb_inchan_stats {
+    int32_t exclusive_available, floating_available, exclusive_total, backlog;
+    int64_t buffers_in, bytes_in;
+} fb_inchan_stats_t;
+void fb_inchan_stats(fb_inchan_t *ch, fb_inchan_stats_t *out);
+
+#endif

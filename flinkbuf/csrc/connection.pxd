@@ -1,0 +1,69 @@
+# csrc/connection.h: one connection between two processes (the network
+# layer's data path: frames, credit-based flow control, reader and writer
+# threads).  Locking notes there; docs/PROTOCOL.md is the wire format.
+from libc.stdint cimport int32_t, int64_t, uint32_t
+
+from flinkbuf.csrc.exchange cimport fb_subpart_t
+from flinkbuf.csrc.pool cimport fb_localpool_t
+
+cdef extern from "connection.h" nogil:
+    enum:
+        FB_NET_MAGIC
+        FB_NET_HEADER
+        FB_NET_MAX_CHANNELS
+        FB_NET_MAX_PARTITION_ID
+        FB_NET_MAX_MESSAGE
+        FB_NET_ERR_PRODUCER_FAILED
+        FB_NET_ERR_NOT_FOUND
+        FB_NET_ERR_RELEASED
+        FB_NET_ERR_PROTOCOL
+        FB_NET_ERR_REFUSED
+        FB_NET_ERR_CONNECTION
+        FB_NET_ERR_CLOSED
+
+    ctypedef struct fb_conn_t
+    ctypedef struct fb_inchan_t
+    ctypedef struct fb_floating_t
+
+    ctypedef struct fb_conn_callbacks_t:
+        void *ctx
+        int (*find_subpartition)(void *ctx, const char *partition_id, size_t len,
+                                 uint32_t subpartition, fb_subpart_t **sp, void **owner,
+                                 char *errbuf, size_t errlen) noexcept
+        void (*describe_failure)(void *ctx, void *owner, char *type, size_t tlen,
+                                 char *message, size_t mlen) noexcept
+        void (*release_owner)(void *ctx, void *owner) noexcept
+
+    ctypedef struct fb_conn_stats_t:
+        int64_t bytes_in, bytes_out, frames_in, frames_out, buffers_in, buffers_out
+
+    fb_conn_t *fb_conn_new(int fd, int32_t segment_size, const fb_conn_callbacks_t *cb,
+                           double io_timeout)
+    int fb_conn_start(fb_conn_t *c)
+    void fb_conn_close(fb_conn_t *c)
+    void fb_conn_incref(fb_conn_t *c)
+    void fb_conn_decref(fb_conn_t *c)
+    int fb_conn_is_open(fb_conn_t *c)
+    int fb_conn_error(fb_conn_t *c, char *buf, size_t len)
+    void fb_conn_stats(fb_conn_t *c, fb_conn_stats_t *out)
+    int32_t fb_conn_num_channels(fb_conn_t *c)
+
+    fb_floating_t *fb_floating_new(fb_localpool_t *pool)
+    void fb_floating_detach(fb_floating_t *f)
+    void fb_floating_decref(fb_floating_t *f)
+
+    ctypedef struct fb_inchan_stats_t:
+        int32_t exclusive_available, floating_available, exclusive_total, backlog
+        int64_t buffers_in, bytes_in
+
+    fb_inchan_t *fb_inchan_new(fb_conn_t *c, const char *partition_id, size_t len,
+                               uint32_t subpartition, fb_localpool_t *exclusive,
+                               fb_floating_t *floating, int64_t request_deadline_ns)
+    int fb_inchan_add_exclusive(fb_inchan_t *ch, int32_t index)
+    int fb_inchan_open(fb_inchan_t *ch)
+    fb_subpart_t *fb_inchan_queue(fb_inchan_t *ch)
+    void fb_inchan_close(fb_inchan_t *ch)
+    void fb_inchan_decref(fb_inchan_t *ch)
+    int fb_inchan_error(fb_inchan_t *ch, char *type, size_t tlen, char *message, size_t mlen)
+    uint32_t fb_inchan_receiver_id(fb_inchan_t *ch)
+    void fb_inchan_stats(fb_inchan_t *ch, fb_inchan_stats_t *out)

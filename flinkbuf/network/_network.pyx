@@ -1,0 +1,31 @@
+# Layer 4, records across processes: connections (csrc/connection.c, whose
+# reader and writer threads never hold the GIL), remote input channels with
+# Flink's credit-based flow control, and the callbacks through which a
+# connection finds the partitions this process serves.  One extension; the
+# environment that owns sockets, handshakes and registries is environment.py.
+# Compiler directives live in setup.py.
+
+cimport cython
+from cpython.ref cimport Py_DECREF, Py_INCREF
+from libc.stdint cimport int32_t, int64_t, uint32_t
+from libc.string cimport memcpy, strlen
+
+from flinkbuf.buffer._buffer cimport Buffer, LocalBufferPool
+from flinkbuf.capi cimport write_unraisable
+from flinkbuf.csrc.clock cimport fb_deadline_after
+from flinkbuf.csrc.connection cimport *
+from flinkbuf.csrc.exchange cimport *
+from flinkbuf.csrc.pool cimport FB_NO_CHANNEL
+from flinkbuf.csrc.status cimport *
+from flinkbuf.io._io cimport (InputChannel, InputGate, ResultPartition, ResultSubpartition,
+                              item_object)
+
+from flinkbuf.errors import (
+    PartitionNotFoundError,
+    PartitionReleasedError,
+    RemoteConnectionError,
+    RemoteError,
+)
+
+include "connection.pyx"
+include "remote_input_channel.pyx"

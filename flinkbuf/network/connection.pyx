@@ -1,0 +1,165 @@
+# Connection: one authenticated socket to another process, run by the C
+# reader and writer threads of csrc/connection.c.  Included by _network.pyx.
+
+cdef int _copy_utf8(str text, char *buf, size_t cap) noexcept:
+    """``text`` as UTF-8 into ``buf`` (NUL-terminated, cut to fit)."""
+    cdef bytes raw
+    cdef size_t n
+    if cap == 0:
+        return 0
+    try:
+        raw = text.encode("utf-8", "replace")
+    except BaseException:
+        raw = b"?"
+    n = <size_t>len(raw)
+    if n >= cap:
+        n = cap - 1
+    memcpy(buf, <const char *>raw, n)
+    buf[n] = 0
+    return 0
+
+
+cdef int _find_subpartition(void *ctx, const char *partition_id, size_t n,
+                            uint32_t subpartition, fb_subpart_t **sp, void **owner,
+                            char *err, size_t errlen) noexcept with gil:
+    """A PARTITION_REQUEST arrived: the registered partition's subpartition
+    (its owner reference taken), or an error code and message."""
+    cdef Connection conn = <Connection>ctx
+    cdef ResultPartition part
+    try:
+        pid = partition_id[:n].decode("utf-8")
+        found = conn._lookup(pid)
+        if found is None:
+            _copy_utf8(f"no partition {pid!r} is registered at {conn._local}", err, errlen)
+            return FB_NET_ERR_NOT_FOUND
+        part = <ResultPartition>found
+        if subpartition >= <uint32_t>part._n:
+            _copy_utf8(f"partition {pid!r} has {part._n} subpartitions, not {subpartition + 1}",
+                       err, errlen)
+            return FB_NET_ERR_REFUSED
+        Py_INCREF(part)
+        owner[0] = <void *>part
+        sp[0] = &(<ResultSubpartition>part._subpartitions[subpartition])._c
+        return 0
+    except BaseException as exc:
+        write_unraisable(conn)
+        _copy_utf8(f"the server could not look the partition up: {exc!r}", err, errlen)
+        return FB_NET_ERR_REFUSED
+
+
+cdef void _describe_failure(void *ctx, void *owner, char *tname, size_t tlen,
+                            char *message, size_t mlen) noexcept with gil:
+    cdef ResultPartition part = <ResultPartition>owner
+    try:
+        cause = part._cause
+        if cause is None:
+            _copy_utf8("", tname, tlen)
+            _copy_utf8("the producer failed", message, mlen)
+        else:
+            _copy_utf8(type(cause).__name__, tname, tlen)
+            _copy_utf8(str(cause), message, mlen)
+    except BaseException:
+        write_unraisable(part)
+
+
+cdef void _release_owner(void *ctx, void *owner) noexcept with gil:
+    Py_DECREF(<object>owner)
+
+
+@cython.final
+@cython.no_gc_clear
+cdef class Connection:
+    """One connection to another process, carrying every channel between
+    the two (in both directions).  Made by the network environment once the
+    peer is authenticated; the socket is the connection's from then on."""
+
+    def __cinit__(self):
+        self._c = NULL
+
+    def __init__(self):
+        raise TypeError("connections are made by NetworkEnvironment")
+
+    @staticmethod
+    def _open(int fd, int32_t segment_size, lookup, str local, str peer, double io_timeout):
+        """Start a connection over ``fd`` (connected, authenticated, owned
+        from here on).  ``lookup(partition_id)`` finds a registered
+        partition or returns None."""
+        cdef Connection conn = Connection.__new__(Connection)
+        cdef fb_conn_callbacks_t cb
+        cb.ctx = <void *>conn           # borrowed: the threads end before conn does
+        cb.find_subpartition = _find_subpartition
+        cb.describe_failure = _describe_failure
+        cb.release_owner = _release_owner
+        conn._lookup = lookup
+        conn._local = local
+        conn._peer = peer
+        conn._c = fb_conn_new(fd, segment_size, &cb, io_timeout)
+        if conn._c == NULL:
+            import os
+            os.close(fd)
+            raise MemoryError("cannot allocate a connection")
+        if fb_conn_start(conn._c) != FB_OK:
+            raise MemoryError("cannot start the connection's threads")
+        return conn
+
+    def __dealloc__(self):
+        if self._c != NULL:
+            with nogil:
+                fb_conn_close(self._c)
+            fb_conn_decref(self._c)
+            self._c = NULL
+
+    cdef int _check(self) except -1:
+        if self._c == NULL:
+            raise RuntimeError("the connection is not initialised")
+        return 0
+
+    def close(self):
+        """Send a CLOSE_REQUEST, end both threads and fail what is still
+        open on the connection.  Idempotent."""
+        cdef object keep = self
+        if self._c != NULL:
+            with nogil:
+                fb_conn_close(self._c)
+
+    @property
+    def is_open(self):
+        return self._c != NULL and bool(fb_conn_is_open(self._c))
+
+    @property
+    def peer(self):
+        """The address of the peer's own server."""
+        return self._peer
+
+    cdef object _error(self):
+        """The error the connection ended with, or None while it is open."""
+        cdef char msg[FB_NET_MAX_MESSAGE]
+        if self._c == NULL:
+            return RemoteConnectionError("the connection is not initialised")
+        cdef int code = fb_conn_error(self._c, msg, sizeof(msg))
+        if code == 0:
+            return None
+        return RemoteConnectionError(f"connection to {self._peer}: {msg.decode('utf-8', 'replace')}")
+
+    @property
+    def error(self):
+        """Why the connection ended (a RemoteConnectionError), or None."""
+        return self._error()
+
+    def stats(self):
+        """Bytes, frames and buffers in and out so far."""
+        self._check()
+        cdef fb_conn_stats_t st
+        fb_conn_stats(self._c, &st)
+        return {"bytes_in": st.bytes_in, "bytes_out": st.bytes_out,
+                "frames_in": st.frames_in, "frames_out": st.frames_out,
+                "buffers_in": st.buffers_in, "buffers_out": st.buffers_out}
+
+    @property
+    def num_channels(self):
+        self._check()
+        return fb_conn_num_channels(self._c)
+
+    def __repr__(self):
+        state = "open" if self.is_open else "closed"
+        return f"<flinkbuf.network.Connection peer={self._peer!r} {state}>"

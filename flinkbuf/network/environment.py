@@ -1,0 +1,410 @@
+"""NetworkEnvironment: one per process, the owner of its network buffers,
+of a server for the partitions it registers, and of the connections to the
+other processes whose partitions its input gates read."""
+
+import atexit
+import logging
+import math
+import socket
+import threading
+import time
+import weakref
+
+from flinkbuf.buffer import NetworkBufferPool
+from flinkbuf.errors import (
+    AuthenticationError,
+    PartitionNotFoundError,
+    RemoteConnectionError,
+)
+from flinkbuf.io import InputGate, LocalInputChannel, ResultPartition
+from flinkbuf.network import handshake
+from flinkbuf.network._network import Connection, RemoteInputChannel, make_floating_buffers
+
+__all__ = ["NetworkEnvironment"]
+
+log = logging.getLogger("flinkbuf.network")
+
+_LIVE = weakref.WeakSet()          # environments to close at interpreter exit
+_MAX_PENDING_HANDSHAKES = 32
+
+
+@atexit.register
+def _close_all():
+    for env in list(_LIVE):
+        try:
+            env.close()
+        except Exception:           # noqa: BLE001 - exiting anyway
+            log.exception("closing a network environment at exit")
+
+
+def _seconds(value, name, *, allow_none=False):
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
+    value = float(value)
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{name} must be a positive, finite number of seconds, got {value!r}")
+    return value
+
+
+def _count(value, name, minimum):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if not minimum <= value <= 2 ** 31 - 1:
+        raise ValueError(f"{name} must be in [{minimum}, {2 ** 31 - 1}], got {value}")
+    return value
+
+
+def format_address(address):
+    """``(host, port)`` or ``"host:port"`` as ``"host:port"``."""
+    if isinstance(address, str):
+        host, sep, port = address.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"an address is (host, port) or 'host:port', got {address!r}")
+        return f"{host}:{int(port)}"
+    if (isinstance(address, (tuple, list)) and len(address) == 2
+            and isinstance(address[0], str) and isinstance(address[1], int)
+            and not isinstance(address[1], bool)):
+        return f"{address[0]}:{address[1]}"
+    raise TypeError(f"an address is (host, port) or 'host:port', got {address!r}")
+
+
+def _split(address):
+    host, _, port = address.rpartition(":")
+    return host, int(port)
+
+
+def _tune(sock):
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for opt, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, opt):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
+
+
+class NetworkEnvironment:
+    """The network stack of one process (Flink's NetworkEnvironment).
+
+    It owns the process's :class:`NetworkBufferPool` (``num_segments`` of
+    ``segment_size`` bytes; ``network_buffer_pool``), a server at ``host``
+    / ``port`` (default: loopback, a free port; ``address`` is what it
+    bound) that serves the partitions registered with
+    :meth:`register_partition`, and the connections its input gates read
+    over.  One connection per pair of processes carries all their channels.
+    Every peer first proves it knows ``secret`` (HMAC challenge-response in
+    both directions); a peer without it gets nothing.
+
+    Remote channels use Flink's credit-based flow control:
+    ``exclusive_buffers_per_channel`` buffers per channel plus
+    ``floating_buffers_per_gate`` per gate, all from this environment's
+    pool.  A consumer that stops reading stops its producer, across the
+    connection, through the producer's exhausted buffer pool.
+
+    Timeouts (seconds): ``connect_timeout`` for connecting and the
+    handshake; ``request_timeout`` for a partition request (retried while
+    the producer has not registered the partition yet) and for a gate's
+    buffers; ``io_timeout`` for a peer that stops in the middle of a frame.
+    A dropped connection fails its channels at once (their consumers raise
+    :class:`RemoteConnectionError`).  Use as a context manager, or call
+    :meth:`close`.
+    """
+
+    def __init__(self, num_segments, segment_size=32768, *, host="127.0.0.1", port=0,
+                 secret, exclusive_buffers_per_channel=2, floating_buffers_per_gate=8,
+                 connect_timeout=10.0, request_timeout=30.0, io_timeout=60.0):
+        if not isinstance(secret, (bytes, bytearray, memoryview)):
+            raise TypeError(f"secret must be bytes, got {type(secret).__name__}")
+        secret = bytes(secret)
+        if len(secret) < 16:
+            raise ValueError("secret must be at least 16 bytes (use secrets.token_bytes(32))")
+        if not isinstance(host, str):
+            raise TypeError(f"host must be a str, got {type(host).__name__}")
+        _count(port, "port", 0)
+        if port > 65535:
+            raise ValueError(f"port must be in [0, 65535], got {port}")
+        self._exclusive = _count(exclusive_buffers_per_channel, "exclusive_buffers_per_channel", 1)
+        self._floating = _count(floating_buffers_per_gate, "floating_buffers_per_gate", 0)
+        self._connect_timeout = _seconds(connect_timeout, "connect_timeout")
+        self._request_timeout = _seconds(request_timeout, "request_timeout")
+        self._io_timeout = _seconds(io_timeout, "io_timeout")
+        self._secret = secret
+        self._nbp = NetworkBufferPool(num_segments, segment_size)
+        self._segment_size = segment_size
+        self._lock = threading.Lock()
+        self._partitions = {}            # partition id -> ResultPartition
+        self._connections = {}           # peer address -> Connection we reuse
+        self._all_connections = []       # every Connection, to close
+        self._connecting = {}            # peer address -> lock while connecting
+        self._pending = threading.BoundedSemaphore(_MAX_PENDING_HANDSHAKES)
+        self._closed = False
+        try:
+            self._server = socket.create_server((host, port), backlog=128)
+        except BaseException:
+            self._nbp.destroy()
+            raise
+        self._server.settimeout(0.2)
+        bound = self._server.getsockname()
+        self._address = (bound[0], bound[1])
+        self._address_text = format_address(self._address)
+        self._acceptor = threading.Thread(target=self._accept_loop, daemon=True,
+                                          name=f"flinkbuf-accept-{self._address_text}")
+        self._acceptor.start()
+        _LIVE.add(self)
+
+    # ---- properties ------------------------------------------------------------------
+
+    @property
+    def address(self):
+        """``(host, port)`` the server bound."""
+        return self._address
+
+    @property
+    def network_buffer_pool(self):
+        """The pool every buffer of this environment comes from: create the
+        partitions this process serves from it."""
+        return self._nbp
+
+    @property
+    def is_closed(self):
+        return self._closed
+
+    def connections(self):
+        """The open connections (a snapshot)."""
+        with self._lock:
+            return [c for c in self._all_connections if c.is_open]
+
+    def connection_stats(self):
+        """Per connection (by peer address): bytes, frames and buffers in and out."""
+        with self._lock:
+            conns = list(self._all_connections)
+        return {c.peer: c.stats() for c in conns}
+
+    # ---- partitions this process serves -------------------------------------------------
+
+    def register_partition(self, partition_id, partition):
+        """Serve ``partition`` as ``partition_id`` (a str of at most 1024
+        bytes of UTF-8) to remote readers; readers that asked before are
+        served once it is registered (their requests are retried)."""
+        if not isinstance(partition_id, str):
+            raise TypeError(f"partition_id must be a str, got {type(partition_id).__name__}")
+        if len(partition_id.encode("utf-8")) > 1024:
+            raise ValueError("partition_id is longer than 1024 bytes of UTF-8")
+        if not isinstance(partition, ResultPartition):
+            raise TypeError(f"expected a ResultPartition, got {type(partition).__name__}")
+        with self._lock:
+            self._check_open()
+            if partition_id in self._partitions:
+                raise ValueError(f"a partition {partition_id!r} is registered already")
+            self._partitions[partition_id] = partition
+
+    def unregister_partition(self, partition_id):
+        """Stop serving ``partition_id`` to new readers (those reading it go on)."""
+        with self._lock:
+            self._partitions.pop(partition_id, None)
+
+    def _lookup(self, partition_id):
+        with self._lock:
+            return None if self._closed else self._partitions.get(partition_id)
+
+    # ---- input gates --------------------------------------------------------------------
+
+    def create_input_gate(self, specs, *, codec="typed", max_record_size=64 << 20, name=None):
+        """An :class:`InputGate` over ``specs``, each ``(address,
+        partition_id, subpartition)``: a :class:`RemoteInputChannel` for a
+        partition of another process (``address`` is that process's
+        environment's), a :class:`LocalInputChannel` for one registered here
+        (this environment's address)."""
+        specs = list(specs)
+        if not specs:
+            raise ValueError("an input gate needs at least one channel")
+        parsed = []
+        for spec in specs:
+            if not isinstance(spec, (tuple, list)) or len(spec) != 3:
+                raise TypeError(f"a channel spec is (address, partition_id, subpartition), "
+                                f"got {spec!r}")
+            address, partition_id, sub = spec
+            if not isinstance(partition_id, str):
+                raise TypeError(f"partition_id must be a str, got {type(partition_id).__name__}")
+            if isinstance(sub, bool) or not isinstance(sub, int) or not 0 <= sub < 2 ** 32:
+                raise ValueError(f"subpartition must be an int in [0, 2**32), got {sub!r}")
+            parsed.append((format_address(address), partition_id, sub))
+        self._check_open()
+        channels = []
+        floating = None
+        try:
+            remote = [s for s in parsed if s[0] != self._address_text]
+            if remote and self._floating:
+                floating = make_floating_buffers(
+                    self._nbp.create_buffer_pool(self._floating, self._floating))
+            for address, partition_id, sub in parsed:
+                if address == self._address_text:
+                    channels.append(LocalInputChannel(self._local_partition(partition_id), sub))
+                else:
+                    channels.append(self._remote_channel(address, partition_id, sub, floating))
+            return InputGate(channels, codec=codec, max_record_size=max_record_size, name=name)
+        except BaseException:
+            for ch in channels:
+                if isinstance(ch, RemoteInputChannel):
+                    ch._close()
+            raise
+
+    def _local_partition(self, partition_id):
+        deadline = time.monotonic() + self._request_timeout
+        while True:
+            part = self._lookup(partition_id)
+            if part is not None:
+                return part
+            if time.monotonic() > deadline:
+                raise PartitionNotFoundError(
+                    f"no partition {partition_id!r} was registered in this process within "
+                    f"{self._request_timeout} s")
+            self._check_open()
+            time.sleep(0.01)
+
+    def _remote_channel(self, address, partition_id, sub, floating):
+        conn = self._connection_to(address)
+        exclusive = self._nbp.create_buffer_pool(self._exclusive, self._exclusive)
+        try:
+            return RemoteInputChannel._open(conn, partition_id, sub, exclusive, floating,
+                                            self._request_timeout, self._request_timeout)
+        except BaseException:
+            exclusive.destroy()
+            raise
+
+    # ---- connections --------------------------------------------------------------------
+
+    def _connection_to(self, address):
+        """The open connection to the process at ``address``, made (and
+        authenticated) if there is none."""
+        while True:
+            with self._lock:
+                self._check_open()
+                conn = self._connections.get(address)
+                if conn is not None and conn.is_open:
+                    return conn
+                gate = self._connecting.setdefault(address, threading.Lock())
+            with gate:
+                with self._lock:
+                    conn = self._connections.get(address)
+                    if conn is not None and conn.is_open:
+                        return conn
+                conn = self._connect(address)
+                with self._lock:
+                    self._connecting.pop(address, None)
+                    if self._closed:
+                        conn.close()
+                        self._check_open()
+                    self._connections[address] = conn
+                    self._all_connections.append(conn)
+                return conn
+
+    def _connect(self, address):
+        host, port = _split(address)
+        try:
+            sock = socket.create_connection((host, port), timeout=self._connect_timeout)
+        except OSError as exc:
+            raise RemoteConnectionError(f"cannot connect to {address}: {exc}") from exc
+        try:
+            _tune(sock)
+            peer, _ = handshake.client(sock, self._secret, self._address_text,
+                                       self._segment_size, self._connect_timeout)
+            sock.settimeout(None)
+            fd = sock.detach()
+        except AuthenticationError as exc:
+            sock.close()
+            raise AuthenticationError(f"connecting to {address}: {exc}") from None
+        except OSError as exc:
+            sock.close()
+            raise RemoteConnectionError(f"connecting to {address}: {exc}") from exc
+        except BaseException:
+            sock.close()
+            raise
+        return Connection._open(fd, self._segment_size, self._lookup, self._address_text,
+                                address, self._io_timeout)
+
+    def _accept_loop(self):
+        while not self._closed:
+            try:
+                sock, peer = self._server.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                if self._closed:
+                    return
+                log.exception("accepting a connection failed")
+                time.sleep(0.1)
+                continue
+            if not self._pending.acquire(blocking=False):
+                log.warning("refused a connection from %s:%s: too many handshakes in progress",
+                            *peer[:2])
+                sock.close()
+                continue
+            threading.Thread(target=self._serve_handshake, args=(sock, peer), daemon=True,
+                             name="flinkbuf-handshake").start()
+
+    def _serve_handshake(self, sock, peer):
+        try:
+            _tune(sock)
+            advertised, _ = handshake.server(sock, self._secret, self._address_text,
+                                             self._segment_size, self._connect_timeout)
+            sock.settimeout(None)
+        except (AuthenticationError, RemoteConnectionError, OSError, ValueError) as exc:
+            log.warning("refused a connection from %s:%s: %s", peer[0], peer[1], exc)
+            sock.close()
+            return
+        finally:
+            self._pending.release()
+        fd = sock.detach()
+        with self._lock:
+            if self._closed:
+                import os
+                os.close(fd)
+                return
+            conn = Connection._open(fd, self._segment_size, self._lookup, self._address_text,
+                                    advertised, self._io_timeout)
+            self._all_connections.append(conn)
+            current = self._connections.get(advertised)
+            if current is None or not current.is_open:
+                self._connections[advertised] = conn
+
+    # ---- lifecycle ----------------------------------------------------------------------
+
+    def _check_open(self):
+        if self._closed:
+            raise RuntimeError("the network environment is closed")
+
+    def close(self):
+        """End every connection (a clean CLOSE_REQUEST first), stop the
+        server and destroy the buffer pool (lazily: buffers still out stay
+        valid until recycled).  Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            conns = list(self._all_connections)
+            self._all_connections.clear()
+            self._connections.clear()
+            self._partitions.clear()
+        _LIVE.discard(self)
+        try:
+            self._server.close()
+        except OSError:
+            pass
+        if self._acceptor is not threading.current_thread():
+            self._acceptor.join(5)
+        for conn in conns:
+            conn.close()
+        self._nbp.destroy()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __repr__(self):
+        state = "closed" if self._closed else "open"
+        return (f"<flinkbuf.network.NetworkEnvironment address={self._address_text} "
+                f"segments={self._nbp.num_segments}x{self._segment_size} {state}>")
