@@ -141,10 +141,12 @@ cdef class RecordDeserializer:
     partial record waits for more input; ``finish()`` ends the stream.
 
     Lengths above ``max_record_size`` are refused before anything is
-    allocated.  Malformed input raises :class:`CorruptRecordError` (a
-    ``ValueError``) naming the stream offset and the reason; the
-    deserializer then releases its input and refuses further use.  Not
-    thread-safe: one deserializer per reading thread.
+    allocated, and a record decodes in time linear in its length: typed
+    dicts whose keys are chosen to collide in CPython's hash table are
+    refused (docs/FORMAT.md 2.3).  Malformed input raises
+    :class:`CorruptRecordError` (a ``ValueError``) naming the stream offset
+    and the reason; the deserializer then releases its input and refuses
+    further use.  Not thread-safe: one deserializer per reading thread.
     """
 
     def __cinit__(self):
