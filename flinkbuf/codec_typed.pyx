@@ -593,8 +593,10 @@ cdef extern from *:
     }
 
     static void fb_shadow_free(fb_shadow *s) {
-        PyMem_Free(s->slots);
-        PyMem_Free(s->spare);
+        if (s->slots != NULL)
+            PyMem_Free(s->slots);
+        if (s->spare != NULL)
+            PyMem_Free(s->spare);
         if (s->order != s->small_order)
             PyMem_Free(s->order);
         fb_shadow_init(s);
@@ -669,8 +671,9 @@ cdef extern from *:
     }
 
     static void fb_shadow_replace(fb_shadow *s, size_t size, Py_hash_t *t) {
-        PyMem_Free(s->slots);
-        if (s->spare != t)
+        if (s->slots != NULL)
+            PyMem_Free(s->slots);
+        if (s->spare != NULL && s->spare != t)
             PyMem_Free(s->spare);
         s->spare = NULL;
         s->spare_size = 0;
@@ -692,11 +695,10 @@ cdef extern from *:
      * max_probes more slots allowed: what CPython does first (its first
      * table; 3.11+: a general table instead of a str one), and the resize a
      * new key causes.  0, -1 beyond the limit, -2 no memory. */
-    static int fb_shadow_before(fb_shadow *s, Py_hash_t h, int is_str, Py_ssize_t max_probes) {
+    static int fb_shadow_before_slow(fb_shadow *s, int is_str) {
         Py_hash_t *t;
         size_t size;
         int r;
-        s->limit += max_probes;
         if (s->size == 0) {
             s->size = 8;
             s->usable = 5;
@@ -718,12 +720,21 @@ cdef extern from *:
         return 0;
     }
 
+    static inline int fb_shadow_before(fb_shadow *s, Py_hash_t h, int is_str,
+                                       Py_ssize_t max_probes) {
+        (void)h;
+        s->limit += max_probes;
+        if (s->usable > 0 && (is_str || !s->str_table))
+            return 0;                   /* nothing to do first: the common case */
+        return fb_shadow_before_slow(s, is_str);
+    }
+
     /* After CPython inserted a key of hash h, as a new one or not: the slots
      * its lookup (and a new key's placement after a resize) visited.  0, -1
      * beyond the limit, -2 no memory.  *same: the keys of hash h there before
      * it, up to max_same. */
-    static int fb_shadow_after(fb_shadow *s, Py_hash_t h, int is_new, Py_ssize_t *same,
-                               Py_ssize_t max_same) {
+    static int fb_shadow_after_slow(fb_shadow *s, Py_hash_t h, int is_new, Py_ssize_t *same,
+                                    Py_ssize_t max_same) {
         size_t pos = 0;
         Py_ssize_t k, eq;
         if (s->slots != NULL) {
@@ -762,6 +773,23 @@ cdef extern from *:
         s->order[s->used++] = h;
         s->usable--;
         return 0;
+    }
+
+    static inline int fb_shadow_after(fb_shadow *s, Py_hash_t h, int is_new, Py_ssize_t *same,
+                                      Py_ssize_t max_same) {
+        Py_ssize_t k, eq = 0;
+        if (s->slots == NULL && s->usable > 0 && s->used < s->order_cap) {
+            /* a small table: count the keys of hash h in the order */
+            for (k = 0; k < s->used; k++)
+                eq += s->order[k] == h;
+            *same = eq < max_same ? eq : max_same;
+            if (is_new) {
+                s->order[s->used++] = h;
+                s->usable--;
+            }
+            return 0;
+        }
+        return fb_shadow_after_slow(s, h, is_new, same, max_same);
     }
     """
     ctypedef struct fb_shadow:
