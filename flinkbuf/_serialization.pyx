@@ -121,7 +121,7 @@ def _dict_shadow(keys):
     try:
         for k in keys:
             h = PyObject_Hash(k)
-            r = fb_shadow_before(&s, h, type(k) is str, 1 << 32)
+            r = fb_shadow_before(&s, type(k) is str, 1 << 32)
             if r == 0:
                 r = fb_shadow_after(&s, h, True, &same, 0)
             if r:

@@ -691,10 +691,6 @@ cdef extern from *:
         }
     }
 
-    /* Before CPython inserts a key of hash h (is_str: an exact str), with
-     * max_probes more slots allowed: what CPython does first (its first
-     * table; 3.11+: a general table instead of a str one), and the resize a
-     * new key causes.  0, -1 beyond the limit, -2 no memory. */
     static int fb_shadow_before_slow(fb_shadow *s, int is_str) {
         Py_hash_t *t;
         size_t size;
@@ -720,9 +716,11 @@ cdef extern from *:
         return 0;
     }
 
-    static inline int fb_shadow_before(fb_shadow *s, Py_hash_t h, int is_str,
-                                       Py_ssize_t max_probes) {
-        (void)h;
+    /* Before CPython inserts a key (is_str: an exact str), with max_probes
+     * more slots allowed: what CPython does first (its first table; 3.11+: a
+     * general table instead of a str one), and the resize a new key causes.
+     * 0, -1 beyond the limit, -2 no memory. */
+    static inline int fb_shadow_before(fb_shadow *s, int is_str, Py_ssize_t max_probes) {
         s->limit += max_probes;
         if (s->usable > 0 && (is_str || !s->str_table))
             return 0;                   /* nothing to do first: the common case */
@@ -763,6 +761,7 @@ cdef extern from *:
             s->order_cap = cap;
         }
         if (s->usable <= 0) {
+            assert(s->spare_size != 0);         /* fb_shadow_before made it */
             fb_shadow_replace(s, s->spare_size, s->spare);
             if (s->slots != NULL
                     && fb_shadow_walk(s, s->slots, s->size - 1, h, &pos, &eq, 0) < 0)
@@ -798,7 +797,7 @@ cdef extern from *:
     void fb_shadow_init(fb_shadow *s) noexcept
     void fb_shadow_free(fb_shadow *s) noexcept
     void fb_shadow_prefetch(fb_shadow *s, Py_hash_t h) noexcept
-    int fb_shadow_before(fb_shadow *s, Py_hash_t h, int is_str, Py_ssize_t max_probes) noexcept
+    int fb_shadow_before(fb_shadow *s, int is_str, Py_ssize_t max_probes) noexcept
     int fb_shadow_after(fb_shadow *s, Py_hash_t h, int is_new, Py_ssize_t *same,
                         Py_ssize_t max_same) noexcept
     int fb_dict_set_known_hash(object d, object k, object v, Py_hash_t h) except -1
@@ -836,7 +835,7 @@ cdef inline int _shadow_insert(_Dec *d, const char *kat, fb_shadow *s, dict m, o
     within the limits the shadow ``s`` checks."""
     cdef Py_ssize_t same = 0, size = PyDict_GET_SIZE(m)
     cdef bint is_new = False
-    cdef int r = fb_shadow_before(s, h, type(key) is str, MAX_PROBES_PER_KEY)
+    cdef int r = fb_shadow_before(s, type(key) is str, MAX_PROBES_PER_KEY)
     if r == 0:
         fb_dict_set_known_hash(m, key, value, h)
         is_new = PyDict_GET_SIZE(m) != size
@@ -859,7 +858,7 @@ cdef int _shadow_start(_Dec *d, const char *kat, fb_shadow *s, dict m) except -1
     while PyDict_Next(m, &pos, &key, &value):
         k += 1
         h = PyObject_Hash(<object>key)
-        r = fb_shadow_before(s, h, type(<object>key) is str, MAX_PROBES_PER_KEY)
+        r = fb_shadow_before(s, type(<object>key) is str, MAX_PROBES_PER_KEY)
         if r == 0:
             r = fb_shadow_after(s, h, True, &same, 0)
         if r:
