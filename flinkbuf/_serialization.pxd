@@ -32,6 +32,11 @@ cdef enum:
 cpdef enum:
     MAX_DEPTH = 100        # containers nested deeper are refused (encode and decode)
     MAX_NDIM = 32          # numpy arrays with more dimensions are refused
+    # Decoding refuses a dict (docs/FORMAT.md 2.3) with more keys of one
+    # hash value, or whose keys cost CPython's hash table more probes per
+    # key on average: both would make decoding super-linear.
+    MAX_SAME_HASH_KEYS = 8
+    MAX_PROBES_PER_KEY = 64
 
 
 cdef struct Piece:

@@ -1,6 +1,6 @@
 """Type stubs for flinkbuf._serialization: records across buffers and their codecs."""
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar, Literal, final
 
 from typing_extensions import Buffer as _BufferProtocol
@@ -16,6 +16,8 @@ class NoRecordType: ...
 NO_RECORD: NoRecordType
 MAX_DEPTH: int
 MAX_NDIM: int
+MAX_SAME_HASH_KEYS: int
+MAX_PROBES_PER_KEY: int
 
 @final
 class SerializationResult:
@@ -70,5 +72,6 @@ def decode(data: _BufferProtocol) -> Any: ...
 def _c_round_trip(
     ser: RecordSerializer, des: RecordDeserializer, pool: object, records: list[Any], keep: bool = True
 ) -> Any: ...
+def _dict_shadow(keys: Iterable[Any]) -> tuple[int, int]: ...
 def _stage(value: Any, codec: _Codec = "typed") -> bytes: ...
 def _stage_general(value: Any, codec: _Codec = "typed") -> bytes: ...

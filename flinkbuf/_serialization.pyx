@@ -22,6 +22,7 @@ from libc.string cimport memcpy, memset
 from flinkbuf.buffer._buffer cimport Buffer
 
 import pickle
+import sys
 
 import numpy
 
@@ -95,14 +96,39 @@ def _stage(value, codec="typed"):
 
 def decode(data):
     """Decode one typed-codec payload (all of ``data``, a bytes-like object).
-    ``CorruptRecordError`` names the offset and the reason if it is malformed
-    or not consumed exactly."""
+    ``CorruptRecordError`` names the offset and the reason if it is malformed,
+    not consumed exactly, or holds a dict whose keys would make decoding
+    super-linear (more than ``MAX_SAME_HASH_KEYS`` keys of one hash value, or
+    more than ``MAX_PROBES_PER_KEY`` hash-table probes per key; docs/FORMAT.md
+    2.3).  Time is linear in ``len(data)``."""
     cdef Py_buffer view
     PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
     try:
         return _typed_decode(<const char *>view.buf, view.len, 0, -1, None)
     finally:
         PyBuffer_Release(&view)
+
+
+def _dict_shadow(keys):
+    """Test support: what the shadow of CPython's dict table that decoding
+    keeps for a large dict (codec_typed.pyx) makes of ``keys``, distinct
+    keys inserted in order: ``(table size, slots visited)``."""
+    cdef fb_shadow s
+    cdef Py_ssize_t same
+    cdef Py_hash_t h
+    cdef int r = 0
+    fb_shadow_init(&s)
+    try:
+        for k in keys:
+            h = PyObject_Hash(k)
+            r = fb_shadow_before(&s, type(k) is str, 1 << 32)
+            if r == 0:
+                r = fb_shadow_after(&s, h, True, &same, 0)
+            if r:
+                raise MemoryError()
+        return s.size, s.probes
+    finally:
+        fb_shadow_free(&s)
 
 
 def _c_round_trip(RecordSerializer ser not None, RecordDeserializer des not None,

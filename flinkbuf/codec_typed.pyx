@@ -516,6 +516,356 @@ cdef object _dec_list(_Dec *d, int tag, int depth):
     return l
 
 
+# -- dict keys: bounded hash-table work -----------------------------------
+#
+# The hashes of int, float, tuple, None and bool keys are not salted (hash(n)
+# is n mod 2**61 - 1), so a writer chooses them, and so how much work
+# CPython's dict does to insert the keys: keys of one hash value make it
+# quadratic, and so do distinct hashes whose probe sequences keep meeting
+# (multiples of 2**18 or 2**24: each key visits more slots the larger the
+# table).  A dict of more than MAX_SAME_HASH_KEYS pairs is therefore built
+# beside a shadow of CPython's own table (the same slots, probe sequence,
+# sizes and resizes) that counts the slots CPython visits: more than
+# MAX_SAME_HASH_KEYS keys of one hash value, or more than MAX_PROBES_PER_KEY
+# slots per key on average, make the record corrupt.  A key's lookup is
+# checked just after CPython made it (it costs at most one table's worth),
+# a resize, which may place every key again, before.  All keys of hash h lie
+# on h's probe sequence before its first empty slot, so the walk that costs
+# a key also counts them.  Only str and bytes keys, whose hashes are salted
+# per process, are inserted without a shadow until another key arrives.
+
+cdef extern from *:
+    """
+    /* CPython's dict table (Objects/dictobject.c, the same in these respects
+     * since 3.7): 8 slots for the first key; a key's probe sequence starts at
+     * hash & mask and continues with perturb >>= 5, i = (5*i + perturb + 1) &
+     * mask; a new key that finds no usable entry left (2/3 of the slots)
+     * first resizes the table to the smallest power of two >= 3 * used,
+     * placing the keys again in insertion order.  Since 3.11 a table of str
+     * keys only is also resized so when another key arrives.
+     *
+     * Tables of up to FB_SHADOW_SMALL slots are not shadowed slot by slot: a
+     * key costs at most a few dozen probes there, and the hashes in
+     * insertion order, which are kept, are all a larger table is built
+     * from. */
+    #define FB_SHADOW_EMPTY ((Py_hash_t)-1)     /* no hash is -1 */
+    #define FB_SHADOW_SMALL 32
+    #define FB_SHADOW_SMALL_KEYS 21             /* usable in a table of 32 slots */
+    #define FB_SHADOW_SAME_MAX 16
+    #if PY_VERSION_HEX >= 0x030B0000
+    #define FB_SHADOW_STR_TABLES 1
+    #else
+    #define FB_SHADOW_STR_TABLES 0
+    #endif
+    #if PY_VERSION_HEX < 0x030D0000
+    #define fb_dict_set_known_hash(d, k, v, h) _PyDict_SetItem_KnownHash((d), (k), (v), (h))
+    #else
+    #define fb_dict_set_known_hash(d, k, v, h) PyDict_SetItem((d), (k), (v))
+    #endif
+    #if defined(__GNUC__)
+    #define fb_prefetch(p) __builtin_prefetch((p), 1)
+    #else
+    #define fb_prefetch(p) ((void)0)
+    #endif
+
+    typedef struct {
+        size_t size;            /* slots of CPython's table (0: none yet) */
+        Py_hash_t *slots;       /* the hash in each slot or FB_SHADOW_EMPTY (NULL: small) */
+        size_t spare_size;      /* the size the next new key resizes to (0: not known yet) */
+        Py_hash_t *spare;       /* ... and that table (NULL: small) */
+        Py_hash_t *order;       /* the hashes in insertion order */
+        Py_ssize_t order_cap;
+        Py_ssize_t used;
+        Py_ssize_t usable;
+        int str_table;          /* CPython keeps a table of str keys only */
+        Py_ssize_t probes;      /* slots visited so far */
+        Py_ssize_t limit;       /* ... and allowed */
+        Py_hash_t small_order[FB_SHADOW_SMALL_KEYS];
+    } fb_shadow;
+
+    static void fb_shadow_init(fb_shadow *s) {
+        s->size = s->spare_size = 0;
+        s->slots = s->spare = NULL;
+        s->order = s->small_order;
+        s->order_cap = FB_SHADOW_SMALL_KEYS;
+        s->used = s->usable = s->probes = s->limit = 0;
+        s->str_table = 0;
+    }
+
+    static void fb_shadow_free(fb_shadow *s) {
+        if (s->slots != NULL)
+            PyMem_Free(s->slots);
+        if (s->spare != NULL)
+            PyMem_Free(s->spare);
+        if (s->order != s->small_order)
+            PyMem_Free(s->order);
+        fb_shadow_init(s);
+    }
+
+    /* Visit h's probe sequence up to its first empty slot (where it stops),
+     * counting the slots visited: 0, or -1 beyond the limit.  *same: how many
+     * distinct ones hold hash h, counted up to max_same (a sequence may pass
+     * a slot more than once: perturb = -2 keeps i where it is for a while). */
+    static inline int fb_shadow_walk(fb_shadow *s, const Py_hash_t *slots, size_t mask,
+                                     Py_hash_t h, size_t *pos, Py_ssize_t *same,
+                                     Py_ssize_t max_same) {
+        size_t i = (size_t)h & mask, perturb = (size_t)h;
+        size_t seen[FB_SHADOW_SAME_MAX];
+        Py_ssize_t n = 1, eq = 0, k, room = s->limit - s->probes;
+        if (room < 1)
+            return -1;
+        if (max_same > FB_SHADOW_SAME_MAX)
+            max_same = FB_SHADOW_SAME_MAX;
+        while (slots[i] != FB_SHADOW_EMPTY) {
+            if (slots[i] == h && eq < max_same) {
+                for (k = 0; k < eq && seen[k] != i; k++)
+                    ;
+                if (k == eq)
+                    seen[eq++] = i;
+            }
+            if (n == room)
+                return -1;
+            perturb >>= 5;
+            i = (i * 5 + perturb + 1) & mask;
+            n++;
+        }
+        s->probes += n;
+        *pos = i;
+        *same = eq;
+        return 0;
+    }
+
+    static size_t fb_shadow_resize_size(Py_ssize_t used) {
+        size_t size = 8;
+        while (size < 3 * (size_t)used)
+            size <<= 1;
+        return size;
+    }
+
+    /* The table of `size` slots CPython resizes to (NULL if small): 0, -1
+     * beyond the limit, -2 no memory. */
+    static int fb_shadow_build(fb_shadow *s, size_t size, Py_hash_t **out) {
+        size_t mask = size - 1, pos;
+        Py_ssize_t k, eq;
+        Py_hash_t *t;
+        *out = NULL;
+        if (size <= FB_SHADOW_SMALL)
+            return 0;
+        if (size > PY_SSIZE_T_MAX / sizeof(Py_hash_t)
+                || (t = (Py_hash_t *)PyMem_Malloc(size * sizeof(Py_hash_t))) == NULL)
+            return -2;
+        memset(t, 0xff, size * sizeof(Py_hash_t));      /* all FB_SHADOW_EMPTY */
+        for (k = 0; k < s->used && k < 8; k++)
+            fb_prefetch(&t[(size_t)s->order[k] & mask]);
+        for (k = 0; k < s->used; k++) {
+            if (k + 8 < s->used)
+                fb_prefetch(&t[(size_t)s->order[k + 8] & mask]);
+            if (fb_shadow_walk(s, t, mask, s->order[k], &pos, &eq, 0) < 0) {
+                PyMem_Free(t);
+                return -1;
+            }
+            t[pos] = s->order[k];
+        }
+        *out = t;
+        return 0;
+    }
+
+    static void fb_shadow_replace(fb_shadow *s, size_t size, Py_hash_t *t) {
+        if (s->slots != NULL)
+            PyMem_Free(s->slots);
+        if (s->spare != NULL && s->spare != t)
+            PyMem_Free(s->spare);
+        s->spare = NULL;
+        s->spare_size = 0;
+        s->slots = t;
+        s->size = size;
+        s->usable = (Py_ssize_t)((size << 1) / 3) - s->used;
+    }
+
+    /* Soon a key of hash h: fetch the first two slots its lookup visits. */
+    static inline void fb_shadow_prefetch(fb_shadow *s, Py_hash_t h) {
+        if (s->slots != NULL) {
+            size_t mask = s->size - 1, i = (size_t)h & mask;
+            fb_prefetch(&s->slots[i]);
+            fb_prefetch(&s->slots[(i * 5 + ((size_t)h >> 5) + 1) & mask]);
+        }
+    }
+
+    static int fb_shadow_before_slow(fb_shadow *s, int is_str) {
+        Py_hash_t *t;
+        size_t size;
+        int r;
+        if (s->size == 0) {
+            s->size = 8;
+            s->usable = 5;
+            s->str_table = FB_SHADOW_STR_TABLES && is_str;
+        }
+        else if (s->str_table && !is_str) {
+            size = fb_shadow_resize_size(s->used);
+            if ((r = fb_shadow_build(s, size, &t)) < 0)
+                return r;
+            fb_shadow_replace(s, size, t);
+            s->str_table = 0;
+        }
+        if (s->usable <= 0 && s->spare_size == 0) {
+            size = fb_shadow_resize_size(s->used);
+            if ((r = fb_shadow_build(s, size, &s->spare)) < 0)
+                return r;
+            s->spare_size = size;
+        }
+        return 0;
+    }
+
+    /* Before CPython inserts a key (is_str: an exact str), with max_probes
+     * more slots allowed: what CPython does first (its first table; 3.11+: a
+     * general table instead of a str one), and the resize a new key causes.
+     * 0, -1 beyond the limit, -2 no memory. */
+    static inline int fb_shadow_before(fb_shadow *s, int is_str, Py_ssize_t max_probes) {
+        s->limit += max_probes;
+        if (s->usable > 0 && (is_str || !s->str_table))
+            return 0;                   /* nothing to do first: the common case */
+        return fb_shadow_before_slow(s, is_str);
+    }
+
+    /* After CPython inserted a key of hash h, as a new one or not: the slots
+     * its lookup (and a new key's placement after a resize) visited.  0, -1
+     * beyond the limit, -2 no memory.  *same: the keys of hash h there before
+     * it, up to max_same. */
+    static int fb_shadow_after_slow(fb_shadow *s, Py_hash_t h, int is_new, Py_ssize_t *same,
+                                    Py_ssize_t max_same) {
+        size_t pos = 0;
+        Py_ssize_t k, eq;
+        if (s->slots != NULL) {
+            if (fb_shadow_walk(s, s->slots, s->size - 1, h, &pos, same, max_same) < 0)
+                return -1;
+        }
+        else {
+            for (k = 0, eq = 0; k < s->used && eq < max_same; k++)
+                eq += s->order[k] == h;
+            *same = eq;
+        }
+        if (!is_new)
+            return 0;
+        if (s->used == s->order_cap) {
+            Py_ssize_t cap = 2 * s->order_cap;
+            Py_hash_t *o;
+            if (s->order == s->small_order) {
+                if ((o = (Py_hash_t *)PyMem_Malloc((size_t)cap * sizeof(Py_hash_t))) != NULL)
+                    memcpy(o, s->order, (size_t)s->used * sizeof(Py_hash_t));
+            }
+            else
+                o = (Py_hash_t *)PyMem_Realloc(s->order, (size_t)cap * sizeof(Py_hash_t));
+            if (o == NULL)
+                return -2;
+            s->order = o;
+            s->order_cap = cap;
+        }
+        if (s->usable <= 0) {
+            assert(s->spare_size != 0);         /* fb_shadow_before made it */
+            fb_shadow_replace(s, s->spare_size, s->spare);
+            if (s->slots != NULL
+                    && fb_shadow_walk(s, s->slots, s->size - 1, h, &pos, &eq, 0) < 0)
+                return -1;
+        }
+        if (s->slots != NULL)
+            s->slots[pos] = h;
+        s->order[s->used++] = h;
+        s->usable--;
+        return 0;
+    }
+
+    static inline int fb_shadow_after(fb_shadow *s, Py_hash_t h, int is_new, Py_ssize_t *same,
+                                      Py_ssize_t max_same) {
+        Py_ssize_t k, eq = 0;
+        if (s->slots == NULL && s->usable > 0 && s->used < s->order_cap) {
+            /* a small table: count the keys of hash h in the order */
+            for (k = 0; k < s->used; k++)
+                eq += s->order[k] == h;
+            *same = eq < max_same ? eq : max_same;
+            if (is_new) {
+                s->order[s->used++] = h;
+                s->usable--;
+            }
+            return 0;
+        }
+        return fb_shadow_after_slow(s, h, is_new, same, max_same);
+    }
+    """
+    ctypedef struct fb_shadow:
+        size_t size
+        Py_ssize_t probes
+    void fb_shadow_init(fb_shadow *s) noexcept
+    void fb_shadow_free(fb_shadow *s) noexcept
+    void fb_shadow_prefetch(fb_shadow *s, Py_hash_t h) noexcept
+    int fb_shadow_before(fb_shadow *s, int is_str, Py_ssize_t max_probes) noexcept
+    int fb_shadow_after(fb_shadow *s, Py_hash_t h, int is_new, Py_ssize_t *same,
+                        Py_ssize_t max_same) noexcept
+    int fb_dict_set_known_hash(object d, object k, object v, Py_hash_t h) except -1
+    Py_ssize_t PyDict_GET_SIZE(object d)
+    Py_hash_t PyObject_Hash(object o) except -1
+    Py_hash_t fb_hash "PyObject_Hash" (object o) noexcept     # -1: an exception is set
+    int PyErr_ExceptionMatches(object exc) noexcept
+    void PyErr_Clear() noexcept
+
+# Without hash randomization (PYTHONHASHSEED=0) str and bytes hashes are
+# known too: every key is shadowed.
+cdef bint _SALTED_STR = sys.flags.hash_randomization != 0
+
+
+cdef int _shadow_failed(_Dec *d, const char *kat, int r, Py_ssize_t nkeys) except -1:
+    if r == -2:
+        raise MemoryError()
+    return _corrupt(d, kat, f"the keys of this dict make CPython's hash table visit more "
+                            f"than {MAX_PROBES_PER_KEY} slots per key ({nkeys} keys): "
+                            f"refused, decoding it would take super-linear time")
+
+
+cdef int _unhashable_key(_Dec *d, const char *kat, object key) except -1:
+    """PyObject_Hash(key) failed: a list or dict key is corrupt (TypeError),
+    anything else propagates."""
+    if PyErr_ExceptionMatches(TypeError):
+        PyErr_Clear()
+        _corrupt(d, kat, f"unhashable dict key of type {type(key).__name__}")
+    return -1
+
+
+cdef inline int _shadow_insert(_Dec *d, const char *kat, fb_shadow *s, dict m, object key,
+                               object value, Py_hash_t h, Py_ssize_t nkeys) except -1:
+    """Insert into ``m`` a key of hash ``h``, the ``nkeys``-th of the dict,
+    within the limits the shadow ``s`` checks."""
+    cdef Py_ssize_t same = 0, size = PyDict_GET_SIZE(m)
+    cdef bint is_new = False
+    cdef int r = fb_shadow_before(s, type(key) is str, MAX_PROBES_PER_KEY)
+    if r == 0:
+        fb_dict_set_known_hash(m, key, value, h)
+        is_new = PyDict_GET_SIZE(m) != size
+        r = fb_shadow_after(s, h, is_new, &same, MAX_SAME_HASH_KEYS)
+    if r:
+        return _shadow_failed(d, kat, r, nkeys)
+    if same >= MAX_SAME_HASH_KEYS and is_new:
+        _corrupt(d, kat, f"more than {MAX_SAME_HASH_KEYS} keys of one dict have the hash "
+                         f"value {h}: refused, decoding it would take quadratic time")
+    return 0
+
+
+cdef int _shadow_start(_Dec *d, const char *kat, fb_shadow *s, dict m) except -1:
+    """Bring the shadow up to date with the keys inserted so far."""
+    cdef Py_ssize_t pos = 0, same, k = 0
+    cdef PyObject *key
+    cdef PyObject *value
+    cdef Py_hash_t h
+    cdef int r
+    while PyDict_Next(m, &pos, &key, &value):
+        k += 1
+        h = PyObject_Hash(<object>key)
+        r = fb_shadow_before(s, type(<object>key) is str, MAX_PROBES_PER_KEY)
+        if r == 0:
+            r = fb_shadow_after(s, h, True, &same, 0)
+        if r:
+            return _shadow_failed(d, kat, r, k)
+    return 0
+
+
 cdef object _dec_dict(_Dec *d, int tag, int depth):
     cdef const char *at = d.p - 1
     cdef const char *kat
@@ -525,6 +875,8 @@ cdef object _dec_dict(_Dec *d, int tag, int depth):
     if depth >= MAX_DEPTH:
         _corrupt(d, at, f"containers nested deeper than {MAX_DEPTH} levels")
     cdef dict m = {}
+    if n > MAX_SAME_HASH_KEYS:
+        return _dec_dict_shadowed(d, m, n, depth)
     for i in range(n):
         kat = d.p
         key = _dec(d, depth + 1)
@@ -533,6 +885,37 @@ cdef object _dec_dict(_Dec *d, int tag, int depth):
             PyDict_SetItem(m, key, value)
         except TypeError:
             _corrupt(d, kat, f"unhashable dict key of type {type(key).__name__}")
+    return m
+
+
+cdef object _dec_dict_shadowed(_Dec *d, dict m, Py_ssize_t n, int depth):
+    """The ``n`` pairs of a large dict into ``m``, within the limits on
+    CPython's hash-table work."""
+    cdef const char *kat
+    cdef Py_ssize_t i
+    cdef fb_shadow s
+    cdef bint shadowing = not _SALTED_STR
+    cdef type t
+    cdef Py_hash_t h
+    fb_shadow_init(&s)
+    try:
+        for i in range(n):
+            kat = d.p
+            key = _dec(d, depth + 1)
+            if not shadowing:
+                t = type(key)
+                if t is str or t is bytes:
+                    PyDict_SetItem(m, key, _dec(d, depth + 1))
+                    continue
+                _shadow_start(d, kat, &s, m)
+                shadowing = True
+            h = fb_hash(key)
+            if h == -1:
+                _unhashable_key(d, kat, key)
+            fb_shadow_prefetch(&s, h)          # the lookup's slots, while the value decodes
+            _shadow_insert(d, kat, &s, m, key, _dec(d, depth + 1), h, i + 1)
+    finally:
+        fb_shadow_free(&s)
     return m
 
 

@@ -8,7 +8,11 @@
 # are consumed: decoded, or copied into the record being assembled.
 
 cdef class NoRecordType:
-    """The type of :data:`NO_RECORD`."""
+    """The type of :data:`NO_RECORD`, its only instance."""
+
+    def __cinit__(self, token=None):
+        if token is not _NO_RECORD_TOKEN:
+            raise TypeError("cannot create NoRecordType instances: use NO_RECORD")
 
     def __repr__(self):
         return "NO_RECORD"
@@ -17,7 +21,8 @@ cdef class NoRecordType:
         return "NO_RECORD"
 
 
-NO_RECORD = NoRecordType.__new__(NoRecordType)
+cdef object _NO_RECORD_TOKEN = object()
+NO_RECORD = NoRecordType.__new__(NoRecordType, _NO_RECORD_TOKEN)
 cdef object _NO_RECORD = NO_RECORD
 
 # _typed_decode called as the C function it is: NULL with an exception set on error.
@@ -78,6 +83,8 @@ cdef Py_ssize_t HEAD_PEEK = 5     # tag + u32 length: enough to spot one large b
 # bytes arrive, so that a length prefix alone never costs more than this.
 cdef Py_ssize_t ASSEMBLY_EAGER = 16 << 20
 
+cdef Py_ssize_t DEFAULT_MAX_RECORD_SIZE = 64 << 20
+
 
 @cython.final
 @cython.freelist(16)
@@ -104,7 +111,14 @@ cdef int _chunk_release(_Chunk c) except -1:
 
 @cython.final
 cdef class _RecordIterator:
+    """What RecordDeserializer.records() returns."""
     cdef RecordDeserializer _des
+
+    def __cinit__(self, des=None):
+        # Never without a deserializer: __next__ does not check (per record).
+        if type(des) is not RecordDeserializer:
+            raise TypeError("records iterators are made by RecordDeserializer.records()")
+        self._des = <RecordDeserializer>des
 
     def __iter__(self):
         return self
@@ -127,13 +141,18 @@ cdef class RecordDeserializer:
     partial record waits for more input; ``finish()`` ends the stream.
 
     Lengths above ``max_record_size`` are refused before anything is
-    allocated.  Malformed input raises :class:`CorruptRecordError` (a
-    ``ValueError``) naming the stream offset and the reason; the
-    deserializer then releases its input and refuses further use.  Not
-    thread-safe: one deserializer per reading thread.
+    allocated, and a record decodes in time linear in its length: typed
+    dicts whose keys are chosen to collide in CPython's hash table are
+    refused (docs/FORMAT.md 2.3).  Malformed input raises
+    :class:`CorruptRecordError` (a ``ValueError``) naming the stream offset
+    and the reason; the deserializer then releases its input and refuses
+    further use.  Not thread-safe: one deserializer per reading thread.
     """
 
     def __cinit__(self):
+        # A deserializer made without __init__ is a default one.
+        self._codec = CODEC_TYPED
+        self._max_record_size = DEFAULT_MAX_RECORD_SIZE
         self._pending = []
         self._ready = []
         self._dst = NULL
@@ -635,9 +654,7 @@ Append a :class:`Buffer` (its bytes ``[reader_index, size)``; the
     def records(self):
         """An iterator over every complete record fed so far; stops at a
         partial record, which waits for more input."""
-        cdef _RecordIterator it = _RecordIterator.__new__(_RecordIterator)
-        it._des = self
-        return it
+        return _RecordIterator.__new__(_RecordIterator, self)
 
     def next_record(self):
         """The next complete record, or :data:`NO_RECORD`."""

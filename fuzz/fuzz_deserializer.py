@@ -105,6 +105,21 @@ def one_input(data: bytes):
         pass
 
 
+def flood_payloads():
+    """Dicts whose keys collide in CPython's hash table (the hashes of int,
+    float and tuple keys are not salted): of one hash value beyond the limit,
+    at it, and distinct hashes whose probe sequences keep meeting."""
+    p = 2**61 - 1                                   # hash(i * p) == 0
+
+    def dict_of(keys):
+        return b"\x11" + bytes([len(keys)]) + b"".join(encode(k) + b"\x00" for k in keys)
+    return [dict_of([i * p for i in range(12)]),
+            dict_of([2.0 ** (5 - 61 * j) for j in range(10)] + [32 + p]),
+            dict_of([(i * p, "t") for i in range(10)]),
+            dict_of([-1, -2] + [i * p for i in range(1, 8)] + [True, None, 1.0]),
+            encode(dict.fromkeys([i << 24 for i in range(300)], 0))]
+
+
 def seeds():
     """Valid streams and payloads to start from."""
     import numpy as np
@@ -114,6 +129,9 @@ def seeds():
     out = []
     for v in samples:
         payload = encode(v)
+        out.append(b"\x00" + payload)
+        out.append(bytes([4]) + len(payload).to_bytes(4, "big") + payload)
+    for payload in flood_payloads():
         out.append(b"\x00" + payload)
         out.append(bytes([4]) + len(payload).to_bytes(4, "big") + payload)
     stream = b"".join(len(encode(v)).to_bytes(4, "big") + encode(v) for v in samples)
