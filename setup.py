@@ -64,7 +64,7 @@ def ext(name, csrc=()):
     return Extension(
         name,
         [pyx, *csrc],
-        include_dirs=["csrc", numpy.get_include()],
+        include_dirs=["csrc", "flinkbuf/serialization/codecs", numpy.get_include()],
         define_macros=macros,
         extra_compile_args=cflags,
         extra_link_args=ldflags,
@@ -73,7 +73,7 @@ def ext(name, csrc=()):
 
 extensions = [
     ext("flinkbuf.buffer._buffer", CSRC["buffer"]),
-    ext("flinkbuf._serialization"),
+    ext("flinkbuf.serialization._serialization"),
     ext("flinkbuf.io._io", CSRC["io"]),
     ext("flinkbuf.network._network", CSRC["network"]),
     ext("flinkbuf._testing", ["csrc/clock.c"]),      # test and benchmark hooks

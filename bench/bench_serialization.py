@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import flinkbuf as fb
-from flinkbuf._serialization import _c_round_trip
+from flinkbuf._testing import c_round_trip as _c_round_trip
 
 SMOKE = os.environ.get("FLINKBUF_BENCH_SMOKE") == "1"
 SEGMENT = 32 * 1024

@@ -19,7 +19,7 @@ from flinkbuf.buffer import (
     NetworkBufferPool,
     redistribute,
 )
-from flinkbuf._serialization import (
+from flinkbuf.serialization import (
     RecordDeserializer,
     RecordSerializer,
     SerializationResult,

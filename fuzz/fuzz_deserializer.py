@@ -50,7 +50,7 @@ def import_flinkbuf():
     global fb, decode, encode
     with atheris.instrument_imports(include=["flinkbuf"]):
         import flinkbuf
-        from flinkbuf import _serialization
+        from flinkbuf import serialization as _serialization
     fb, decode, encode = flinkbuf, _serialization.decode, _serialization.encode
     if NATIVE and not SEEDING and not os.path.abspath(fb.__file__).startswith(
             os.path.abspath(NATIVE)):

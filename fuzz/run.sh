@@ -31,7 +31,9 @@ fi
 if command -v clang >/dev/null 2>&1; then
     if CC=clang CFLAGS="-fsanitize-coverage=inline-8bit-counters,pc-table,trace-cmp" FLINKBUF_DEBUG=1 "$PY" setup.py -q build_ext \
             --build-lib "$NATIVE_DIR" --build-temp "$NATIVE_DIR/temp" >/dev/null 2>&1; then
-        cp flinkbuf/*.py flinkbuf/py.typed "$NATIVE_DIR/flinkbuf/"
+        # the pure-Python modules of every subpackage beside the built ones
+        (cd flinkbuf && find . \( -name '*.py' -o -name py.typed \) \
+            -exec cp --parents {} "../$NATIVE_DIR/flinkbuf/" \;)
         native="$NATIVE_DIR"
     else
         echo "fuzz: the clang build failed; Python-level coverage only" >&2

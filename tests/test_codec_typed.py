@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import flinkbuf as fb
-from flinkbuf._serialization import MAX_DEPTH, decode, encode
+from flinkbuf.serialization import MAX_DEPTH, decode, encode
 from test_serialization_support import same
 
 CRE = fb.CorruptRecordError

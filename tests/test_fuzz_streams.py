@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import flinkbuf as fb
-from flinkbuf._serialization import decode, encode
+from flinkbuf.serialization import decode, encode
 from test_serialization_support import rechunk, values, write_stream
 
 HERE = os.path.dirname(os.path.abspath(__file__))

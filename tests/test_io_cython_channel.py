@@ -87,7 +87,7 @@ SETUP = textwrap.dedent(f"""
 
 SCRIPT = textwrap.dedent("""
     import flinkbuf as fb
-    from flinkbuf._serialization import encode
+    from flinkbuf.serialization import encode
     from list_channel import ListChannel
 
     def user_event(payload):

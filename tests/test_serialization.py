@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import flinkbuf as fb
-from flinkbuf import _serialization as S
+from flinkbuf.serialization import _serialization as S
 from test_serialization_support import read_stream, same, write_stream
 
 SR = fb.SerializationResult

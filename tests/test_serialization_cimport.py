@@ -1,5 +1,5 @@
 """The cdef contract that flinkbuf._io cimports: compile a small Cython
-module against flinkbuf/_serialization.pxd and drive it from C."""
+module against flinkbuf/serialization/_serialization.pxd and drive it from C."""
 
 import os
 import subprocess
@@ -12,7 +12,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PYX = textwrap.dedent("""
     from flinkbuf.buffer._buffer cimport Buffer
-    from flinkbuf._serialization cimport (
+    from flinkbuf.serialization._serialization cimport (
         RecordSerializer, RecordDeserializer, is_no_record, FULL_RECORD, FULL_BUFFER)
 
     def run(pool, list records, int copies):

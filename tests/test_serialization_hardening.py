@@ -14,13 +14,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import flinkbuf as fb
-from flinkbuf import _serialization as S
-from flinkbuf._serialization import decode, encode
+from flinkbuf import _testing as T
+from flinkbuf.serialization import _serialization as S
+from flinkbuf.serialization import decode, encode
 from test_bare_instances import CLASSES, FACTORIES, PRELUDE, _run
 from test_fuzz_streams import mutate, mutation
 
 CRE = fb.CorruptRecordError
-SER_CLASSES = [c for c in CLASSES if c.startswith("flinkbuf._serialization:")]
+SER_CLASSES = [c for c in CLASSES if c.startswith("flinkbuf.serialization._serialization:")]
 
 
 # -- objects made without __init__ ---------------------------------------------
@@ -58,7 +59,7 @@ def test_records_iterator_made_with_a_deserializer_works():
     des = fb.RecordDeserializer()
     it_type = type(des.records())
     it = it_type.__new__(it_type, des)
-    des.feed(S._stage((1, 2)) + S._stage("x"))
+    des.feed(T.stage((1, 2)) + T.stage("x"))
     assert list(it) == [(1, 2), "x"]
 
 
@@ -77,7 +78,8 @@ def test_bare_serialization_objects_as_arguments():
     with the bare objects of this module only (so that a crash in another
     layer cannot hide one here)."""
     code = PRELUDE + FACTORIES + textwrap.dedent(f"""
-        from flinkbuf import _serialization as S
+        from flinkbuf import _testing as T
+        from flinkbuf.serialization import _serialization as S
         bare = []
         for spec in {SER_CLASSES!r}:
             cls = resolve(spec)
@@ -85,8 +87,8 @@ def test_bare_serialization_objects_as_arguments():
                 bare.append(cls.__new__(cls))
             except TypeError:
                 pass
-        funcs = [(n, getattr(S, n)) for n in ("encode", "decode", "_stage", "_stage_general",
-                                              "_c_round_trip", "_result_by_name")]
+        funcs = [(n, getattr(S, n)) for n in ("encode", "decode", "_result_by_name")]
+        funcs += [(n, getattr(T, n)) for n in ("stage", "stage_general", "c_round_trip")]
         for b in bare:
             tag = type(b).__name__
             for label, fn in public_callables() + funcs:
@@ -102,7 +104,7 @@ def test_bare_serialization_objects_as_arguments():
             for args in ((b, fb.RecordDeserializer(), pool, [1, 2]),
                          (fb.RecordSerializer(), b, pool, [1, 2])):
                 try:
-                    S._c_round_trip(*args)
+                    T.c_round_trip(*args)
                 except Exception:
                     pass
             nbp.destroy()
@@ -144,7 +146,7 @@ def test_bare_user_types_behave_as_default_constructed():
     nbp = fb.NetworkBufferPool(4, 64)
     try:
         pool = nbp.create_buffer_pool(1, 4)
-        assert S._c_round_trip(ser, des, pool, [1, "x" * 100, (2, None)]) == [1, "x" * 100,
+        assert T.c_round_trip(ser, des, pool, [1, "x" * 100, (2, None)]) == [1, "x" * 100,
                                                                              (2, None)]
     finally:
         nbp.destroy()
@@ -353,7 +355,7 @@ def test_the_shadow_table_has_cpythons_size(keys):
     """The shadow of CPython's table grows as CPython's does (3.11+: a table
     of str keys is rebuilt when another key arrives)."""
     d = dict.fromkeys(keys)
-    assert _size_of_table(d) == S._dict_shadow(keys)[0]
+    assert _size_of_table(d) == T.dict_shadow(keys)[0]
     assert _size_of_table(decode(encode(d))) == _size_of_table(d)
 
 
@@ -413,7 +415,7 @@ def _cpython_probes(keys):
     _random_ints(3000, seed=3),
 ])
 def test_the_shadow_table_probes_as_cpython(keys):
-    assert S._dict_shadow(keys) == _cpython_probes(keys)
+    assert T.dict_shadow(keys) == _cpython_probes(keys)
 
 
 # Limits hold for any dict: it decodes unless more than MAX_SAME_HASH_KEYS
@@ -461,7 +463,7 @@ def test_without_hash_randomization_str_keys_are_shadowed_too():
     exempt; ordinary dicts still decode."""
     out = _child("""
         import sys
-        from flinkbuf._serialization import decode, encode
+        from flinkbuf.serialization import decode, encode
         assert sys.flags.hash_randomization == 0
         d = {**{f"k{i}": i for i in range(5000)}, **{bytes([i % 256]) * (i // 256 + 1): i
                                                       for i in range(3000)}, 5: 1, (1, "a"): 2}

@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import flinkbuf as fb
-from flinkbuf._serialization import _stage, _stage_general, decode, encode
+from flinkbuf._testing import stage as _stage, stage_general as _stage_general
+from flinkbuf.serialization import decode, encode
 from test_serialization_support import (
     feed_as_buffers, read_stream, rechunk, same, values, write_stream,
 )

@@ -3,7 +3,7 @@ from libc.stdint cimport int32_t, int64_t
 
 from flinkbuf.buffer._buffer cimport Buffer, LocalBufferPool
 from flinkbuf.csrc.exchange cimport fb_gate_t, fb_item_t, fb_signal_t, fb_subpart_t
-from flinkbuf._serialization cimport RecordDeserializer, RecordSerializer
+from flinkbuf.serialization._serialization cimport RecordDeserializer, RecordSerializer
 
 cdef class ResultPartition
 cdef class InputGate

@@ -8,7 +8,7 @@ from typing_extensions import Buffer as _BufferProtocol
 from typing_extensions import Self, TypeAlias, disjoint_base
 
 from flinkbuf.buffer._buffer import Buffer, LocalBufferPool
-from flinkbuf._serialization import _Codec
+from flinkbuf.serialization._serialization import _Codec
 
 # What java_hash_code (and so HashSelector) can hash deterministically: None,
 # bool, int (and __index__ types such as numpy integers), float, str,

@@ -25,7 +25,8 @@ from flinkbuf.csrc.clock cimport FB_WAIT_FOREVER, FB_WAIT_SLICE, fb_deadline_aft
 from flinkbuf.csrc.exchange cimport *
 from flinkbuf.csrc.keygroup cimport *
 from flinkbuf.csrc.status cimport *
-from flinkbuf._serialization cimport RecordDeserializer, RecordSerializer, is_no_record
+from flinkbuf.serialization._serialization cimport (FULL_BUFFER, FULL_RECORD, RecordDeserializer,
+                                                  RecordSerializer, is_no_record)
 
 import numbers
 import operator
@@ -33,8 +34,8 @@ import random
 import threading
 import weakref
 
-from flinkbuf._serialization import decode as _typed_decode
-from flinkbuf._serialization import encode as _typed_encode
+from flinkbuf.serialization._serialization import decode as _typed_decode
+from flinkbuf.serialization._serialization import encode as _typed_encode
 from flinkbuf.errors import (
     BufferRequestTimeoutError,
     CorruptRecordError,

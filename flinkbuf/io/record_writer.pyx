@@ -6,11 +6,6 @@ cdef enum:
     _W_FAILED = 2
     _W_NEW = 3              # made without __init__
 
-# Serializer result flags (flinkbuf._serialization).
-cdef enum:
-    _FULL_RECORD = 1
-    _FULL_BUFFER = 2
-
 # RecordWriter._busy: what the emitting thread is doing.
 cdef enum:
     _IDLE = 0
@@ -275,7 +270,7 @@ record is written or emit raises."""
                 self._copy_rest(ch, None, 0)
             else:
                 flags = self._ser._copy_to_buffer(<Buffer>cur)
-                if flags != _FULL_RECORD:
+                if flags != FULL_RECORD:
                     self._copy_rest(ch, <Buffer>cur, flags)
             self._broken = False
             self._records_out += 1
@@ -383,12 +378,12 @@ record is written or emit raises."""
         start when there is none (``buf`` None).  A released channel: see
         _channel_released."""
         if buf is not None:
-            if not flags & _FULL_BUFFER:
+            if not flags & FULL_BUFFER:
                 return 0
             self._current[channel] = None
             if self._hand_over(channel, buf):
                 return self._channel_released(channel)
-            if flags & _FULL_RECORD:
+            if flags & FULL_RECORD:
                 return 0
         # From here on every buffer is fresh: it becomes current only if the
         # record ends in it with room to spare.
@@ -397,12 +392,12 @@ record is written or emit raises."""
             if buf is None:
                 return self._channel_released(channel)
             flags = self._ser._copy_to_buffer(buf)
-            if not flags & _FULL_BUFFER:
+            if not flags & FULL_BUFFER:
                 self._current[channel] = buf
                 return 0
             if self._hand_over(channel, buf):
                 return self._channel_released(channel)
-            if flags & _FULL_RECORD:
+            if flags & FULL_RECORD:
                 return 0
 
     cdef Buffer _request_buffer(self, int32_t channel):

@@ -27,5 +27,17 @@ from flinkbuf.errors import (
     RemoteError,
 )
 
+# Passed by the factories alone: these types wrap C state that only they
+# set up, so made any other way (T.__new__(T)) they refuse to exist.
+cdef object _MADE_HERE = object()
+
+
+cdef int _refuse_bare(object token, str what) except -1:
+    if token is not _MADE_HERE:
+        raise TypeError(f"{what} cannot be created directly: they are made by "
+                        "NetworkEnvironment")
+    return 0
+
+
 include "connection.pyx"
 include "remote_input_channel.pyx"

@@ -73,10 +73,11 @@ cdef class Connection:
     the two (in both directions).  Made by the network environment once the
     peer is authenticated; the socket is the connection's from then on."""
 
-    def __cinit__(self):
+    def __cinit__(self, token=None):
         self._c = NULL
+        _refuse_bare(token, "connections")
 
-    def __init__(self):
+    def __init__(self, token=None):
         raise TypeError("connections are made by NetworkEnvironment")
 
     @staticmethod
@@ -84,7 +85,7 @@ cdef class Connection:
         """Start a connection over ``fd`` (connected, authenticated, owned
         from here on).  ``lookup(partition_id)`` finds a registered
         partition or returns None."""
-        cdef Connection conn = Connection.__new__(Connection)
+        cdef Connection conn = Connection.__new__(Connection, _MADE_HERE)
         cdef fb_conn_callbacks_t cb
         cb.ctx = <void *>conn           # borrowed: the threads end before conn does
         cb.find_subpartition = _find_subpartition

@@ -24,7 +24,7 @@ __all__ = ["NetworkEnvironment"]
 
 log = logging.getLogger("flinkbuf.network")
 
-_LIVE = weakref.WeakSet()          # environments to close at interpreter exit
+_LIVE: "weakref.WeakSet[NetworkEnvironment]" = weakref.WeakSet()   # closed at exit
 _MAX_PENDING_HANDSHAKES = 32
 
 

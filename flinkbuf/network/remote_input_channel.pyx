@@ -7,15 +7,16 @@ cdef class FloatingBuffers:
     segments its remote channels borrow when their senders' backlog grows,
     and which they give back when the consumer recycles them."""
 
-    def __cinit__(self):
+    def __cinit__(self, token=None):
         self._f = NULL
+        _refuse_bare(token, "floating buffers")
 
-    def __init__(self):
+    def __init__(self, token=None):
         raise TypeError("floating buffers are made by NetworkEnvironment")
 
     @staticmethod
     cdef FloatingBuffers _make(LocalBufferPool pool):
-        cdef FloatingBuffers fl = FloatingBuffers.__new__(FloatingBuffers)
+        cdef FloatingBuffers fl = FloatingBuffers.__new__(FloatingBuffers, _MADE_HERE)
         fl._pool = pool
         fl._f = fb_floating_new(&pool._c)
         if fl._f == NULL:
@@ -63,10 +64,11 @@ cdef class RemoteInputChannel(InputChannel):
     are the sender's credit; a buffer the consumer recycles becomes credit
     again.  Made by :meth:`NetworkEnvironment.create_input_gate`."""
 
-    def __cinit__(self):
+    def __cinit__(self, token=None):
         self._c = NULL
+        _refuse_bare(token, "remote input channels")
 
-    def __init__(self):
+    def __init__(self, token=None):
         raise TypeError("remote input channels are made by "
                         "NetworkEnvironment.create_input_gate()")
 
@@ -84,7 +86,7 @@ cdef class RemoteInputChannel(InputChannel):
         if len(pid) > FB_NET_MAX_PARTITION_ID:
             raise ValueError(f"a partition id is at most {FB_NET_MAX_PARTITION_ID} bytes of "
                              f"UTF-8, got {len(pid)}")
-        cdef RemoteInputChannel ch = RemoteInputChannel.__new__(RemoteInputChannel)
+        cdef RemoteInputChannel ch = RemoteInputChannel.__new__(RemoteInputChannel, _MADE_HERE)
         ch._conn = conn
         ch._exclusive = exclusive
         ch._floating = floating

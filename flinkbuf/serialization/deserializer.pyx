@@ -171,7 +171,7 @@ cdef class RecordDeserializer:
         try:
             self._close()
         except BaseException:
-            PyErr_WriteUnraisable(self)
+            write_unraisable(self)
 
     # -- input chunks ---------------------------------------------------------
 

@@ -1,0 +1,37 @@
+"""Layer 2: records across buffers.
+
+Each record is framed as in Flink, a 4-byte big-endian length and the
+payload, and records span buffers freely (docs/FORMAT.md).  A
+:class:`RecordSerializer` stages one record and copies it into as many
+buffers as it takes; a :class:`RecordDeserializer` reassembles records from
+buffers (or any bytes) fed in any chunks, validating lengths and contents
+before it allocates.  Codecs: ``typed`` (compact, written in Cython straight
+into segment memory), ``bytes`` and ``pickle`` (explicit opt-in: never
+unpickle what an unauthenticated peer sent).
+"""
+
+from flinkbuf.serialization._serialization import (
+    MAX_DEPTH,
+    MAX_NDIM,
+    MAX_PROBES_PER_KEY,
+    MAX_SAME_HASH_KEYS,
+    NO_RECORD,
+    RecordDeserializer,
+    RecordSerializer,
+    SerializationResult,
+    decode,
+    encode,
+)
+
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_NDIM",
+    "MAX_PROBES_PER_KEY",
+    "MAX_SAME_HASH_KEYS",
+    "NO_RECORD",
+    "RecordDeserializer",
+    "RecordSerializer",
+    "SerializationResult",
+    "decode",
+    "encode",
+]
