@@ -5,6 +5,21 @@
 cdef object _POOL_TOKEN = object()
 
 
+cdef int _raise_status(int rc, str what, object timeout=None) except -1:
+    """The one translation of a csrc result code into an exception for this
+    module (``what``: the pool, for the message); FB_OK raises nothing."""
+    if rc == FB_OK:
+        return 0
+    if rc == FB_EDESTROYED:
+        raise PoolDestroyedError(f"{what} is destroyed")
+    if rc == FB_ETIMEDOUT:
+        raise BufferRequestTimeoutError(f"no buffer of the {what} became available within "
+                                        f"{timeout}s")
+    if rc == FB_ENOMEM:
+        raise MemoryError(f"out of memory in the {what}")
+    raise RuntimeError(f"internal error: result {rc} from the {what}")
+
+
 cdef double _as_timeout(object timeout) except? -2.0:
     """Seconds to wait: None means forever (-1.0)."""
     if timeout is None:
@@ -242,12 +257,7 @@ cdef class NetworkBufferPool:
                 f"insufficient network buffers: the pool requires {mn}, but only "
                 f"{self._c.num_segments - required} of {self._c.num_segments} are not "
                 f"required by other pools or unpooled requests")
-        if rc == FB_EDESTROYED:
-            raise PoolDestroyedError("network buffer pool is destroyed")
-        if rc == FB_ENOMEM:
-            raise MemoryError("cannot allocate the local buffer pool")
-        if rc != FB_OK:
-            raise ValueError("invalid local buffer pool parameters")
+        _raise_status(rc, "network buffer pool")
         pool._created = True
         return pool
 
@@ -286,8 +296,7 @@ cdef class NetworkBufferPool:
             if rc == FB_ETIMEDOUT:
                 raise BufferRequestTimeoutError(
                     f"timed out after {timeout}s waiting for {n} free segments")
-            if rc == FB_EDESTROYED:
-                raise PoolDestroyedError("network buffer pool is destroyed")
+            _raise_status(rc, "network buffer pool")
             segments = []
             for k in range(n):
                 seg = MemorySegment.__new__(MemorySegment)
@@ -431,9 +440,7 @@ cdef class LocalBufferPool:
             return self._wrap(index)
         if rc == FB_EMPTY:
             return None
-        if rc == FB_EDESTROYED:
-            raise PoolDestroyedError("buffer pool is destroyed")
-        raise ValueError(f"invalid channel {channel}")
+        _raise_status(rc, "buffer pool")
 
     cdef Buffer _request_blocking(self, int32_t channel, double timeout):
         cdef _request_args args
@@ -447,11 +454,7 @@ cdef class LocalBufferPool:
             rc = _wait_in_slices(_request_step, &args, timeout)
         if rc == FB_OK:
             return self._wrap(args.index)
-        if rc == FB_ETIMEDOUT:
-            raise BufferRequestTimeoutError(f"no buffer became available within {timeout}s")
-        if rc == FB_EDESTROYED:
-            raise PoolDestroyedError("buffer pool was destroyed")
-        raise ValueError(f"invalid channel {channel}")
+        _raise_status(rc, "buffer pool", timeout)
 
     def request_buffer(self, channel=None):
         """A :class:`Buffer`, or ``None`` if none is free right now.  Never blocks.
@@ -476,8 +479,7 @@ cdef class LocalBufferPool:
         if rc == FB_EINVAL:
             raise ValueError(f"buffer pool needs at least {self._c.min_buffers} buffers, "
                              f"tried to set {n}")
-        if rc == FB_EDESTROYED:
-            raise PoolDestroyedError("buffer pool is destroyed")
+        _raise_status(rc, "buffer pool")
         if self._nbp._listening:
             self._nbp._dispatch_listeners()
 
@@ -497,9 +499,10 @@ cdef class LocalBufferPool:
         if fb_localpool_is_available(&self._c):
             return True
         cdef int rc = _wait_in_slices(_available_step, &self._c, t)
-        if rc == FB_EDESTROYED:
-            raise PoolDestroyedError("buffer pool is destroyed")
-        return rc == FB_OK
+        if rc == FB_ETIMEDOUT:
+            return False
+        _raise_status(rc, "buffer pool")
+        return True
 
     def add_availability_listener(self, callback):
         """Call ``callback(pool)`` once, when the pool is next available (at once

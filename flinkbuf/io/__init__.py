@@ -131,8 +131,10 @@ def create_partition(network_pool, num_subpartitions, *, min_buffers=None, max_b
 def default_max_parallelism(parallelism):
     """Flink's default max parallelism for an operator of ``parallelism``:
     ``parallelism * 1.5`` rounded up to a power of two, within [128, 32768]."""
-    if isinstance(parallelism, bool) or not isinstance(parallelism, int) or parallelism < 1:
-        raise ValueError(f"parallelism must be a positive int, got {parallelism!r}")
+    if isinstance(parallelism, bool) or not isinstance(parallelism, int):
+        raise TypeError(f"parallelism must be an int, got {type(parallelism).__name__}")
+    if parallelism < 1:
+        raise ValueError(f"parallelism must be >= 1, got {parallelism}")
     n = parallelism + parallelism // 2
     power = 1
     while power < n:
@@ -150,8 +152,10 @@ def pointwise_connections(num_producers, num_consumers):
     producers (one subpartition each); with fewer, each producer feeds a
     contiguous range of consumers."""
     for name, v in (("num_producers", num_producers), ("num_consumers", num_consumers)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+        if v < 1:
+            raise ValueError(f"{name} must be >= 1, got {v}")
     p, c = num_producers, num_consumers
     inputs = [[] for _ in range(c)]
     if p >= c:

@@ -213,8 +213,8 @@ cdef class InputGate:
         cdef int32_t n = <int32_t>len(chans)
         cdef list deserializers = [RecordDeserializer(codec=codec, max_record_size=max_record_size)
                                    for _ in range(n)]
-        if fb_gate_init(&self._c, n) != FB_OK:
-            raise MemoryError()
+        if fb_gate_init(&self._c, n) != FB_OK:     # n >= 1: only memory can fail
+            raise MemoryError(f"cannot allocate an input gate of {n} channels")
         self._initialized = True
         self._n = n
         self._codec = codec
@@ -251,14 +251,8 @@ cdef class InputGate:
 
     def _release_channels(self):
         cdef InputChannel ch
-        first_error = None
-        for ch in self._channels:
-            try:
-                ch._release(self)
-            except BaseException as exc:
-                first_error = first_error or exc
-        if first_error is not None:
-            raise first_error
+        for ch in self._channels:       # local and remote channels give back in C
+            ch._release(self)
 
     cdef int _check_open(self) except -1:
         if self._error is not None:

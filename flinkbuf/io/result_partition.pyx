@@ -368,14 +368,8 @@ cdef class ResultPartition:
         cdef ResultSubpartition sp
         for sp in self._subpartitions:
             sp._cause = exc
-        first_error = None
-        for sp in self._subpartitions:
-            try:
-                sp._terminate(FB_SP_FAILED)
-            except BaseException as e:
-                first_error = first_error or e
-        if first_error is not None:
-            raise first_error
+        for sp in self._subpartitions:    # gives back what is queued; cannot fail
+            sp._terminate(FB_SP_FAILED)
 
     def release(self):
         """Drop and recycle everything queued; consumers see the partition
@@ -387,14 +381,8 @@ cdef class ResultPartition:
         if self._state != _P_FAILED:
             self._state = _P_RELEASED
         cdef ResultSubpartition sp
-        first_error = None
         for sp in self._subpartitions:
-            try:
-                sp._terminate(FB_SP_RELEASED)
-            except BaseException as e:
-                first_error = first_error or e
-        if first_error is not None:
-            raise first_error
+            sp._terminate(FB_SP_RELEASED)
 
     def subpartition(self, index):
         return self._subpartitions[_as_subpartition(index, self._n)]

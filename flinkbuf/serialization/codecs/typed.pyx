@@ -30,7 +30,8 @@ cdef enum:
     DTYPE_STR_MAX = 32
 
 # Array element kinds whose raw bytes are the values (no object pointers).
-cdef str _ARRAY_KINDS = "biufcmMSUV"
+cdef bytes _ARRAY_KINDS_ASCII = b"biufcmMSUV"
+cdef str _ARRAY_KINDS = _ARRAY_KINDS_ASCII.decode("ascii")
 
 
 # -- encoding ---------------------------------------------------------------
@@ -114,14 +115,18 @@ cdef int _enc_str(RecordSerializer s, object v) except -1:
     return 0
 
 
-cdef int _enc_raw(RecordSerializer s, int tag8, object v) except -1:
-    """bytes, bytearray, memoryview: length + raw bytes."""
+cdef int _stage_raw(RecordSerializer s, object v, int tag8) except -1:
+    """The raw bytes of a bytes-like ``v`` (bytes, bytearray, memoryview, any
+    buffer), after the typed codec's length header when ``tag8`` >= 0 (the
+    bytes codec's records have none).  Long values are referenced, not
+    copied, until they are copied into buffers."""
     cdef Py_buffer tmp
     cdef Py_buffer *view
     cdef Py_ssize_t n
     if type(v) is bytes:
         n = PyBytes_GET_SIZE(v)
-        _enc_len_header(s, tag8, n)
+        if tag8 >= 0:
+            _enc_len_header(s, tag8, n)
         if n >= EXTERNAL_MIN:
             _keep_object(s, v)
             _add_external(s, PyBytes_AS_STRING(v), n)
@@ -131,18 +136,20 @@ cdef int _enc_raw(RecordSerializer s, int tag8, object v) except -1:
     try:
         PyObject_GetBuffer(v, &tmp, PyBUF_SIMPLE)
     except BufferError:
-        # not C-contiguous (a strided memoryview): encode a contiguous copy
-        return _enc_raw(s, tag8, memoryview(v).tobytes())
+        # not C-contiguous (a strided memoryview): a contiguous copy
+        return _stage_raw(s, memoryview(v).tobytes(), tag8)
     if tmp.len < EXTERNAL_MIN:
         try:
-            _enc_len_header(s, tag8, tmp.len)
+            if tag8 >= 0:
+                _enc_len_header(s, tag8, tmp.len)
             _put_bytes(s, <const char *>tmp.buf, tmp.len)
         finally:
             PyBuffer_Release(&tmp)
         return 0
     PyBuffer_Release(&tmp)
     view = _keep_view(s, v)          # pins a bytearray against resizing
-    _enc_len_header(s, tag8, view.len)
+    if tag8 >= 0:
+        _enc_len_header(s, tag8, view.len)
     _add_external(s, <const char *>view.buf, view.len)
     return 0
 
@@ -265,7 +272,7 @@ cdef int _enc_other(RecordSerializer s, object v, int depth) except -1:
     if isinstance(v, str):
         return _enc_str(s, v)
     if isinstance(v, (bytes, bytearray, memoryview)):
-        return _enc_raw(s, T_BYTES8, v)
+        return _stage_raw(s, v, T_BYTES8)
     if isinstance(v, tuple):
         return _enc_tuple(s, v, depth)
     if isinstance(v, list):
@@ -379,7 +386,7 @@ cdef int _enc(RecordSerializer s, object v, int depth) except -1:
     if t is str:
         return _enc_str(s, v)
     if t is bytes:
-        return _enc_raw(s, T_BYTES8, v)
+        return _stage_raw(s, v, T_BYTES8)
     if v is None:
         p = _put(s, 1)
         p[0] = <char>T_NONE
@@ -395,7 +402,7 @@ cdef int _enc(RecordSerializer s, object v, int depth) except -1:
     if t is _ndarray_type:
         return _enc_ndarray(s, v)
     if t is bytearray or t is memoryview:
-        return _enc_raw(s, T_BYTES8, v)
+        return _stage_raw(s, v, T_BYTES8)
     return _enc_other(s, v, depth)
 
 
@@ -479,36 +486,26 @@ cdef object _dec_bytes(_Dec *d, int tag):
     return v
 
 
-cdef object _dec_tuple(_Dec *d, int tag, int depth):
+cdef object _dec_sequence(_Dec *d, int tag, int tag8, int depth):
+    """A tuple (tag8 T_TUPLE8) or list (T_LIST8) of values."""
     cdef const char *at = d.p - 1
-    cdef Py_ssize_t i, n = _dec_len(d, tag, T_TUPLE8, "tuple")
+    cdef bint is_tuple = tag8 == T_TUPLE8
+    cdef str what = "tuple" if is_tuple else "list"
+    cdef Py_ssize_t i, n = _dec_len(d, tag, tag8, what)
     if n > d.end - d.p:
-        _corrupt(d, at, f"tuple of {n} items in {d.end - d.p} bytes")
+        _corrupt(d, at, f"{what} of {n} items in {d.end - d.p} bytes")
     if depth >= MAX_DEPTH:
         _corrupt(d, at, f"containers nested deeper than {MAX_DEPTH} levels")
-    cdef tuple t = PyTuple_New(n)
+    cdef object seq = PyTuple_New(n) if is_tuple else PyList_New(n)
     cdef object item
     for i in range(n):
         item = _dec(d, depth + 1)
         Py_INCREF(item)
-        PyTuple_SET_ITEM(t, i, item)
-    return t
-
-
-cdef object _dec_list(_Dec *d, int tag, int depth):
-    cdef const char *at = d.p - 1
-    cdef Py_ssize_t i, n = _dec_len(d, tag, T_LIST8, "list")
-    if n > d.end - d.p:
-        _corrupt(d, at, f"list of {n} items in {d.end - d.p} bytes")
-    if depth >= MAX_DEPTH:
-        _corrupt(d, at, f"containers nested deeper than {MAX_DEPTH} levels")
-    cdef list l = PyList_New(n)
-    cdef object item
-    for i in range(n):
-        item = _dec(d, depth + 1)
-        Py_INCREF(item)
-        PyList_SET_ITEM(l, i, item)
-    return l
+        if is_tuple:
+            PyTuple_SET_ITEM(seq, i, item)
+        else:
+            PyList_SET_ITEM(seq, i, item)
+    return seq
 
 
 include "dict_keys.pyx"
@@ -579,7 +576,7 @@ cdef object _dtype_from(_Dec *d, const char *at, bytes dstr):
     cdef Py_ssize_t i, n = PyBytes_GET_SIZE(dstr)
     cdef const char *c = PyBytes_AS_STRING(dstr)
     cdef char ch
-    cdef bint ok = n >= 3 and c[0] in b"<>|" and c[1] in b"biufcmMSUV"
+    cdef bint ok = n >= 3 and c[0] in b"<>|" and c[1] in _ARRAY_KINDS_ASCII
     for i in range(2, n):
         ch = c[i]
         if not ((c'0' <= ch <= c'9') or (c'a' <= ch <= c'z') or (c'A' <= ch <= c'Z')
@@ -681,7 +678,7 @@ cdef object _dec(_Dec *d, int depth):
         return tag - T_FIXINT
     # one if/elif chain on the tag: Cython compiles it to a switch
     if tag == T_TUPLE8 or tag == T_TUPLE32:
-        return _dec_tuple(d, tag, depth)
+        return _dec_sequence(d, tag, T_TUPLE8, depth)
     elif tag == T_INT8:
         _need(d, 1, "int8")
         d.p += 1
@@ -713,7 +710,7 @@ cdef object _dec(_Dec *d, int depth):
     elif tag == T_FALSE:
         return False
     elif tag == T_LIST8 or tag == T_LIST32:
-        return _dec_list(d, tag, depth)
+        return _dec_sequence(d, tag, T_LIST8, depth)
     elif tag == T_DICT8 or tag == T_DICT32:
         return _dec_dict(d, tag, depth)
     elif tag == T_NDARRAY:
