@@ -144,6 +144,9 @@ def _add_backpressure(which):
     bp.add_argument("--buffers", type=_integer, default=2, metavar="N",
                     help=f"buffers of the producer's pool, >= {_bp.MIN_BUFFERS}: one being "
                          "filled, one in flight (default: 2)")
+    bp.add_argument("--remote", action="store_true",
+                    help="run the consumer in another process, reading over TCP on loopback "
+                         "with credit-based flow control (--buffers exclusive buffers)")
     bp.add_argument("--no-plot", action="store_true", help="skip the PNG")
     bp.set_defaults(func=_run_backpressure, parser=bp)
 
@@ -186,6 +189,8 @@ def _add_slow_subpartition(which):
     ss.add_argument("--modes", type=_modes, default=list(_ss.DEFAULT_MODES), metavar="LIST",
                     help=f"comma-separated modes to run, in order, or 'all' "
                          f"({','.join(_ss.MODES)}); default: {','.join(_ss.DEFAULT_MODES)}")
+    ss.add_argument("--remote", action="store_true",
+                    help="run both consumers in another process, reading over TCP on loopback")
     ss.add_argument("--no-plot", action="store_true", help="skip the PNG")
     ss.set_defaults(func=_run_slow_subpartition, parser=ss)
 
@@ -206,7 +211,7 @@ def _run_backpressure(args):
                                segment_size=args.segment_size, buffers=args.buffers,
                                full_speed=args.full_speed,
                                full_speed_fraction=args.full_speed_fraction,
-                               plot=not args.no_plot)
+                               remote=args.remote, plot=not args.no_plot)
     return 0 if doc["checks"]["passed"] else 1
 
 
@@ -218,7 +223,7 @@ def _run_slow_subpartition(args):
                                     consumer_rate=args.consumer_rate,
                                     pool_buffers=args.pool_buffers, cap=args.cap,
                                     segment_size=args.segment_size, modes=args.modes,
-                                    plot=not args.no_plot)
+                                    remote=args.remote, plot=not args.no_plot)
     return 0 if doc["checks"]["passed"] else 1
 
 

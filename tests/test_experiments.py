@@ -23,8 +23,12 @@ def _read_csv(path):
         return reader.fieldnames, list(reader)
 
 
-def test_backpressure_experiment(tmp_path, capsys):
-    rc = main(["experiment", "backpressure", "--out", str(tmp_path), "--phase-seconds", "3"])
+@pytest.mark.parametrize("where", ["local", "remote"])
+def test_backpressure_experiment(tmp_path, capsys, where):
+    """In one process, and (``--remote``) with the consumer in another one
+    reading over TCP: the same schedule, outputs and expectations."""
+    rc = main(["experiment", "backpressure", "--out", str(tmp_path), "--phase-seconds", "3"]
+              + (["--remote"] if where == "remote" else []))
     out = capsys.readouterr().out
     assert "full speed" in out
     # a live line per interval: time, limits, both rates, the backpressure level
@@ -38,6 +42,8 @@ def test_backpressure_experiment(tmp_path, capsys):
     doc = json.loads((tmp_path / "backpressure.json").read_text())
     assert doc["config"]["schedule"] == [[60, 100], [60, 30], [100, 100], [100, 30], [100, 100]]
     assert doc["config"]["buffers_per_task"] == 2 and doc["config"]["segment_size"] == 4096
+    assert doc["config"]["exchange"].startswith(where)
+    assert ("over TCP" in out) == (where == "remote")
     assert 0 < doc["full_speed_records_per_s"] < doc["unthrottled_records_per_s"]
     assert len(rows) == 30                       # 5 phases x 6 intervals of 0.5 s
     assert [float(r["t_seconds"]) for r in rows] == [0.5 * (i + 1) for i in range(30)]
@@ -143,9 +149,10 @@ def test_backpressure_cli_rejects_bad_arguments(capsys):
         assert message in capsys.readouterr().err
 
 
-def test_slow_subpartition_experiment(tmp_path, capsys):
+@pytest.mark.parametrize("where", ["local", "remote"])
+def test_slow_subpartition_experiment(tmp_path, capsys, where):
     rc = main(["experiment", "slow-subpartition", "--out", str(tmp_path),
-               "--phase-seconds", "1.6"])
+               "--phase-seconds", "1.6"] + (["--remote"] if where == "remote" else []))
     out = capsys.readouterr().out
     assert "backlog-aware" in out
     header, rows = _read_csv(tmp_path / "slow-subpartition.csv")
@@ -166,6 +173,7 @@ def test_slow_subpartition_experiment(tmp_path, capsys):
         assert slow[mode] == 0
     doc = json.loads((tmp_path / "slow-subpartition.json").read_text())
     assert doc["config"]["pool_buffers"] == 16 and doc["config"]["max_buffers_per_channel"] == 6
+    assert doc["config"]["exchange"].startswith(where)
     by_mode = {r["mode"]: r for r in doc["results"]}
     assert all(r["buffers_leaked"] == 0 for r in doc["results"])
     assert by_mode["shared-pool"]["buffers_held_by_blocked_subpartition"] >= 14   # of 16

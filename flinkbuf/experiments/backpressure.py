@@ -30,6 +30,12 @@ Nothing but the blocking buffer request slows the producer when the
 consumer is slow: it tracks the consumer, and both return to full speed
 when the consumer is released.
 
+With ``remote=True`` (``--remote``) the consumer runs in another process
+and reads the producer's partition over TCP on loopback (an authenticated
+connection with Flink's credit-based flow control, ``buffers`` exclusive
+buffers and no floating ones): the same schedule, outputs and expectations,
+the backpressure now travelling back across the connection.
+
 Outputs in ``out_dir``: ``backpressure.csv`` (one row per interval:
 ``t_seconds,producer_limit_pct,consumer_limit_pct,producer_pct,consumer_pct,
 backpressure_level``), ``backpressure.json`` (configuration, calibration, the
@@ -59,6 +65,7 @@ from flinkbuf.experiments._output import (
     prepare_out_dir,
     write_table_and_doc,
 )
+from flinkbuf.experiments._remote import MetricsProxy, RemoteConsumers, new_secret
 from flinkbuf.experiments._throttle import Throttle
 from flinkbuf.io.metrics import TaskMetrics
 
@@ -180,6 +187,66 @@ class _Pipeline:
         return leaked
 
 
+class _RemotePipeline(_Pipeline):
+    """The same two tasks with the consumer in another process, reading the
+    producer's partition over TCP (:mod:`flinkbuf.network`)."""
+
+    def __init__(self, segment_size, buffers, buffer_timeout):
+        from flinkbuf.network import NetworkEnvironment
+        secret = new_secret()
+        self.buffers = buffers
+        self.env = NetworkEnvironment(buffers, segment_size, secret=secret)
+        self.nbp = self.env.network_buffer_pool
+        self.partition = fb.create_partition(self.nbp, 1, min_buffers=buffers, name="producer")
+        self.env.register_partition("producer", self.partition)
+        self.writer = fb.RecordWriter(self.partition, fb.ForwardSelector(),
+                                      buffer_timeout=buffer_timeout, name="producer")
+        self.producer_throttle = Throttle()
+        self.stop = threading.Event()
+        self.errors = []
+        self.max_in_use = 0
+        self.producer_metrics = TaskMetrics("producer", writers=[self.writer], window=0.05)
+        self.threads = [threading.Thread(target=self._produce, name="bp-producer", daemon=True)]
+        try:
+            self.consumers = RemoteConsumers(self.env, secret, [("producer", 0)],
+                                             segment_size=segment_size, exclusive=buffers)
+        except BaseException:
+            self.writer.fail()
+            self.env.close()
+            raise
+        self.consumer_metrics = MetricsProxy(self.consumers)
+
+    def counts(self):
+        consumed = self.consumers.counts()[0]
+        return time.perf_counter(), self.writer.num_records_out, consumed
+
+    def wait_until(self, deadline):
+        self.consumers.counts()          # raises a remote consumer's error
+        super().wait_until(deadline)
+
+    def set_limits(self, producer_pct, consumer_pct, full_rate):
+        self.producer_throttle.set_limit(producer_pct, full_rate)
+        self.consumers.set_limit(0, None if consumer_pct >= 100 else consumer_pct, full_rate)
+
+    def shutdown(self, timeout=30.0):
+        self.stop.set()
+        self.producer_throttle.unthrottle()
+        self.consumers.set_limit(0, None)
+        for t in self.threads:
+            t.join(timeout)
+        alive, errors, _ = self.consumers.stop(timeout)
+        if self.threads[0].is_alive() or alive:
+            self.writer.fail(RuntimeError("experiment shut down"))
+            self.env.close()
+            raise RuntimeError(f"tasks did not stop within {timeout} s")
+        if errors:
+            self.errors.append(RuntimeError(f"the remote consumer failed: {errors[0]}"))
+        pool = self.partition.pool
+        leaked = pool.num_requested - pool.num_available
+        self.env.close()
+        return leaked
+
+
 # Argument names of run_backpressure (the command line names its options instead).
 def check_arguments(phase_seconds, interval=0.5, schedule=DEFAULT_SCHEDULE, segment_size=4096,
                     buffers=2, full_speed=None, full_speed_fraction=0.25,
@@ -231,27 +298,27 @@ def min_full_speed(interval, schedule=DEFAULT_SCHEDULE):
 
 def run_backpressure(out_dir, phase_seconds=5.0, *, interval=0.5, schedule=DEFAULT_SCHEDULE,
                      segment_size=4096, buffers=2, buffer_timeout=0.1, full_speed=None,
-                     full_speed_fraction=0.25, calibration_intervals=4, plot=True,
-                     printer=print):
+                     full_speed_fraction=0.25, calibration_intervals=4, remote=False,
+                     plot=True, printer=print):
     """Run the experiment, write its outputs to ``out_dir`` and return the
     JSON document (a dict; ``doc["checks"]["passed"]`` says whether the
     expectations held).  ``full_speed`` (records/s) replaces the measured
     one.  Every argument is checked, and ``out_dir`` made, before anything
     runs (:class:`ExperimentArgumentError`, a ``ValueError``, otherwise).
     Without matplotlib the figure is skipped with a line saying how to get
-    it."""
+    it.  ``remote``: the consumer in another process, over TCP."""
     check_arguments(phase_seconds, interval, schedule, segment_size, buffers, full_speed,
                     full_speed_fraction, calibration_intervals)
     prepare_out_dir(out_dir, OUTPUT_FILES)
     ticks_per_phase = max(1, round(phase_seconds / interval))
-    pipe = _Pipeline(segment_size, buffers, buffer_timeout)
+    pipe = (_RemotePipeline if remote else _Pipeline)(segment_size, buffers, buffer_timeout)
     pipe.start()
     rss = [_rss_mb()]
     try:
         unthrottled, samples = _calibrate(pipe, interval, calibration_intervals)
         full_rate = _full_rate(unthrottled, full_speed, full_speed_fraction, interval, schedule)
         _print_calibration(printer, unthrottled, full_rate, full_speed, full_speed_fraction,
-                           calibration_intervals, interval, buffers, segment_size)
+                           calibration_intervals, interval, buffers, segment_size, remote)
         rows = _run_schedule(pipe, schedule, ticks_per_phase, interval, full_rate, rss, printer)
     finally:
         leaked = pipe.shutdown()
@@ -265,7 +332,7 @@ def run_backpressure(out_dir, phase_seconds=5.0, *, interval=0.5, schedule=DEFAU
         "experiment": "backpressure",
         "config": _config(ticks_per_phase * interval, interval, schedule, segment_size, buffers,
                           buffer_timeout, full_speed, full_speed_fraction,
-                          calibration_intervals),
+                          calibration_intervals, remote),
         "unthrottled_records_per_s": round(unthrottled),
         "calibration_records_per_s": [round(s) for s in samples],
         "full_speed_records_per_s": round(full_rate),
@@ -317,10 +384,12 @@ def _full_rate(unthrottled, full_speed, full_speed_fraction, interval, schedule)
 
 
 def _print_calibration(printer, unthrottled, full_rate, full_speed, full_speed_fraction,
-                       calibration_intervals, interval, buffers, segment_size):
+                       calibration_intervals, interval, buffers, segment_size, remote):
+    exchange = ("the consumer in another process, over TCP" if remote
+                else "local exchange")
     printer(f"unthrottled pipeline: {unthrottled:,.0f} records/s (lower quartile of "
             f"{calibration_intervals} intervals of {interval:g} s; {buffers} buffers of "
-            f"{segment_size} bytes, local exchange)")
+            f"{segment_size} bytes, {exchange})")
     if full_speed:
         printer(f"full speed (100 %): {full_rate:,.0f} records/s, as given")
     else:
@@ -403,7 +472,7 @@ def _memory_checks(max_in_use, leaked, rss, buffers):
 
 
 def _config(phase_seconds, interval, schedule, segment_size, buffers, buffer_timeout,
-            full_speed, full_speed_fraction, calibration_intervals):
+            full_speed, full_speed_fraction, calibration_intervals, remote=False):
     return {
         "phase_seconds": phase_seconds,
         "interval_seconds": interval,
@@ -416,7 +485,9 @@ def _config(phase_seconds, interval, schedule, segment_size, buffers, buffer_tim
         "calibration_intervals": calibration_intervals,
         "unthrottled_rate": "lower quartile (by rank) of the calibration intervals",
         "record": "(int, int), typed codec",
-        "exchange": "local: the consumer reads the producer's buffers by reference",
+        "exchange": (f"remote: the consumer in another process reads over TCP with "
+                     f"{buffers} exclusive buffers of credit" if remote
+                     else "local: the consumer reads the producer's buffers by reference"),
     }
 
 

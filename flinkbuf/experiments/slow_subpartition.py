@@ -27,6 +27,11 @@ Modes, and what each is expected to show:
   from a subpartition whose backlog shows it is blocked (backlog against
   the pool size; expected: at least ``RESTORED_MIN``).
 
+With ``remote=True`` (``--remote``) both consumers run in another process
+and read over TCP on loopback (2 exclusive buffers of credit each, no
+floating ones): a blocked consumer stops granting credit, its
+subpartition's buffers pile up in the producer's pool the same way.
+
 Outputs in ``out_dir``: ``slow-subpartition.csv`` (columns
 ``mode,fast_consumer_records_per_s,slow_consumer_records_per_s``),
 ``slow-subpartition.json`` and, with matplotlib, ``slow-subpartition.png``.
@@ -50,6 +55,7 @@ from flinkbuf.experiments._output import (
     prepare_out_dir,
     write_table_and_doc,
 )
+from flinkbuf.experiments._remote import RemoteConsumers, new_secret
 from flinkbuf.experiments._throttle import Throttle
 
 DEFAULT_MODES = ("unimpeded", "shared-pool", "per-channel-cap", "backlog-aware")
@@ -171,14 +177,17 @@ class _ModeRun:
         for t in self.threads:
             t.start()
 
+    def _counts(self):
+        return [g.num_records_in for g in self.gates]
+
     def measure(self, warmup, measure_seconds):
         """After ``warmup`` seconds, each consumer's rate over
         ``measure_seconds``, and what the blocked subpartition holds then."""
         time.sleep(warmup)
-        counts0 = [g.num_records_in for g in self.gates]
+        counts0 = self._counts()
         t0 = time.perf_counter()
         time.sleep(measure_seconds)
-        counts1 = [g.num_records_in for g in self.gates]
+        counts1 = self._counts()
         dt = time.perf_counter() - t0
         return {
             "mode": self.mode,
@@ -209,8 +218,68 @@ class _ModeRun:
         return leaked
 
 
-def _run_mode(mode, measure_seconds, warmup, consumer_rate, segment_size, pool_buffers, cap):
-    run = _ModeRun(mode, consumer_rate, segment_size, pool_buffers, cap)
+class _RemoteModeRun(_ModeRun):
+    """The same mode with both consumers in another process, reading the
+    producer's partition over TCP (:mod:`flinkbuf.network`)."""
+
+    def __init__(self, mode, consumer_rate, segment_size, pool_buffers, cap):
+        from flinkbuf.network import NetworkEnvironment
+        secret = new_secret()
+        self.mode = mode
+        self.env = NetworkEnvironment(pool_buffers, segment_size, secret=secret)
+        self.nbp = self.env.network_buffer_pool
+        self.partition = fb.create_partition(
+            self.nbp, 2, min_buffers=pool_buffers,
+            max_buffers_per_channel=cap if mode in CAPPED_MODES else None, name=mode)
+        self.env.register_partition(mode, self.partition)
+        if mode in ROUND_ROBIN_MODES:
+            self.selector = fb.RoundRobinSelector()
+        else:
+            self.selector = fb.BacklogAwareRebalanceSelector()
+        self.writer = fb.RecordWriter(self.partition, self.selector, name="producer")
+        self.blocked = mode != "unimpeded"
+        self.stopping = threading.Event()
+        self.errors = []
+        self.threads = [threading.Thread(target=self._produce, name=f"{mode}-producer",
+                                         daemon=True)]
+        try:
+            self.consumers = RemoteConsumers(
+                self.env, secret, [(mode, SLOW), (mode, FAST)], segment_size=segment_size,
+                blocked=[self.blocked, False], full_rates=[consumer_rate, consumer_rate])
+        except BaseException:
+            self.writer.fail()
+            self.env.close()
+            raise
+
+    def _counts(self):
+        return self.consumers.counts()
+
+    def stop(self):
+        self.stopping.set()
+        self.consumers.release()
+        for k in (SLOW, FAST):
+            self.consumers.set_limit(k, None)
+        for t in self.threads:
+            t.join(_STOP_TIMEOUT)
+        alive, errors, _ = self.consumers.stop(_STOP_TIMEOUT)
+        if self.threads[0].is_alive() or alive:
+            self.writer.fail(RuntimeError("experiment shut down"))
+            self.env.close()
+            raise RuntimeError("tasks did not stop")
+        if self.errors:
+            raise self.errors[0]
+        if errors:
+            raise RuntimeError(f"a remote consumer failed: {errors[0]}")
+        pool = self.partition.pool
+        leaked = pool.num_requested - pool.num_available
+        self.env.close()
+        return leaked
+
+
+def _run_mode(mode, measure_seconds, warmup, consumer_rate, segment_size, pool_buffers, cap,
+              remote=False):
+    run = (_RemoteModeRun if remote else _ModeRun)(mode, consumer_rate, segment_size,
+                                                   pool_buffers, cap)
     run.start()
     try:
         result = run.measure(warmup, measure_seconds)
@@ -257,26 +326,29 @@ def check_slow_subpartition(results, cap=None):
 
 def run_slow_subpartition(out_dir, phase_seconds=3.0, *, consumer_rate=50_000,
                           segment_size=4096, pool_buffers=16, cap=6, modes=DEFAULT_MODES,
-                          plot=True, printer=print):
+                          remote=False, plot=True, printer=print):
     """Run every mode of ``modes`` (see :data:`MODES`) for ``phase_seconds``
     (a quarter of it, at most 0.5 s, is warm-up), write the outputs to
     ``out_dir`` and return the JSON document (``doc["checks"]["passed"]``:
     whether the expectations held).  Every argument is checked, and
     ``out_dir`` made, before anything runs (:class:`ExperimentArgumentError`,
     a ``ValueError``, otherwise).  Without matplotlib the figure is skipped
-    with a line saying how to get it."""
+    with a line saying how to get it.  ``remote``: the consumers in another
+    process, over TCP."""
     check_arguments(phase_seconds, consumer_rate, segment_size, pool_buffers, cap, modes)
     prepare_out_dir(out_dir, OUTPUT_FILES)
     warmup = _warmup(phase_seconds)
     measure = phase_seconds - warmup
     printer(f"2 consumers at most {consumer_rate:,} records/s each; shared pool of "
             f"{pool_buffers} x {segment_size} bytes; cap {cap} buffers per subpartition "
-            f"(per-channel-cap modes); consumer {SLOW} blocked except when unimpeded")
+            f"(per-channel-cap modes); consumer {SLOW} blocked except when unimpeded"
+            + ("; the consumers in another process, over TCP" if remote else ""))
     printer(f"{'mode':<20} {'fast rec/s':>12} {'blocked rec/s':>14} {'fast vs unimpeded':>18}")
     results = []
     base = None                 # the unimpeded fast consumer's rate, once measured
     for mode in modes:
-        r = _run_mode(mode, measure, warmup, consumer_rate, segment_size, pool_buffers, cap)
+        r = _run_mode(mode, measure, warmup, consumer_rate, segment_size, pool_buffers, cap,
+                      remote)
         results.append(r)
         if mode == "unimpeded":
             base = r["fast_consumer_records_per_s"] or 1.0
@@ -296,6 +368,8 @@ def run_slow_subpartition(out_dir, phase_seconds=3.0, *, consumer_rate=50_000,
             "modes": list(modes),
             "record": "(int, int), typed codec",
             "blocked_consumer": SLOW,
+            "exchange": "remote: the consumers in another process, over TCP" if remote
+                        else "local",
         },
         "results": results,
         "checks": checks,

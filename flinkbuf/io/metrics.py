@@ -16,6 +16,14 @@ metrics::
                                   remote channels' own buffers here)
     numRecordsIn/OutPerSecond, numBytesIn/OutPerSecond
 
+and, for gates that read other processes (remote channels of
+:mod:`flinkbuf.network`; local channels count for none of these)::
+
+    inputExclusiveBuffersUsage    exclusive buffers not held for the sender /
+                                  all exclusive buffers
+    inputFloatingBuffersUsage     the gates' floating buffers lent out / all
+    numBytesInRemote, numBuffersInRemote   what arrived over connections
+
 and the back-pressure level of Flink's web UI from the back-pressured ratio
 (``backPressuredTimeMsPerSecond / 1000``): ``OK`` up to 0.10, ``LOW`` up to
 0.5, ``HIGH`` above.  Rates are averages over the last ``window`` seconds
@@ -55,6 +63,37 @@ def backpressure_level(ratio):
     if ratio <= LOW_THRESHOLD:
         return LOW
     return HIGH
+
+
+def _remote_input(gates):
+    """Over the remote channels of ``gates`` (channels with ``stats()``):
+    the remote metrics, and their buffers in use and in all."""
+    excl_total = excl_avail = bytes_in = buffers_in = 0
+    floating = []
+    for g in gates:
+        for ch in g.channels:
+            stats = getattr(ch, "stats", None)
+            if stats is None:
+                continue
+            st = stats()
+            excl_total += st["exclusive_total"]
+            excl_avail += st["exclusive_available"]
+            bytes_in += st["bytes_in"]
+            buffers_in += st["buffers_in"]
+            fl = getattr(ch, "floating_buffers", None)
+            if fl is not None and all(fl is not f for f in floating):
+                floating.append(fl)
+    fl_pools = [f.pool for f in floating]
+    fl_size = sum(p.num_buffers for p in fl_pools if not p.is_destroyed)
+    fl_lent = sum(p.num_requested - p.num_available for p in fl_pools if not p.is_destroyed)
+    metrics = {
+        "inputExclusiveBuffersUsage":
+            (excl_total - excl_avail) / excl_total if excl_total else 0.0,
+        "inputFloatingBuffersUsage": min(1.0, fl_lent / fl_size) if fl_size else 0.0,
+        "numBytesInRemote": bytes_in,
+        "numBuffersInRemote": buffers_in,
+    }
+    return metrics, excl_total - excl_avail + fl_lent, excl_total + fl_size
 
 
 def _pool_usage(pools):
@@ -126,24 +165,18 @@ class TaskMetrics:
 
         idle = ms_per_second(4) if self.gates else 0.0
         bp = ms_per_second(8) if self.writers else 0.0
-        busy = max(0.0, 1000.0 - idle - bp)
         ratio = bp / 1000.0
-        in_pools = []
-        queued = 0
-        for g in self.gates:
-            queued += sum(g.backlogs())
-            in_pools.extend(p for p in g.source_pools() if all(p is not q for q in in_pools))
-        in_size = sum(p.num_buffers for p in in_pools if not p.is_destroyed)
+        remote, remote_used, remote_size = _remote_input(self.gates)
         return {
             "task": self.name,
             "intervalSeconds": seconds,
             "backPressuredTimeMsPerSecond": bp,
             "idleTimeMsPerSecond": idle,
-            "busyTimeMsPerSecond": busy,
+            "busyTimeMsPerSecond": max(0.0, 1000.0 - idle - bp),
             "backPressureRatio": ratio,
             "backPressureLevel": backpressure_level(ratio),
             "outPoolUsage": _pool_usage(w.partition.pool for w in self.writers),
-            "inPoolUsage": min(1.0, queued / in_size) if in_size else 0.0,
+            "inPoolUsage": self._in_pool_usage(remote_used, remote_size),
             "numRecordsIn": now[1],
             "numBytesIn": now[2],
             "numBuffersIn": now[3],
@@ -154,7 +187,20 @@ class TaskMetrics:
             "numBytesInPerSecond": per_second(2),
             "numRecordsOutPerSecond": per_second(5),
             "numBytesOutPerSecond": per_second(6),
+            **remote,
         }
+
+    def _in_pool_usage(self, remote_used, remote_size):
+        """Buffers queued for local channels over the pools they come from,
+        plus remote channels' own buffers in use over all of them."""
+        in_pools = []
+        queued = 0
+        for g in self.gates:
+            queued += sum(b for ch, b in zip(g.channels, g.backlogs())
+                          if getattr(ch, "stats", None) is None)
+            in_pools.extend(p for p in g.source_pools() if all(p is not q for q in in_pools))
+        size = sum(p.num_buffers for p in in_pools if not p.is_destroyed) + remote_size
+        return min(1.0, (queued + remote_used) / size) if size else 0.0
 
     def to_json(self, **kwargs):
         return json.dumps(self.snapshot(), **kwargs)

@@ -214,6 +214,11 @@ cdef class RemoteInputChannel(InputChannel):
         return self._conn._peer
 
     @property
+    def floating_buffers(self):
+        """The gate's floating buffers this channel borrows from, or None."""
+        return self._floating
+
+    @property
     def receiver_id(self):
         return fb_inchan_receiver_id(self._c)
 

@@ -1,0 +1,171 @@
+"""Consumer tasks in another process, for the experiments' ``--remote``:
+the child reads this process's partitions over a NetworkEnvironment (TCP on
+loopback, authenticated), with the same throttles as the local consumers,
+and answers the experiment's questions (counts, metrics) through a pipe."""
+
+import multiprocessing
+import secrets
+import threading
+import time
+
+_BATCH = 64
+
+
+def _child(conn, producer_address, secret, specs, segment_size, exclusive, floating,
+           blocked, full_rates):
+    """The child process: one consumer task per spec, then a command loop."""
+    import flinkbuf as fb
+    from flinkbuf.experiments._throttle import Throttle
+    from flinkbuf.network import NetworkEnvironment
+
+    num_segments = len(specs) * exclusive + floating + 1
+    env = NetworkEnvironment(num_segments, segment_size, secret=secret,
+                             exclusive_buffers_per_channel=exclusive,
+                             floating_buffers_per_gate=floating)
+    gates = [env.create_input_gate([(producer_address, pid, sub)], name=f"consumer-{k}")
+             for k, (pid, sub) in enumerate(specs)]
+    throttles = [Throttle(rate) for rate in full_rates]
+    release = threading.Event()
+    errors = []
+    metrics = [fb.TaskMetrics(f"consumer-{k}", gates=[g], window=0.05)
+               for k, g in enumerate(gates)]
+
+    def consume(k):
+        gate, pace = gates[k], throttles[k].pace
+        stuck = blocked[k]
+        n = 0
+        try:
+            for _ in gate:
+                if stuck and not release.is_set():
+                    release.wait()
+                n += 1
+                if n == _BATCH:
+                    pace(n)
+                    n = 0
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent
+            errors.append(repr(exc))
+        finally:
+            gate.close()
+
+    threads = [threading.Thread(target=consume, args=(k,), daemon=True)
+               for k in range(len(gates))]
+    for t in threads:
+        t.start()
+    conn.send(("ready", None))
+    try:
+        while True:
+            cmd, arg = conn.recv()
+            if cmd == "counts":
+                conn.send(([g.num_records_in for g in gates], list(errors)))
+            elif cmd == "snapshot":
+                conn.send(metrics[arg].snapshot())
+            elif cmd == "limit":
+                k, pct, rate = arg
+                if pct is None:
+                    throttles[k].unthrottle()
+                else:
+                    throttles[k].set_limit(pct, rate)
+                conn.send(None)
+            elif cmd == "release":
+                release.set()
+                conn.send(None)
+            elif cmd == "stop":
+                release.set()
+                for th in throttles:
+                    th.unthrottle()
+                for t in threads:
+                    t.join(arg)
+                alive = sum(t.is_alive() for t in threads)
+                for g in gates:
+                    g.close()
+                env.close()
+                counters = fb.buffer.debug_counters()
+                conn.send((alive, list(errors), counters))
+                return
+    finally:
+        env.close()
+
+
+class RemoteConsumers:
+    """Consumer tasks in a child process reading ``specs`` (``(partition_id,
+    subpartition)`` pairs registered in ``env``) over the network: consumer
+    k is throttled to ``full_rates[k]`` records/s (None: unthrottled) and,
+    if ``blocked[k]``, stops after its first record until :meth:`release`."""
+
+    def __init__(self, env, secret, specs, *, segment_size, exclusive=2, floating=0,
+                 blocked=None, full_rates=None, start_timeout=60.0):
+        n = len(specs)
+        blocked = list(blocked or [False] * n)
+        full_rates = list(full_rates or [None] * n)
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child_conn = ctx.Pipe()
+        self._lock = threading.Lock()
+        self._process = ctx.Process(
+            target=_child, daemon=True, name="flinkbuf-remote-consumers",
+            args=(child_conn, env.address, secret, specs, segment_size, exclusive, floating,
+                  blocked, full_rates))
+        self._process.start()
+        child_conn.close()
+        if not self._conn.poll(start_timeout):
+            self._process.kill()
+            raise RuntimeError("the consumer process did not start")
+        self._conn.recv()
+
+    def _ask(self, cmd, arg=None):
+        with self._lock:
+            self._conn.send((cmd, arg))
+            return self._conn.recv()
+
+    def counts(self):
+        """Records each consumer read so far; raises a consumer's error."""
+        counts, errors = self._ask("counts")
+        if errors:
+            raise RuntimeError(f"a remote consumer failed: {errors[0]}")
+        return counts
+
+    def snapshot(self, k=0):
+        return self._ask("snapshot", k)
+
+    def set_limit(self, k, pct, full_rate=None):
+        """Consumer k at ``pct`` % of ``full_rate``; ``pct`` None unthrottles."""
+        self._ask("limit", (k, pct, full_rate))
+
+    def release(self):
+        self._ask("release")
+
+    def stop(self, timeout=30.0):
+        """Let the consumers read to the end (the producer has finished),
+        close them and the child's environment: (consumers still running,
+        their errors, the child's debug counters or None)."""
+        try:
+            result = self._ask("stop", timeout)
+        except (EOFError, OSError):
+            result = (None, ["the consumer process died"], None)
+        self._process.join(10)
+        if self._process.is_alive():
+            self._process.kill()
+        return result
+
+
+class MetricsProxy:
+    """A consumer's TaskMetrics, read in its process (``snapshot()``)."""
+
+    def __init__(self, consumers, k=0):
+        self._consumers = consumers
+        self._k = k
+
+    def snapshot(self):
+        return self._consumers.snapshot(self._k)
+
+
+def new_secret():
+    return secrets.token_bytes(32)
+
+
+def wait_for(predicate, timeout, interval=0.01):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
