@@ -722,23 +722,113 @@ static int32_t in_lookup(fb_conn_t *c, uint32_t id)
     return idmap_get(&c->in_ids, id);
 }
 
+/* The channel a BUFFER_RESPONSE is for, with a reference and marked as
+ * being received into, and where its body goes (*item); NULL with *rc 0 to
+ * drop the body (a channel that ended), or with *rc -1 on a protocol error. */
+static fb_inchan_t *buffer_target(fb_conn_t *c, uint32_t id, uint32_t seq, uint8_t type,
+                                  uint32_t size, fb_item_t *item, int *rc)
+{
+    int32_t slot, index;
+    fb_inchan_t *ch;
+    fb_localpool_t *pool;
+    *rc = 0;
+    pthread_mutex_lock(&c->mu);
+    slot = in_lookup(c, id);
+    ch = slot >= 0 ? c->ins[slot] : NULL;
+    if (ch == NULL || ch->state != CH_REQUESTED) {
+        uint32_t issued = c->next_receiver_id;
+        pthread_mutex_unlock(&c->mu);
+        if (id == 0 || id >= issued)
+            *rc = protocol_error(c, "a buffer for receiver id %u, which was never issued", id);
+        return NULL;
+    }
+    if (seq != ch->next_seq) {
+        uint32_t expected = ch->next_seq;
+        pthread_mutex_unlock(&c->mu);
+        *rc = protocol_error(c, "sequence gap on receiver id %u: got %u, expected %u", id, seq,
+                             expected);
+        return NULL;
+    }
+    if (type == 0 && ch->navail == 0) {
+        pthread_mutex_unlock(&c->mu);
+        *rc = protocol_error(c, "a data buffer without credit on receiver id %u", id);
+        return NULL;
+    }
+    ch->next_seq++;
+    item->data = NULL;
+    item->pool = NULL;
+    item->index = -1;
+    item->kind = type == 0 ? FB_ITEM_DATA : FB_ITEM_EVENT;
+    item->size = (int32_t)size;
+    if (type == 0) {                /* into one of the buffers the channel holds */
+        index = ch->avail[--ch->navail];
+        pool = ch->avail_floating[ch->navail] ? ch->floating->pool : ch->exclusive;
+        item->data = segment_of(pool, index);
+        item->pool = pool;
+        item->index = index;
+    }
+    c->recv_busy = ch;
+    inchan_incref(ch);
+    pthread_mutex_unlock(&c->mu);
+    return ch;
+}
+
+/* Events need no credit: bound what a consumer holds by reading no further
+ * while it has MAX_QUEUED_EVENTS (TCP then holds the sender back). */
+static void await_event_room(fb_conn_t *c, fb_inchan_t *ch)
+{
+    uint64_t seen;
+    int reading = 1;
+    while (reading && fb_subpart_events(&ch->queue) >= MAX_QUEUED_EVENTS) {
+        seen = fb_signal_seq(&ch->on_poll);
+        if (fb_subpart_events(&ch->queue) < MAX_QUEUED_EVENTS)
+            break;
+        fb_signal_wait(&ch->on_poll, seen, fb_deadline_after(FB_WAIT_SLICE));
+        pthread_mutex_lock(&c->mu);
+        reading = ch->state == CH_REQUESTED && c->state == CONN_OPEN;
+        pthread_mutex_unlock(&c->mu);
+    }
+}
+
+/* A body arrived (received: 0) or not (-1): queue the item for the
+ * consumer if the channel still reads, else give it back. */
+static void buffer_deliver(fb_conn_t *c, fb_inchan_t *ch, fb_item_t *item, int received,
+                           int32_t backlog)
+{
+    int last = item->kind == FB_ITEM_EVENT && item->size == 1 && item->data != NULL
+               && received == 0 && item->data[0] == 0;     /* EndOfPartition */
+    pthread_mutex_lock(&c->mu);
+    c->recv_busy = NULL;
+    pthread_cond_broadcast(&c->cv);
+    if (received == 0 && ch->state == CH_REQUESTED
+            && fb_subpart_add(&ch->queue, *item, last) == FB_OK) {
+        ch->backlog = backlog;
+        ch->buffers_in += item->kind == FB_ITEM_DATA;
+        ch->bytes_in += item->size;
+        if (last)
+            ch->state = CH_FINISHED;
+        item->data = NULL;          /* the queue has it */
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (item->data != NULL)
+        fb_item_dispose(item);
+}
+
 static int read_buffer(fb_conn_t *c, uint32_t body_len)
 {
     char *f;
-    uint32_t id, seq, backlog, size;
+    uint32_t id, seq, size;
+    int32_t backlog;
     uint8_t type;
-    int32_t slot, index, n;
-    int floating, last;
+    int rc;
     fb_inchan_t *ch;
     fb_item_t item;
-    fb_localpool_t *pool;
-    giveback_t g;
     if (rd_fill(c, FB_NET_BUFFER_FIELDS, 1) < 0)
         return -1;
     f = c->rd + c->rd_pos;
     id = fb_load_u32(f, 1);
     seq = fb_load_u32(f + 4, 1);
-    backlog = fb_load_u32(f + 8, 1);
+    backlog = (int32_t)(fb_load_u32(f + 8, 1) & INT32_MAX);
     type = (uint8_t)f[12];
     size = fb_load_u32(f + 13, 1);
     c->rd_pos += FB_NET_BUFFER_FIELDS;
@@ -749,95 +839,30 @@ static int read_buffer(fb_conn_t *c, uint32_t body_len)
         return protocol_error(c, "unknown buffer data type %u", type);
     if (type == 0 && size == 0)
         return protocol_error(c, "an empty data buffer");
-    pthread_mutex_lock(&c->mu);
-    slot = in_lookup(c, id);
-    ch = slot >= 0 ? c->ins[slot] : NULL;
-    if (ch == NULL || ch->state != CH_REQUESTED) {
-        uint32_t issued = c->next_receiver_id;
-        pthread_mutex_unlock(&c->mu);
-        if (id == 0 || id >= issued)
-            return protocol_error(c, "a buffer for receiver id %u, which was never issued", id);
-        return rd_body(c, NULL, size);     /* a channel that ended: drop it */
-    }
-    if (seq != ch->next_seq) {
-        uint32_t expected = ch->next_seq;
-        pthread_mutex_unlock(&c->mu);
-        return protocol_error(c, "sequence gap on receiver id %u: got %u, expected %u", id,
-                              seq, expected);
-    }
-    ch->next_seq++;
-    if (type == 0) {
-        if (ch->navail == 0) {
-            pthread_mutex_unlock(&c->mu);
-            return protocol_error(c, "a data buffer without credit on receiver id %u", id);
-        }
-        index = ch->avail[--ch->navail];
-        floating = ch->avail_floating[ch->navail];
-        pool = floating ? ch->floating->pool : ch->exclusive;
-        item.data = segment_of(pool, index);
-        item.pool = pool;
-        item.index = index;
-        item.kind = FB_ITEM_DATA;
-    } else {
-        item.data = NULL;
-        item.pool = NULL;
-        item.index = -1;
-        item.kind = FB_ITEM_EVENT;
-    }
-    item.size = (int32_t)size;
-    c->recv_busy = ch;
-    inchan_incref(ch);
-    pthread_mutex_unlock(&c->mu);
-
+    ch = buffer_target(c, id, seq, type, size, &item, &rc);
+    if (ch == NULL)
+        return rc < 0 ? rc : rd_body(c, NULL, size);   /* a channel that ended: drop it */
+    rc = 0;
     if (type == 1) {
-        /* Events need no credit: bound what a consumer holds by reading no
-         * further until it takes some (TCP then holds the sender back). */
-        uint64_t seen;
-        int reading = 1;
-        while (reading && fb_subpart_events(&ch->queue) >= MAX_QUEUED_EVENTS) {
-            seen = fb_signal_seq(&ch->on_poll);
-            if (fb_subpart_events(&ch->queue) < MAX_QUEUED_EVENTS)
-                break;
-            fb_signal_wait(&ch->on_poll, seen, fb_deadline_after(FB_WAIT_SLICE));
-            pthread_mutex_lock(&c->mu);
-            reading = ch->state == CH_REQUESTED && c->state == CONN_OPEN;
-            pthread_mutex_unlock(&c->mu);
-        }
+        await_event_room(c, ch);
         item.data = malloc(size ? size : 1);
         if (item.data == NULL) {
             conn_fail(c, FB_NET_ERR_CONNECTION, "out of memory for an event of %u bytes", size);
-            n = -1;
-            goto done;
+            rc = -1;
         }
     }
-    n = rd_body(c, item.data, size);
-    if (n == 0) {
+    if (rc == 0)
+        rc = rd_body(c, item.data, size);
+    if (rc == 0) {
         stat_add(&c->stats.frames_in, 1);
         if (type == 0)
             stat_add(&c->stats.buffers_in, 1);
     }
-done:
-    memset(&g, 0, sizeof(g));
-    pthread_mutex_lock(&c->mu);
-    c->recv_busy = NULL;
-    pthread_cond_broadcast(&c->cv);
-    last = type == 1 && size == 1 && item.data != NULL && item.data[0] == 0;
-    if (n == 0 && ch->state == CH_REQUESTED
-            && fb_subpart_add(&ch->queue, item, last) == FB_OK) {
-        ch->backlog = (int32_t)(backlog > INT32_MAX ? INT32_MAX : backlog);
-        ch->buffers_in += type == 0;
-        ch->bytes_in += size;
-        if (last)
-            ch->state = CH_FINISHED;
-        item.data = NULL;           /* the queue has it */
-    }
-    pthread_mutex_unlock(&c->mu);
-    if (item.data != NULL)
-        fb_item_dispose(&item);
-    if (n == 0 && type == 0)
-        want_buffers(ch, (int32_t)(backlog > INT32_MAX ? INT32_MAX : backlog));
+    buffer_deliver(c, ch, &item, rc, backlog);
+    if (rc == 0 && type == 0)
+        want_buffers(ch, backlog);
     fb_inchan_decref(ch);
-    return n;
+    return rc;
 }
 
 static int read_error(fb_conn_t *c, uint32_t body_len)
@@ -1086,67 +1111,75 @@ static char *put_header(char *p, uint32_t body_len, uint8_t msg)
     return p + FB_NET_HEADER;
 }
 
-/* Send the queued control messages. */
+/* A control message's frame at p (mu held); returns the end of it.  Credit
+ * and requests are read from their channel now: an ADD_CREDIT carries all
+ * the credit gathered by the time it is written. */
+static char *put_control(ctl_t *m, char *p, int *close_now)
+{
+    fb_inchan_t *ch = m->chan;
+    switch (m->type) {
+    case FB_MSG_ADD_CREDIT:
+        if (ch->unannounced > 0 && ch->state == CH_REQUESTED) {
+            p = put_header(p, 8, FB_MSG_ADD_CREDIT);
+            fb_store_u32(p, ch->receiver_id, 1);
+            fb_store_u32(p + 4, (uint32_t)ch->unannounced, 1);
+            p += 8;
+            ch->unannounced = 0;
+        }
+        ch->credit_queued = 0;
+        return p;
+    case FB_MSG_PARTITION_REQUEST:
+        if (ch->state == CH_REQUESTED) {
+            p = put_header(p, 14u + ch->id_len, FB_MSG_PARTITION_REQUEST);
+            fb_store_u32(p, ch->receiver_id, 1);
+            fb_store_u32(p + 4, ch->subpartition, 1);
+            fb_store_u32(p + 8, (uint32_t)ch->navail, 1);     /* every buffer held: credit */
+            fb_store_u16(p + 12, ch->id_len, 1);
+            memcpy(p + 14, ch->partition_id, ch->id_len);
+            p += 14 + ch->id_len;
+            ch->unannounced = 0;
+        }
+        return p;
+    case FB_MSG_CANCEL:
+        p = put_header(p, 4, FB_MSG_CANCEL);
+        fb_store_u32(p, m->receiver_id, 1);
+        return p + 4;
+    case FB_MSG_CLOSE:
+        *close_now = 1;
+        return put_header(p, 0, FB_MSG_CLOSE);
+    default:                        /* a prebuilt body */
+        p = put_header(p, m->len, m->type);
+        memcpy(p, m->body, m->len);
+        return p + m->len;
+    }
+}
+
+/* Send the queued control messages, as few sends as fit the buffer. */
 static int flush_control(fb_conn_t *c)
 {
     ctl_t *m, *all;
-    char *p = c->ctlbuf;
+    char *p = c->ctlbuf, *end;
     struct iovec iov;
     int rc = 0, close_now = 0;
+    int64_t frames = 0;
     pthread_mutex_lock(&c->mu);
     all = c->ctl_head;
     c->ctl_head = c->ctl_tail = NULL;
-    for (m = all; m != NULL; m = m->next) {
+    for (m = all; m != NULL && rc == 0; m = m->next) {
         if ((size_t)(p - c->ctlbuf) + FB_NET_HEADER + 14 + FB_NET_MAX_PARTITION_ID + m->len
                 > CTL_CAP) {
-            /* full: send what we have, then go on */
+            /* full: send what we have (the channels stay referenced), then go on */
             pthread_mutex_unlock(&c->mu);
             iov.iov_base = c->ctlbuf;
             iov.iov_len = (size_t)(p - c->ctlbuf);
-            if (send_all(c, &iov, 1) < 0)
-                rc = -1;
+            rc = send_all(c, &iov, 1);
             p = c->ctlbuf;
             pthread_mutex_lock(&c->mu);
         }
         if (rc == 0) {
-            fb_inchan_t *ch = m->chan;
-            switch (m->type) {
-            case FB_MSG_ADD_CREDIT:
-                if (ch->unannounced > 0 && ch->state == CH_REQUESTED) {
-                    p = put_header(p, 8, FB_MSG_ADD_CREDIT);
-                    fb_store_u32(p, ch->receiver_id, 1);
-                    fb_store_u32(p + 4, (uint32_t)ch->unannounced, 1);
-                    p += 8;
-                    ch->unannounced = 0;
-                }
-                ch->credit_queued = 0;
-                break;
-            case FB_MSG_PARTITION_REQUEST:
-                if (ch->state == CH_REQUESTED) {
-                    p = put_header(p, 14u + ch->id_len, FB_MSG_PARTITION_REQUEST);
-                    fb_store_u32(p, ch->receiver_id, 1);
-                    fb_store_u32(p + 4, ch->subpartition, 1);
-                    fb_store_u32(p + 8, (uint32_t)ch->navail, 1);
-                    fb_store_u16(p + 12, ch->id_len, 1);
-                    memcpy(p + 14, ch->partition_id, ch->id_len);
-                    p += 14 + ch->id_len;
-                    ch->unannounced = 0;
-                }
-                break;
-            case FB_MSG_CANCEL:
-                p = put_header(p, 4, FB_MSG_CANCEL);
-                fb_store_u32(p, m->receiver_id, 1);
-                p += 4;
-                break;
-            case FB_MSG_CLOSE:
-                p = put_header(p, 0, FB_MSG_CLOSE);
-                close_now = 1;
-                break;
-            default:   /* a prebuilt body */
-                p = put_header(p, m->len, m->type);
-                memcpy(p, m->body, m->len);
-                p += m->len;
-            }
+            end = put_control(m, p, &close_now);
+            frames += end > p;
+            p = end;
         }
     }
     pthread_mutex_unlock(&c->mu);
@@ -1155,8 +1188,9 @@ static int flush_control(fb_conn_t *c)
         iov.iov_base = c->ctlbuf;
         iov.iov_len = (size_t)(p - c->ctlbuf);
         rc = send_all(c, &iov, 1);
-        stat_add(&c->stats.frames_out, 1);
     }
+    if (rc == 0)
+        stat_add(&c->stats.frames_out, frames);
     if (close_now) {
         pthread_mutex_lock(&c->mu);
         c->close_sent = 1;
