@@ -5,6 +5,7 @@ other processes whose partitions its input gates read."""
 import atexit
 import logging
 import math
+import selectors
 import socket
 import threading
 import time
@@ -25,7 +26,9 @@ __all__ = ["NetworkEnvironment"]
 log = logging.getLogger("flinkbuf.network")
 
 _LIVE: "weakref.WeakSet[NetworkEnvironment]" = weakref.WeakSet()   # closed at exit
-_MAX_PENDING_HANDSHAKES = 32
+# Connections accepted and not authenticated yet; past this the oldest is
+# dropped (a flood of idle sockets cannot lock legitimate peers out).
+_MAX_PENDING_HANDSHAKES = 1024
 
 
 @atexit.register
@@ -136,14 +139,13 @@ class NetworkEnvironment:
         self._connections = {}           # peer address -> Connection we reuse
         self._all_connections = []       # every Connection, to close
         self._connecting = {}            # peer address -> lock while connecting
-        self._pending = threading.BoundedSemaphore(_MAX_PENDING_HANDSHAKES)
         self._closed = False
         try:
             self._server = socket.create_server((host, port), backlog=128)
         except BaseException:
             self._nbp.destroy()
             raise
-        self._server.settimeout(0.2)
+        self._server.setblocking(False)
         bound = self._server.getsockname()
         self._address = (bound[0], bound[1])
         self._address_text = format_address(self._address)
@@ -324,38 +326,87 @@ class NetworkEnvironment:
                                 address, self._io_timeout)
 
     def _accept_loop(self):
-        while not self._closed:
+        """Accept connections and run their handshakes, many at a time in
+        this one thread (non-blocking sockets, a state machine each); an
+        authenticated one becomes a Connection run by its C threads."""
+        sel = selectors.DefaultSelector()
+        sel.register(self._server, selectors.EVENT_READ, None)
+        pending = {}                     # socket -> [handshake, deadline, peer]
+        try:
+            while not self._closed:
+                now = time.monotonic()
+                wait = min([p[1] for p in pending.values()] + [now + 0.2]) - now
+                try:
+                    events = sel.select(max(0.0, wait))
+                except OSError:            # the server socket was closed under us
+                    if self._closed:
+                        return
+                    raise
+                for key, _ in events:
+                    if key.data is None:
+                        self._accept_new(sel, pending)
+                    else:
+                        self._handshake_step(sel, pending, key.fileobj)
+                now = time.monotonic()
+                for sock, (_, deadline, peer) in list(pending.items()):
+                    if deadline <= now:
+                        self._refuse(sel, pending, sock, "it did not complete the handshake "
+                                     f"within {self._connect_timeout:g} s")
+        finally:
+            for sock in list(pending):
+                sock.close()
+            sel.close()
+
+    def _accept_new(self, sel, pending):
+        while len(pending) <= _MAX_PENDING_HANDSHAKES:
             try:
                 sock, peer = self._server.accept()
-            except socket.timeout:
-                continue
+            except (BlockingIOError, InterruptedError):
+                return
             except OSError:
-                if self._closed:
-                    return
-                log.exception("accepting a connection failed")
-                time.sleep(0.1)
-                continue
-            if not self._pending.acquire(blocking=False):
-                log.warning("refused a connection from %s:%s: too many handshakes in progress",
-                            *peer[:2])
-                sock.close()
-                continue
-            threading.Thread(target=self._serve_handshake, args=(sock, peer), daemon=True,
-                             name="flinkbuf-handshake").start()
-
-    def _serve_handshake(self, sock, peer):
-        try:
+                if not self._closed:
+                    log.exception("accepting a connection failed")
+                return
+            sock.setblocking(False)
             _tune(sock)
-            advertised, _ = handshake.server(sock, self._secret, self._address_text,
-                                             self._segment_size, self._connect_timeout)
-            sock.settimeout(None)
-        except (AuthenticationError, RemoteConnectionError, OSError, ValueError) as exc:
-            log.warning("refused a connection from %s:%s: %s", peer[0], peer[1], exc)
-            sock.close()
+            hs = handshake.ServerHandshake(self._secret, self._address_text, self._segment_size)
+            pending[sock] = [hs, time.monotonic() + self._connect_timeout, peer]
+            sel.register(sock, selectors.EVENT_READ, True)
+            if len(pending) > _MAX_PENDING_HANDSHAKES:
+                oldest = min(pending, key=lambda s: pending[s][1])
+                self._refuse(sel, pending, oldest, f"more than {_MAX_PENDING_HANDSHAKES} "
+                             "connections were waiting for their handshake")
+
+    def _handshake_step(self, sel, pending, sock):
+        hs, _, peer = pending[sock]
+        try:
+            data = sock.recv(handshake.MAX_FRAME)
+            if not data:
+                raise AuthenticationError("the peer closed the connection during the handshake")
+            reply = hs.feed(data)
+            if reply:
+                sock.sendall(reply)     # a few hundred bytes: the socket buffer takes them
+        except (AuthenticationError, RemoteConnectionError, OSError) as exc:
+            if isinstance(exc, RemoteConnectionError) and hs.reply_before_refusal:
+                try:
+                    sock.sendall(hs.reply_before_refusal)
+                except OSError:
+                    pass
+            self._refuse(sel, pending, sock, str(exc))
             return
-        finally:
-            self._pending.release()
-        fd = sock.detach()
+        if hs.done:
+            sel.unregister(sock)
+            del pending[sock]
+            sock.setblocking(True)
+            self._start_accepted(sock.detach(), hs.peer[0])
+
+    def _refuse(self, sel, pending, sock, why):
+        peer = pending.pop(sock)[2]
+        sel.unregister(sock)
+        sock.close()
+        log.warning("refused a connection from %s:%s: %s", peer[0], peer[1], why)
+
+    def _start_accepted(self, fd, advertised):
         with self._lock:
             if self._closed:
                 import os

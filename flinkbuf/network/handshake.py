@@ -24,8 +24,12 @@ def _proof(secret, label, first, second):
     return hmac.new(secret, label + first + second, hashlib.sha256).digest()
 
 
+def _frame(msg_id, body):
+    return _HEADER.pack(_HEADER.size + len(body), MAGIC, msg_id) + body
+
+
 def _send(sock, msg_id, body):
-    sock.sendall(_HEADER.pack(_HEADER.size + len(body), MAGIC, msg_id) + body)
+    sock.sendall(_frame(msg_id, body))
 
 
 def _recv_exact(sock, n, deadline):
@@ -107,32 +111,105 @@ def client(sock, secret, address, segment_size, timeout):
     return peer, peer_segment_size
 
 
+class ServerHandshake:
+    """The server's side of the handshake as a state machine fed with what
+    the client sent, so that one thread can run the handshakes of many
+    pending connections (a client that connects and sends nothing costs a
+    socket, not a thread).  ``feed(data)`` returns the bytes to send back;
+    once ``done``, ``peer`` is the client's (address, segment_size).  It
+    raises AuthenticationError if the client does not prove the secret
+    (nothing is sent back then), RemoteConnectionError if the segment sizes
+    differ (after AUTH_OK, so that the client learns why)."""
+
+    def __init__(self, secret, address, segment_size):
+        self._secret = secret
+        self._address = address
+        self._segment_size = segment_size
+        self._buf = bytearray()
+        self._expect = HELLO
+        self._client_nonce = self._server_nonce = None
+        self.done = False
+        self.peer = None
+        self.reply_before_refusal = b""     # AUTH_OK, sent before a size mismatch ends it
+
+    def feed(self, data):
+        if self.done:
+            raise AuthenticationError("the client sent more before the handshake ended")
+        self._buf += data
+        out = bytearray()
+        while not self.done and len(self._buf) >= _HEADER.size:
+            length, magic, msg_id = _HEADER.unpack_from(self._buf)
+            if magic != MAGIC:
+                raise AuthenticationError(f"the peer does not speak flinkbuf's protocol "
+                                          f"(magic number 0x{magic:08x})")
+            if msg_id != self._expect:
+                raise AuthenticationError(f"message {msg_id} during the handshake, "
+                                          f"expected {self._expect}")
+            if not _HEADER.size <= length <= MAX_FRAME:
+                raise AuthenticationError(f"a handshake frame of {length} bytes")
+            if len(self._buf) < length:
+                break
+            body = bytes(self._buf[_HEADER.size:length])
+            del self._buf[:length]
+            out += self._step(body)
+        if self.done and self._buf:
+            raise AuthenticationError("the client sent more before the handshake ended")
+        if self.done and self.peer[1] != self._segment_size:
+            self.reply_before_refusal = bytes(out)
+            raise RemoteConnectionError(
+                f"the client at {self.peer[0]} uses segments of {self.peer[1]} bytes, this "
+                f"side {self._segment_size}")
+        return bytes(out)
+
+    def _step(self, body):
+        if self._expect == HELLO:
+            if len(body) != 2 + NONCE:
+                raise AuthenticationError("a malformed hello")
+            (version,) = struct.unpack_from(">H", body)
+            if version != VERSION:
+                raise AuthenticationError(f"the client speaks protocol version {version}, "
+                                          f"this side {VERSION}")
+            self._client_nonce = body[2:]
+            self._server_nonce = os.urandom(NONCE)
+            self._expect = AUTH
+            return _frame(CHALLENGE, struct.pack(">H", VERSION) + self._server_nonce
+                          + _proof(self._secret, b"flinkbuf-server", self._client_nonce,
+                                   self._server_nonce))
+        if len(body) < NONCE:
+            raise AuthenticationError("a malformed authentication")
+        if not hmac.compare_digest(body[:NONCE],
+                                   _proof(self._secret, b"flinkbuf-client",
+                                          self._server_nonce, self._client_nonce)):
+            raise AuthenticationError("the client did not prove that it knows the shared secret")
+        self.peer = _parse_tail(body[NONCE:], "authentication")
+        self.done = True
+        return _frame(AUTH_OK, _address_field(self._address)
+                      + struct.pack(">I", self._segment_size))
+
+
 def server(sock, secret, address, segment_size, timeout):
-    """Authenticate an accepted socket as the server; returns the client's
-    (address, segment_size).  AuthenticationError if the client does not
-    prove the secret (nothing is sent back then)."""
+    """Authenticate an accepted socket as the server, blocking; returns the
+    client's (address, segment_size).  See :class:`ServerHandshake`."""
     deadline = time.monotonic() + timeout
-    body = _recv(sock, HELLO, deadline)
-    if len(body) != 2 + NONCE:
-        raise AuthenticationError("a malformed hello")
-    (version,) = struct.unpack_from(">H", body)
-    if version != VERSION:
-        raise AuthenticationError(f"the client speaks protocol version {version}, "
-                                  f"this side {VERSION}")
-    client_nonce = body[2:]
-    server_nonce = os.urandom(NONCE)
-    _send(sock, CHALLENGE, struct.pack(">H", VERSION) + server_nonce
-          + _proof(secret, b"flinkbuf-server", client_nonce, server_nonce))
-    body = _recv(sock, AUTH, deadline)
-    if len(body) < NONCE:
-        raise AuthenticationError("a malformed authentication")
-    if not hmac.compare_digest(body[:NONCE],
-                               _proof(secret, b"flinkbuf-client", server_nonce, client_nonce)):
-        raise AuthenticationError("the client did not prove that it knows the shared secret")
-    peer, peer_segment_size = _parse_tail(body[NONCE:], "authentication")
-    _send(sock, AUTH_OK, _address_field(address) + struct.pack(">I", segment_size))
-    if peer_segment_size != segment_size:
-        raise RemoteConnectionError(
-            f"the client at {peer} uses segments of {peer_segment_size} bytes, this side "
-            f"{segment_size}")
-    return peer, peer_segment_size
+    hs = ServerHandshake(secret, address, segment_size)
+    while not hs.done:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise AuthenticationError("the peer did not complete the handshake in time")
+        sock.settimeout(remaining)
+        try:
+            data = sock.recv(MAX_FRAME)
+        except socket.timeout:
+            raise AuthenticationError("the peer did not complete the handshake in time") \
+                from None
+        if not data:
+            raise AuthenticationError("the peer closed the connection during the handshake")
+        try:
+            reply = hs.feed(data)
+        except AuthenticationError:
+            raise
+        except RemoteConnectionError:
+            sock.sendall(hs.reply_before_refusal)
+            raise
+        sock.sendall(reply)
+    return hs.peer
