@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -21,6 +22,7 @@
 #define MAX_QUEUED_EVENTS 16        /* received events a consumer has not taken */
 #define RETRY_FIRST_NS 50000000LL   /* not-found requests: 50 ms, doubling ... */
 #define RETRY_MAX_NS 1000000000LL   /* ... up to 1 s */
+#define RECV_ABORTED (-2)           /* a closing channel took its segment back */
 
 /* In-channel states. */
 enum { CH_NEW, CH_REQUESTED, CH_RETRY, CH_FINISHED, CH_FAILED, CH_CLOSED };
@@ -171,6 +173,8 @@ struct fb_conn {
     ctl_t *ctl_head, *ctl_tail;
     int close_queued, close_sent;
     fb_inchan_t *recv_busy;      /* the reader receives into this channel's segment */
+    int recv_abort;              /* atomic: that channel closes, let go of the segment */
+    int wake_fd;                 /* an eventfd that wakes the reader's waits */
     pthread_t reader, writer;
     int started;
     int refs;
@@ -607,28 +611,44 @@ static void conn_fail(fb_conn_t *c, int code, const char *fmt, ...)
 
 /* ---- the reader -------------------------------------------------------------------- */
 
-/* Wait up to the I/O timeout for input (in the middle of a frame). */
-static int wait_readable(fb_conn_t *c)
+/* Wait for input in the middle of a frame: 0; -1 once the peer stalled for
+ * the I/O timeout (the connection failed); RECV_ABORTED when `abortable`
+ * and the channel being received into is closing. */
+static int wait_readable(fb_conn_t *c, int abortable)
 {
-    struct pollfd p = {c->fd, POLLIN, 0};
+    struct pollfd p[2] = {{c->fd, POLLIN, 0}, {c->wake_fd, POLLIN, 0}};
+    int64_t deadline = fb_monotonic_ns() + (int64_t)c->io_timeout_ms * 1000000;
+    int64_t left;
+    uint64_t drained;
     int rc;
-    do {
-        rc = poll(&p, 1, c->io_timeout_ms);
-    } while (rc < 0 && errno == EINTR);
-    if (rc == 0) {
-        conn_fail(c, FB_NET_ERR_CONNECTION,
-                  "the peer stalled in the middle of a frame for %d ms", c->io_timeout_ms);
-        return -1;
+    for (;;) {
+        if (abortable && __atomic_load_n(&c->recv_abort, __ATOMIC_ACQUIRE))
+            return RECV_ABORTED;
+        left = (deadline - fb_monotonic_ns()) / 1000000;
+        if (left <= 0)
+            break;
+        rc = poll(p, 2, left > INT32_MAX ? INT32_MAX : (int)left);
+        if (rc < 0 && errno == EINTR)
+            continue;
+        if (p[1].revents & POLLIN)
+            (void)!read(c->wake_fd, &drained, sizeof(drained));
+        if (p[0].revents)
+            return 0;
+        if (rc == 0)
+            break;
     }
-    return 0;
+    conn_fail(c, FB_NET_ERR_CONNECTION,
+              "the peer stalled in the middle of a frame for %d ms", c->io_timeout_ms);
+    return -1;
 }
 
-static int recv_some(fb_conn_t *c, char *dst, size_t n, int mid_frame)
+static int recv_some(fb_conn_t *c, char *dst, size_t n, int mid_frame, int abortable)
 {
     ssize_t r;
+    int w;
     for (;;) {
-        if (mid_frame && wait_readable(c) < 0)
-            return -1;
+        if (mid_frame && (w = wait_readable(c, abortable)) < 0)
+            return w;
         r = recv(c->fd, dst, n, 0);
         if (r > 0) {
             stat_add(&c->stats.bytes_in, r);
@@ -659,7 +679,7 @@ static int rd_fill(fb_conn_t *c, size_t n, int mid_frame)
         c->rd_pos = 0;
     }
     while (c->rd_end < n) {
-        r = recv_some(c, c->rd + c->rd_end, RD_CAP - c->rd_end, mid_frame || c->rd_end > 0);
+        r = recv_some(c, c->rd + c->rd_end, RD_CAP - c->rd_end, mid_frame || c->rd_end > 0, 0);
         if (r < 0)
             return -1;
         c->rd_end += (size_t)r;
@@ -668,8 +688,10 @@ static int rd_fill(fb_conn_t *c, size_t n, int mid_frame)
 }
 
 /* n body bytes into dst (or dropped, dst NULL): what is staged, then the
- * rest straight from the socket. */
-static int rd_body(fb_conn_t *c, char *dst, size_t n)
+ * rest straight from the socket.  Into a channel's segment (abortable), it
+ * returns RECV_ABORTED with the bytes still to come in *left when the
+ * channel closes meanwhile. */
+static int rd_body(fb_conn_t *c, char *dst, size_t n, int abortable, size_t *left)
 {
     size_t have = c->rd_end - c->rd_pos;
     int r;
@@ -684,14 +706,16 @@ static int rd_body(fb_conn_t *c, char *dst, size_t n)
     while (n > 0) {
         if (dst == NULL) {
             size_t chunk = n < RD_CAP ? n : RD_CAP;
-            r = recv_some(c, c->rd, chunk, 1);
+            r = recv_some(c, c->rd, chunk, 1, 0);
             c->rd_pos = c->rd_end = 0;
         } else {
-            r = recv_some(c, dst, n, 1);
+            r = recv_some(c, dst, n, 1, abortable);
             dst += r > 0 ? r : 0;
         }
+        if (r == RECV_ABORTED)
+            *left = n;
         if (r < 0)
-            return -1;
+            return r;
         n -= (size_t)r;
     }
     return 0;
@@ -767,7 +791,8 @@ static fb_inchan_t *buffer_target(fb_conn_t *c, uint32_t id, uint32_t seq, uint8
         item->pool = pool;
         item->index = index;
     }
-    c->recv_busy = ch;
+    if (type == 0)                  /* a close waits for (or aborts) this receive */
+        c->recv_busy = ch;
     inchan_incref(ch);
     pthread_mutex_unlock(&c->mu);
     return ch;
@@ -798,8 +823,11 @@ static void buffer_deliver(fb_conn_t *c, fb_inchan_t *ch, fb_item_t *item, int r
     int last = item->kind == FB_ITEM_EVENT && item->size == 1 && item->data != NULL
                && received == 0 && item->data[0] == 0;     /* EndOfPartition */
     pthread_mutex_lock(&c->mu);
-    c->recv_busy = NULL;
-    pthread_cond_broadcast(&c->cv);
+    if (c->recv_busy == ch) {
+        c->recv_busy = NULL;
+        __atomic_store_n(&c->recv_abort, 0, __ATOMIC_RELEASE);
+        pthread_cond_broadcast(&c->cv);
+    }
     if (received == 0 && ch->state == CH_REQUESTED
             && fb_subpart_add(&ch->queue, *item, last) == FB_OK) {
         ch->backlog = backlog;
@@ -821,6 +849,7 @@ static int read_buffer(fb_conn_t *c, uint32_t body_len)
     int32_t backlog;
     uint8_t type;
     int rc;
+    size_t left = 0;
     fb_inchan_t *ch;
     fb_item_t item;
     if (rd_fill(c, FB_NET_BUFFER_FIELDS, 1) < 0)
@@ -841,7 +870,7 @@ static int read_buffer(fb_conn_t *c, uint32_t body_len)
         return protocol_error(c, "an empty data buffer");
     ch = buffer_target(c, id, seq, type, size, &item, &rc);
     if (ch == NULL)
-        return rc < 0 ? rc : rd_body(c, NULL, size);   /* a channel that ended: drop it */
+        return rc < 0 ? rc : rd_body(c, NULL, size, 0, NULL);   /* a channel that ended */
     rc = 0;
     if (type == 1) {
         await_event_room(c, ch);
@@ -852,7 +881,19 @@ static int read_buffer(fb_conn_t *c, uint32_t body_len)
         }
     }
     if (rc == 0)
-        rc = rd_body(c, item.data, size);
+        rc = rd_body(c, item.data, size, type == 0, &left);
+    if (rc == RECV_ABORTED) {
+        /* The channel closes: its segment goes back now, while the closing
+         * thread waits (the pool is alive); the rest of the body is dropped. */
+        fb_item_dispose(&item);
+        item.data = NULL;
+        pthread_mutex_lock(&c->mu);
+        c->recv_busy = NULL;
+        __atomic_store_n(&c->recv_abort, 0, __ATOMIC_RELEASE);
+        pthread_cond_broadcast(&c->cv);
+        pthread_mutex_unlock(&c->mu);
+        rc = rd_body(c, NULL, left, 0, NULL);
+    }
     if (rc == 0) {
         stat_add(&c->stats.frames_in, 1);
         if (type == 0)
@@ -1329,8 +1370,9 @@ fb_conn_t *fb_conn_new(int fd, int32_t segment_size, const fb_conn_callbacks_t *
         return NULL;
     c->rd = malloc(RD_CAP);
     c->ctlbuf = malloc(CTL_CAP);
-    if (c->rd == NULL || c->ctlbuf == NULL || fb_gate_init(&c->out, FB_NET_MAX_CHANNELS + 1)
-            != FB_OK)
+    c->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (c->rd == NULL || c->ctlbuf == NULL || c->wake_fd < 0
+            || fb_gate_init(&c->out, FB_NET_MAX_CHANNELS + 1) != FB_OK)
         goto fail;
     if (pthread_mutex_init(&c->mu, NULL) != 0)
         goto fail_gate;
@@ -1355,6 +1397,8 @@ fb_conn_t *fb_conn_new(int fd, int32_t segment_size, const fb_conn_callbacks_t *
 fail_gate:
     fb_gate_free(&c->out);
 fail:
+    if (c->wake_fd >= 0)
+        close(c->wake_fd);
     free(c->rd);
     free(c->ctlbuf);
     free(c);
@@ -1406,6 +1450,7 @@ void fb_conn_decref(fb_conn_t *c)
     fb_conn_close(c);
     ctl_free_list(c->ctl_head);     /* holds no channel: a channel holds this connection */
     close(c->fd);
+    close(c->wake_fd);
     fb_gate_free(&c->out);
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
@@ -1609,8 +1654,14 @@ void fb_inchan_close(fb_inchan_t *ch)
         registered = 1;
     }
     ch->state = CH_CLOSED;
-    while (c->recv_busy == ch)
+    while (c->recv_busy == ch) {
+        /* The reader receives into one of our segments: have it let go now
+         * (a stalled peer must not hold this close up). */
+        uint64_t one = 1;
+        __atomic_store_n(&c->recv_abort, 1, __ATOMIC_RELEASE);
+        (void)!write(c->wake_fd, &one, sizeof(one));
         pthread_cond_wait(&c->cv, &c->mu);
+    }
     drop_avail_locked(ch, &g);
     pthread_mutex_unlock(&c->mu);
     ctl_free_list(dropped);
