@@ -34,8 +34,8 @@ cdef int _find_subpartition(void *ctx, const char *partition_id, size_t n,
             return FB_NET_ERR_NOT_FOUND
         part = <ResultPartition>found
         if subpartition >= <uint32_t>part._n:
-            _copy_utf8(f"partition {pid!r} has {part._n} subpartitions, not {subpartition + 1}",
-                       err, errlen)
+            _copy_utf8(f"partition {pid!r} has {part._n} subpartitions: there is no "
+                       f"subpartition {<object>subpartition}", err, errlen)
             return FB_NET_ERR_REFUSED
         Py_INCREF(part)
         owner[0] = <void *>part
