@@ -23,6 +23,10 @@
 #define RETRY_FIRST_NS 50000000LL   /* not-found requests: 50 ms, doubling ... */
 #define RETRY_MAX_NS 1000000000LL   /* ... up to 1 s */
 #define RECV_ABORTED (-2)           /* a closing channel took its segment back */
+/* Control messages queued for the writer; past this the reader reads no more
+ * requests until the writer sent some (a peer that floods us with requests
+ * and does not read the answers is held back by TCP, not by our memory). */
+#define CTL_MAX (2 * FB_NET_MAX_CHANNELS + 64)
 
 /* In-channel states. */
 enum { CH_NEW, CH_REQUESTED, CH_RETRY, CH_FINISHED, CH_FAILED, CH_CLOSED };
@@ -146,6 +150,8 @@ struct fb_inchan {
     int err_code;
     char err_type[128];
     char err_msg[FB_NET_MAX_MESSAGE];
+    fb_item_t *failed_items;    /* what the queue held when the channel failed */
+    int32_t nfailed_items;
     int64_t buffers_in, bytes_in;
     /* under floating->mu */
     int32_t wants;
@@ -171,6 +177,7 @@ struct fb_conn {
     uint32_t next_receiver_id;
     int32_t num_retrying;
     ctl_t *ctl_head, *ctl_tail;
+    int32_t nctl;                /* messages queued */
     int close_queued, close_sent;
     fb_inchan_t *recv_busy;      /* the reader receives into this channel's segment */
     int recv_abort;              /* atomic: that channel closes, let go of the segment */
@@ -251,6 +258,7 @@ static int ctl_push(fb_conn_t *c, uint8_t type, uint32_t receiver_id, fb_inchan_
     else
         c->ctl_head = m;
     c->ctl_tail = m;
+    c->nctl++;
     notify_writer(c, 0);
     return FB_OK;
 }
@@ -266,6 +274,7 @@ static ctl_t *ctl_forget(fb_conn_t *c, fb_inchan_t *chan)
             *p = m->next;
             m->next = dropped;
             dropped = m;
+            c->nctl--;
         } else {
             c->ctl_tail = m;
             p = &m->next;
@@ -454,73 +463,14 @@ static void want_buffers(fb_inchan_t *ch, int32_t backlog)
 
 /* ---- failing and ending channels ------------------------------------------------------ */
 
-typedef struct segref {
-    fb_localpool_t *pool;
-    int32_t index;
-} segref_t;
-
-/* Segments and items to give back once no connection lock is held (pool
- * recycle hooks take that lock). */
-typedef struct itemgroup {
-    struct itemgroup *next;
-    fb_item_t *items;
-    int32_t n;
-} itemgroup_t;
-
-typedef struct giveback {
-    segref_t *segs;
-    int32_t nsegs, cap;
-    itemgroup_t *groups;
-} giveback_t;
-
-static void giveback_seg(giveback_t *g, fb_localpool_t *pool, int32_t index)
-{
-    if (g->nsegs == g->cap) {
-        int32_t cap = g->cap ? 2 * g->cap : 16;
-        segref_t *s = realloc(g->segs, sizeof(*s) * (size_t)cap);
-        if (s == NULL) {        /* never lose a segment: give it back now */
-            pool->ops->recycle(pool, index);
-            return;
-        }
-        g->segs = s;
-        g->cap = cap;
-    }
-    g->segs[g->nsegs].pool = pool;
-    g->segs[g->nsegs++].index = index;
-}
-
-static void giveback_run(giveback_t *g)
-{
-    int32_t k;
-    for (k = 0; k < g->nsegs; k++)
-        g->segs[k].pool->ops->recycle(g->segs[k].pool, g->segs[k].index);
-    free(g->segs);
-    while (g->groups != NULL) {
-        itemgroup_t *grp = g->groups;
-        g->groups = grp->next;
-        fb_items_dispose(grp->items, grp->n);
-        free(grp);
-    }
-    memset(g, 0, sizeof(*g));
-}
-
-/* The segments a channel holds for the sender go back (mu held). */
-static void drop_avail_locked(fb_inchan_t *ch, giveback_t *g)
-{
-    int32_t k;
-    for (k = 0; k < ch->navail; k++)
-        giveback_seg(g, ch->avail_floating[k] ? ch->floating->pool : ch->exclusive,
-                     ch->avail[k]);
-    ch->navail = 0;
-    ch->unannounced = 0;
-}
-
-/* Fail an in-channel (mu held): its consumer raises, what it holds goes back. */
+/* Fail an in-channel (mu held): its consumer raises.  What the channel holds
+ * (buffers for the sender, items not read) stays with it until its close,
+ * which runs in the consumer's thread while the pools are certainly alive:
+ * given back from here, it could reach a pool the consumer, woken by the
+ * failure, has freed meanwhile. */
 static void inchan_fail_locked(fb_conn_t *c, fb_inchan_t *ch, int code, const char *type,
-                               const char *msg, giveback_t *g)
+                               const char *msg)
 {
-    fb_item_t *items = NULL;
-    int32_t n;
     if (!holds_buffers(ch))
         return;
     if (ch->state == CH_RETRY)
@@ -529,22 +479,7 @@ static void inchan_fail_locked(fb_conn_t *c, fb_inchan_t *ch, int code, const ch
     ch->err_code = code;
     copy_text(ch->err_type, sizeof(ch->err_type), type, strlen(type));
     copy_text(ch->err_msg, sizeof(ch->err_msg), msg, strlen(msg));
-    drop_avail_locked(ch, g);
-    n = fb_subpart_terminate(&ch->queue, FB_SP_FAILED, &items);
-    if (n > 0) {
-        itemgroup_t *grp = malloc(sizeof(*grp));
-        if (grp == NULL) {
-            /* Never lose a segment: give them back now.  Safe under the
-             * lock: this channel failed, so its hook keeps nothing. */
-            (void)c;
-            fb_items_dispose(items, n);
-        } else {
-            grp->items = items;
-            grp->n = n;
-            grp->next = g->groups;
-            g->groups = grp;
-        }
-    }
+    ch->nfailed_items = fb_subpart_terminate(&ch->queue, FB_SP_FAILED, &ch->failed_items);
 }
 
 static void outchan_free_slot(fb_conn_t *c, outchan_t *oc)
@@ -575,12 +510,10 @@ static void outchan_end(fb_conn_t *c, outchan_t *oc, int release)
  * fails or ends, the socket shuts down, the writer wakes. */
 static void conn_fail(fb_conn_t *c, int code, const char *fmt, ...)
 {
-    giveback_t g;
     outchan_t *ended[FB_NET_MAX_CHANNELS];
     int32_t nended = 0, k;
     char msg[FB_NET_MAX_MESSAGE];
     va_list ap;
-    memset(&g, 0, sizeof(g));
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
@@ -594,7 +527,7 @@ static void conn_fail(fb_conn_t *c, int code, const char *fmt, ...)
     copy_text(c->err_msg, sizeof(c->err_msg), msg, strlen(msg));
     for (k = 0; k < FB_NET_MAX_CHANNELS; k++)
         if (c->ins[k] != NULL)
-            inchan_fail_locked(c, c->ins[k], code, "", msg, &g);
+            inchan_fail_locked(c, c->ins[k], code, "", msg);
     for (k = 1; k <= FB_NET_MAX_CHANNELS; k++)
         if (c->outs[k] != NULL) {
             ended[nended++] = c->outs[k];
@@ -604,7 +537,6 @@ static void conn_fail(fb_conn_t *c, int code, const char *fmt, ...)
     pthread_mutex_unlock(&c->mu);
     shutdown(c->fd, SHUT_RDWR);
     fb_gate_close(&c->out);
-    giveback_run(&g);
     for (k = 0; k < nended; k++)
         outchan_end(c, ended[k], 1);
 }
@@ -816,18 +748,16 @@ static void await_event_room(fb_conn_t *c, fb_inchan_t *ch)
 }
 
 /* A body arrived (received: 0) or not (-1): queue the item for the
- * consumer if the channel still reads, else give it back. */
+ * consumer if the channel still reads, else give it back; then borrow
+ * floating buffers for the sender's backlog.  Both happen before the
+ * receive is marked done: a close waits for that, so the pools are alive. */
 static void buffer_deliver(fb_conn_t *c, fb_inchan_t *ch, fb_item_t *item, int received,
                            int32_t backlog)
 {
+    int delivered = 0;
     int last = item->kind == FB_ITEM_EVENT && item->size == 1 && item->data != NULL
                && received == 0 && item->data[0] == 0;     /* EndOfPartition */
     pthread_mutex_lock(&c->mu);
-    if (c->recv_busy == ch) {
-        c->recv_busy = NULL;
-        __atomic_store_n(&c->recv_abort, 0, __ATOMIC_RELEASE);
-        pthread_cond_broadcast(&c->cv);
-    }
     if (received == 0 && ch->state == CH_REQUESTED
             && fb_subpart_add(&ch->queue, *item, last) == FB_OK) {
         ch->backlog = backlog;
@@ -836,10 +766,20 @@ static void buffer_deliver(fb_conn_t *c, fb_inchan_t *ch, fb_item_t *item, int r
         if (last)
             ch->state = CH_FINISHED;
         item->data = NULL;          /* the queue has it */
+        delivered = 1;
     }
     pthread_mutex_unlock(&c->mu);
     if (item->data != NULL)
         fb_item_dispose(item);
+    if (delivered && item->kind == FB_ITEM_DATA)
+        want_buffers(ch, backlog);
+    pthread_mutex_lock(&c->mu);
+    if (c->recv_busy == ch) {
+        c->recv_busy = NULL;
+        __atomic_store_n(&c->recv_abort, 0, __ATOMIC_RELEASE);
+        pthread_cond_broadcast(&c->cv);
+    }
+    pthread_mutex_unlock(&c->mu);
 }
 
 static int read_buffer(fb_conn_t *c, uint32_t body_len)
@@ -900,8 +840,6 @@ static int read_buffer(fb_conn_t *c, uint32_t body_len)
             stat_add(&c->stats.buffers_in, 1);
     }
     buffer_deliver(c, ch, &item, rc, backlog);
-    if (rc == 0 && type == 0)
-        want_buffers(ch, backlog);
     fb_inchan_decref(ch);
     return rc;
 }
@@ -915,7 +853,6 @@ static int read_error(fb_conn_t *c, uint32_t body_len)
     int32_t slot;
     fb_inchan_t *ch;
     char type[128], msg[FB_NET_MAX_MESSAGE];
-    giveback_t g;
     if (rd_fill(c, body_len, 1) < 0)     /* body_len <= 64 KiB = RD_CAP */
         return -1;
     f = c->rd + c->rd_pos;
@@ -935,7 +872,6 @@ static int read_error(fb_conn_t *c, uint32_t body_len)
                   "the peer ended the connection: %s", msg);
         return -1;
     }
-    memset(&g, 0, sizeof(g));
     pthread_mutex_lock(&c->mu);
     slot = in_lookup(c, id);
     ch = slot >= 0 ? c->ins[slot] : NULL;
@@ -951,11 +887,10 @@ static int read_error(fb_conn_t *c, uint32_t body_len)
         } else {
             if (code < FB_NET_ERR_PRODUCER_FAILED || code > FB_NET_ERR_REFUSED)
                 code = FB_NET_ERR_REFUSED;
-            inchan_fail_locked(c, ch, code, type, msg, &g);
+            inchan_fail_locked(c, ch, code, type, msg);
         }
     }
     pthread_mutex_unlock(&c->mu);
-    giveback_run(&g);
     return 0;
 }
 
@@ -986,6 +921,8 @@ static int read_partition_request(fb_conn_t *c, uint32_t body_len)
     if (credit > INT32_MAX)
         return protocol_error(c, "initial credit %u", credit);
     pthread_mutex_lock(&c->mu);
+    while (c->nctl >= CTL_MAX && c->state == CONN_OPEN)
+        pthread_cond_wait(&c->cv, &c->mu);     /* the peer does not read our answers */
     rc = c->state != CONN_OPEN ? -1
          : idmap_get(&c->out_ids, id) >= 0 ? 1
          : c->nfree_outs == 0 ? 2 : 0;
@@ -1206,6 +1143,9 @@ static int flush_control(fb_conn_t *c)
     pthread_mutex_lock(&c->mu);
     all = c->ctl_head;
     c->ctl_head = c->ctl_tail = NULL;
+    if (c->nctl >= CTL_MAX)
+        pthread_cond_broadcast(&c->cv);        /* a reader may wait for room */
+    c->nctl = 0;
     for (m = all; m != NULL && rc == 0; m = m->next) {
         if ((size_t)(p - c->ctlbuf) + FB_NET_HEADER + 14 + FB_NET_MAX_PARTITION_ID + m->len
                 > CTL_CAP) {
@@ -1633,10 +1573,8 @@ void fb_inchan_close(fb_inchan_t *ch)
     fb_conn_t *c = ch->conn;
     fb_item_t *items = NULL;
     ctl_t *dropped;
-    int32_t n;
+    int32_t n, k, held;
     int registered = 0;
-    giveback_t g;
-    memset(&g, 0, sizeof(g));
     pthread_mutex_lock(&c->mu);
     if (ch->state == CH_CLOSED) {
         pthread_mutex_unlock(&c->mu);
@@ -1662,16 +1600,29 @@ void fb_inchan_close(fb_inchan_t *ch)
         (void)!write(c->wake_fd, &one, sizeof(one));
         pthread_cond_wait(&c->cv, &c->mu);
     }
-    drop_avail_locked(ch, &g);
+    held = ch->navail;          /* closed: nothing adds to avail any more */
+    ch->navail = 0;
+    ch->unannounced = 0;
     pthread_mutex_unlock(&c->mu);
     ctl_free_list(dropped);
+    /* Everything the channel holds goes back now, in the closing thread,
+     * while the pools certainly exist (no connection lock held: a floating
+     * segment may be lent on to a channel of this connection). */
     ch->exclusive->ops->set_recycle_hook(ch->exclusive, NULL, NULL);
     if (ch->floating) {
         pthread_mutex_lock(&ch->floating->mu);
         remove_waiter(ch->floating, ch);
         pthread_mutex_unlock(&ch->floating->mu);
     }
-    giveback_run(&g);
+    for (k = 0; k < held; k++) {
+        fb_localpool_t *pool = ch->avail_floating[k] ? ch->floating->pool : ch->exclusive;
+        pool->ops->recycle(pool, ch->avail[k]);
+    }
+    if (ch->nfailed_items > 0) {
+        fb_items_dispose(ch->failed_items, ch->nfailed_items);
+        ch->nfailed_items = 0;
+        ch->failed_items = NULL;
+    }
     n = fb_subpart_terminate(&ch->queue, FB_SP_RELEASED, &items);
     if (n > 0)
         fb_items_dispose(items, n);
