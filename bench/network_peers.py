@@ -43,6 +43,15 @@ import time
 import traceback
 from itertools import chain
 
+# Imported here, before the fork, so that the measured processes do not.
+from flinkbuf import RecordWriter, create_partition
+from flinkbuf.network import NetworkEnvironment
+
+try:
+    import zmq
+except ImportError:                      # pyzmq is in the dev extra
+    zmq = None
+
 SEGMENT = 32 * 1024
 SECRET = b"flinkbuf-network-benchmark-secret"
 BYTES_RECORD = b"\xab" * SEGMENT
@@ -61,8 +70,11 @@ class Link:
     """What a side of a pair has: messages to the other side, a barrier,
     and the objects the parent made for both (multiprocessing queues)."""
 
-    def __init__(self, inbox, outbox, barrier, shared):
+    def __init__(self, inbox, outbox, barrier, shared, role=""):
         self._in, self._out, self._barrier, self.shared = inbox, outbox, barrier, shared
+        self.cpu_marks = []               # process CPU time (all threads) at each wait()
+        self.role = role
+        self._tool = None
 
     def send(self, obj):
         self._out.put(obj)
@@ -71,14 +83,33 @@ class Link:
         return self._in.get()
 
     def wait(self):
+        tool = os.environ.get("NETBENCH_TOOL")
+        if tool and not self.cpu_marks:
+            # profiling by hand (bench/network_profile.py): a tool attached to
+            # this process for the measured part, e.g. "perf stat -p {pid} -o F.{role}"
+            import shlex
+            import subprocess
+            self._tool = subprocess.Popen(shlex.split(tool.format(pid=os.getpid(),
+                                                                  role=self.role)))
+            time.sleep(1.0)
+        elif self._tool is not None:
+            import signal
+            self._tool.send_signal(signal.SIGINT)
+            self._tool.wait()
+            self._tool = None
         self._barrier.wait(JOIN_TIMEOUT)
+        self.cpu_marks.append(time.process_time_ns())
 
 
 def _side(role, fn, link, spec, results):
     try:
-        cpu0 = time.process_time_ns()
+        pin = spec.get("pin", {}).get(role)     # experiments: this side on these CPUs
+        if pin is not None:
+            os.sched_setaffinity(0, pin)
         out = fn(link, spec) or {}
-        out["cpu_ns"] = time.process_time_ns() - cpu0
+        # CPU time between the start and the end barrier: the measured part
+        marks = link.cpu_marks
+        out["cpu_ns"] = marks[-1] - marks[0] if len(marks) >= 2 else None
         results.put(("ok", role, out))
     except BaseException:                # noqa: BLE001 - reported to the parent
         link._barrier.abort()
@@ -92,9 +123,11 @@ def _fork_pair(left, right, spec, shared_fn=None, names=("producer", "consumer")
     results = mpc.Queue()
     shared = shared_fn(mpc, spec) if shared_fn else None
     procs = [mpc.Process(target=_side, daemon=True, name=f"netbench-{names[0]}",
-                         args=(names[0], left, Link(b_to_a, a_to_b, barrier, shared), spec, results)),
+                         args=(names[0], left, Link(b_to_a, a_to_b, barrier, shared, names[0]), spec,
+                               results)),
              mpc.Process(target=_side, daemon=True, name=f"netbench-{names[1]}",
-                         args=(names[1], right, Link(a_to_b, b_to_a, barrier, shared), spec, results))]
+                         args=(names[1], right, Link(a_to_b, b_to_a, barrier, shared, names[1]), spec,
+                               results))]
     for p in procs:
         p.start()
     out, errors = {}, []
@@ -142,20 +175,25 @@ def run_ping_pong(impl, spec):
 
 # ---- flinkbuf.network ----------------------------------------------------------------------
 
-def _fb_env():
-    from flinkbuf.network import NetworkEnvironment
+def _fb_env(spec):
     # Flink's defaults on the reading side: 2 exclusive buffers per channel,
-    # 8 floating per gate.
-    return NetworkEnvironment(128, SEGMENT, secret=SECRET)
+    # 8 floating per gate (experiments: exclusive=N floating=N).
+    return NetworkEnvironment(512, SEGMENT, secret=SECRET,
+                              exclusive_buffers_per_channel=spec.get("exclusive", 2),
+                              floating_buffers_per_gate=spec.get("floating", 8))
+
+
+def _out_buffers(spec, ch):
+    # Flink's output pool: 2 buffers per subpartition + 8 floating, at least
+    # 16 (experiments: out_buffers=N)
+    return spec.get("out_buffers", max(16, 2 * ch + 8))
 
 
 def fb_producer(link, spec):
-    from flinkbuf import RecordWriter, create_partition
     kind, n, ch = spec["kind"], spec["n"], spec["channels"]
     codec = "bytes" if kind == "bytes32k" else "typed"
-    with _fb_env() as env:
-        # Flink's output pool: 2 buffers per subpartition + 8 floating, at least 16.
-        part = create_partition(env.network_buffer_pool, ch, min_buffers=max(16, 2 * ch + 8))
+    with _fb_env(spec) as env:
+        part = create_partition(env.network_buffer_pool, ch, min_buffers=_out_buffers(spec, ch))
         env.register_partition("p", part)
         link.send(env.address)
         writer = RecordWriter(part, "round_robin", codec=codec,
@@ -176,14 +214,15 @@ def fb_producer(link, spec):
         t1 = monotonic_ns()
         link.wait()                       # the consumer has everything
         stats = env.connection_stats()
-    return {"t0": t0, "t_produced": t1, "stats": stats}
+    return {"t0": t0, "t_produced": t1, "stats": stats,
+            "back_pressured_ns": writer.back_pressured_time_ns}
 
 
 def fb_consumer(link, spec):
     kind, ch = spec["kind"], spec["channels"]
     codec = "bytes" if kind == "bytes32k" else "typed"
     address = link.recv()
-    with _fb_env() as env:
+    with _fb_env(spec) as env:
         gate = env.create_input_gate([(address, "p", k) for k in range(ch)], codec=codec)
         link.wait()
         n = 0
@@ -192,13 +231,13 @@ def fb_consumer(link, spec):
         t_end = monotonic_ns()
         link.wait()
         stats = env.connection_stats()
+        idle = gate.idle_time_ns
         gate.close()
-    return {"t_end": t_end, "count": n, "stats": stats}
+    return {"t_end": t_end, "count": n, "stats": stats, "idle_ns": idle}
 
 
 def fb_pinger(link, spec):
-    from flinkbuf import RecordWriter, create_partition
-    with _fb_env() as env:
+    with _fb_env(spec) as env:
         part = create_partition(env.network_buffer_pool, 1, min_buffers=16)
         env.register_partition("ping", part)
         link.send(env.address)
@@ -221,8 +260,7 @@ def fb_pinger(link, spec):
 
 
 def fb_ponger(link, spec):
-    from flinkbuf import RecordWriter, create_partition
-    with _fb_env() as env:
+    with _fb_env(spec) as env:
         part = create_partition(env.network_buffer_pool, 1, min_buffers=16)
         env.register_partition("pong", part)
         link.send(env.address)
@@ -360,7 +398,6 @@ _QQ = struct.Struct("<qq")
 
 
 def _zmq_endpoints(ctx, n, kind):
-    import zmq
     socks = []
     for _ in range(n):
         s = ctx.socket(kind)
@@ -370,7 +407,6 @@ def _zmq_endpoints(ctx, n, kind):
 
 
 def zmq_producer(link, spec):
-    import zmq
     kind, n, ch, batch = spec["kind"], spec["n"], spec["channels"], spec.get("batch", 1)
     ctx = zmq.Context()
     socks = _zmq_endpoints(ctx, ch, zmq.PUSH)
@@ -442,7 +478,6 @@ def zmq_producer(link, spec):
 
 
 def zmq_consumer(link, spec):
-    import zmq
     kind, ch, batch = spec["kind"], spec["channels"], spec.get("batch", 1)
     ctx = zmq.Context()
     socks = _zmq_endpoints(ctx, ch, zmq.PULL)
@@ -507,7 +542,6 @@ def zmq_consumer(link, spec):
 
 
 def zmq_pinger(link, spec):
-    import zmq
     ctx = zmq.Context()
     out, inp = _zmq_endpoints(ctx, 1, zmq.PUSH)[0], _zmq_endpoints(ctx, 1, zmq.PULL)[0]
     rtt = []
@@ -531,7 +565,6 @@ def zmq_pinger(link, spec):
 
 
 def zmq_ponger(link, spec):
-    import zmq
     ctx = zmq.Context()
     out, inp = _zmq_endpoints(ctx, 1, zmq.PUSH)[0], _zmq_endpoints(ctx, 1, zmq.PULL)[0]
     try:
@@ -668,23 +701,42 @@ PING_IMPLS = {
 }
 
 
+def _opts(spec):
+    for opt in os.environ.get("NETBENCH_OPTS", "").split():
+        # experiments: pin=P,C (CPUs of producer/pinger, consumer/ponger), sndbuf=N,
+        # rcvbuf=N (raw sockets), chunk=N (raw sockets' bytes per call)
+        key, _, value = opt.partition("=")
+        if key == "pin":
+            p, c = value.split(",")
+            spec["pin"] = {"producer": {int(p)}, "pinger": {int(p)},
+                           "consumer": {int(c)}, "ponger": {int(c)}}
+        else:
+            spec[key] = int(value)
+    return spec
+
+
 def main(argv):
     impl, kind, n = argv[0], argv[1], int(argv[2])
     ch = int(argv[3]) if len(argv) > 3 else 1
     bt = None if len(argv) <= 4 or argv[4] == "none" else float(argv[4])
     batch = int(argv[5]) if len(argv) > 5 else 1
     if kind == "ping":
-        r = run_ping_pong(impl, {"n": n, "warmup": min(1000, n)})
+        r = run_ping_pong(impl, _opts({"n": n, "warmup": min(1000, n // 10)}))
         rtt = sorted(r["rtt_ns"])
         print(f"{impl}: rtt p50 {rtt[len(rtt) // 2] / 1e3:.1f} us  "
               f"p99 {rtt[int(len(rtt) * 0.99)] / 1e3:.1f} us")
         return
-    spec = {"kind": kind, "n": n, "channels": ch, "buffer_timeout": bt, "batch": batch}
+    spec = _opts({"kind": kind, "n": n, "channels": ch, "buffer_timeout": bt, "batch": batch})
     r = run_pair(impl, spec)
     s = r["ns"] / 1e9
     extra = f"  {n * SEGMENT / s / 2**20:.0f} MiB/s" if kind == "bytes32k" else ""
     print(f"{impl} {spec}: {s:.3f} s, {n / s / 1e6:.3f} M records/s{extra}; cpu producer "
           f"{r['producer']['cpu_ns'] / 1e9:.2f} s, consumer {r['consumer']['cpu_ns'] / 1e9:.2f} s")
+    p, c = r["producer"], r["consumer"]
+    print(f"  producer done after {(p['t_produced'] - p['t0']) / 1e9:.3f} s"
+          + (f", back-pressured {p['back_pressured_ns'] / 1e9:.3f} s"
+             if "back_pressured_ns" in p else "")
+          + (f"; consumer idle {c['idle_ns'] / 1e9:.3f} s" if "idle_ns" in c else ""))
     for side in ("producer", "consumer"):
         if "stats" in r[side]:
             print(f"  {side} connection stats: {r[side]['stats']}")
