@@ -255,6 +255,7 @@ def fb_pinger(link, spec):
         writer.close()
         for _ in it:
             pass
+        link.wait()
         gate.close()
     return {"rtt_ns": rtt}
 
@@ -271,6 +272,7 @@ def fb_ponger(link, spec):
         for r in gate:
             emit(r)
         writer.close()
+        link.wait()
         gate.close()
     return {}
 
@@ -361,6 +363,7 @@ def _raw_pinger(family):
                     m += recv(8 - len(m))
                 rtt.append(monotonic_ns() - t)
                 assert unpack(m)[0] == i
+            link.wait()
         return {"rtt_ns": rtt}
     return pinger
 
@@ -380,6 +383,7 @@ def _raw_ponger(family):
                 while len(m) < 8:
                     m += recv(8 - len(m))
                 send(m)
+            link.wait()
         return {}
     return ponger
 
@@ -557,6 +561,7 @@ def zmq_pinger(link, spec):
             r = unpack(recv())[0]
             rtt.append(monotonic_ns() - t)
             assert r == i
+        link.wait()
     finally:
         out.close(0)
         inp.close(0)
@@ -575,6 +580,7 @@ def zmq_ponger(link, spec):
         send, recv, pack, unpack = out.send, inp.recv, _Q.pack, _Q.unpack
         for _ in range(spec["warmup"] + spec["n"]):
             send(pack(unpack(recv())[0]))
+        link.wait()
     finally:
         out.close(0)
         inp.close(0)
@@ -671,6 +677,7 @@ def mpq_pinger(link, spec):
         r = get()
         rtt.append(monotonic_ns() - t)
         assert r == i
+    link.wait()
     return {"rtt_ns": rtt}
 
 
@@ -679,6 +686,7 @@ def mpq_ponger(link, spec):
     link.wait()
     for _ in range(spec["warmup"] + spec["n"]):
         put(get())
+    link.wait()
     return {}
 
 
