@@ -122,12 +122,11 @@ def _fork_pair(left, right, spec, shared_fn=None, names=("producer", "consumer")
     barrier = mpc.Barrier(2)
     results = mpc.Queue()
     shared = shared_fn(mpc, spec) if shared_fn else None
-    procs = [mpc.Process(target=_side, daemon=True, name=f"netbench-{names[0]}",
-                         args=(names[0], left, Link(b_to_a, a_to_b, barrier, shared, names[0]), spec,
-                               results)),
-             mpc.Process(target=_side, daemon=True, name=f"netbench-{names[1]}",
-                         args=(names[1], right, Link(a_to_b, b_to_a, barrier, shared, names[1]), spec,
-                               results))]
+    links = (Link(b_to_a, a_to_b, barrier, shared, names[0]),
+             Link(a_to_b, b_to_a, barrier, shared, names[1]))
+    procs = [mpc.Process(target=_side, daemon=True, name=f"netbench-{name}",
+                         args=(name, fn, link, spec, results))
+             for name, fn, link in zip(names, (left, right), links)]
     for p in procs:
         p.start()
     out, errors = {}, []
@@ -277,7 +276,7 @@ def fb_ponger(link, spec):
     return {}
 
 
-# ---- raw sockets (the kernel's ceiling: bulk only) ---------------------------------------
+# ---- raw sockets (the kernel's ceiling) ----------------------------------------------------
 
 def _raw_listen(family):
     if family == socket.AF_UNIX:
