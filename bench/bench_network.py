@@ -1,0 +1,186 @@
+"""flinkbuf.network between two processes over loopback TCP, against its
+peers measured in the same run (conventions: bench/run.py; the processes
+and what is timed: bench/network_peers.py).
+
+Groups:
+  * ``net throughput {int64|int_int} {1|4}ch flush {1|100}ms``: Flink's
+    networkThroughput shape.  One writer emits 5 M records (a Python int, or
+    a tuple of two) round robin to 1 or 4 channels; ONE consumer process
+    reads all of them from one thread through one InputGate of 1 or 4
+    remote channels (Flink's receiver reads a union of one gate per channel
+    in one task; flinkbuf has no union gate, one gate over the channels is
+    the same reading).  32 KiB buffers, ``buffer_timeout`` 1 ms or 100 ms
+    (flinkbuf's; the peers have no such timer: per-record ones send every
+    record, batched ones every 1000).  Time per op = end-to-end time
+    (producer's first record to consumer's last) / records.  Peers: pyzmq
+    PUSH/PULL one message per record and 1000 records per message (struct),
+    multiprocessing.Queue (maxsize 1000) one record per put and a list of
+    1000 per put; one socket / queue per channel.  The per-record peers move
+    fewer records (1 M and 200 k; their rates are per record).
+  * ``net bulk: 32 KiB bytes records``: ``codec="bytes"`` records of
+    32 KiB, against raw ``sendall``/``recv_into`` of 32 KiB chunks over TCP
+    (the machine's limit) and over a Unix domain socket (what the kernel
+    gives on one host without TCP), pyzmq and multiprocessing.Queue.
+  * ``net latency: round trip p50`` / ``p99``: one record there and back
+    (ping-pong through a partition each way, ``buffer_timeout=0``), the
+    next only after the previous came back; time per op = the round trip's
+    percentile over every sample of every round.
+
+The flinkbuf row of each group is measured after its peers, so its
+``target`` column says, from this pass's peers, whether the target is met.
+"""
+
+import os
+import statistics
+
+import pytest
+
+from conftest import scale
+import network_peers
+from network_peers import SEGMENT, run_pair, run_ping_pong
+
+ROUNDS = scale(3, 1)
+N = scale(5_000_000, 50_000)
+
+# row -> (impl, records per message/put, records moved)
+THROUGHPUT_ROWS = {
+    "pyzmq_per_record": ("pyzmq", 1, scale(1_000_000, 10_000)),
+    "pyzmq_batch1000": ("pyzmq", 1000, N),
+    "mp_queue_per_record": ("mp_queue", 1, scale(200_000, 5_000)),
+    "mp_queue_batch1000": ("mp_queue", 1000, N),
+    "flinkbuf": ("flinkbuf", 1, N),            # last: its verdict uses this pass's peers
+}
+THROUGHPUT_CASES = [(kind, ch, ms) for kind in ("int64", "int_int") for ch in (1, 4)
+                    for ms in (1, 100)]
+
+BULK_N = scale(50_000, 500)                    # 32 KiB records: 1.6 GB (full)
+BULK_ROWS = {
+    "raw_tcp_sendall": "raw_tcp",
+    "raw_uds_sendall": "raw_uds",
+    "pyzmq_per_record": "pyzmq",
+    "mp_queue_per_record": "mp_queue",
+    "flinkbuf": "flinkbuf",
+}
+
+PINGS = scale(5_000, 300)                      # round trips per round
+WARMUP = scale(500, 50)
+LATENCY_ROWS = ["raw_tcp", "raw_uds", "pyzmq", "mp_queue", "flinkbuf"]
+
+_measured = {}                                 # (group, row) -> ns per op, this pass
+
+
+def _met(ok, detail):
+    return f"{'met' if ok else 'NOT met'} ({detail})"
+
+
+def _ratio_target(group, peer, want, ns):
+    """'>= {want}x {peer}: met (12.3x)' from this pass's peer row."""
+    peer_ns = _measured.get((group, peer))
+    if peer_ns is None:
+        return f">={want:g}x {peer}: not measured in this run"
+    r = peer_ns / ns
+    return f">={want:g}x {peer}: {_met(r >= want, f'{r:.1f}x')}"
+
+
+def _needs(impl):
+    if impl == "pyzmq" and network_peers.zmq is None:
+        pytest.skip("pyzmq is not installed (pip install -e .[dev])")
+
+
+def _measure_pairs(benchmark, impl, spec):
+    _needs(impl)
+    runs = []
+
+    def one():
+        runs.append(run_pair(impl, spec))
+
+    benchmark.pedantic(one, rounds=ROUNDS, iterations=1, warmup_rounds=0)
+    n = spec["n"]
+    ns = statistics.median(r["ns"] for r in runs) / n
+    benchmark.extra_info.update(
+        ops=n, records=n, ns_per_op=ns, rounds_ns=[r["ns"] for r in runs],
+        cpu_producer_ns_per_op=statistics.median(r["producer"]["cpu_ns"] for r in runs) / n,
+        cpu_consumer_ns_per_op=statistics.median(r["consumer"]["cpu_ns"] for r in runs) / n)
+    for side in ("producer", "consumer"):
+        stats = runs[-1][side].get("stats")
+        if stats:
+            benchmark.extra_info[f"{side}_connection_stats"] = list(stats.values())[0]
+    return ns
+
+
+@pytest.mark.parametrize("kind,channels,flush_ms,row", [
+    pytest.param(kind, ch, ms, row, id=f"{kind}-{ch}ch-{ms}ms-{row}")
+    for kind, ch, ms in THROUGHPUT_CASES for row in THROUGHPUT_ROWS])
+def test_net_throughput(benchmark, kind, channels, flush_ms, row):
+    impl, batch, n = THROUGHPUT_ROWS[row]
+    group = f"net throughput {kind} {channels}ch flush {flush_ms}ms"
+    benchmark.group = group
+    benchmark.extra_info.update(subject=impl == "flinkbuf", channels=channels, batch=batch)
+    spec = {"kind": kind, "n": n, "channels": channels, "batch": batch,
+            "buffer_timeout": flush_ms / 1000}
+    ns = _measure_pairs(benchmark, impl, spec)
+    _measured[(group, row)] = ns
+    if impl == "flinkbuf" and kind == "int64":
+        rate = 1e9 / ns
+        benchmark.extra_info["target"] = "; ".join([
+            f">=5M rec/s: {_met(rate >= 5e6, f'{rate / 1e6:.1f}M')}",
+            _ratio_target(group, "pyzmq_per_record", 5, ns),
+            _ratio_target(group, "mp_queue_per_record", 20, ns)])
+
+
+@pytest.mark.parametrize("row", list(BULK_ROWS))
+def test_net_bulk(benchmark, row):
+    impl = BULK_ROWS[row]
+    group = "net bulk: 32 KiB bytes records"
+    benchmark.group = group
+    benchmark.extra_info.update(subject=impl == "flinkbuf", bytes=SEGMENT)
+    spec = {"kind": "bytes32k", "n": BULK_N, "channels": 1, "batch": 1, "buffer_timeout": 0.1}
+    ns = _measure_pairs(benchmark, impl, spec)
+    _measured[(group, row)] = ns
+    if impl == "flinkbuf":
+        raw = _measured.get((group, "raw_tcp_sendall"))
+        benchmark.extra_info["target"] = (
+            ">=80% of raw_tcp: not measured in this run" if raw is None else
+            f">=80% of raw_tcp: {_met(raw / ns >= 0.8, f'{100 * raw / ns:.0f}%')}")
+
+
+_CPU0 = min(os.sched_getaffinity(0))
+PLACEMENTS = {
+    "": None,                                  # where the scheduler puts them
+    ", both processes on one CPU": {"pinger": {_CPU0}, "ponger": {_CPU0}},
+}
+
+
+@pytest.mark.parametrize("placement,stat,row", [
+    pytest.param(pl, stat, row, id=f"{'cpu0-' if pl else ''}{stat}-{row}")
+    for pl in PLACEMENTS for stat in ("p50", "p99") for row in LATENCY_ROWS])
+def test_net_latency(benchmark, placement, stat, row):
+    """Round trips; p50 and p99 are two groups, each measured on its own.
+    On a VM a wake-up of a process on an idle vCPU can cost tens of
+    microseconds: the second placement (both processes, all their threads,
+    on one CPU) takes that out."""
+    group = f"net latency{placement}: round trip {stat}"
+    benchmark.group = group
+    benchmark.extra_info.update(subject=row == "flinkbuf")
+    _needs(row)
+    rtts = []
+    spec = {"n": PINGS, "warmup": WARMUP}
+    if PLACEMENTS[placement]:
+        spec["pin"] = PLACEMENTS[placement]
+
+    def one():
+        rtts.extend(run_ping_pong(row, spec)["rtt_ns"])
+
+    benchmark.pedantic(one, rounds=ROUNDS, iterations=1, warmup_rounds=0)
+    rtts.sort()
+    q = {"p50": 0.50, "p99": 0.99}[stat]
+    ns = rtts[min(len(rtts) - 1, int(len(rtts) * q))]
+    benchmark.extra_info.update(ops=1, ns_per_op=ns, samples=len(rtts),
+                                p50_ns=rtts[len(rtts) // 2],
+                                p99_ns=rtts[min(len(rtts) - 1, int(len(rtts) * 0.99))])
+    _measured[(group, row)] = ns
+    if row == "flinkbuf" and stat == "p50":
+        zmq = _measured.get((group, "pyzmq"))
+        benchmark.extra_info["target"] = (
+            "p50 <= pyzmq's: not measured in this run" if zmq is None else
+            f"p50 <= pyzmq's: {_met(ns <= zmq, f'{ns / zmq:.2f}x pyzmq')}")
