@@ -474,8 +474,8 @@ def role_producer(cfg, cmds):
     with ValueError("boom"); "endless" writes records of ``size`` to
     subpartition 0..n-1 round robin until a write raises (progress is
     reported every 50 ms); "tolerant" writes the plan, skipping
-    subpartitions whose consumers left.  Holds the environment until
-    "close"."""
+    subpartitions whose consumers left; "idle" writes nothing (and does
+    not finish).  Holds the environment until "close"."""
     from flinkbuf.io import create_partition   # noqa: PLC0415
     if cfg.get("start_delay"):
         time.sleep(cfg["start_delay"])
@@ -515,12 +515,15 @@ def role_producer(cfg, cmds):
                 threading.Thread(target=progress, daemon=True).start()
                 data = bytearray(record_bytes(p["tag"], 0, max(6, p.get("size", 1024))))
                 limit = p.get("limit", 1 << 62)
+                pace = p.get("pace", 0)
                 t_err = None
                 try:
                     while count[0] < limit:
                         struct.pack_into(">I", data, 2, count[0] & 0xFFFFFFFF)
                         w.emit(data)
                         count[0] += 1
+                        if pace and count[0] % 10 == 0:
+                            time.sleep(pace)
                     w.close()
                 except BaseException as exc:
                     t_err = time.monotonic()
@@ -548,12 +551,14 @@ def role_producer(cfg, cmds):
         except BaseException as exc:   # noqa: BLE001 - reported
             _out(written=p["id"], error=_err(exc))
 
-    threads = [threading.Thread(target=write, args=pp, daemon=True) for pp in parts]
+    threads = [threading.Thread(target=write, args=pp, daemon=True) for pp in parts
+               if pp[0].get("mode") != "idle"]
     for t in threads:
         t.start()
     cmd = cmds.wait_for("close", cfg["life"])
-    for t in threads:
-        t.join(cmd.get("join", 10))
+    for t, pp in zip(threads, [pp for pp in parts if pp[0].get("mode") != "idle"]):
+        if pp[0].get("mode") != "endless":    # endless writers end with the environment
+            t.join(cmd.get("join", 10))
     stats = env.connection_stats()
     env.close()
     for t in threads:
