@@ -51,7 +51,8 @@ def digest(data):
 def expected_streams(tag, plan, num_subpartitions):
     """Per subpartition, the digests (records) and ["E", payload] (events)
     a consumer must see for a producer with this plan: ops ``["r", size,
-    target]`` and ``["e", payload]`` (a broadcast event)."""
+    target]``, ``["e", payload]`` (a broadcast event) and ``["E", n]`` (a
+    broadcast event of "x" * n)."""
     streams = [[] for _ in range(num_subpartitions)]
     i = 0
     for op in plan:
@@ -59,8 +60,9 @@ def expected_streams(tag, plan, num_subpartitions):
             streams[op[2]].append(digest(record_bytes(tag, i, op[1])))
             i += 1
         else:
+            payload = op[1] if op[0] == "e" else "x" * op[1]
             for s in streams:
-                s.append(["E", op[1]])
+                s.append(["E", payload])
     return streams
 
 
@@ -107,9 +109,12 @@ class Child:
         env = dict(os.environ)
         env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
         env.pop("HYPOTHESIS_PROFILE", None)
+        self._cfg = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
+        json.dump(cfg, self._cfg)
+        self._cfg.close()
         self.proc = subprocess.Popen(
             [sys.executable, "-X", "faulthandler", os.path.abspath(__file__), role,
-             json.dumps(cfg)],
+             "@" + self._cfg.name],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err, cwd=ROOT,
             env=env)
         self.pid = self.proc.pid
@@ -214,6 +219,10 @@ class Child:
             except OSError:
                 pass
         self._err.close()
+        try:
+            os.unlink(self._cfg.name)
+        except OSError:
+            pass
 
 
 class Children:
@@ -463,7 +472,7 @@ def _plan_writer(part, tag, plan, codec, buffer_timeout, released=None):
                     raise
                 released.add(op[2])
         else:
-            w.broadcast_event(UserEvent(op[1]))
+            w.broadcast_event(UserEvent(op[1] if op[0] == "e" else "x" * op[1]))
     return w
 
 
@@ -654,7 +663,12 @@ def role_consumer(cfg, cmds):
 def main():
     import faulthandler   # noqa: PLC0415
     import logging   # noqa: PLC0415
-    role, cfg = sys.argv[1], json.loads(sys.argv[2])
+    role, arg = sys.argv[1], sys.argv[2]
+    if arg.startswith("@"):
+        with open(arg[1:]) as f:
+            cfg = json.load(f)
+    else:
+        cfg = json.loads(arg)
     faulthandler.dump_traceback_later(cfg.get("life", 60), exit=True)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(name)s %(levelname)s %(message)s")
