@@ -638,6 +638,10 @@ def role_consumer(cfg, cmds):
                           "elapsed": time.monotonic() - t0, "streams": streams,
                           "count": counts[k]}
             _out(gate_error=k, error=_err(exc), t_error=time.monotonic())
+            # The connection's reader thread may still be giving buffers back
+            # into this gate's pools (engine bug, see
+            # test_dropping_a_gate_as_soon_as_its_connection_fails).
+            time.sleep(0.05)
         finally:
             if gate is not None:
                 gate.close()
@@ -658,6 +662,93 @@ def role_consumer(cfg, cmds):
         cmds.wait_for("close", cfg["life"])
     env.close()
     _out(closed=True, **_hygiene())
+
+
+def role_peer(cfg, cmds):
+    """Produces ``cfg["partition"]`` (as role_producer's plan mode) and,
+    after "go" with ``specs``, reads a gate over them: both directions
+    between two peers can share one connection."""
+    from flinkbuf.io import UserEvent, create_partition   # noqa: PLC0415
+    env = _env(cfg)
+    p = cfg["partition"]
+    part = create_partition(env.network_buffer_pool, p["n"], min_buffers=p.get("min_buffers"))
+    env.register_partition(p["id"], part)
+    _out(addr=_addr(env))
+
+    def write():
+        try:
+            w = _plan_writer(part, p["tag"], p["plan"], "bytes", p.get("buffer_timeout"))
+            w.close()
+            _out(written=p["id"])
+        except BaseException as exc:   # noqa: BLE001 - reported
+            _out(written=p["id"], error=_err(exc))
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    go = cmds.wait_for("go", 30)
+    streams = [[] for _ in go["specs"]]
+    result = {"streams": streams}
+    try:
+        with env.create_input_gate([tuple(s) for s in go["specs"]], codec="bytes") as gate:
+            while True:
+                try:
+                    ch, item = gate.next_with_channel()
+                except StopIteration:
+                    break
+                streams[ch].append(["E", item.payload] if isinstance(item, UserEvent)
+                                   else digest(bytes(item)))
+    except BaseException as exc:   # noqa: BLE001 - reported
+        result["error"] = _err(exc)
+    _out(results=[result])
+    cmds.wait_for("close", cfg["life"])
+    writer.join(10)
+    stats, conns = env.connection_stats(), len(env.connections())
+    env.close()
+    _out(closed=True, stats=stats, connections=conns, **_hygiene())
+
+
+def role_race_fail_then_drop(cfg, cmds):
+    """Up to ``iterations`` times: a gate of many remote channels (each
+    holding several buffers) whose connection drops (the producer's
+    environment closes in another thread); the consumer closes and drops
+    the gate as soon as it raises.  Prints "survived" at the end."""
+    import gc   # noqa: PLC0415
+    from flinkbuf.errors import RemoteConnectionError   # noqa: PLC0415
+    from flinkbuf.io import RecordWriter, create_partition   # noqa: PLC0415
+    from flinkbuf.network import NetworkEnvironment   # noqa: PLC0415
+    n = cfg.get("channels", 40)
+    deadline = time.monotonic() + cfg.get("seconds", 30)
+    for it in range(cfg.get("iterations", 60)):
+        if time.monotonic() > deadline:
+            break
+        prod = NetworkEnvironment(n * 3 + 10, 256, secret=SECRET)
+        cons = NetworkEnvironment(n * 8 + 40, 256, secret=SECRET,
+                                  exclusive_buffers_per_channel=6, floating_buffers_per_gate=16)
+        part = create_partition(prod.network_buffer_pool, n, min_buffers=n * 3)
+        prod.register_partition("p", part)
+        gate = cons.create_input_gate([(prod.address, "p", s) for s in range(n)],
+                                      codec="bytes")
+        w = RecordWriter(part, "round_robin", codec="bytes", buffer_timeout=0)
+        for _ in range(n * 2):
+            w.emit(b"x" * 10)
+        next(gate)
+        threading.Thread(target=prod.close).start()
+        try:
+            for _ in gate:
+                pass
+        except RemoteConnectionError:
+            pass
+        gate.close()
+        del gate
+        gc.collect()
+        cons.close()
+        try:
+            w.close()
+        except BaseException:   # noqa: BLE001 - released
+            pass
+        part.release()
+        _out(iteration=it)
+    _out(survived=True, **_hygiene())
 
 
 def main():

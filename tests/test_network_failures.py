@@ -199,3 +199,19 @@ def test_partition_never_registered_is_not_found(children):
     assert_clean(consumer.expect("closed", 10))
     producer.send(cmd="close")
     assert_clean(producer.expect("closed", 10))
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.xfail(strict=True, reason="engine bug: use after free when a connection drops: "
+                   "conn_fail (connection.c) wakes the consumers under conn->mu, then gives "
+                   "the channels' segments back (giveback_run) after unlocking, into pools it "
+                   "holds no reference to; a consumer that closes and drops its gate at once "
+                   "frees those pools first (SIGSEGV in fb_localpool_recycle)")
+def test_dropping_a_gate_as_soon_as_its_connection_fails(children):
+    """The consumer closes and drops its gate as soon as the connection
+    under it fails (a peer that died): its process must survive.  (Run in
+    a child process: the bug crashes it.)"""
+    child = children.start("race_fail_then_drop", {"iterations": 60, "seconds": 40}, life=80)
+    code = child.wait_exit(80)
+    assert code == 0, f"the consumer's process died (exit {code}):\n{child.stderr()[-1500:]}"
+    assert_clean(child.expect("survived", 5))

@@ -199,7 +199,13 @@ def consume(env, fake, timeout=10.0, *, after_sent=False):
         if after_sent:
             assert fake.sent.wait(10)
             time.sleep(0.1)
-        return read_all(gate, timeout)
+        items, err = read_all(gate, timeout)
+        if err is not None:
+            # Let the connection's reader thread finish giving buffers back
+            # before the gate's pools go (engine bug, see
+            # test_dropping_a_gate_as_soon_as_its_connection_fails).
+            time.sleep(0.05)
+        return items, err
     finally:
         gate.close()
 
@@ -460,7 +466,7 @@ OPS = st.lists(st.one_of(
     st.tuples(st.just("garbage"), st.binary(min_size=1, max_size=40)),
     st.tuples(st.just("error"), st.integers(0, 255), st.sampled_from([True, False])),
     st.tuples(st.just("raw-event"),
-              st.sampled_from([b"", b"\x02", b"\x00\x00", b"\x01", b"\x01\xff", b"\x00"])),
+              st.sampled_from([b"", b"\x02", b"\x00\x00", b"\x01", b"\x03\x01", b"\x00"])),
 ), max_size=8)
 
 
