@@ -179,3 +179,80 @@ def test_unread_events_do_not_block_other_channels(children):
         env.close()
         producer.send(cmd="close")
         producer.expect("closed", 20)
+
+
+def _env(**kw):
+    return NetworkEnvironment(kw.pop("num_segments", 64), kw.pop("segment_size", 1024),
+                              secret=SECRET, **kw)
+
+
+@pytest.mark.timeout(30)
+def test_partition_id_limits():
+    """A partition id of exactly 1024 bytes of UTF-8 travels; 1025 is
+    refused before anything is sent."""
+    from flinkbuf.io import RecordWriter, create_partition
+    prod, cons = _env(), _env()
+    try:
+        pid = "é" * 512
+        part = create_partition(prod.network_buffer_pool, 1)
+        prod.register_partition(pid, part)
+        with pytest.raises(ValueError, match="1024"):
+            prod.register_partition("é" * 512 + "x", part)
+        with pytest.raises(ValueError, match="1024"):
+            cons.create_input_gate([(prod.address, "x" * 1025, 0)])
+        gate = cons.create_input_gate([(prod.address, pid, 0)])
+        with RecordWriter(part, buffer_timeout=0) as w:
+            w.emit("hello")
+        assert list(gate) == ["hello"]
+        gate.close()
+    finally:
+        cons.close()
+        prod.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_subpartition_has_one_remote_reader():
+    """A second gate asking for a subpartition that has a reader is
+    refused (code 5) with a clear error; the first reader goes on."""
+    from flinkbuf.io import RecordWriter, create_partition
+    prod, cons = _env(), _env()
+    try:
+        part = create_partition(prod.network_buffer_pool, 1)
+        prod.register_partition("q", part)
+        first = cons.create_input_gate([(prod.address, "q", 0)])
+        time.sleep(0.2)
+        second = cons.create_input_gate([(prod.address, "q", 0)])
+        with pytest.raises(RemoteConnectionError, match="already has a reader"):
+            next(second)
+        second.close()
+        with RecordWriter(part, buffer_timeout=0) as w:
+            w.emit(1)
+        assert list(first) == [1]
+        first.close()
+    finally:
+        cons.close()
+        prod.close()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.xfail(strict=True, reason="engine bug (message): connection.pyx "
+                   "_find_subpartition formats `subpartition + 1` as a uint32_t, so asking "
+                   "for subpartition 4294967295 of a 1-subpartition partition says 'has 1 "
+                   "subpartitions, not 0'")
+def test_out_of_range_subpartition_is_refused_truthfully():
+    from flinkbuf.io import create_partition
+    prod, cons = _env(), _env()
+    try:
+        part = create_partition(prod.network_buffer_pool, 1)
+        prod.register_partition("q", part)
+        gate = cons.create_input_gate([(prod.address, "q", 2 ** 32 - 1)])
+        with pytest.raises(RemoteConnectionError) as info:
+            next(gate)
+        gate.close()
+        part.release()
+        message = str(info.value).split(": ", 1)[1]        # the server's words
+        assert "has 1 subpartitions" in message
+        assert "not 0" not in message, message
+    finally:
+        cons.close()
+        prod.close()

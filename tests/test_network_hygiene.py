@@ -243,3 +243,32 @@ def test_closed_environment_refuses_use():
         env.register_partition("p", part)
     part.release()
     assert flinkbuf_threads() == []
+
+
+@pytest.mark.timeout(30)
+def test_gate_dropped_without_close_releases_its_subpartition():
+    """A gate that is only garbage collected: its remote channel cancels
+    the request, the producer's next write raises PartitionReleasedError,
+    and every buffer on both sides goes back."""
+    prod, cons = make_env(), make_env()
+    try:
+        part = create_partition(prod.network_buffer_pool, 1, min_buffers=4)
+        prod.register_partition("p", part)
+        gate = cons.create_input_gate([(prod.address, "p", 0)], codec="bytes")
+        w = RecordWriter(part, codec="bytes", buffer_timeout=0)
+        w.emit(b"a")
+        assert next(gate) == b"a"
+        del gate
+        gc.collect()
+
+        def produce():
+            for _ in range(100000):
+                w.emit(b"x" * 100)
+
+        t, res = run_in_thread(produce)
+        t.join(5)
+        assert isinstance(res.get("error"), PartitionReleasedError), res
+        w.close()
+    finally:
+        cons.close()
+        prod.close()

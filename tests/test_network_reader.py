@@ -459,7 +459,7 @@ def test_event_flood_is_bounded_and_delivered_in_order(env):
 
 OPS = st.lists(st.one_of(
     st.tuples(st.just("records"), st.lists(st.binary(max_size=2 * SEG), max_size=6),
-              st.integers(1, SEG)),
+              st.integers(1, SEG), st.one_of(st.integers(0, 4), st.integers(0, 0xFFFFFFFF))),
     st.tuples(st.just("event"), st.integers(-(1 << 31), 1 << 31)),
     st.tuples(st.just("gap")),
     st.tuples(st.just("overrun")),
@@ -471,7 +471,7 @@ OPS = st.lists(st.one_of(
 
 
 @pytest.mark.timeout(120)
-@settings(max_examples=int(os.environ.get("NETTEST_EXAMPLES", "25")),
+@settings(max_examples=int(os.environ.get("NETTEST_EXAMPLES", "20")),
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=OPS)
 def test_any_producer_stream_ends_cleanly(ops):
@@ -488,7 +488,7 @@ def test_any_producer_stream_ends_cleanly(ops):
             if op[0] == "records":
                 sent.extend(op[1])
                 for c in chunks(stream_of(op[1]), op[2]):
-                    fp.send_data(c)
+                    fp.send_data(c, backlog=op[3])      # any backlog, even a lie
             elif op[0] == "event":
                 fp.send_event(event_bytes(op[1]))
                 sent.append(op[1])
