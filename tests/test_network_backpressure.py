@@ -28,7 +28,7 @@ def _asan_quarantine():
     return 256 * MB
 
 
-SLACK += _asan_quarantine()
+SLACK += _asan_quarantine() + (100 * MB if _asan_quarantine() else 0)   # + its redzones
 RECORD = 32 * 1024
 TOTAL = int(os.environ.get("NETTEST_BACKPRESSURE_BYTES", str(1 << 30)))
 
