@@ -356,11 +356,20 @@ def split_frames(data):
 
 
 def connect_raw(address, secret=SECRET, segment_size=32768, *, own_address="127.0.0.1:1",
-                timeout=5.0):
-    """A socket to ``address`` ("host:port") past the handshake."""
+                timeout=5.0, rcvbuf=None):
+    """A socket to ``address`` ("host:port") past the handshake (with a
+    receive buffer of ``rcvbuf`` bytes if given: a peer that reads little)."""
     from flinkbuf.network import handshake   # noqa: PLC0415
     host, _, port = address.rpartition(":")
-    sock = socket.create_connection((host, int(port)), timeout=timeout)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if rcvbuf:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.settimeout(timeout)
+    try:
+        sock.connect((host, int(port)))
+    except BaseException:
+        sock.close()
+        raise
     try:
         handshake.client(sock, secret, own_address, segment_size, timeout)
     except BaseException:

@@ -12,6 +12,9 @@ import pytest
 
 from network_helpers import Children
 
+# A thread of the engine that dies with an exception fails the test.
+pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+
 MB = 1 << 20
 SLACK = 60 * MB                       # what a process may hold beyond its pool
 

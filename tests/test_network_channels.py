@@ -27,6 +27,9 @@ from network_helpers import (
     wait_closed,
 )
 
+# A thread of the engine that dies with an exception fails the test.
+pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+
 CLEAN = {"standalone_segments": 0, "live_buffers": 0, "segments_out": 0}
 
 

@@ -13,6 +13,9 @@ from hypothesis import strategies as st
 
 from network_helpers import Children, expected_streams
 
+# A thread of the engine that dies with an exception fails the test.
+pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+
 SEGMENT_SIZES = [64, 128, 256, 1024, 4096, 32768]
 
 

@@ -24,6 +24,9 @@ from network_helpers import (
     num_os_threads,
 )
 
+# A thread of the engine that dies with an exception fails the test.
+pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+
 CLEAN = {"standalone_segments": 0, "live_buffers": 0, "segments_out": 0}
 
 
@@ -272,3 +275,21 @@ def test_gate_dropped_without_close_releases_its_subpartition():
     finally:
         cons.close()
         prod.close()
+
+
+@pytest.mark.timeout(60)
+def test_close_right_after_creation_raises_in_no_thread():
+    """An environment closed at once (its accept thread may not have
+    started serving yet): no thread dies with an exception."""
+    errors = []
+    old = threading.excepthook
+    threading.excepthook = lambda args: errors.append(
+        f"{args.thread.name if args.thread else '?'}: {args.exc_type.__name__}: {args.exc_value}")
+    try:
+        for _ in range(15):
+            make_env().close()
+        wait_until(lambda: not flinkbuf_threads(), 5)
+    finally:
+        threading.excepthook = old
+    assert errors == []
+    assert flinkbuf_threads() == []

@@ -34,6 +34,9 @@ from network_helpers import (
     recv_exact,
 )
 
+# A thread of the engine that dies with an exception fails the test.
+pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+
 SEG = 256
 ALL = 0xFFFFFFFF
 END = b"\x00"
