@@ -134,6 +134,8 @@ class Child:
         self._q.put(None)
 
     def stderr(self):
+        if self._err.closed:
+            return self._stderr_text
         self._err.flush()
         self._err.seek(0)
         return self._err.read().decode("utf-8", "replace")
@@ -207,6 +209,8 @@ class Child:
             self._fail(f"did not exit within {timeout} s")
 
     def stop(self):
+        if self._err.closed:
+            return
         if self.proc.poll() is None:
             self.proc.kill()
             try:
@@ -218,6 +222,7 @@ class Child:
                 f.close()
             except OSError:
                 pass
+        self._stderr_text = self.stderr()
         self._err.close()
         try:
             os.unlink(self._cfg.name)
@@ -225,21 +230,41 @@ class Child:
             pass
 
 
+CRASH_MARKS = ("ERROR: AddressSanitizer", "Fatal Python error", "runtime error:")
+
+
 class Children:
-    """Children started by one test, all stopped at its end."""
+    """Children started by one test, all stopped at its end; a child whose
+    stderr shows a sanitizer report or a fatal error fails the test then
+    (unless it was started with ``may_crash``)."""
 
     def __init__(self):
         self.all = []
+        self._may_crash = set()
 
-    def start(self, role, cfg=None, **kw):
+    def start(self, role, cfg=None, *, may_crash=False, **kw):
         c = Child(role, cfg, **kw)
         self.all.append(c)
+        if may_crash:
+            self._may_crash.add(c.pid)
         return c
 
     def stop_all(self):
+        crashed = []
         for c in self.all:
+            if c.proc.poll() is None:
+                c.proc.kill()
+                try:
+                    c.proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    pass
+            err = c.stderr()
+            if c.pid not in self._may_crash and any(m in err for m in CRASH_MARKS):
+                crashed.append(f"{c.role} child (pid {c.pid}):\n{err[-4000:]}")
             c.stop()
         self.all = []
+        if crashed:
+            raise AssertionError("a child process crashed:\n" + "\n".join(crashed))
 
 
 # ---- a raw protocol peer (docs/PROTOCOL.md) ----------------------------------------------
