@@ -179,7 +179,8 @@ def _fb_env(spec):
     # 8 floating per gate (experiments: exclusive=N floating=N).
     return NetworkEnvironment(512, SEGMENT, secret=SECRET,
                               exclusive_buffers_per_channel=spec.get("exclusive", 2),
-                              floating_buffers_per_gate=spec.get("floating", 8))
+                              floating_buffers_per_gate=spec.get("floating", 8),
+                              transport=spec.get("transport", "auto"))
 
 
 def _out_buffers(spec, ch):
@@ -711,12 +712,15 @@ PING_IMPLS = {
 def _opts(spec):
     for opt in os.environ.get("NETBENCH_OPTS", "").split():
         # experiments: pin=P,C (CPUs of producer/pinger, consumer/ponger), sndbuf=N,
-        # rcvbuf=N (raw sockets), chunk=N (raw sockets' bytes per call)
+        # rcvbuf=N (raw sockets), chunk=N (raw sockets' bytes per call),
+        # transport=tcp|auto (flinkbuf: TCP only, or a Unix socket on one host)
         key, _, value = opt.partition("=")
         if key == "pin":
             p, c = value.split(",")
             spec["pin"] = {"producer": {int(p)}, "pinger": {int(p)},
                            "consumer": {int(c)}, "ponger": {int(c)}}
+        elif key == "transport":
+            spec[key] = value
         else:
             spec[key] = int(value)
     return spec

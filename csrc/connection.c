@@ -16,10 +16,11 @@
 #include "clock.h"
 
 #define RD_CAP 65536                /* the reader's staging buffer */
+#define READ_AHEAD 2048             /* staged past what is needed: small frames share a recv,
+                                       a buffer's body mostly lands straight in its segment */
 #define CTL_CAP 65536               /* the writer's control-frame buffer */
 #define IDMAP_SIZE (2 * FB_NET_MAX_CHANNELS)
 #define NO_ID 0xFFFFFFFFu
-#define MAX_QUEUED_EVENTS 16        /* received events a consumer has not taken */
 #define RETRY_FIRST_NS 50000000LL   /* not-found requests: 50 ms, doubling ... */
 #define RETRY_MAX_NS 1000000000LL   /* ... up to 1 s */
 #define RECV_ABORTED (-2)           /* a closing channel took its segment back */
@@ -103,6 +104,7 @@ typedef struct outchan {
     fb_subpart_t *sp;
     void *owner;
     int32_t credit;
+    int32_t event_credit;       /* events the reader may still take */
     uint32_t seq;
     int cancelled;
 } outchan_t;
@@ -143,6 +145,10 @@ struct fb_inchan {
     int32_t navail, cap_avail;
     int32_t unannounced;
     int credit_queued;
+    uint32_t events_received;   /* events that arrived ... */
+    uint32_t events_granted;    /* ... and the events the sender was allowed */
+    int32_t events_taken;       /* taken by the consumer, not yet granted back */
+    int event_credit_queued;
     uint32_t next_seq;
     int32_t backlog;
     int state;
@@ -510,8 +516,7 @@ static void outchan_end(fb_conn_t *c, outchan_t *oc, int release)
  * fails or ends, the socket shuts down, the writer wakes. */
 static void conn_fail(fb_conn_t *c, int code, const char *fmt, ...)
 {
-    outchan_t *ended[FB_NET_MAX_CHANNELS];
-    int32_t nended = 0, k;
+    int32_t k;
     char msg[FB_NET_MAX_MESSAGE];
     va_list ap;
     va_start(ap, fmt);
@@ -528,17 +533,39 @@ static void conn_fail(fb_conn_t *c, int code, const char *fmt, ...)
     for (k = 0; k < FB_NET_MAX_CHANNELS; k++)
         if (c->ins[k] != NULL)
             inchan_fail_locked(c, c->ins[k], code, "", msg);
-    for (k = 1; k <= FB_NET_MAX_CHANNELS; k++)
-        if (c->outs[k] != NULL) {
-            ended[nended++] = c->outs[k];
-            outchan_free_slot(c, c->outs[k]);
-        }
+    /* The served channels end in the writer thread as it stops (it may be
+     * sending their segments now: their owners must outlive that). */
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
     shutdown(c->fd, SHUT_RDWR);
     fb_gate_close(&c->out);
-    for (k = 0; k < nended; k++)
+}
+
+/* End every served channel left (the connection ended and the writer is not
+ * sending anymore): their readers are gone, so their subpartitions are
+ * released. */
+static void end_served_channels(fb_conn_t *c)
+{
+    outchan_t **ended = malloc(sizeof(outchan_t *) * FB_NET_MAX_CHANNELS);
+    int32_t n = 0, k;
+    pthread_mutex_lock(&c->mu);
+    for (k = 1; k <= FB_NET_MAX_CHANNELS; k++)
+        if (c->outs[k] != NULL) {
+            if (ended == NULL) {        /* no memory: one at a time, unlocking between */
+                outchan_t *oc = c->outs[k];
+                outchan_free_slot(c, oc);
+                pthread_mutex_unlock(&c->mu);
+                outchan_end(c, oc, 1);
+                pthread_mutex_lock(&c->mu);
+                continue;
+            }
+            ended[n++] = c->outs[k];
+            outchan_free_slot(c, c->outs[k]);
+        }
+    pthread_mutex_unlock(&c->mu);
+    for (k = 0; k < n; k++)
         outchan_end(c, ended[k], 1);
+    free(ended);
 }
 
 /* ---- the reader -------------------------------------------------------------------- */
@@ -611,7 +638,8 @@ static int rd_fill(fb_conn_t *c, size_t n, int mid_frame)
         c->rd_pos = 0;
     }
     while (c->rd_end < n) {
-        r = recv_some(c, c->rd + c->rd_end, RD_CAP - c->rd_end, mid_frame || c->rd_end > 0, 0);
+        size_t want = (n > READ_AHEAD ? n : READ_AHEAD) - c->rd_end;
+        r = recv_some(c, c->rd + c->rd_end, want, mid_frame || c->rd_end > 0, 0);
         if (r < 0)
             return -1;
         c->rd_end += (size_t)r;
@@ -710,6 +738,14 @@ static fb_inchan_t *buffer_target(fb_conn_t *c, uint32_t id, uint32_t seq, uint8
         *rc = protocol_error(c, "a data buffer without credit on receiver id %u", id);
         return NULL;
     }
+    if (type == 1 && ch->events_received == ch->events_granted) {
+        pthread_mutex_unlock(&c->mu);
+        *rc = protocol_error(c, "more than %d events outstanding on receiver id %u",
+                             FB_NET_EVENT_WINDOW, id);
+        return NULL;
+    }
+    if (type == 1)
+        ch->events_received++;
     ch->next_seq++;
     item->data = NULL;
     item->pool = NULL;
@@ -728,23 +764,6 @@ static fb_inchan_t *buffer_target(fb_conn_t *c, uint32_t id, uint32_t seq, uint8
     inchan_incref(ch);
     pthread_mutex_unlock(&c->mu);
     return ch;
-}
-
-/* Events need no credit: bound what a consumer holds by reading no further
- * while it has MAX_QUEUED_EVENTS (TCP then holds the sender back). */
-static void await_event_room(fb_conn_t *c, fb_inchan_t *ch)
-{
-    uint64_t seen;
-    int reading = 1;
-    while (reading && fb_subpart_events(&ch->queue) >= MAX_QUEUED_EVENTS) {
-        seen = fb_signal_seq(&ch->on_poll);
-        if (fb_subpart_events(&ch->queue) < MAX_QUEUED_EVENTS)
-            break;
-        fb_signal_wait(&ch->on_poll, seen, fb_deadline_after(FB_WAIT_SLICE));
-        pthread_mutex_lock(&c->mu);
-        reading = ch->state == CH_REQUESTED && c->state == CONN_OPEN;
-        pthread_mutex_unlock(&c->mu);
-    }
 }
 
 /* A body arrived (received: 0) or not (-1): queue the item for the
@@ -813,7 +832,6 @@ static int read_buffer(fb_conn_t *c, uint32_t body_len)
         return rc < 0 ? rc : rd_body(c, NULL, size, 0, NULL);   /* a channel that ended */
     rc = 0;
     if (type == 1) {
-        await_event_room(c, ch);
         item.data = malloc(size ? size : 1);
         if (item.data == NULL) {
             conn_fail(c, FB_NET_ERR_CONNECTION, "out of memory for an event of %u bytes", size);
@@ -945,6 +963,7 @@ static int read_partition_request(fb_conn_t *c, uint32_t body_len)
         oc->sp = sp;
         oc->owner = owner;
         oc->credit = (int32_t)credit;
+        oc->event_credit = FB_NET_EVENT_WINDOW;
         if (fb_subpart_connect(sp, &c->out, slot) == FB_OK) {
             c->outs[slot] = oc;
             idmap_put(&c->out_ids, id, slot);
@@ -1003,16 +1022,17 @@ static int read_frame(fb_conn_t *c)
             return protocol_error(c, "partition request frame of %u bytes", len);
         return read_partition_request(c, body);
     case FB_MSG_ADD_CREDIT:
+    case FB_MSG_ADD_EVENT_CREDIT:
     case FB_MSG_CANCEL:
-        if (body != (msg == FB_MSG_ADD_CREDIT ? 8u : 4u))
+        if (body != (msg == FB_MSG_CANCEL ? 4u : 8u))
             return protocol_error(c, "frame of %u bytes for message %u", len, msg);
         if (rd_fill(c, body, 1) < 0)
             return -1;
         f = c->rd + c->rd_pos;
         id = fb_load_u32(f, 1);
-        n = msg == FB_MSG_ADD_CREDIT ? fb_load_u32(f + 4, 1) : 0;
+        n = msg == FB_MSG_CANCEL ? 0 : fb_load_u32(f + 4, 1);
         c->rd_pos += body;
-        if (msg == FB_MSG_ADD_CREDIT && (n == 0 || n > INT32_MAX))
+        if (msg != FB_MSG_CANCEL && (n == 0 || n > INT32_MAX))
             return protocol_error(c, "credit of %u", n);
         pthread_mutex_lock(&c->mu);
         slot = idmap_get(&c->out_ids, id);
@@ -1020,6 +1040,13 @@ static int read_frame(fb_conn_t *c)
             outchan_t *oc = c->outs[slot];
             if (msg == FB_MSG_CANCEL) {
                 oc->cancelled = 1;
+            } else if (msg == FB_MSG_ADD_EVENT_CREDIT) {
+                if ((int64_t)oc->event_credit + n > FB_NET_EVENT_WINDOW) {
+                    pthread_mutex_unlock(&c->mu);
+                    return protocol_error(c, "event credit beyond the window on receiver id %u",
+                                          id);
+                }
+                oc->event_credit += (int32_t)n;
             } else if ((int64_t)oc->credit + n > INT32_MAX) {
                 pthread_mutex_unlock(&c->mu);
                 return protocol_error(c, "credit overflow on receiver id %u", id);
@@ -1089,6 +1116,37 @@ static char *put_header(char *p, uint32_t body_len, uint8_t msg)
     return p + FB_NET_HEADER;
 }
 
+#define BATCH_FRAMES 16
+#define BATCH_BYTES (256 * 1024)
+
+/* One buffer response of a batch. */
+typedef struct frame {
+    char hdr[FB_NET_HEADER + FB_NET_BUFFER_FIELDS];
+    fb_item_t item;
+    outchan_t *ended;           /* the channel this frame ends (its last item), or NULL */
+} frame_t;
+
+/* What the writer sends in one sendmsg. */
+typedef struct batch {
+    int32_t nframes;
+    int niov;
+    size_t bytes;
+    size_t ctl_used;            /* bytes of c->ctlbuf taken by control frames */
+    int ctl_full;               /* control frames are waiting for the next batch */
+    int close_now;
+    int64_t frames_out;         /* control frames */
+    /* (fields above are reset for every batch) */
+    frame_t frames[BATCH_FRAMES];
+    struct iovec iov[2 * BATCH_FRAMES + 8];
+} batch_t;
+
+static void batch_iov(batch_t *b, void *base, size_t len)
+{
+    b->iov[b->niov].iov_base = base;
+    b->iov[b->niov++].iov_len = len;
+    b->bytes += len;
+}
+
 /* A control message's frame at p (mu held); returns the end of it.  Credit
  * and requests are read from their channel now: an ADD_CREDIT carries all
  * the credit gathered by the time it is written. */
@@ -1105,6 +1163,17 @@ static char *put_control(ctl_t *m, char *p, int *close_now)
             ch->unannounced = 0;
         }
         ch->credit_queued = 0;
+        return p;
+    case FB_MSG_ADD_EVENT_CREDIT:
+        if (ch->events_taken > 0 && ch->state == CH_REQUESTED) {
+            p = put_header(p, 8, FB_MSG_ADD_EVENT_CREDIT);
+            fb_store_u32(p, ch->receiver_id, 1);
+            fb_store_u32(p + 4, (uint32_t)ch->events_taken, 1);
+            p += 8;
+            ch->events_granted += (uint32_t)ch->events_taken;
+        }
+        ch->events_taken = 0;
+        ch->event_credit_queued = 0;
         return p;
     case FB_MSG_PARTITION_REQUEST:
         if (ch->state == CH_REQUESTED) {
@@ -1132,84 +1201,68 @@ static char *put_control(ctl_t *m, char *p, int *close_now)
     }
 }
 
-/* Send the queued control messages, as few sends as fit the buffer. */
-static int flush_control(fb_conn_t *c)
+/* Append the queued control frames to the batch's control area (mu held
+ * by the caller).  Messages that do not fit stay queued for the next batch;
+ * the ones taken are returned for ctl_free_list once unlocked. */
+static ctl_t *take_control_locked(fb_conn_t *c, batch_t *b)
 {
-    ctl_t *m, *all;
-    char *p = c->ctlbuf, *end;
-    struct iovec iov;
-    int rc = 0, close_now = 0;
-    int64_t frames = 0;
-    pthread_mutex_lock(&c->mu);
-    all = c->ctl_head;
-    c->ctl_head = c->ctl_tail = NULL;
-    if (c->nctl >= CTL_MAX)
-        pthread_cond_broadcast(&c->cv);        /* a reader may wait for room */
-    c->nctl = 0;
-    for (m = all; m != NULL && rc == 0; m = m->next) {
+    ctl_t *m, *taken = NULL, **tail = &taken;
+    char *p = c->ctlbuf + b->ctl_used, *end;
+    while ((m = c->ctl_head) != NULL) {
         if ((size_t)(p - c->ctlbuf) + FB_NET_HEADER + 14 + FB_NET_MAX_PARTITION_ID + m->len
                 > CTL_CAP) {
-            /* full: send what we have (the channels stay referenced), then go on */
-            pthread_mutex_unlock(&c->mu);
-            iov.iov_base = c->ctlbuf;
-            iov.iov_len = (size_t)(p - c->ctlbuf);
-            rc = send_all(c, &iov, 1);
-            p = c->ctlbuf;
-            pthread_mutex_lock(&c->mu);
+            notify_writer(c, 0);             /* the rest in the next batch */
+            b->ctl_full = 1;
+            break;
         }
-        if (rc == 0) {
-            end = put_control(m, p, &close_now);
-            frames += end > p;
-            p = end;
-        }
+        c->ctl_head = m->next;
+        if (c->ctl_head == NULL)
+            c->ctl_tail = NULL;
+        if (c->nctl-- >= CTL_MAX)
+            pthread_cond_broadcast(&c->cv);    /* a reader may wait for room */
+        end = put_control(m, p, &b->close_now);
+        b->frames_out += end > p;
+        p = end;
+        m->next = NULL;
+        *tail = m;
+        tail = &m->next;
     }
-    pthread_mutex_unlock(&c->mu);
-    ctl_free_list(all);
-    if (rc == 0 && p > c->ctlbuf) {
-        iov.iov_base = c->ctlbuf;
-        iov.iov_len = (size_t)(p - c->ctlbuf);
-        rc = send_all(c, &iov, 1);
+    if (p > c->ctlbuf + b->ctl_used) {
+        batch_iov(b, c->ctlbuf + b->ctl_used, (size_t)(p - (c->ctlbuf + b->ctl_used)));
+        b->ctl_used = (size_t)(p - c->ctlbuf);
     }
-    if (rc == 0)
-        stat_add(&c->stats.frames_out, frames);
-    if (close_now) {
-        pthread_mutex_lock(&c->mu);
-        c->close_sent = 1;
-        pthread_cond_broadcast(&c->cv);
-        pthread_mutex_unlock(&c->mu);
-    }
-    return rc;
+    return taken;
 }
 
-/* Send what a served channel may send now: one buffer (or event). */
-static int serve(fb_conn_t *c, int32_t slot)
+/* Add what a served channel may send now to the batch: one buffer (or
+ * event).  A channel that failed, was released or cancelled ends here. */
+static void take_buffer(fb_conn_t *c, batch_t *b, int32_t slot)
 {
     outchan_t *oc;
-    fb_item_t item;
+    frame_t *fr;
     int rc, last = 0;
-    uint32_t seq;
-    int32_t backlog;
-    char hdr[FB_NET_HEADER + FB_NET_BUFFER_FIELDS], *p;
-    struct iovec iov[2];
+    char *p;
     pthread_mutex_lock(&c->mu);
     oc = c->outs[slot];
     if (oc == NULL) {
         pthread_mutex_unlock(&c->mu);
-        return 0;
+        return;
     }
     if (oc->cancelled) {
         outchan_free_slot(c, oc);
         pthread_mutex_unlock(&c->mu);
         outchan_end(c, oc, 1);
-        return 0;
+        return;
     }
-    rc = fb_subpart_poll_credit(oc->sp, oc->credit, &item, &last);
+    fr = &b->frames[b->nframes];
+    rc = fb_subpart_poll_credit(oc->sp, oc->credit, oc->event_credit, &fr->item, &last);
     if (rc == FB_EMPTY) {
         pthread_mutex_unlock(&c->mu);
-        return 0;
+        return;
     }
     if (rc != FB_OK) {
-        /* The producer failed, or released its partition. */
+        /* The producer failed, or released its partition: tell the reader
+         * (after what this batch sends for it: the error is queued). */
         char type[128] = "", msg[FB_NET_MAX_MESSAGE] = "the partition was released";
         uint32_t id = oc->receiver_id;
         outchan_free_slot(c, oc);
@@ -1222,34 +1275,53 @@ static int serve(fb_conn_t *c, int32_t slot)
                       type, msg);
         pthread_mutex_unlock(&c->mu);
         outchan_end(c, oc, 0);
-        return 0;
+        return;
     }
-    if (item.kind == FB_ITEM_DATA)
+    if (fr->item.kind == FB_ITEM_DATA)
         oc->credit--;
-    seq = oc->seq++;
-    backlog = fb_subpart_backlog(oc->sp);
-    p = put_header(hdr, FB_NET_BUFFER_FIELDS + (uint32_t)item.size, FB_MSG_BUFFER);
+    else
+        oc->event_credit--;
+    p = put_header(fr->hdr, FB_NET_BUFFER_FIELDS + (uint32_t)fr->item.size, FB_MSG_BUFFER);
     fb_store_u32(p, oc->receiver_id, 1);
-    fb_store_u32(p + 4, seq, 1);
-    fb_store_u32(p + 8, (uint32_t)backlog, 1);
-    p[12] = item.kind == FB_ITEM_DATA ? 0 : 1;
-    fb_store_u32(p + 13, (uint32_t)item.size, 1);
-    if (last)
+    fb_store_u32(p + 4, oc->seq++, 1);
+    fb_store_u32(p + 8, (uint32_t)fb_subpart_backlog(oc->sp), 1);
+    p[12] = fr->item.kind == FB_ITEM_DATA ? 0 : 1;
+    fb_store_u32(p + 13, (uint32_t)fr->item.size, 1);
+    fr->ended = NULL;
+    if (last) {                      /* its last item: the channel ends once it is sent */
         outchan_free_slot(c, oc);
-    pthread_mutex_unlock(&c->mu);
-    iov[0].iov_base = hdr;
-    iov[0].iov_len = sizeof(hdr);
-    iov[1].iov_base = item.data;
-    iov[1].iov_len = (size_t)item.size;
-    rc = send_all(c, iov, item.size ? 2 : 1);
-    fb_item_dispose(&item);
-    if (rc == 0) {
-        stat_add(&c->stats.frames_out, 1);
-        if (item.kind == FB_ITEM_DATA)
-            stat_add(&c->stats.buffers_out, 1);
+        fr->ended = oc;
     }
-    if (last)
-        outchan_end(c, oc, 0);
+    pthread_mutex_unlock(&c->mu);
+    b->nframes++;
+    batch_iov(b, fr->hdr, sizeof(fr->hdr));
+    if (fr->item.size)
+        batch_iov(b, fr->item.data, (size_t)fr->item.size);
+}
+
+/* Send the batch (one sendmsg when the socket takes it), then give the sent
+ * segments back and end the channels whose last item went. */
+static int send_batch(fb_conn_t *c, batch_t *b, ctl_t *taken)
+{
+    int rc = b->niov ? send_all(c, b->iov, b->niov) : 0;
+    int32_t k, buffers = 0;
+    ctl_free_list(taken);
+    for (k = 0; k < b->nframes; k++) {
+        buffers += b->frames[k].item.kind == FB_ITEM_DATA;
+        fb_item_dispose(&b->frames[k].item);
+        if (b->frames[k].ended != NULL)
+            outchan_end(c, b->frames[k].ended, 0);
+    }
+    if (rc == 0) {
+        stat_add(&c->stats.frames_out, b->frames_out + b->nframes);
+        stat_add(&c->stats.buffers_out, buffers);
+    }
+    if (b->close_now) {
+        pthread_mutex_lock(&c->mu);
+        c->close_sent = 1;
+        pthread_cond_broadcast(&c->cv);
+        pthread_mutex_unlock(&c->mu);
+    }
     return rc;
 }
 
@@ -1268,6 +1340,9 @@ static int64_t due_retries_locked(fb_conn_t *c)
         if (ch->retry_at <= now) {
             ch->state = CH_REQUESTED;
             ch->next_seq = 0;
+            ch->events_received = 0;
+            ch->events_granted = FB_NET_EVENT_WINDOW;
+            ch->events_taken = 0;
             c->num_retrying--;
             ctl_push(c, FB_MSG_PARTITION_REQUEST, ch->receiver_id, ch, NULL, 0);
         } else if (ch->retry_at < next) {
@@ -1277,12 +1352,22 @@ static int64_t due_retries_locked(fb_conn_t *c)
     return next;
 }
 
+/* The writer: wait for a ready slot, then gather whatever else is ready
+ * now (up to BATCH_FRAMES buffers, BATCH_BYTES, and the control frames)
+ * into one send: a credit announcement goes out with the data beside it,
+ * and small buffers share a system call. */
 static void *writer_main(void *arg)
 {
     fb_conn_t *c = arg;
     int32_t slot;
     int64_t deadline;
     int rc;
+    batch_t *b = malloc(sizeof(batch_t));
+    ctl_t *taken, *more;
+    if (b == NULL) {
+        conn_fail(c, FB_NET_ERR_CLOSED, "out of memory for the connection's writer");
+        return NULL;
+    }
     for (;;) {
         pthread_mutex_lock(&c->mu);
         deadline = due_retries_locked(c);
@@ -1292,10 +1377,32 @@ static void *writer_main(void *arg)
             break;
         if (rc != FB_OK)
             continue;
-        rc = slot == 0 ? flush_control(c) : serve(c, slot);
-        if (rc < 0)
+        memset(b, 0, offsetof(batch_t, frames));
+        taken = NULL;
+        do {
+            if (slot == 0) {
+                pthread_mutex_lock(&c->mu);
+                more = take_control_locked(c, b);
+                pthread_mutex_unlock(&c->mu);
+                if (more != NULL) {          /* keep them for freeing after the send */
+                    ctl_t *t = more;
+                    while (t->next != NULL)
+                        t = t->next;
+                    t->next = taken;
+                    taken = more;
+                }
+            } else {
+                take_buffer(c, b, slot);
+            }
+        } while (b->nframes < BATCH_FRAMES && b->bytes < BATCH_BYTES && !b->close_now
+                 && !b->ctl_full && b->niov < (int)(sizeof(b->iov) / sizeof(b->iov[0])) - 2
+                 && fb_gate_wait(&c->out, 0, &slot) == FB_OK);
+        if (send_batch(c, b, taken) < 0)
             break;
     }
+    free(b);
+    conn_fail(c, FB_NET_ERR_CLOSED, "the connection was closed");   /* if it was not */
+    end_served_channels(c);
     return NULL;
 }
 
@@ -1376,6 +1483,13 @@ void fb_conn_close(fb_conn_t *c)
         pthread_join(c->writer, NULL);
         c->started = 0;
     }
+    end_served_channels(c);     /* the writer ended them, unless it never ran */
+    if (c->fd >= 0) {           /* the threads are gone: the descriptors go now */
+        close(c->fd);
+        c->fd = -1;
+        close(c->wake_fd);
+        c->wake_fd = -1;
+    }
 }
 
 void fb_conn_incref(fb_conn_t *c)
@@ -1389,8 +1503,6 @@ void fb_conn_decref(fb_conn_t *c)
         return;
     fb_conn_close(c);
     ctl_free_list(c->ctl_head);     /* holds no channel: a channel holds this connection */
-    close(c->fd);
-    close(c->wake_fd);
     fb_gate_free(&c->out);
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
@@ -1513,6 +1625,7 @@ fb_inchan_t *fb_inchan_new(fb_conn_t *c, const char *partition_id, size_t len,
     ch->slot = -1;
     ch->state = CH_NEW;
     ch->request_deadline = request_deadline_ns;
+    ch->events_granted = FB_NET_EVENT_WINDOW;
     ch->backoff_ns = RETRY_FIRST_NS;
     return ch;
 fail:
@@ -1641,6 +1754,19 @@ void fb_inchan_decref(fb_inchan_t *ch)
     free(ch->avail);
     free(ch->avail_floating);
     free(ch);
+}
+
+void fb_inchan_event_taken(fb_inchan_t *ch)
+{
+    fb_conn_t *c = ch->conn;
+    pthread_mutex_lock(&c->mu);
+    {
+        ch->events_taken++;
+        if (!ch->event_credit_queued && ch->state == CH_REQUESTED && c->state == CONN_OPEN
+                && ctl_push(c, FB_MSG_ADD_EVENT_CREDIT, ch->receiver_id, ch, NULL, 0) == FB_OK)
+            ch->event_credit_queued = 1;
+    }
+    pthread_mutex_unlock(&c->mu);
 }
 
 int fb_inchan_error(fb_inchan_t *ch, char *type, size_t tlen, char *message, size_t mlen)

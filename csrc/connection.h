@@ -50,8 +50,13 @@ enum {
     FB_MSG_PARTITION_REQUEST = 2,
     FB_MSG_CANCEL = 4,
     FB_MSG_CLOSE = 5,
-    FB_MSG_ADD_CREDIT = 6
+    FB_MSG_ADD_CREDIT = 6,
+    FB_MSG_ADD_EVENT_CREDIT = 7
 };
+
+/* Events a reader may have outstanding per channel (sent and not taken by
+ * its consumer): events need no buffer, but their own window bounds them. */
+#define FB_NET_EVENT_WINDOW 16
 
 /* ERROR_RESPONSE codes, and why a channel or connection failed. */
 enum {
@@ -146,6 +151,9 @@ fb_subpart_t *fb_inchan_queue(fb_inchan_t *ch);
  * one of its segments in progress.  Idempotent. */
 void fb_inchan_close(fb_inchan_t *ch);
 void fb_inchan_decref(fb_inchan_t *ch);
+/* The consumer took an event of this channel (its gate polled it): one more
+ * event may come (an ADD_EVENT_CREDIT is scheduled). */
+void fb_inchan_event_taken(fb_inchan_t *ch);
 /* Why the channel failed: FB_NET_ERR_* (0 if it did not), the cause's type
  * name (for a producer failure) and a message. */
 int fb_inchan_error(fb_inchan_t *ch, char *type, size_t tlen, char *message, size_t mlen);

@@ -285,7 +285,8 @@ int fb_subpart_poll(fb_subpart_t *sp, fb_item_t *out)
     return rc;
 }
 
-int fb_subpart_poll_credit(fb_subpart_t *sp, int32_t credit, fb_item_t *out, int *last)
+int fb_subpart_poll_credit(fb_subpart_t *sp, int32_t credit, int32_t event_credit,
+                           fb_item_t *out, int *last)
 {
     int rc = FB_OK;
     pthread_mutex_lock(&sp->mu);
@@ -294,7 +295,7 @@ int fb_subpart_poll_credit(fb_subpart_t *sp, int32_t credit, fb_item_t *out, int
     } else if (sp->state == FB_SP_RELEASED) {
         rc = FB_ERELEASED;
     } else if (sp->count == 0
-               || (credit <= 0 && sp->ring[sp->head].kind == FB_ITEM_DATA)) {
+               || (sp->ring[sp->head].kind == FB_ITEM_DATA ? credit : event_credit) <= 0) {
         rc = FB_EMPTY;          /* the gate is told again when credit comes */
     } else {
         take_head(sp, out);

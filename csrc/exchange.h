@@ -112,11 +112,13 @@ int fb_subpart_add(fb_subpart_t *sp, fb_item_t item, int last);
 /* Take the oldest item: FB_OK, FB_EMPTY, FB_EFAILED, FB_ERELEASED.
  * If items remain the connected gate is told again (fair turns). */
 int fb_subpart_poll(fb_subpart_t *sp, fb_item_t *out);
-/* For a reader over the network: take the oldest item if it is an event, or
- * a data buffer while credit > 0.  FB_OK (*last: it was the producer's last
- * item), FB_EMPTY (nothing, or a data buffer waiting for credit: the gate is
- * not told again until someone notifies it), FB_EFAILED, FB_ERELEASED. */
-int fb_subpart_poll_credit(fb_subpart_t *sp, int32_t credit, fb_item_t *out, int *last);
+/* For a reader over the network: take the oldest item, a data buffer while
+ * credit > 0, an event while event_credit > 0.  FB_OK (*last: it was the
+ * producer's last item), FB_EMPTY (nothing, or an item waiting for its
+ * credit: the gate is not told again until someone notifies it),
+ * FB_EFAILED, FB_ERELEASED. */
+int fb_subpart_poll_credit(fb_subpart_t *sp, int32_t credit, int32_t event_credit,
+                           fb_item_t *out, int *last);
 /* Connect a consumer: FB_ESTATE if one is connected or it was released. */
 int fb_subpart_connect(fb_subpart_t *sp, fb_gate_t *g, int32_t channel);
 void fb_subpart_disconnect(fb_subpart_t *sp, fb_gate_t *g);

@@ -271,6 +271,8 @@ class Children:
 
 MAGIC = 0x46425546
 MSG_BUFFER, MSG_ERROR, MSG_REQUEST, MSG_CANCEL, MSG_CLOSE, MSG_CREDIT = 0, 1, 2, 4, 5, 6
+MSG_EVENT_CREDIT = 7
+EVENT_WINDOW = 16      # events a reader may have outstanding per channel
 
 
 def frame(msg_id, body=b"", *, length=None, magic=MAGIC):

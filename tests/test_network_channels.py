@@ -66,8 +66,8 @@ def test_one_connection_carries_200_channels(children):
     res = msg["results"][0]
     assert "error" not in res, res
     assert res["streams"] == expected_streams(4, plan, n)
-    assert list(msg["stats"]) == [addr]                  # one connection
-    assert msg["stats"][addr]["buffers_in"] >= n
+    assert [st["peer"] for st in msg["stats"]] == [addr]  # one connection
+    assert msg["stats"][0]["buffers_in"] >= n
     assert_clean(consumer.expect("closed", 10))
     producer.expect("written", 10)
     producer.send(cmd="close")
@@ -142,15 +142,11 @@ def test_two_peers_read_each_other_over_one_connection(children):
         closed = p.expect("closed", 10)
         assert_clean(closed)
         assert closed["connections"] == 1, closed           # one connection, both ways
-        stats = list(closed["stats"].values())
+        stats = list(closed["stats"])
         assert stats[0]["buffers_in"] > 0 and stats[0]["buffers_out"] > 0, stats
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(strict=True, reason="engine bug: events need no credit and a reader holds "
-                   "at most 16 per channel, then stops reading the whole connection "
-                   "(connection.c read_buffer's MAX_QUEUED_EVENTS wait): a channel whose "
-                   "consumer does not read blocks every other channel of that connection")
 def test_unread_events_do_not_block_other_channels(children):
     """Two gates in one process read two partitions of one producer process
     (one connection): gate A's producer broadcasts 45 MB of events that
@@ -238,10 +234,6 @@ def test_a_subpartition_has_one_remote_reader():
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.xfail(strict=True, reason="engine bug (message): connection.pyx "
-                   "_find_subpartition formats `subpartition + 1` as a uint32_t, so asking "
-                   "for subpartition 4294967295 of a 1-subpartition partition says 'has 1 "
-                   "subpartitions, not 0'")
 def test_out_of_range_subpartition_is_refused_truthfully():
     from flinkbuf.io import create_partition
     prod, cons = _env(), _env()

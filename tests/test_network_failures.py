@@ -205,11 +205,6 @@ def test_partition_never_registered_is_not_found(children):
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.xfail(strict=True, reason="engine bug: use after free when a connection drops: "
-                   "conn_fail (connection.c) wakes the consumers under conn->mu, then gives "
-                   "the channels' segments back (giveback_run) after unlocking, into pools it "
-                   "holds no reference to; a consumer that closes and drops its gate at once "
-                   "frees those pools first (SIGSEGV in fb_localpool_recycle)")
 def test_dropping_a_gate_as_soon_as_its_connection_fails(children):
     """The consumer closes and drops its gate as soon as the connection
     under it fails (a peer that died): its process must survive.  (Run in

@@ -254,9 +254,6 @@ def test_many_silent_clients_do_not_stop_established_peers(server):
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.xfail(strict=True, reason="engine bug: 32 idle unauthenticated sockets lock every "
-                   "new peer out for connect_timeout (environment.py _MAX_PENDING_HANDSHAKES: "
-                   "the accept loop resets connections while 32 handshakes are pending)")
 def test_new_peer_can_connect_while_silent_clients_wait(server):
     idle = [socket.create_connection(server.sockaddr, timeout=5) for _ in range(40)]
     try:
@@ -419,11 +416,6 @@ def test_server_survived_fuzzing(server):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(strict=True, reason="engine bug: an authenticated peer that sends partition "
-                   "requests and reads nothing grows the server's memory without bound: each "
-                   "refusal/not-found is a malloc'd ERROR_RESPONSE queued for the writer "
-                   "(connection.c ctl_error -> ctl_push, no cap), and the reader goes on "
-                   "reading requests while the writer is blocked on the full socket")
 def test_request_flood_from_a_peer_that_does_not_read_is_bounded():
     children = Children()
     try:

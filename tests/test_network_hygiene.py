@@ -180,9 +180,6 @@ def test_wrong_secret_refused_and_logged_in_process(caplog):
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.xfail(strict=True, reason="engine bug: NetworkEnvironment.close() does not end "
-                   "handshakes in progress: their flinkbuf-handshake threads and accepted "
-                   "sockets stay until the peer goes or connect_timeout passes")
 def test_close_ends_handshakes_in_progress():
     fds, threads = num_fds(), num_os_threads()
     env = make_env(connect_timeout=5.0)
@@ -198,10 +195,6 @@ def test_close_ends_handshakes_in_progress():
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(strict=True, reason="engine bug: a connection that ended keeps its socket "
-                   "(and ~0.4 MB) until NetworkEnvironment.close(): env._all_connections "
-                   "keeps every Connection ever made, and fb_conn_decref closes the fd only "
-                   "with the last reference")
 def test_dead_connection_gives_its_socket_back():
     """A peer that dies: once the gate reading it is closed, the
     environment (still open, as a long-running process's is) holds no

@@ -21,8 +21,10 @@ from flinkbuf.io import UserEvent
 from flinkbuf.network import NetworkEnvironment, handshake
 from helpers import run_in_thread
 from network_helpers import (
+    EVENT_WINDOW,
     MSG_CANCEL,
     MSG_CREDIT,
+    MSG_EVENT_CREDIT,
     MSG_ERROR,
     MSG_REQUEST,
     SECRET,
@@ -54,7 +56,8 @@ class FakeProducer:
     """A server in a thread that authenticates one client, then runs
     ``scenario(self)``; afterwards it reads what the client sends until it
     closes.  Sending data buffers with ``send_data`` honours the credit the
-    client granted (waiting for ADD_CREDIT)."""
+    client granted (waiting for ADD_CREDIT), and events with ``send_event``
+    the event window (waiting for ADD_EVENT_CREDIT)."""
 
     def __init__(self, scenario, *, seg=SEG):
         self.srv = socket.create_server(("127.0.0.1", 0))
@@ -68,6 +71,7 @@ class FakeProducer:
         self.cancels = []
         self.errors = []
         self.credit = 0
+        self.event_credit = 0
         self.seq = 0
         self.receiver = None
         self.closed = threading.Event()
@@ -105,6 +109,11 @@ class FakeProducer:
             self.credits.append((receiver, n))
             if receiver == self.receiver:
                 self.credit += n
+        elif msg_id == MSG_EVENT_CREDIT:
+            receiver, n = struct.unpack(">II", body)
+            assert n > 0
+            if receiver == self.receiver:
+                self.event_credit += n
         elif msg_id == MSG_CANCEL:
             self.cancels.append(struct.unpack(">I", body)[0])
         elif msg_id == MSG_ERROR:
@@ -123,6 +132,7 @@ class FakeProducer:
             msg_id, req = self._frame(timeout)
             if msg_id == MSG_REQUEST:
                 self.receiver, self.credit, self.seq = req["receiver"], req["credit"], 0
+                self.event_credit = EVENT_WINDOW
                 return req
 
     def wait_credit(self, timeout=5):
@@ -142,7 +152,17 @@ class FakeProducer:
         self.send(buffer_frame(self.receiver, self.seq, backlog, 0, data))
         self.seq += 1
 
-    def send_event(self, data):
+    def send_event(self, data, *, window=True):
+        """An event; with ``window`` only when the event window allows
+        (waiting for ADD_EVENT_CREDIT), else regardless."""
+        if window:
+            deadline = time.monotonic() + 10
+            while self.event_credit <= 0:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise AssertionError("the reader granted no event credit")
+                self._frame(remaining)
+            self.event_credit -= 1
         self.send(buffer_frame(self.receiver, self.seq, 0, 1, data))
         self.seq += 1
 
@@ -426,34 +446,36 @@ def test_producer_dying_mid_frame(env, how):
         assert "middle of a frame" in str(err) and took < 1.0, (str(err), took)
 
 
-# ---- events need no credit, but the reader holds at most 16 ---------------------------------
+# ---- events need no buffer credit, but their own window ------------------------------------
 
 @pytest.mark.timeout(30)
 def test_event_flood_is_bounded_and_delivered_in_order(env):
-    """200 events of 200 bytes sent at once (no credit needed) while the
-    consumer does not read: all arrive, in order, with the data around
-    them, once it does."""
-    started = threading.Event()
+    """200 events of 200 bytes: while the consumer does not read, the
+    producer can send the event window (16) and no more; once the consumer
+    reads, each event taken is granted back and all arrive, in order, with
+    the data around them."""
+    progress = []
 
     def scenario(fp):
         fp.request()
         fp.send_data(stream_of([b"first"]))
         for k in range(200):
             fp.send_event(event_bytes(("ev", k, "p" * 180)))
+            progress.append(k)
         fp.send_data(stream_of([b"last"]))
         fp.send_event(END)
-        started.set()
 
     fake = FakeProducer(scenario)
     gate = env.create_input_gate([(fake.address, "p", 0)], codec="bytes")
     try:
-        assert started.wait(10)
-        time.sleep(0.3)
+        time.sleep(0.5)
+        assert len(progress) == EVENT_WINDOW       # blocked: the window is full
         items, err = read_all(gate)
     finally:
         gate.close()
     fake.join()
     assert err is None, err
+    assert fake.error is None, fake.error
     assert items[0] == b"first" and items[-1] == b"last"
     assert [e.payload[1] for e in items[1:-1]] == list(range(200))
 
@@ -527,10 +549,6 @@ def test_any_producer_stream_ends_cleanly(ops):
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.xfail(strict=True, reason="engine bug: closing a gate waits for a receive in "
-                   "progress into its channel's segment (fb_inchan_close waits on "
-                   "conn->recv_busy), i.e. up to io_timeout (60 s by default) when the "
-                   "producer stalls in the middle of a buffer")
 def test_gate_close_is_prompt_while_the_producer_stalls_mid_buffer():
     stop = threading.Event()
 
@@ -552,3 +570,23 @@ def test_gate_close_is_prompt_while_the_producer_stalls_mid_buffer():
     finally:
         stop.set()
         env.close()
+
+
+def test_events_beyond_the_window_are_a_protocol_error(env):
+    """A producer that sends more events than the reader granted breaks the
+    protocol: the connection ends with that reason, nothing is held."""
+    def scenario(fp):
+        fp.request()
+        for k in range(EVENT_WINDOW + 1):
+            fp.send_event(event_bytes(k), window=False)
+
+    fake = FakeProducer(scenario)
+    gate = env.create_input_gate([(fake.address, "p", 0)], codec="bytes")
+    try:
+        fake.join()
+        time.sleep(0.3)        # all arrived before the consumer takes (and grants) any
+        items, err = read_all(gate)
+    finally:
+        gate.close()
+    assert isinstance(err, fe.RemoteConnectionError), err
+    assert f"more than {EVENT_WINDOW} events outstanding" in str(err)

@@ -13,6 +13,7 @@ cdef extern from "connection.h" nogil:
         FB_NET_MAX_CHANNELS
         FB_NET_MAX_PARTITION_ID
         FB_NET_MAX_MESSAGE
+        FB_NET_EVENT_WINDOW
         FB_NET_ERR_PRODUCER_FAILED
         FB_NET_ERR_NOT_FOUND
         FB_NET_ERR_RELEASED
@@ -62,6 +63,7 @@ cdef extern from "connection.h" nogil:
     int fb_inchan_add_exclusive(fb_inchan_t *ch, int32_t index)
     int fb_inchan_open(fb_inchan_t *ch)
     fb_subpart_t *fb_inchan_queue(fb_inchan_t *ch)
+    void fb_inchan_event_taken(fb_inchan_t *ch)
     void fb_inchan_close(fb_inchan_t *ch)
     void fb_inchan_decref(fb_inchan_t *ch)
     int fb_inchan_error(fb_inchan_t *ch, char *type, size_t tlen, char *message, size_t mlen)

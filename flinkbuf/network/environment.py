@@ -7,6 +7,7 @@ import logging
 import math
 import selectors
 import socket
+import sys
 import threading
 import time
 import weakref
@@ -78,7 +79,22 @@ def _split(address):
     return host, int(port)
 
 
+def _unix_name(port):
+    """The abstract Unix socket (Linux) an environment listens on beside its
+    TCP port: derived from the port, so a peer that knows ``host:port``
+    knows it too (ports are unique per host).  Anyone may bind an abstract
+    name first; the handshake still proves the secret, and a peer that
+    cannot use the name connects over TCP."""
+    return f"\0flinkbuf-tcp-{port}"
+
+
+_UNIX = hasattr(socket, "AF_UNIX") and sys.platform.startswith("linux")
+_LOCAL_HOSTS = ("127.", "::1", "localhost")
+
+
 def _tune(sock):
+    if sock.family == getattr(socket, "AF_UNIX", None):
+        return
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     for opt, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
@@ -115,7 +131,8 @@ class NetworkEnvironment:
 
     def __init__(self, num_segments, segment_size=32768, *, host="127.0.0.1", port=0,
                  secret, exclusive_buffers_per_channel=2, floating_buffers_per_gate=8,
-                 connect_timeout=10.0, request_timeout=30.0, io_timeout=60.0):
+                 connect_timeout=10.0, request_timeout=30.0, io_timeout=60.0,
+                 transport="auto"):
         if not isinstance(secret, (bytes, bytearray, memoryview)):
             raise TypeError(f"secret must be bytes, got {type(secret).__name__}")
         secret = bytes(secret)
@@ -123,6 +140,8 @@ class NetworkEnvironment:
             raise ValueError("secret must be at least 16 bytes (use secrets.token_bytes(32))")
         if not isinstance(host, str):
             raise TypeError(f"host must be a str, got {type(host).__name__}")
+        if transport not in ("auto", "tcp"):
+            raise ValueError(f"transport must be 'auto' or 'tcp', got {transport!r}")
         _count(port, "port", 0)
         if port > 65535:
             raise ValueError(f"port must be in [0, 65535], got {port}")
@@ -149,6 +168,25 @@ class NetworkEnvironment:
         bound = self._server.getsockname()
         self._address = (bound[0], bound[1])
         self._address_text = format_address(self._address)
+        # Beside TCP, a Unix socket for peers on this host (faster on loopback).
+        self._use_unix = transport == "auto" and _UNIX
+        self._unix_server = None
+        if self._use_unix:
+            try:
+                self._unix_server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                self._unix_server.bind(_unix_name(self._address[1]))
+                self._unix_server.listen(128)
+                self._unix_server.setblocking(False)
+            except OSError as exc:
+                log.info("no Unix socket beside %s (%s): TCP only", self._address_text, exc)
+                if self._unix_server is not None:
+                    self._unix_server.close()
+                self._unix_server = None
+        # Made here, not in the thread: close() right away finds them registered.
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._server, selectors.EVENT_READ, self._server)
+        if self._unix_server is not None:
+            self._selector.register(self._unix_server, selectors.EVENT_READ, self._unix_server)
         self._acceptor = threading.Thread(target=self._accept_loop, daemon=True,
                                           name=f"flinkbuf-accept-{self._address_text}")
         self._acceptor.start()
@@ -177,10 +215,24 @@ class NetworkEnvironment:
             return [c for c in self._all_connections if c.is_open]
 
     def connection_stats(self):
-        """Per connection (by peer address): bytes, frames and buffers in and out."""
+        """Per open connection: the peer's address and the bytes, frames and
+        buffers in and out (a list: two processes may have two connections)."""
         with self._lock:
-            conns = list(self._all_connections)
-        return {c.peer: c.stats() for c in conns}
+            conns = [c for c in self._all_connections if c.is_open]
+        return [{"peer": c.peer, **c.stats()} for c in conns]
+
+    def _reap(self):
+        """Close and forget connections that ended (their sockets go now)."""
+        with self._lock:
+            dead = [c for c in self._all_connections if not c.is_open]
+            if not dead:
+                return
+            self._all_connections = [c for c in self._all_connections if c.is_open]
+            for address, conn in list(self._connections.items()):
+                if not conn.is_open:
+                    del self._connections[address]
+        for conn in dead:
+            conn.close()
 
     # ---- partitions this process serves -------------------------------------------------
 
@@ -301,10 +353,26 @@ class NetworkEnvironment:
                     self._all_connections.append(conn)
                 return conn
 
+    def _is_this_host(self, host):
+        return host.startswith(_LOCAL_HOSTS) or host == self._address[0]
+
+    def _open_socket(self, host, port):
+        """A connected socket to the environment at ``host:port``: its Unix
+        socket when it is on this host (and transport is auto), else TCP."""
+        if self._use_unix and self._is_this_host(host):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(self._connect_timeout)
+            try:
+                sock.connect(_unix_name(port))
+                return sock
+            except OSError:
+                sock.close()             # another network namespace, or no Unix socket
+        return socket.create_connection((host, port), timeout=self._connect_timeout)
+
     def _connect(self, address):
         host, port = _split(address)
         try:
-            sock = socket.create_connection((host, port), timeout=self._connect_timeout)
+            sock = self._open_socket(host, port)
         except OSError as exc:
             raise RemoteConnectionError(f"cannot connect to {address}: {exc}") from exc
         try:
@@ -329,11 +397,11 @@ class NetworkEnvironment:
         """Accept connections and run their handshakes, many at a time in
         this one thread (non-blocking sockets, a state machine each); an
         authenticated one becomes a Connection run by its C threads."""
-        sel = selectors.DefaultSelector()
-        sel.register(self._server, selectors.EVENT_READ, None)
+        sel = self._selector
         pending = {}                     # socket -> [handshake, deadline, peer]
         try:
             while not self._closed:
+                self._reap()
                 now = time.monotonic()
                 wait = min([p[1] for p in pending.values()] + [now + 0.2]) - now
                 try:
@@ -343,8 +411,8 @@ class NetworkEnvironment:
                         return
                     raise
                 for key, _ in events:
-                    if key.data is None:
-                        self._accept_new(sel, pending)
+                    if key.data is not True:
+                        self._accept_new(sel, pending, key.data)
                     else:
                         self._handshake_step(sel, pending, key.fileobj)
                 now = time.monotonic()
@@ -357,10 +425,12 @@ class NetworkEnvironment:
                 sock.close()
             sel.close()
 
-    def _accept_new(self, sel, pending):
+    def _accept_new(self, sel, pending, server):
         while len(pending) <= _MAX_PENDING_HANDSHAKES:
             try:
-                sock, peer = self._server.accept()
+                sock, peer = server.accept()
+                if not isinstance(peer, tuple):          # a Unix socket's peer
+                    peer = ("unix", sock.fileno())
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
@@ -438,10 +508,12 @@ class NetworkEnvironment:
             self._connections.clear()
             self._partitions.clear()
         _LIVE.discard(self)
-        try:
-            self._server.close()
-        except OSError:
-            pass
+        for server in (self._server, self._unix_server):
+            if server is not None:
+                try:
+                    server.close()
+                except OSError:
+                    pass
         if self._acceptor is not threading.current_thread():
             self._acceptor.join(5)
         for conn in conns:

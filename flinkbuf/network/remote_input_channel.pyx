@@ -147,7 +147,10 @@ cdef class RemoteInputChannel(InputChannel):
         return 0
 
     cdef int _poll(self, fb_item_t *out) except -1:
-        return fb_subpart_poll(fb_inchan_queue(self._c), out)
+        cdef int rc = fb_subpart_poll(fb_inchan_queue(self._c), out)
+        if rc == FB_OK and out.kind == FB_ITEM_EVENT:
+            fb_inchan_event_taken(self._c)      # the sender may send one more event
+        return rc
 
     cdef object _take(self, fb_item_t *item):
         cdef LocalBufferPool pool = None
