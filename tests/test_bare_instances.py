@@ -153,6 +153,34 @@ def real_objects():
     return objs, (lambda: [writer.fail(), gate.close(), buf.recycle(), seg.free(),
                            nbp.destroy()])
 
+def feed_to_real_objects(b):
+    """Pass ``b`` to every method of a fresh set of real objects."""
+    tag = type(b).__name__
+    objs, teardown = real_objects()
+    for obj in objs:
+        for name in sorted(dir(type(obj))):
+            if name in SKIP or name in ("__exit__", "__del__"):
+                continue
+            try:
+                member = getattr(obj, name)
+            except Exception:
+                continue
+            if not callable(member) or isinstance(member, type):
+                continue
+            for args in ((b,), (b, 0), (0, b)):
+                print(type(obj).__name__, name, tag, len(args), flush=True)
+                try:
+                    member(*args)
+                except Exception:
+                    pass
+    try:
+        teardown()
+    except Exception:
+        pass
+    del objs
+    gc.collect()
+
+
 def public_callables():
     seen = []
     for mod in (fb, fio):
@@ -183,29 +211,7 @@ def test_bare_instances_as_arguments():
                         fn(*args)
                     except Exception:
                         pass
-            objs, teardown = real_objects()
-            for obj in objs:
-                for name in sorted(dir(type(obj))):
-                    if name in SKIP or name in ("__exit__", "__del__"):
-                        continue
-                    try:
-                        member = getattr(obj, name)
-                    except Exception:
-                        continue
-                    if not callable(member) or isinstance(member, type):
-                        continue
-                    for args in ((b,), (b, 0), (0, b)):
-                        print(type(obj).__name__, name, tag, len(args), flush=True)
-                        try:
-                            member(*args)
-                        except Exception:
-                            pass
-            try:
-                teardown()
-            except Exception:
-                pass
-            del objs
-            gc.collect()
+            feed_to_real_objects(b)
         print("survived")
     """)
     _run(code)
