@@ -136,9 +136,10 @@ class Child:
     def stderr(self):
         if self._err.closed:
             return self._stderr_text
-        self._err.flush()
-        self._err.seek(0)
-        return self._err.read().decode("utf-8", "replace")
+        # pread: the child writes through the same open file (the same
+        # offset), so moving it here would make the child overwrite its log.
+        fd = self._err.fileno()
+        return os.pread(fd, os.fstat(fd).st_size, 0).decode("utf-8", "replace")
 
     def _fail(self, what):
         code = self.proc.poll()
