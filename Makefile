@@ -4,7 +4,6 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
-SRC    := $(wildcard flinkbuf/*.pyx flinkbuf/*.pxd csrc/*.c csrc/*.h) setup.py
 # Test runs fail if the debug counters are missing; fuzzing budget per run.
 export FLINKBUF_REQUIRE_DEBUG ?= 1
 HYPOTHESIS_PROFILE ?= ci
