@@ -123,17 +123,18 @@ def test_numpy_batch_1to1(benchmark, impl):
     assert counts[0] == len(items)
 
 
-def single_thread_1to1(n, batch=20_000):
-    """The 1->1 (int, int) record path without threads, for instruction
-    counts (callgrind is exact where timings on a shared machine are not):
-    emit ``batch`` records that fit the pool, read them back, repeat."""
+def single_thread_1to1(n, case="int_int"):
+    """The 1->1 record path without threads, for instruction counts
+    (callgrind is exact where timings on a shared machine are not): emit a
+    batch of ``case`` records that fits the pool, read it back, repeat."""
     from itertools import islice
 
     nbp = fb.NetworkBufferPool(num_segments=64, segment_size=SEGMENT)
     part = fb.create_partition(nbp, 1, min_buffers=40)
     gate = fb.InputGate([(part, 0)])
     writer = fb.RecordWriter(part, "round_robin", buffer_timeout=None)
-    records = [(i, i * 7) for i in range(batch)]
+    batch = 1_000 if case == "bytes_1KiB" else 20_000
+    records = RECORDS[case][:batch]
     emit = writer.emit
     done = 0
     while done < n:
@@ -151,10 +152,12 @@ def single_thread_1to1(n, batch=20_000):
 
 if __name__ == "__main__":
     # Instructions per record of the whole process, from the repository root:
-    #   for n in 100000 200000; do PYTHONPATH=. OPENBLAS_NUM_THREADS=1 valgrind \
-    #     --tool=callgrind --callgrind-out-file=cg.$n python bench/bench_io.py $n; done
+    #   for n in 100000 200000; do PYTHONHASHSEED=0 PYTHONPATH=. OPENBLAS_NUM_THREADS=1 \
+    #     valgrind --tool=callgrind --callgrind-out-file=cg.$n \
+    #     python bench/bench_io.py $n [int_int|bytes_1KiB]; done
     # then (Ir(200000) - Ir(100000)) / 100000; callgrind_annotate --inclusive=yes
     # splits it by function (RecordWriter.emit, InputGate.__next__, ...).
     import sys
 
-    single_thread_1to1(int(sys.argv[1]) if len(sys.argv) > 1 else 100_000)
+    single_thread_1to1(int(sys.argv[1]) if len(sys.argv) > 1 else 100_000,
+                       sys.argv[2] if len(sys.argv) > 2 else "int_int")
