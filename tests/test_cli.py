@@ -159,15 +159,21 @@ def test_out_directory_that_cannot_be_created_or_written(tmp_path):
 
 
 def test_out_directory_that_cannot_be_written(tmp_path):
+    """A directory without write permission, and a new one under it.  Root
+    ignores permission bits, so there the directory is /proc's (which no one
+    may create files in) and the new one a directory under it."""
     locked = tmp_path / "locked"
     locked.mkdir()
     locked.chmod(0o500)
     try:
-        if os.access(locked, os.W_OK):
-            pytest.skip("running as a user who may write anywhere (root)")
-        for out in ("locked", "locked/new"):
+        if os.access(locked, os.W_OK):        # root
+            outs = ["/proc", "/proc/flinkbuf-cli-test"]
+        else:
+            outs = ["locked", "locked/new"]
+        for out in outs:
             _assert_refused(["experiment", "backpressure", "--out", out], tmp_path,
                             "cannot be")
+            assert not os.path.exists(os.path.join(tmp_path, out, "backpressure.csv"))
     finally:
         locked.chmod(0o700)
 
