@@ -1,0 +1,363 @@
+"""flinkbuf.spark: records exchanged between the tasks of a PySpark barrier
+stage, in local mode (each task in its own Python worker process, so every
+exchange crosses processes)."""
+
+import collections
+import os
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spark_helpers import leftovers, spark_session
+
+from flinkbuf.io import assign_key_to_operator
+from flinkbuf.spark import ExchangeTask, current_task, pipelined_exchange
+
+SLOTS = 4          # local[4]: a barrier stage of up to 4 tasks gets its slots
+
+
+@pytest.fixture(scope="module")
+def sc():
+    from pyspark import cloudpickle
+
+    import spark_helpers
+
+    # Functions of this module travel to the workers by value.
+    cloudpickle.register_pickle_by_value(spark_helpers)
+    cloudpickle.register_pickle_by_value(__import__(__name__))
+    spark = spark_session(f"local[{SLOTS}]")
+    yield spark.sparkContext
+    spark.stop()
+
+
+def _by_key(n):
+    return lambda k: assign_key_to_operator(k, n)
+
+
+def _count_per_key(records):
+    counts = collections.Counter(k for k, _ in records)
+    return sorted(counts.items())
+
+
+def _multisets(parts):
+    return [collections.Counter(p) for p in parts]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_hash_exchange_matches_partition_by(sc, n):
+    data = [(i % 37, i) for i in range(20_000)]
+    rdd = sc.parallelize(data, n)
+    ours = pipelined_exchange(rdd, _count_per_key).glom().collect()
+    spark = rdd.partitionBy(n, _by_key(n)).mapPartitions(_count_per_key).glom().collect()
+    assert len(ours) == n
+    assert ours == spark
+    assert sum(c for part in ours for _, c in part) == len(data)
+
+
+@settings(max_examples=6, deadline=None)
+@given(records=st.lists(st.tuples(st.one_of(st.integers(-2**40, 2**40), st.text(max_size=4)),
+                                  st.integers()), max_size=60),
+       n=st.integers(1, 3))
+def test_any_small_input_lands_where_partition_by_puts_it(sc, records, n):
+    rdd = sc.parallelize(records, n)
+    ours = pipelined_exchange(rdd, segment_size=64).glom().collect()
+    spark = rdd.partitionBy(n, _by_key(n)).glom().collect()
+    assert _multisets(ours) == _multisets(spark)
+
+
+def test_key_by_index_and_by_function(sc):
+    data = [("x", i % 5, str(i)) for i in range(3000)]
+    rdd = sc.parallelize(data, 2)
+    by_index = pipelined_exchange(rdd, key=1).glom().collect()
+    by_fn = pipelined_exchange(rdd, key=lambda r: r[1]).glom().collect()
+    expected = rdd.keyBy(lambda r: r[1]).partitionBy(2, _by_key(2)).values().glom().collect()
+    assert _multisets(by_index) == _multisets(expected) == _multisets(by_fn)
+
+
+def test_round_robin_and_rebalance_deliver_each_record_once(sc):
+    data = list(range(10_000))
+    rdd = sc.parallelize(data, 3)
+    for selector in ("round_robin", "rebalance"):
+        parts = pipelined_exchange(rdd, selector=selector).glom().collect()
+        assert sorted(x for p in parts for x in p) == data
+        assert all(len(p) > 1000 for p in parts), [len(p) for p in parts]
+
+
+def test_round_robin_spreads_each_producer_evenly(sc):
+    rdd = sc.parallelize(range(3 * 999), 3)
+    parts = pipelined_exchange(rdd, selector="round_robin").glom().collect()
+    # Each producer's 999 records: 333 to each consumer.
+    assert [len(p) for p in parts] == [999, 999, 999]
+
+
+def test_broadcast_gives_every_partition_everything(sc):
+    data = [(i, str(i)) for i in range(500)]
+    parts = pipelined_exchange(sc.parallelize(data, 3), selector="broadcast").glom().collect()
+    assert len(parts) == 3
+    for p in parts:
+        assert sorted(p) == data
+
+
+def test_callable_selector(sc):
+    parts = pipelined_exchange(sc.parallelize(range(100), 2),
+                               selector=lambda r, n: r % n).glom().collect()
+    assert sorted(parts[0]) == list(range(0, 100, 2))
+    assert sorted(parts[1]) == list(range(1, 100, 2))
+
+
+def _first_three(records):
+    for i, r in enumerate(records):
+        if i == 3:
+            return
+        yield r
+
+
+def test_fn_that_stops_early_still_lets_the_exchange_end(sc):
+    rdd = sc.parallelize([(i % 2, i) for i in range(50_000)], 2)
+    parts = pipelined_exchange(rdd, _first_three, selector="round_robin").glom().collect()
+    assert [len(p) for p in parts] == [3, 3]
+
+
+def test_other_codecs(sc):
+    data = [bytes([i % 256]) * (i % 50) for i in range(2000)]
+    parts = pipelined_exchange(sc.parallelize(data, 2), selector="round_robin",
+                               codec="bytes").glom().collect()
+    assert sorted(x for p in parts for x in p) == sorted(data)
+    objs = [(i, frozenset([i])) for i in range(100)]          # not a typed-codec type
+    parts = pipelined_exchange(sc.parallelize(objs, 2), codec="pickle").glom().collect()
+    assert sorted((x for p in parts for x in p), key=lambda r: r[0]) == objs
+
+
+def test_the_exchange_feeds_a_shuffle(sc):
+    rdd = sc.parallelize([(i % 10, 1) for i in range(10_000)], 2)
+    counts = pipelined_exchange(rdd).reduceByKey(lambda a, b: a + b).collectAsMap()
+    assert counts == {k: 1000 for k in range(10)}
+
+
+# ---- pipelining and backpressure ----------------------------------------------
+
+
+def _slow_source(index, _):
+    for i in range(40):
+        yield (time.time(), index, i)
+        time.sleep(0.025)                  # one second of input per task
+
+
+def _arrival_times(records):
+    first = None
+    last_produced = 0.0
+    for produced, _, _ in records:
+        if first is None:
+            first = time.time()
+        last_produced = max(last_produced, produced)
+    yield (first, last_produced)
+
+
+def test_records_arrive_while_they_are_produced(sc):
+    rdd = sc.parallelize(range(2), 2).mapPartitionsWithIndex(_slow_source)
+    parts = pipelined_exchange(rdd, _arrival_times, selector="round_robin",
+                               buffer_timeout=0.01).collect()
+    for first, last_produced in parts:
+        # The first record arrived long before the last one was produced.
+        assert last_produced - first > 0.5, parts
+
+
+def _big_source(index, _):
+    payload = b"x" * 1000
+    for i in range(20_000):
+        yield (i, payload)
+
+
+def _slow_sink(records):
+    task = current_task()
+    assert isinstance(task, ExchangeTask)
+    n = 0
+    for _ in records:
+        n += 1
+        if n % 500 == 0:
+            time.sleep(0.01)
+    stats = task.stats()
+    yield (task.index, n, stats)
+
+
+def test_a_slow_consumer_backpressures_its_producers(sc):
+    rdd = sc.parallelize(range(2), 2).mapPartitionsWithIndex(_big_source)
+    out = pipelined_exchange(rdd, _slow_sink, segment_size=4096,
+                             buffers_per_channel=2, floating_buffers=2).collect()
+    assert sorted(i for i, _, _ in out) == [0, 1]
+    assert sum(n for _, n, _ in out) == 40_000
+    for _, n, stats in out:
+        assert stats["records_in"] == n
+        assert stats["records_out"] == 20_000
+        # 20 MB per task through 5 buffers of 4 KiB: the producers waited for
+        # the consumers (about 0.4 s of sleeping) most of the time.
+        assert stats["back_pressured_seconds"] > 0.1, stats
+        assert stats["out_pool_size"] == 2 * 2 + 1
+        assert stats["first_record_seconds"] is not None
+
+
+def test_monitor_sees_each_task(sc):
+    def monitor(task):
+        assert task.num_tasks == 2 and task.address.count(":") == 1
+        assert task.environment.address[0] == "127.0.0.1"     # the executor's address
+
+    out = pipelined_exchange(sc.parallelize(range(100), 2), monitor=monitor,
+                             selector="round_robin").count()
+    assert out == 100
+    assert current_task() is None
+
+
+# ---- failures ----------------------------------------------------------------------
+
+
+def _raise_mid_stream(records):
+    for i, r in enumerate(records):
+        if i == 1000:
+            raise ValueError("fn-failed-mid-stream")
+        yield r
+
+
+def _failing_source(index, _):
+    for i in range(100_000):
+        if index == 1 and i == 5000:
+            raise KeyError("source-failed-mid-stream")
+        yield (i, i)
+
+
+def _job_error(job):
+    from py4j.protocol import Py4JJavaError
+
+    start = time.monotonic()
+    with pytest.raises(Py4JJavaError) as info:
+        job()
+    return str(info.value), time.monotonic() - start
+
+
+def test_a_task_that_raises_fails_the_job_with_its_error(sc):
+    rdd = sc.parallelize([(i, i) for i in range(200_000)], 2)
+    message, took = _job_error(lambda: pipelined_exchange(rdd, _raise_mid_stream).count())
+    assert "fn-failed-mid-stream" in message
+    assert took < 30
+    rdd = sc.parallelize(range(2), 2).mapPartitionsWithIndex(_failing_source)
+    message, took = _job_error(lambda: pipelined_exchange(rdd).count())
+    assert "source-failed-mid-stream" in message
+    assert took < 30
+    assert leftovers(sc, SLOTS) == []
+
+
+def _die_mid_stream(records):
+    from pyspark import BarrierTaskContext
+
+    for i, r in enumerate(records):
+        if i == 1000 and BarrierTaskContext.get().partitionId() == 1:
+            os._exit(17)
+        yield r
+
+
+def test_a_worker_that_dies_fails_its_peers_in_bounded_time(sc):
+    rdd = sc.parallelize([(i, i) for i in range(300_000)], 2)
+    start = time.monotonic()
+    message, took = _job_error(
+        lambda: pipelined_exchange(rdd, _die_mid_stream, timeout=20).count())
+    assert took < 45
+    assert leftovers(sc, SLOTS) == []
+    # The workers that are left serve the next exchange.
+    assert pipelined_exchange(sc.parallelize(range(10), 2), selector="rebalance").count() == 10
+    assert time.monotonic() - start < 90
+
+
+def _fail_first_attempt(marker):
+    """An fn whose task 0 fails on its first attempt (``marker`` is made then)."""
+
+    def fn(records):
+        from pyspark import BarrierTaskContext
+
+        ctx = BarrierTaskContext.get()
+        for i, r in enumerate(records):
+            if i == 100 and ctx.partitionId() == 0 and not os.path.exists(marker):
+                open(marker, "w").close()
+                raise RuntimeError("first attempt fails")
+            yield r
+
+    return fn
+
+
+def test_a_failed_exchange_that_feeds_a_shuffle_is_retried_whole(sc, tmp_path):
+    rdd = sc.parallelize([(i % 10, 1) for i in range(10_000)], 2)
+    marker = str(tmp_path / "failed-once")
+    counts = (pipelined_exchange(rdd, _fail_first_attempt(marker))
+              .reduceByKey(lambda a, b: a + b).collectAsMap())
+    assert os.path.exists(marker)
+    assert counts == {k: 1000 for k in range(10)}
+
+
+def test_a_failed_exchange_as_last_stage_aborts_the_job(sc, tmp_path):
+    rdd = sc.parallelize([(i % 10, 1) for i in range(10_000)], 2)
+    marker = str(tmp_path / "failed-once")
+    message, _ = _job_error(
+        lambda: pipelined_exchange(rdd, _fail_first_attempt(marker)).collect())
+    assert "first attempt fails" in message
+    assert "Could not recover from a failed barrier ResultStage" in message
+
+
+# ---- arguments ---------------------------------------------------------------------
+
+
+def test_bad_arguments_are_refused_on_the_driver(sc):
+    rdd = sc.parallelize(range(10), 2)
+    with pytest.raises(TypeError, match="RDD"):
+        pipelined_exchange([1, 2, 3])
+    with pytest.raises(TypeError, match="fn"):
+        pipelined_exchange(rdd, 42)
+    with pytest.raises(ValueError, match="repartition"):
+        pipelined_exchange(rdd, num_partitions=3)
+    with pytest.raises(ValueError, match="selector"):
+        pipelined_exchange(rdd, selector="zigzag")
+    with pytest.raises(ValueError, match="key applies"):
+        pipelined_exchange(rdd, key=0, selector="round_robin")
+    with pytest.raises(ValueError, match="codec"):
+        pipelined_exchange(rdd, codec="json")
+    with pytest.raises(ValueError, match="segment_size"):
+        pipelined_exchange(rdd, segment_size=0)
+    with pytest.raises(TypeError, match="buffers_per_channel"):
+        pipelined_exchange(rdd, buffers_per_channel=2.0)
+    with pytest.raises(ValueError, match="timeout"):
+        pipelined_exchange(rdd, timeout=-1)
+    with pytest.raises(ValueError, match="max_parallelism"):
+        pipelined_exchange(rdd, max_parallelism=1)
+    with pytest.raises(TypeError, match="host"):
+        pipelined_exchange(rdd, host=127)
+    with pytest.raises(TypeError, match="monitor"):
+        pipelined_exchange(rdd, monitor="yes")
+    assert pipelined_exchange(rdd, num_partitions=2, selector="round_robin").count() == 10
+
+
+def test_nothing_is_left_in_the_workers(sc):
+    pipelined_exchange(sc.parallelize(range(1000), 2), selector="round_robin").count()
+    assert leftovers(sc, SLOTS) == []
+
+
+# ---- exchange inside one task ------------------------------------------------------
+
+
+def _parse_then_sum(it):
+    from flinkbuf.spark import local_pipeline
+
+    def parse(lines):
+        for line in lines:
+            yield tuple(int(x) for x in line.split(","))
+
+    def total(rows):
+        yield sum(a * b for a, b in rows)
+
+    return local_pipeline(it, parse, total, buffers=2, segment_size=512)
+
+
+def test_local_pipeline_in_a_spark_task(sc):
+    lines = [f"{i},{i % 7}" for i in range(20_000)]
+    out = sc.parallelize(lines, 2).mapPartitions(_parse_then_sum).collect()
+    assert sum(out) == sum(i * (i % 7) for i in range(20_000))
+    assert len(out) == 2
+    assert leftovers(sc, SLOTS) == []
