@@ -19,7 +19,7 @@ SLOTS = 4          # local[4]: a barrier stage of up to 4 tasks gets its slots
 
 
 @pytest.fixture(scope="module")
-def sc():
+def spark():
     from pyspark import cloudpickle
 
     import spark_helpers
@@ -27,9 +27,14 @@ def sc():
     # Functions of this module travel to the workers by value.
     cloudpickle.register_pickle_by_value(spark_helpers)
     cloudpickle.register_pickle_by_value(__import__(__name__))
-    spark = spark_session(f"local[{SLOTS}]")
-    yield spark.sparkContext
-    spark.stop()
+    session = spark_session(f"local[{SLOTS}]")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def sc(spark):
+    return spark.sparkContext
 
 
 def _by_key(n):
@@ -361,3 +366,55 @@ def test_local_pipeline_in_a_spark_task(sc):
     assert sum(out) == sum(i * (i % 7) for i in range(20_000))
     assert len(out) == 2
     assert leftovers(sc, SLOTS) == []
+
+
+# ---- the demo ----------------------------------------------------------------------
+
+
+def test_spark_demo_with_short_phases(spark, tmp_path):
+    import statistics
+
+    from flinkbuf.experiments.spark_demo import run_spark_demo
+
+    lines = []
+    doc = run_spark_demo(str(tmp_path), 1.0, interval=0.25, records=20_000, spark=spark,
+                         printer=lines.append)
+    for name in ("spark-backpressure.csv", "spark-backpressure.json", "spark-backpressure.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    rows = doc["rows"]
+    assert len(rows) == 5 * 4
+    assert len([ln for ln in lines if ln.lstrip()[:1].isdigit() and "%" in ln]) == 20
+    # Slowed consumers hold the producers (asked for 60 % and 100 %) near 30 %;
+    # released, both run at full speed again.
+    slowed = [r["producer_pct"] for r in rows if r["consumer_limit_pct"] == 30][1:]
+    released = [r["producer_pct"] for r in rows[8:12] + rows[16:]][1:]
+    assert statistics.median(slowed) < 45, rows
+    assert statistics.median(released) > 70, rows
+    assert any(r["backpressure_level"] == "HIGH" for r in rows
+               if r["consumer_limit_pct"] == 30)
+    tasks = doc["tasks"]
+    assert [t["task"] for t in tasks] == [0, 1]
+    assert sum(t["records_out"] for t in tasks) == sum(t["records_in"] for t in tasks) > 0
+    assert all(t["back_pressured_seconds"] > 0 for t in tasks)
+    comparison = doc["comparison"]
+    assert comparison["same_counts"] is True
+    assert comparison["runs"]["flinkbuf"]["records"] == 20_000
+    assert any("Spark shuffle" in ln for ln in lines)
+    assert leftovers(spark.sparkContext, SLOTS) == []
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tasks", "0"], "--tasks must be >= 1"),
+    (["--records", "-1"], "--records must be >= 0"),
+    (["--interval", "0.01"], "--interval must be >= 0.05"),
+    (["--phase-seconds", "0.1"], "--phase-seconds (0.1) must be >= --interval"),
+    (["--segment-size", "8"], "--segment-size must be >= 64"),
+])
+def test_spark_demo_command_refuses_bad_arguments(args, message, capsys, tmp_path):
+    from flinkbuf.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["spark-demo", "--out", str(tmp_path / "out")] + args)
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
