@@ -32,7 +32,7 @@ def spark():
     session.stop()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def sc(spark):
     return spark.sparkContext
 
@@ -418,3 +418,90 @@ def test_spark_demo_command_refuses_bad_arguments(args, message, capsys, tmp_pat
     assert info.value.code == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+# ---- DataFrames: Arrow ---------------------------------------------------------------
+
+
+def _rows_with_task(batches):
+    import pyarrow as pa
+    from pyspark import BarrierTaskContext
+
+    index = BarrierTaskContext.get().partitionId()
+    for batch in batches:
+        assert isinstance(batch, pa.RecordBatch)
+        yield pa.RecordBatch.from_arrays(
+            [batch.column(0), batch.column(1), pa.array([index] * batch.num_rows, pa.int32())],
+            names=["k", "v", "task"])
+
+
+def test_arrow_exchange_routes_rows_by_key(spark):
+    from pyspark.sql import functions as F
+
+    from flinkbuf.spark import arrow_exchange, key_partitions
+
+    df = spark.range(0, 30_000, numPartitions=3).select(
+        (F.col("id") % 101).alias("k"), F.col("id").alias("v"))
+    out = arrow_exchange(df, _rows_with_task, "k", "k long, v long, task int").toPandas()
+    assert sorted(out["v"]) == list(range(30_000))
+    expected = key_partitions(out["k"].to_numpy(), 3)
+    assert (out["task"].to_numpy() == expected).all()
+    assert set(out["task"]) == {0, 1, 2}
+
+
+def _count_per_string_key(batches):
+    import collections
+
+    import pyarrow as pa
+
+    counts = collections.Counter()
+    for batch in batches:
+        counts.update(batch.column(0).to_pylist())
+    yield pa.RecordBatch.from_pydict({"name": list(counts), "n": list(counts.values())})
+
+
+def test_arrow_exchange_string_keys_count_like_group_by(spark):
+    from pyspark.sql import functions as F
+
+    from flinkbuf.spark import arrow_exchange
+
+    df = spark.range(0, 20_000, numPartitions=2).select(
+        F.concat(F.lit("name-"), (F.col("id") % 37).cast("string")).alias("name"),
+        F.col("id"))
+    ours = arrow_exchange(df, _count_per_string_key, "name", "name string, n long").collect()
+    assert len(ours) == 37                       # each key counted in one task only
+    expected = {r["name"]: r["count"] for r in df.groupBy("name").count().collect()}
+    assert {r["name"]: r["n"] for r in ours} == expected
+
+
+def _batches_fail(batches):
+    for i, batch in enumerate(batches):
+        if i == 1:
+            raise ValueError("arrow-fn-failed")
+        yield batch
+
+
+def test_arrow_exchange_failure_and_arguments(spark):
+    from pyspark.sql import functions as F
+
+    from flinkbuf.spark import arrow_exchange
+
+    df = spark.range(0, 200_000, numPartitions=2).select(
+        (F.col("id") % 10).alias("k"), F.col("id").alias("v"))
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "1000")
+    try:
+        message, took = _job_error(
+            lambda: arrow_exchange(df, _batches_fail, "k", "k long, v long").collect())
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    assert "arrow-fn-failed" in message
+    assert took < 30
+    with pytest.raises(ValueError, match="not a column"):
+        arrow_exchange(df, _batches_fail, "nope", "k long")
+    with pytest.raises(TypeError, match="column name"):
+        arrow_exchange(df, _batches_fail, 0, "k long")
+    with pytest.raises(TypeError, match="DataFrame"):
+        arrow_exchange(df.rdd, _batches_fail, "k", "k long")
+    with pytest.raises(TypeError, match="fn"):
+        arrow_exchange(df, None, "k", "k long")
+    assert leftovers(spark.sparkContext, SLOTS) == []

@@ -13,8 +13,8 @@ local) and yields ``fn``'s output.  Records reach the consumer while they
 are still being produced; each task's memory is bounded by its buffer
 pools; a slow consumer stops granting credit, which blocks its producers'
 buffer requests instead of growing a shuffle.  End of data travels in-band
-(EndOfPartition on every channel); a last barrier keeps every task's
-server up until all its subpartitions have been read.
+(EndOfPartition on every channel); each task keeps its server up until
+its peers have taken all their subpartitions.
 """
 
 import json
@@ -161,22 +161,27 @@ def _bind_host(ctx, index, host):
     return bind, advertised
 
 
-class _Producer(threading.Thread):
-    """Writes the task's input through the writer; keeps its error."""
+def _emit_all(writer, iterator):
+    emit = writer.emit
+    for record in iterator:
+        emit(record)
 
-    def __init__(self, iterator, writer, broadcast, name):
+
+class _Producer(threading.Thread):
+    """Runs ``produce(writer, iterator)`` (writes the task's input), then
+    closes the writer; keeps its error."""
+
+    def __init__(self, produce, iterator, writer, name):
         super().__init__(name=name, daemon=True)
+        self._produce = produce
         self._iterator = iterator
         self._writer = writer
-        self._broadcast = broadcast
         self.error = None
 
     def run(self):
         writer = self._writer
-        emit = writer.broadcast_emit if self._broadcast else writer.emit
         try:
-            for record in self._iterator:
-                emit(record)
+            self._produce(writer, self._iterator)
             writer.close()
         except BaseException as exc:   # noqa: BLE001 - raised by the task's thread
             self.error = exc
@@ -251,11 +256,11 @@ def _run_task(spec, iterator):
         task = ExchangeTask(index, n, published, env, partition, writer, gate)
         if spec.monitor is not None:
             done = spec.monitor(task)
-        producer = _Producer(iterator, writer, spec.selector == "broadcast",
+        producer = _Producer(spec.produce, iterator, writer,
                              name=f"flinkbuf-exchange-producer-{index}")
         task.started = time.monotonic()
         producer.start()
-        records = _records(task)
+        records = spec.read(task)
         _CURRENT.task = task
         try:
             for out in (spec.fn(records) if spec.fn is not None else records):
@@ -271,8 +276,7 @@ def _run_task(spec, iterator):
         if producer.error is not None:
             raise _root_error(None, producer.error, spec.timeout)
         gate.close()
-        # Every task read every channel to its end: each server may stop.
-        ctx.barrier()
+        _wait_until_served(env, partition, spec.timeout)
     except BaseException as exc:
         failed = exc
         raise
@@ -294,6 +298,24 @@ def _root_error(consumer_error, producer_error, timeout):
             return error
     time.sleep(min(timeout, _CONSEQUENCE_DELAY))
     return consumer_error if consumer_error is not None else producer_error
+
+
+def _wait_until_served(env, partition, timeout):
+    """Wait until every peer has taken its subpartition to its end: each
+    subpartition's queue is empty (EndOfPartition taken) and no connection
+    serves a channel any more (EndOfPartition sent).  A peer that took
+    EndOfPartition keeps what it received when the connection closes.
+    (Cheaper than a last ``barrier()``, which costs up to a second.)"""
+    deadline = time.monotonic() + timeout
+    subs = [partition.subpartition(i) for i in range(partition.num_subpartitions)]
+    delay = 0.0005
+    while (any(s.num_queued and not s.is_released for s in subs)
+           or any(c.num_channels for c in env.connections())):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the peers did not read this task's output to its end within "
+                               f"{timeout:g} s")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.01)
 
 
 def _join(thread, timeout):
@@ -337,6 +359,52 @@ def _cleanup(env, partition, writer, gate, producer, failed, timeout):
                and any(c.num_channels for c in env.connections())):
             time.sleep(0.005)
     env.close()
+
+
+def _make_spec(n, fn, *, num_partitions, key, selector, codec, segment_size,
+               buffers_per_channel, floating_buffers, buffer_timeout, max_record_size,
+               max_parallelism, host, timeout, monitor, produce=_emit_all, read=_records):
+    """Check the arguments of an exchange of ``n`` tasks (on the driver)
+    and make what its tasks need, the exchange's secret included."""
+    if fn is not None and not callable(fn):
+        raise TypeError(f"fn must be callable (iterator -> iterable) or None, got "
+                        f"{type(fn).__name__}")
+    if num_partitions is not None:
+        _check_int(num_partitions, "num_partitions", 1)
+        if num_partitions != n:
+            raise ValueError(
+                f"num_partitions is {num_partitions} but the RDD has {n} partitions: a barrier "
+                f"stage runs one task per input partition (repartition the RDD first)")
+    if not (callable(selector) or selector in SELECTORS):
+        raise ValueError(f"selector must be one of {', '.join(SELECTORS)} or a callable "
+                         f"(record, num_partitions) -> int, got {selector!r}")
+    if key is not None:
+        if selector != "hash":
+            raise ValueError(f"key applies to the hash selector only, not to {selector!r}")
+        if not callable(key):
+            _check_int(key, "key", 0)
+    if codec not in _CODECS:
+        raise ValueError(f"codec must be one of {', '.join(_CODECS)}, got {codec!r}")
+    _check_int(segment_size, "segment_size", 64, 1 << 30)
+    _check_int(buffers_per_channel, "buffers_per_channel", 1, 1 << 16)
+    _check_int(floating_buffers, "floating_buffers", 0, 1 << 16)
+    _check_seconds(buffer_timeout, "buffer_timeout", allow_none=True)
+    _check_int(max_record_size, "max_record_size", 1)
+    if max_parallelism is None:
+        max_parallelism = default_max_parallelism(n)
+    else:
+        _check_int(max_parallelism, "max_parallelism", n, 32768)
+    if host is not None and not isinstance(host, str):
+        raise TypeError(f"host must be a str or None, got {type(host).__name__}")
+    timeout = _check_seconds(timeout, "timeout")
+    if monitor is not None and not callable(monitor):
+        raise TypeError(f"monitor must be callable or None, got {type(monitor).__name__}")
+    return _Spec(fn=fn, key=key, produce=produce, read=read, selector=selector, codec=codec,
+                 segment_size=segment_size, buffers_per_channel=buffers_per_channel, floating_buffers=floating_buffers,
+                 buffer_timeout=buffer_timeout, max_record_size=max_record_size,
+                 max_parallelism=max_parallelism, host=host, timeout=timeout, monitor=monitor,
+                 secret=secrets.token_bytes(32),
+                 exchange_id=f"flinkbuf-exchange-{secrets.token_hex(8)}")
 
 
 def pipelined_exchange(rdd, fn=None, *, num_partitions=None, key=None, selector="hash",
@@ -404,46 +472,13 @@ def pipelined_exchange(rdd, fn=None, *, num_partitions=None, key=None, selector=
             from exc
     if not isinstance(rdd, RDD):
         raise TypeError(f"rdd must be a pyspark RDD, got {type(rdd).__name__}")
-    if fn is not None and not callable(fn):
-        raise TypeError(f"fn must be callable (iterator -> iterable) or None, got "
-                        f"{type(fn).__name__}")
     n = rdd.getNumPartitions()
-    if num_partitions is not None:
-        _check_int(num_partitions, "num_partitions", 1)
-        if num_partitions != n:
-            raise ValueError(
-                f"num_partitions is {num_partitions} but the RDD has {n} partitions: a barrier "
-                f"stage runs one task per input partition (repartition the RDD first)")
-    if not (callable(selector) or selector in SELECTORS):
-        raise ValueError(f"selector must be one of {', '.join(SELECTORS)} or a callable "
-                         f"(record, num_partitions) -> int, got {selector!r}")
-    if key is not None:
-        if selector != "hash":
-            raise ValueError(f"key applies to the hash selector only, not to {selector!r}")
-        if not callable(key):
-            _check_int(key, "key", 0)
-    if codec not in _CODECS:
-        raise ValueError(f"codec must be one of {', '.join(_CODECS)}, got {codec!r}")
-    _check_int(segment_size, "segment_size", 64, 1 << 30)
-    _check_int(buffers_per_channel, "buffers_per_channel", 1, 1 << 16)
-    _check_int(floating_buffers, "floating_buffers", 0, 1 << 16)
-    _check_seconds(buffer_timeout, "buffer_timeout", allow_none=True)
-    _check_int(max_record_size, "max_record_size", 1)
-    if max_parallelism is None:
-        max_parallelism = default_max_parallelism(n)
-    else:
-        _check_int(max_parallelism, "max_parallelism", n, 32768)
-    if host is not None and not isinstance(host, str):
-        raise TypeError(f"host must be a str or None, got {type(host).__name__}")
-    timeout = _check_seconds(timeout, "timeout")
-    if monitor is not None and not callable(monitor):
-        raise TypeError(f"monitor must be callable or None, got {type(monitor).__name__}")
-    spec = _Spec(fn=fn, key=key, selector=selector, codec=codec, segment_size=segment_size,
-                 buffers_per_channel=buffers_per_channel, floating_buffers=floating_buffers,
-                 buffer_timeout=buffer_timeout, max_record_size=max_record_size,
-                 max_parallelism=max_parallelism, host=host, timeout=timeout, monitor=monitor,
-                 secret=secrets.token_bytes(32),
-                 exchange_id=f"flinkbuf-exchange-{secrets.token_hex(8)}")
+    spec = _make_spec(n, fn, num_partitions=num_partitions, key=key, selector=selector,
+                      codec=codec, segment_size=segment_size,
+                      buffers_per_channel=buffers_per_channel,
+                      floating_buffers=floating_buffers, buffer_timeout=buffer_timeout,
+                      max_record_size=max_record_size, max_parallelism=max_parallelism,
+                      host=host, timeout=timeout, monitor=monitor)
 
     def task(iterator):
         return _run_task(spec, iterator)
