@@ -18,7 +18,9 @@ in the consumer; local[2].  Rows:
 Time per op = the job's wall time / N.  ``extra_info`` has, per row, the
 time from the job's start to the consumer's first record
 (``first_record_s``) and the peak RSS of each Python worker during the job
-(``worker_peak_rss_mb``: VmHWM, reset when the task starts).  Running the
+(``worker_peak_rss_mb``: VmHWM, reset when the task starts; Python workers
+are reused, so it includes what earlier jobs left in them) and how much it
+grew over the worker's RSS at the task's start (``worker_rss_growth_mb``).  Running the
 file as a script prints all three for each N::
 
     python bench/bench_spark.py --records 1000000 10000000
@@ -44,7 +46,7 @@ from conftest import scale
 KEYS = 1000
 TASKS = 2
 ROUNDS = scale(3, 1)
-ROWS = ("flinkbuf", "rdd_shuffle", "dataframe_arrow", "flinkbuf_arrow")
+ROWS = ("rdd_shuffle", "dataframe_arrow", "flinkbuf", "flinkbuf_arrow")   # peers first
 _ROWS_RUN = ROWS
 
 
@@ -57,27 +59,41 @@ def _sizes():
 
 # ---- in the Python workers ---------------------------------------------------------------
 
+def _start_key(outdir):
+    # In the environment: one value per worker process, whatever module copy
+    # (functions of this file travel by value) marks or reports.
+    return "FLINKBUF_BENCH_START_RSS_" + os.path.basename(outdir).replace("-", "_")
+
+
+def _status_mb(field):
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
 def _mark(outdir):
-    """A task starts: reset this worker's peak RSS (VmHWM)."""
+    """A task starts: reset this worker's peak RSS (VmHWM) to its RSS now."""
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
     except OSError:
         pass
+    os.environ[_start_key(outdir)] = str(_status_mb("VmRSS"))
 
 
 def _report(outdir, tag):
-    """A task ends: write this worker's peak RSS (MB) under ``outdir``."""
-    peak = None
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    peak = int(line.split()[1]) / 1024
-    except OSError:
-        pass
+    """A task ends: write this worker's peak RSS (MB) during the task, and
+    how much it grew over the RSS at the task's start, under ``outdir``."""
+    peak = _status_mb("VmHWM")
+    start = os.environ.get(_start_key(outdir), "None")
+    growth = None if peak is None or start == "None" else peak - float(start)
     with open(os.path.join(outdir, f"{tag}-{os.getpid()}-{time.monotonic_ns()}.json"), "w") as f:
-        json.dump({"pid": os.getpid(), "peak_rss_mb": peak}, f)
+        json.dump({"pid": os.getpid(), "peak_rss_mb": peak, "growth_mb": growth}, f)
 
 
 def _source(n, outdir):
@@ -179,10 +195,12 @@ def measure(spark, row, n):
         t0 = time.time()
         result = run()
         took = time.time() - t0
-        peaks = []
+        peaks, growths = [], []
         for path in glob.glob(os.path.join(outdir, "*.json")):
             with open(path) as f:
-                peaks.append(json.load(f)["peak_rss_mb"])
+                doc = json.load(f)
+            peaks.append(doc["peak_rss_mb"])
+            growths.append(doc["growth_mb"])
     records = sum(c for _, c, _ in result)
     if records != n:
         raise AssertionError(f"{row}: {records} records counted, expected {n}")
@@ -190,11 +208,15 @@ def measure(spark, row, n):
     firsts = [f for f, _, _ in result if f]
     return {"seconds": took, "first_record_s": (min(firsts) - t0) if firsts else None,
             "worker_peak_rss_mb": [round(p, 1) for p in peaks if p is not None],
+            "worker_rss_growth_mb": [round(g, 1) for g in growths if g is not None],
             "keys_per_consumer": sorted(keys)}
 
 
 @pytest.fixture(scope="module")
 def spark():
+    from pyspark import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])   # the workers lack bench/
     session = _session(_ROWS_RUN)
     yield session
     session.stop()
@@ -218,6 +240,7 @@ def test_spark_keyed_count(benchmark, spark, row, n):
         "records_per_s": round(n / secs),
         "first_record_s": round(statistics.median(first), 3) if first else None,
         "worker_peak_rss_mb": max(max(r["worker_peak_rss_mb"], default=0) for r in runs),
+        "worker_rss_growth_mb": max(max(r["worker_rss_growth_mb"], default=0) for r in runs),
     }
     _measured[(n, row)] = info
     base = _measured.get((n, "rdd_shuffle"))
@@ -230,7 +253,7 @@ def test_spark_keyed_count(benchmark, spark, row, n):
         sooner = (base["first_record_s"] / info["first_record_s"]
                   if info["first_record_s"] else float("nan"))
         info["target"] = (f">={want}x rdd_shuffle: {ratio:.2f}x; first record "
-                          f"{info['first_record_s']} s ({sooner:.0f}x sooner, want >=10x); "
+                          f"{info['first_record_s']} s ({sooner:.1f}x sooner, want >=10x); "
                           f"peak RSS {info['worker_peak_rss_mb']} MB")
     benchmark.extra_info.update(info)
 
@@ -245,7 +268,7 @@ def main(argv=None):
     spark = _session(args.rows.split(","))
     try:
         print(f"{'N':>11} {'row':<16} {'records/s':>11} {'first rec s':>11} "
-              f"{'worker peak RSS MB':>20} {'vs rdd_shuffle':>14}")
+              f"{'worker peak RSS MB':>19} {'growth MB':>9} {'vs rdd_shuffle':>14}")
         for n in args.records:
             base = None
             for row in args.rows.split(","):
@@ -254,11 +277,12 @@ def main(argv=None):
                 rate = n / secs
                 first = statistics.median(r["first_record_s"] or float("nan") for r in runs)
                 rss = max(max(r["worker_peak_rss_mb"], default=0) for r in runs)
+                growth = max(max(r["worker_rss_growth_mb"], default=0) for r in runs)
                 if row == "rdd_shuffle":
                     base = rate
                 ratio = f"{rate / base:.2f}x" if base else ""
-                print(f"{n:>11,} {row:<16} {rate:>11,.0f} {first:>11.3f} {rss:>20.1f} "
-                      f"{ratio:>14}", flush=True)
+                print(f"{n:>11,} {row:<16} {rate:>11,.0f} {first:>11.3f} {rss:>19.1f} "
+                      f"{growth:>9.1f} {ratio:>14}", flush=True)
     finally:
         spark.stop()
 
