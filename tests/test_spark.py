@@ -231,13 +231,46 @@ def _failing_source(index, _):
         yield (i, i)
 
 
+class _Message(str):
+    """A job's error message whose repr shows only its Python errors (the
+    JVM's stack traces run to pages)."""
+
+    def __repr__(self):
+        errors = [ln.strip() for ln in self.splitlines()
+                  if "Error" in ln and not ln.lstrip().startswith(("at ", "File "))]
+        return repr(errors[:12])
+
+
 def _job_error(job):
     from py4j.protocol import Py4JJavaError
 
     start = time.monotonic()
     with pytest.raises(Py4JJavaError) as info:
         job()
-    return str(info.value), time.monotonic() - start
+    return _Message(str(info.value)), time.monotonic() - start
+
+
+def test_errors_that_only_say_a_peer_went_away():
+    from flinkbuf.errors import (
+        PartitionReleasedError,
+        ProducerFailedError,
+        RemoteConnectionError,
+        RemoteError,
+    )
+    from flinkbuf.spark.exchange import _is_consequence
+
+    def failed(cause):
+        err = ProducerFailedError("the producer failed")
+        err.__cause__ = cause
+        return err
+
+    assert _is_consequence(PartitionReleasedError("released"))
+    assert _is_consequence(RemoteConnectionError("dropped"))
+    assert _is_consequence(failed(PartitionReleasedError("released")))
+    assert _is_consequence(failed(RemoteError("PartitionReleasedError", "released")))
+    assert not _is_consequence(failed(RemoteError("ValueError", "boom")))
+    assert not _is_consequence(failed(None))
+    assert not _is_consequence(ValueError("boom"))
 
 
 def test_a_task_that_raises_fails_the_job_with_its_error(sc):

@@ -25,7 +25,12 @@ import socket
 import threading
 import time
 
-from flinkbuf.errors import PartitionReleasedError, RemoteConnectionError
+from flinkbuf.errors import (
+    PartitionReleasedError,
+    ProducerFailedError,
+    RemoteConnectionError,
+    RemoteError,
+)
 from flinkbuf.io import (
     BacklogAwareRebalanceSelector,
     BroadcastSelector,
@@ -49,7 +54,9 @@ _ERROR_GRACE = 2.0     # seconds a failing task waits for its error to reach its
 # Errors that only say a peer went away, and how long a task that sees one
 # waits before it fails (the peer's own failure, the cause, is reported first).
 _CONSEQUENCES = (PartitionReleasedError, RemoteConnectionError)
-_CONSEQUENCE_DELAY = 1.0
+_CONSEQUENCE_NAMES = frozenset(("PartitionReleasedError", "RemoteConnectionError",
+                                "AuthenticationError"))
+_CONSEQUENCE_DELAY = 3.0
 
 
 def _check_int(value, name, minimum, maximum=2 ** 31 - 1):
@@ -294,10 +301,23 @@ def _root_error(consumer_error, producer_error, timeout):
     connection).  For the latter it waits a moment first, so that Spark
     hears of the peer's own failure, the cause, before this one."""
     for error in (producer_error, consumer_error):
-        if error is not None and not isinstance(error, _CONSEQUENCES):
+        if error is not None and not _is_consequence(error):
             return error
     time.sleep(min(timeout, _CONSEQUENCE_DELAY))
     return consumer_error if consumer_error is not None else producer_error
+
+
+def _is_consequence(error, depth=0):
+    """True for an error that only says a peer went away: a released
+    subpartition, a dropped connection, or a producer (this task's own, or
+    a peer's) that failed with one of those."""
+    if isinstance(error, _CONSEQUENCES):
+        return True
+    if isinstance(error, RemoteError):
+        return error.type_name in _CONSEQUENCE_NAMES
+    if isinstance(error, ProducerFailedError) and depth < 8:
+        return _is_consequence(error.__cause__, depth + 1)
+    return False
 
 
 def _wait_until_served(env, partition, timeout):
@@ -454,15 +474,18 @@ def pipelined_exchange(rdd, fn=None, *, num_partitions=None, key=None, selector=
     ``buffer_timeout``: seconds a partly filled buffer may wait before it
     is sent (Flink's buffer timeout; None: only full buffers).
 
-    Every wait is bounded: connecting to a peer, its partition request and
-    a stalled frame take at most ``timeout`` seconds, a peer that dies
+    Every wait is bounded: connecting to a peer, its partition request, a
+    stalled frame and the wait at the end for peers that take nothing more
+    of this task's output last at most ``timeout`` seconds, a peer that dies
     fails its connection at once, and a task that raises (in its input or
     in ``fn``) fails its partition, so its peers raise
     :class:`~flinkbuf.ProducerFailedError` carrying its error.  Each task
     leaves no thread, socket or buffer behind.  Spark aborts the job when
     the exchange is its last stage, and retries the whole stage when it
-    feeds a shuffle.  The barrier calls themselves wait up to Spark's
-    ``spark.barrier.sync.timeout``.
+    feeds a shuffle.  The one barrier call (``allGather``, for the
+    addresses) waits up to Spark's ``spark.barrier.sync.timeout``; Spark
+    answers it on a one-second poll, which delays the start of the data by
+    up to a second.
 
     host: the address each task's server binds to; by default the
     executor's host as Spark knows it (``SPARK_LOCAL_IP`` if that is
