@@ -6,7 +6,8 @@ Each task splits its input batches by a vectorized hash of the key column
 :func:`flinkbuf.io.assign_key_to_operator` gives the key), and sends each
 piece as one record: an Arrow IPC message (the schema first, once per
 channel, then record batch messages).  The consumer reads a batch from its
-record without copying it (the batch's buffers point into the record).
+record without a further copy (the batch's buffers point into the record,
+which, like every record, was copied once out of the network buffers).
 """
 
 import numpy as np
@@ -162,7 +163,7 @@ def arrow_exchange(df, fn, key, schema, *, segment_size=32768, buffers_per_chann
     hash of the key column (Flink's key groups, as the hash selector and
     :func:`key_partitions`), sent as Arrow IPC messages through flinkbuf
     (one message per piece of an input batch, so ``max_record_size`` must
-    hold the largest piece), and read without a copy.  Memory, timeouts,
+    hold the largest piece), and read in place from the received record.  Memory, timeouts,
     failures, ``host`` and ``monitor``: as :func:`pipelined_exchange`.
     """
     try:
