@@ -124,7 +124,7 @@ class _TaskControl:
         self.sock.close()
 
 
-_CONTROL = {}   # in a Python worker: the running task's control (one task at a time)
+_CONTROL: "dict[str, _TaskControl]" = {}   # in a Python worker: the running task's control
 
 
 class _Monitor:
