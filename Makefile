@@ -52,9 +52,16 @@ asan: build-asan
 stubtest: build
 	$(PY) -m mypy.stubtest flinkbuf --allowlist tests/stubtest-allowlist.txt
 
-# Experiment 1 (the 2015 Flink backpressure post): about 25 s, a live line per interval.
+# The main demo: PySpark tasks (local mode) exchange records through flinkbuf
+# under the 2015 Flink backpressure schedule, then the same keyed job beside
+# Spark's shuffle (about a minute; needs Java, which bootstrap installs).
 DEMO_OUT ?= out
 demo: build
+	$(PY) -m flinkbuf spark-demo --out $(DEMO_OUT) --phase-seconds 4
+	@echo "figure: $(DEMO_OUT)/spark-backpressure.png   data: $(DEMO_OUT)/spark-backpressure.csv, $(DEMO_OUT)/spark-backpressure.json"
+
+# Experiment 1 in one process (the 2015 Flink backpressure post): about 25 s.
+experiment: build
 	$(PY) -m flinkbuf experiment backpressure --out $(DEMO_OUT) --phase-seconds 4
 	@echo "figure: $(DEMO_OUT)/backpressure.png   data: $(DEMO_OUT)/backpressure.csv, $(DEMO_OUT)/backpressure.json"
 

@@ -1,5 +1,6 @@
-"""The ``flinkbuf`` command line: ``flinkbuf demo`` and the experiments,
-``flinkbuf experiment backpressure`` and ``flinkbuf experiment slow-subpartition``.
+"""The ``flinkbuf`` command line: ``flinkbuf demo``, the experiments,
+``flinkbuf experiment backpressure`` and ``flinkbuf experiment slow-subpartition``,
+and ``flinkbuf spark-demo`` (the backpressure schedule on PySpark tasks).
 
 Every argument is checked before anything runs: a bad one is reported on
 one line of standard error, with exit status 2, and nothing is written.
@@ -30,6 +31,8 @@ _OPTION_NAMES = {
     "pool_buffers": "--pool-buffers",
     "cap": "--cap",
     "modes": "--modes",
+    "tasks": "--tasks",
+    "records": "--records",
 }
 _DEMO_NAMES = {"phase_seconds": "--seconds", "segment_size": "--segment-size"}
 
@@ -77,7 +80,8 @@ def build_parser():
         epilog="Bad arguments are reported on one line with exit status 2, before anything "
                "runs; an experiment whose expectations do not hold exits with 1.")
     parser.add_argument("--version", action="version", version=f"flinkbuf {flinkbuf.__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{demo,experiment}")
+    sub = parser.add_subparsers(dest="command", required=True,
+                                metavar="{demo,experiment,spark-demo}")
     _add_demo(sub)
     exp = sub.add_parser(
         "experiment", help="the experiments (CSV, JSON and, with matplotlib, a PNG figure)",
@@ -87,7 +91,48 @@ def build_parser():
                                metavar="{backpressure,slow-subpartition}")
     _add_backpressure(which)
     _add_slow_subpartition(which)
+    _add_spark_demo(sub)
     return parser
+
+
+def _add_spark_demo(sub):
+    sd = sub.add_parser(
+        "spark-demo",
+        help="PySpark tasks exchange records through flinkbuf under Flink's backpressure "
+             "schedule, then the same keyed job beside Spark's shuffle (needs the spark extra "
+             "and Java)",
+        description=(
+            "A PySpark job (local mode by default) whose tasks exchange (key, value) records "
+            "through flinkbuf, hashed by key (flinkbuf.spark.pipelined_exchange). The "
+            "producers run at 60 % of full speed, the consumers are slowed to 30 %, released, "
+            "slowed and released; a line per interval shows both throughputs (summed over the "
+            "tasks) and the producers' backpressure level. Then a table of each task's "
+            "metrics, and the keyed job (--records records counted per key) through flinkbuf "
+            "and through Spark's shuffle, side by side. Writes DIR/spark-backpressure.csv, "
+            ".json and, with matplotlib, .png; exits with 1 if an expectation fails. Needs "
+            "PySpark (pip install 'flinkbuf[spark]') and a Java runtime; the executors run "
+            "this Python (PYSPARK_PYTHON, set to it unless already set)."))
+    sd.add_argument("--out", default="out", metavar="DIR",
+                    help="output directory, created if missing (default: out)")
+    sd.add_argument("--phase-seconds", type=_number, default=4.0, metavar="S",
+                    help=f"length of each of the 5 phases, in [--interval, {MAX_SECONDS:g}] "
+                         "(default: 4)")
+    sd.add_argument("--interval", type=_number, default=0.5, metavar="S",
+                    help="sampling interval, in [0.05, 10] (default: 0.5)")
+    sd.add_argument("--tasks", type=_integer, default=2, metavar="N",
+                    help="Spark tasks, each a producer and a consumer, in [1, 64]; the master "
+                         "needs N slots (default: 2)")
+    sd.add_argument("--records", type=_integer, default=1_000_000, metavar="N",
+                    help="records of the keyed job run through flinkbuf and through Spark's "
+                         "shuffle (default: 1000000)")
+    sd.add_argument("--segment-size", type=_integer, default=4096, metavar="BYTES",
+                    help="buffer size during the schedule, in [64, 1048576] (default: 4096)")
+    sd.add_argument("--full-speed-fraction", type=_number, default=0.25, metavar="F",
+                    help="full speed = F x the unthrottled rate, F in [0.01, 1] (default: 0.25)")
+    sd.add_argument("--master", default="local[2]", metavar="URL",
+                    help="Spark master URL (default: local[2])")
+    sd.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    sd.set_defaults(func=_run_spark_demo, parser=sd)
 
 
 def _add_demo(sub):
@@ -224,6 +269,24 @@ def _run_slow_subpartition(args):
                                     pool_buffers=args.pool_buffers, cap=args.cap,
                                     segment_size=args.segment_size, modes=args.modes,
                                     remote=args.remote, plot=not args.no_plot)
+    return 0 if doc["checks"]["passed"] else 1
+
+
+def _run_spark_demo(args):
+    from flinkbuf.experiments import spark_demo as _sd
+    _sd.check_arguments(args.phase_seconds, args.interval, args.tasks, args.records,
+                        args.segment_size, args.full_speed_fraction, names=_OPTION_NAMES)
+    prepare_out_dir(args.out, _sd.OUTPUT_FILES, names=_OPTION_NAMES)
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        args.parser.exit(2, f"{args.parser.prog}: error: PySpark is not installed: "
+                            "pip install 'flinkbuf[spark]'\n")
+    doc = _sd.run_spark_demo(args.out, args.phase_seconds, interval=args.interval,
+                             tasks=args.tasks, records=args.records,
+                             segment_size=args.segment_size,
+                             full_speed_fraction=args.full_speed_fraction, master=args.master,
+                             plot=not args.no_plot)
     return 0 if doc["checks"]["passed"] else 1
 
 

@@ -14,5 +14,12 @@ fi
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip "setuptools>=68" wheel
 "$VENV/bin/python" -m pip install -q "Cython>=3.0,<4" "numpy>=1.26"
-# The package itself (editable, no isolation: the build uses the venv's Cython).
-"$VENV/bin/python" -m pip install -q --no-build-isolation -e ".[dev]"
+# Spark (the spark extra) runs on a Java runtime.
+if ! command -v java >/dev/null 2>&1; then
+    echo "bootstrap: no java; installing a headless Java runtime for Spark" >&2
+    apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless \
+        || apt-get install -y -qq default-jre-headless
+fi
+# The package itself (editable, no isolation: the build uses the venv's Cython),
+# with what the tests, the benchmarks and the Spark demo need.
+"$VENV/bin/python" -m pip install -q --no-build-isolation -e ".[dev,spark]"

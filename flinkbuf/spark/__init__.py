@@ -1,2 +1,23 @@
 """Layer 5: pipelined, backpressured exchange between PySpark tasks over
-:mod:`flinkbuf.network` (being built)."""
+:mod:`flinkbuf.network`.
+
+* :func:`pipelined_exchange` -- the tasks of one barrier stage exchange
+  records through flinkbuf (``rdd.partitionBy(n).mapPartitions(fn)``, but
+  pipelined and with bounded memory per task).
+* :func:`arrow_exchange` -- the same for a DataFrame's rows by a key column,
+  as Arrow RecordBatches (``mapInArrow(..., barrier=True)``), routed by a
+  vectorized hash (:func:`key_partitions`).
+* :func:`local_pipeline` -- a partition's stages in threads joined by local
+  channels with a bounded pool, inside one task.
+
+PySpark is imported only when a function needs it (``pip install
+'flinkbuf[spark]'``).  Executors must import flinkbuf: set
+``PYSPARK_PYTHON`` to an interpreter that has it before the session starts.
+"""
+
+from flinkbuf.spark.exchange import SELECTORS, ExchangeTask, current_task, pipelined_exchange
+from flinkbuf.spark.arrow import arrow_exchange, key_partitions
+from flinkbuf.spark.local import LocalPipeline, local_pipeline
+
+__all__ = ["SELECTORS", "ExchangeTask", "LocalPipeline", "arrow_exchange", "current_task",
+           "key_partitions", "local_pipeline", "pipelined_exchange"]

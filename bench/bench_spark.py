@@ -1,0 +1,291 @@
+"""flinkbuf.spark against Spark's own exchanges, the same job in the same run
+(conventions: bench/run.py).
+
+The job: N ``(int, int)`` records in 2 partitions (``(i % 1000, i)``,
+generated in the Python workers), keyed by the first field, counted per key
+in the consumer; local[2].  Rows:
+
+  * ``flinkbuf``: :func:`flinkbuf.spark.pipelined_exchange` (hash by key,
+    32 KiB buffers), the consumer a ``Counter`` over the keys;
+  * ``rdd_shuffle``: ``partitionBy(2).mapPartitions`` with the same
+    consumer (Spark's blocking RDD shuffle);
+  * ``dataframe_arrow``: ``spark.range`` -> ``repartition(2, "k")`` ->
+    ``mapInArrow`` counting with numpy (rows made in the JVM, not in Python);
+  * ``flinkbuf_arrow``: the same DataFrame through
+    :func:`flinkbuf.spark.arrow_exchange` (``mapInArrow(barrier=True)``),
+    RecordBatches routed by a vectorized hash of ``k``.
+
+Time per op = the job's wall time / N.  ``extra_info`` has, per row, the
+time from the job's start to the consumer's first record
+(``first_record_s``) and the peak RSS of each Python worker during the job
+(``worker_peak_rss_mb``: VmHWM, reset when the task starts; Python workers
+are reused, so it includes what earlier jobs left in them) and how much it
+grew over the worker's RSS at the task's start (``worker_rss_growth_mb``).  Running the
+file as a script prints all three for each N::
+
+    python bench/bench_spark.py --records 1000000 10000000
+
+N: ``FLINKBUF_BENCH_SPARK_N`` (comma-separated; default 1 M and 10 M, or
+20 k in smoke runs).
+"""
+
+import argparse
+import collections
+import glob
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import pytest
+
+from conftest import scale
+
+KEYS = 1000
+TASKS = 2
+ROUNDS = scale(3, 1)
+ROWS = ("rdd_shuffle", "dataframe_arrow", "flinkbuf", "flinkbuf_arrow")   # peers first
+_ROWS_RUN = ROWS
+
+
+def _sizes():
+    text = os.environ.get("FLINKBUF_BENCH_SPARK_N")
+    if text:
+        return [int(x) for x in text.split(",") if x.strip()]
+    return [scale(1_000_000, 20_000)] + ([10_000_000] if scale(True, False) else [])
+
+
+# ---- in the Python workers ---------------------------------------------------------------
+
+def _start_key(outdir):
+    # In the environment: one value per worker process, whatever module copy
+    # (functions of this file travel by value) marks or reports.
+    return "FLINKBUF_BENCH_START_RSS_" + os.path.basename(outdir).replace("-", "_")
+
+
+def _status_mb(field):
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def _mark(outdir):
+    """A task starts: reset this worker's peak RSS (VmHWM) to its RSS now."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+    os.environ[_start_key(outdir)] = str(_status_mb("VmRSS"))
+
+
+def _report(outdir, tag):
+    """A task ends: write this worker's peak RSS (MB) during the task, and
+    how much it grew over the RSS at the task's start, under ``outdir``."""
+    peak = _status_mb("VmHWM")
+    start = os.environ.get(_start_key(outdir), "None")
+    growth = None if peak is None or start == "None" else peak - float(start)
+    with open(os.path.join(outdir, f"{tag}-{os.getpid()}-{time.monotonic_ns()}.json"), "w") as f:
+        json.dump({"pid": os.getpid(), "peak_rss_mb": peak, "growth_mb": growth}, f)
+
+
+def _source(n, outdir):
+    def source(index, _):
+        _mark(outdir)
+        for i in range(index, n, TASKS):
+            yield (i % KEYS, i)
+        _report(outdir, "producer")
+    return source
+
+
+def _counting(outdir, tag):
+    def count(records):
+        _mark(outdir)
+        first = None
+        counts = collections.Counter()
+        it = iter(records)
+        for k, _ in it:
+            first = time.time()
+            counts[k] += 1
+            break
+        counts.update(k for k, _ in it)
+        _report(outdir, tag)
+        yield (first, sum(counts.values()), len(counts))
+    return count
+
+
+def _arrow_counting(outdir, tag):
+    def count(batches):
+        import numpy as np
+        import pyarrow as pa
+
+        first = None
+        counts = np.zeros(KEYS, dtype=np.int64)
+        for batch in batches:
+            if first is None and batch.num_rows:
+                first = time.time()
+            keys = batch.column(0).to_numpy(zero_copy_only=False)
+            counts += np.bincount(keys, minlength=KEYS)[:KEYS]
+        _report(outdir, tag)
+        yield pa.RecordBatch.from_pydict({
+            "first": [first or 0.0], "records": [int(counts.sum())],
+            "keys": [int((counts > 0).sum())]})
+    return count
+
+
+def _arrow_marked(outdir, inner):
+    def fn(batches):
+        _mark(outdir)
+        yield from inner(batches)
+    return fn
+
+
+# ---- on the driver -------------------------------------------------------------------------
+
+def _session(rows=ROWS):
+    """local[2], warmed up: every row once on a few records (Python workers
+    started, the JVM's code compiled)."""
+    from flinkbuf.experiments.spark_demo import spark_session
+
+    spark = spark_session("local[2]")
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "65536")
+    for row in rows:
+        measure(spark, row, 20_000)
+    return spark
+
+
+def _job(spark, row, n, outdir):
+    from pyspark.sql import functions as F
+
+    from flinkbuf.spark import pipelined_exchange
+
+    sc = spark.sparkContext
+    if row in ("flinkbuf", "rdd_shuffle"):
+        source = sc.parallelize(range(TASKS), TASKS).mapPartitionsWithIndex(_source(n, outdir))
+        if row == "flinkbuf":
+            rdd = pipelined_exchange(source, _counting(outdir, "consumer"))
+        else:
+            rdd = source.partitionBy(TASKS).mapPartitions(_counting(outdir, "consumer"))
+        return lambda: [(f, c, k) for f, c, k in rdd.collect()]
+    schema = "first double, records long, keys long"
+    df = spark.range(0, n, numPartitions=TASKS).select(
+        (F.col("id") % KEYS).alias("k"), F.col("id").alias("v"))
+    if row == "dataframe_arrow":
+        out = df.repartition(TASKS, "k").mapInArrow(
+            _arrow_marked(outdir, _arrow_counting(outdir, "consumer")), schema)
+    else:
+        from flinkbuf.spark import arrow_exchange
+        out = arrow_exchange(df, _arrow_marked(outdir, _arrow_counting(outdir, "consumer")),
+                             "k", schema)
+    return lambda: [(r["first"] or None, r["records"], r["keys"]) for r in out.collect()]
+
+
+def measure(spark, row, n):
+    """One run of ``row`` over ``n`` records: wall seconds, seconds to the
+    consumer's first record, the Python workers' peak RSS (MB)."""
+    with tempfile.TemporaryDirectory(prefix="flinkbuf-bench-") as outdir:
+        run = _job(spark, row, n, outdir)
+        t0 = time.time()
+        result = run()
+        took = time.time() - t0
+        peaks, growths = [], []
+        for path in glob.glob(os.path.join(outdir, "*.json")):
+            with open(path) as f:
+                doc = json.load(f)
+            peaks.append(doc["peak_rss_mb"])
+            growths.append(doc["growth_mb"])
+    records = sum(c for _, c, _ in result)
+    if records != n:
+        raise AssertionError(f"{row}: {records} records counted, expected {n}")
+    keys = {k for _, _, k in result}
+    firsts = [f for f, _, _ in result if f]
+    return {"seconds": took, "first_record_s": (min(firsts) - t0) if firsts else None,
+            "worker_peak_rss_mb": [round(p, 1) for p in peaks if p is not None],
+            "worker_rss_growth_mb": [round(g, 1) for g in growths if g is not None],
+            "keys_per_consumer": sorted(keys)}
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from pyspark import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])   # the workers lack bench/
+    session = _session(_ROWS_RUN)
+    yield session
+    session.stop()
+
+
+_measured = {}
+
+
+@pytest.mark.parametrize("n", _sizes())
+@pytest.mark.parametrize("row", ROWS)
+def test_spark_keyed_count(benchmark, spark, row, n):
+    group = f"spark keyed count N={n:,} local[2]"
+    benchmark.group = group
+    runs = []
+    benchmark.pedantic(lambda: runs.append(measure(spark, row, n)), rounds=ROUNDS,
+                       iterations=1, warmup_rounds=0)
+    secs = statistics.median(r["seconds"] for r in runs)
+    first = [r["first_record_s"] for r in runs if r["first_record_s"] is not None]
+    info = {
+        "subject": row == "flinkbuf", "ops": n, "records": n, "ns_per_op": secs * 1e9 / n,
+        "records_per_s": round(n / secs),
+        "first_record_s": round(statistics.median(first), 3) if first else None,
+        "worker_peak_rss_mb": max(max(r["worker_peak_rss_mb"], default=0) for r in runs),
+        "worker_rss_growth_mb": max(max(r["worker_rss_growth_mb"], default=0) for r in runs),
+    }
+    _measured[(n, row)] = info
+    base = _measured.get((n, "rdd_shuffle"))
+    if row == "rdd_shuffle":
+        info["target"] = f"first record {info['first_record_s']} s, " \
+                         f"peak RSS {info['worker_peak_rss_mb']} MB"
+    elif base is not None and row in ("flinkbuf", "flinkbuf_arrow"):
+        want = 2 if row == "flinkbuf" else 5
+        ratio = info["records_per_s"] / base["records_per_s"]
+        sooner = (base["first_record_s"] / info["first_record_s"]
+                  if info["first_record_s"] else float("nan"))
+        info["target"] = (f">={want}x rdd_shuffle: {ratio:.2f}x; first record "
+                          f"{info['first_record_s']} s ({sooner:.1f}x sooner, want >=10x); "
+                          f"peak RSS {info['worker_peak_rss_mb']} MB")
+    benchmark.extra_info.update(info)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="flinkbuf.spark against Spark's exchanges: "
+                                 "records/s, first record, Python worker peak RSS")
+    ap.add_argument("--records", type=int, nargs="+", default=[1_000_000, 10_000_000])
+    ap.add_argument("--rows", default=",".join(ROWS))
+    ap.add_argument("--rounds", type=int, default=1)
+    args = ap.parse_args(argv)
+    spark = _session(args.rows.split(","))
+    try:
+        print(f"{'N':>11} {'row':<16} {'records/s':>11} {'first rec s':>11} "
+              f"{'worker peak RSS MB':>19} {'growth MB':>9} {'vs rdd_shuffle':>14}")
+        for n in args.records:
+            base = None
+            for row in args.rows.split(","):
+                runs = [measure(spark, row, n) for _ in range(args.rounds)]
+                secs = statistics.median(r["seconds"] for r in runs)
+                rate = n / secs
+                first = statistics.median(r["first_record_s"] or float("nan") for r in runs)
+                rss = max(max(r["worker_peak_rss_mb"], default=0) for r in runs)
+                growth = max(max(r["worker_rss_growth_mb"], default=0) for r in runs)
+                if row == "rdd_shuffle":
+                    base = rate
+                ratio = f"{rate / base:.2f}x" if base else ""
+                print(f"{n:>11,} {row:<16} {rate:>11,.0f} {first:>11.3f} {rss:>19.1f} "
+                      f"{growth:>9.1f} {ratio:>14}", flush=True)
+    finally:
+        spark.stop()
+
+
+if __name__ == "__main__":
+    main()

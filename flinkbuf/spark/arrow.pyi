@@ -1,0 +1,35 @@
+"""Type stubs for flinkbuf.spark.arrow: the pipelined exchange of Arrow RecordBatches."""
+
+from collections.abc import Callable, Iterable, Iterator
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa  # type: ignore[import-untyped]
+from pyspark.sql import DataFrame
+from pyspark.sql.types import StructType
+
+from flinkbuf.spark.exchange import ExchangeTask
+
+__all__ = ["arrow_exchange", "key_partitions"]
+
+def key_partitions(
+    keys: pa.Array | pa.ChunkedArray | npt.NDArray[np.generic],
+    num_partitions: int,
+    max_parallelism: int | None = None,
+) -> npt.NDArray[np.int64]: ...
+def arrow_exchange(
+    df: DataFrame,
+    fn: Callable[[Iterator[pa.RecordBatch]], Iterable[pa.RecordBatch]],
+    key: str,
+    schema: StructType | str,
+    *,
+    segment_size: int = 32768,
+    buffers_per_channel: int = 2,
+    floating_buffers: int = 8,
+    buffer_timeout: float | None = 0.1,
+    max_record_size: int = 268435456,
+    max_parallelism: int | None = None,
+    host: str | None = None,
+    timeout: float = 60.0,
+    monitor: Callable[[ExchangeTask], Callable[[], object] | None] | None = None,
+) -> DataFrame: ...

@@ -1,0 +1,58 @@
+"""Type stubs for flinkbuf.spark.exchange: pipelined exchange between the tasks of a barrier stage."""
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Final, Literal
+
+from pyspark import RDD
+
+from flinkbuf.io._io import InputGate, RecordWriter, ResultPartition
+from flinkbuf.io.metrics import TaskMetrics
+from flinkbuf.network.environment import NetworkEnvironment
+
+__all__ = ["ExchangeTask", "SELECTORS", "current_task", "pipelined_exchange"]
+
+SELECTORS: Final[tuple[str, ...]]
+
+class ExchangeTask:
+    index: int
+    num_tasks: int
+    address: str
+    environment: NetworkEnvironment
+    partition: ResultPartition
+    writer: RecordWriter
+    gate: InputGate
+    metrics: TaskMetrics
+    started: float
+    first_record_seconds: float | None
+    def __init__(
+        self,
+        index: int,
+        num_tasks: int,
+        address: str,
+        environment: NetworkEnvironment,
+        partition: ResultPartition,
+        writer: RecordWriter,
+        gate: InputGate,
+    ) -> None: ...
+    def stats(self) -> dict[str, Any]: ...
+
+def current_task() -> ExchangeTask | None: ...
+def pipelined_exchange(
+    rdd: RDD[Any],
+    fn: Callable[[Iterator[Any]], Iterable[Any]] | None = None,
+    *,
+    num_partitions: int | None = None,
+    key: int | Callable[[Any], Any] | None = None,
+    selector: Literal["hash", "round_robin", "rebalance", "broadcast"]
+    | Callable[[Any, int], int] = "hash",
+    codec: Literal["typed", "bytes", "pickle"] = "typed",
+    segment_size: int = 32768,
+    buffers_per_channel: int = 2,
+    floating_buffers: int = 8,
+    buffer_timeout: float | None = 0.1,
+    max_record_size: int = 67108864,
+    max_parallelism: int | None = None,
+    host: str | None = None,
+    timeout: float = 60.0,
+    monitor: Callable[[ExchangeTask], Callable[[], object] | None] | None = None,
+) -> RDD[Any]: ...

@@ -1,0 +1,40 @@
+"""Type stubs for flinkbuf.spark.local: a task's stages in threads joined by local channels."""
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Literal
+
+from typing_extensions import Self
+
+from flinkbuf.io.metrics import TaskMetrics
+
+__all__ = ["LocalPipeline", "local_pipeline"]
+
+class LocalPipeline:
+    metrics: list[TaskMetrics]
+    def __init__(
+        self,
+        source: Iterable[Any],
+        stages: tuple[Callable[[Iterator[Any]], Iterable[Any]], ...],
+        buffers: int,
+        segment_size: int,
+        codec: str,
+        buffer_timeout: float | None,
+        timeout: float | None,
+    ) -> None: ...
+    def __iter__(self) -> Self: ...
+    def __next__(self) -> Any: ...
+    def stats(self) -> list[dict[str, Any]]: ...
+    def close(self) -> None: ...
+    def __del__(self) -> None: ...
+    def __enter__(self) -> Self: ...
+    def __exit__(self, *exc: object) -> Literal[False]: ...
+
+def local_pipeline(
+    source: Iterable[Any],
+    *stages: Callable[[Iterator[Any]], Iterable[Any]],
+    buffers: int = 4,
+    segment_size: int = 32768,
+    codec: Literal["typed", "bytes", "pickle"] = "typed",
+    buffer_timeout: float | None = 0.1,
+    timeout: float | None = 60.0,
+) -> LocalPipeline: ...

@@ -1,0 +1,540 @@
+"""flinkbuf.spark: records exchanged between the tasks of a PySpark barrier
+stage, in local mode (each task in its own Python worker process, so every
+exchange crosses processes)."""
+
+import collections
+import os
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spark_helpers import leftovers, spark_session
+
+from flinkbuf.io import assign_key_to_operator
+from flinkbuf.spark import ExchangeTask, current_task, pipelined_exchange
+
+SLOTS = 4          # local[4]: a barrier stage of up to 4 tasks gets its slots
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from pyspark import cloudpickle
+
+    import spark_helpers
+
+    # Functions of this module travel to the workers by value.
+    cloudpickle.register_pickle_by_value(spark_helpers)
+    cloudpickle.register_pickle_by_value(__import__(__name__))
+    session = spark_session(f"local[{SLOTS}]")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="module")
+def sc(spark):
+    return spark.sparkContext
+
+
+def _by_key(n):
+    return lambda k: assign_key_to_operator(k, n)
+
+
+def _count_per_key(records):
+    counts = collections.Counter(k for k, _ in records)
+    return sorted(counts.items())
+
+
+def _multisets(parts):
+    return [collections.Counter(p) for p in parts]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_hash_exchange_matches_partition_by(sc, n):
+    data = [(i % 37, i) for i in range(20_000)]
+    rdd = sc.parallelize(data, n)
+    ours = pipelined_exchange(rdd, _count_per_key).glom().collect()
+    spark = rdd.partitionBy(n, _by_key(n)).mapPartitions(_count_per_key).glom().collect()
+    assert len(ours) == n
+    assert ours == spark
+    assert sum(c for part in ours for _, c in part) == len(data)
+
+
+@settings(max_examples=6, deadline=None)
+@given(records=st.lists(st.tuples(st.one_of(st.integers(-2**40, 2**40), st.text(max_size=4)),
+                                  st.integers()), max_size=60),
+       n=st.integers(1, 3))
+def test_any_small_input_lands_where_partition_by_puts_it(sc, records, n):
+    rdd = sc.parallelize(records, n)
+    ours = pipelined_exchange(rdd, segment_size=64).glom().collect()
+    spark = rdd.partitionBy(n, _by_key(n)).glom().collect()
+    assert _multisets(ours) == _multisets(spark)
+
+
+def test_key_by_index_and_by_function(sc):
+    data = [("x", i % 5, str(i)) for i in range(3000)]
+    rdd = sc.parallelize(data, 2)
+    by_index = pipelined_exchange(rdd, key=1).glom().collect()
+    by_fn = pipelined_exchange(rdd, key=lambda r: r[1]).glom().collect()
+    expected = rdd.keyBy(lambda r: r[1]).partitionBy(2, _by_key(2)).values().glom().collect()
+    assert _multisets(by_index) == _multisets(expected) == _multisets(by_fn)
+
+
+def test_round_robin_and_rebalance_deliver_each_record_once(sc):
+    data = list(range(10_000))
+    rdd = sc.parallelize(data, 3)
+    for selector in ("round_robin", "rebalance"):
+        parts = pipelined_exchange(rdd, selector=selector).glom().collect()
+        assert sorted(x for p in parts for x in p) == data
+        assert all(len(p) > 1000 for p in parts), [len(p) for p in parts]
+
+
+def test_round_robin_spreads_each_producer_evenly(sc):
+    rdd = sc.parallelize(range(3 * 999), 3)
+    parts = pipelined_exchange(rdd, selector="round_robin").glom().collect()
+    # Each producer's 999 records: 333 to each consumer.
+    assert [len(p) for p in parts] == [999, 999, 999]
+
+
+def test_broadcast_gives_every_partition_everything(sc):
+    data = [(i, str(i)) for i in range(500)]
+    parts = pipelined_exchange(sc.parallelize(data, 3), selector="broadcast").glom().collect()
+    assert len(parts) == 3
+    for p in parts:
+        assert sorted(p) == data
+
+
+def test_callable_selector(sc):
+    parts = pipelined_exchange(sc.parallelize(range(100), 2),
+                               selector=lambda r, n: r % n).glom().collect()
+    assert sorted(parts[0]) == list(range(0, 100, 2))
+    assert sorted(parts[1]) == list(range(1, 100, 2))
+
+
+def _first_three(records):
+    for i, r in enumerate(records):
+        if i == 3:
+            return
+        yield r
+
+
+def test_fn_that_stops_early_still_lets_the_exchange_end(sc):
+    rdd = sc.parallelize([(i % 2, i) for i in range(50_000)], 2)
+    parts = pipelined_exchange(rdd, _first_three, selector="round_robin").glom().collect()
+    assert [len(p) for p in parts] == [3, 3]
+
+
+def test_other_codecs(sc):
+    data = [bytes([i % 256]) * (i % 50) for i in range(2000)]
+    parts = pipelined_exchange(sc.parallelize(data, 2), selector="round_robin",
+                               codec="bytes").glom().collect()
+    assert sorted(x for p in parts for x in p) == sorted(data)
+    objs = [(i, frozenset([i])) for i in range(100)]          # not a typed-codec type
+    parts = pipelined_exchange(sc.parallelize(objs, 2), codec="pickle").glom().collect()
+    assert sorted((x for p in parts for x in p), key=lambda r: r[0]) == objs
+
+
+def test_the_exchange_feeds_a_shuffle(sc):
+    rdd = sc.parallelize([(i % 10, 1) for i in range(10_000)], 2)
+    counts = pipelined_exchange(rdd).reduceByKey(lambda a, b: a + b).collectAsMap()
+    assert counts == {k: 1000 for k in range(10)}
+
+
+# ---- pipelining and backpressure ----------------------------------------------
+
+
+def _slow_source(index, _):
+    for i in range(40):
+        yield (time.time(), index, i)
+        time.sleep(0.025)                  # one second of input per task
+
+
+def _arrival_times(records):
+    first = None
+    last_produced = 0.0
+    for produced, _, _ in records:
+        if first is None:
+            first = time.time()
+        last_produced = max(last_produced, produced)
+    yield (first, last_produced)
+
+
+def test_records_arrive_while_they_are_produced(sc):
+    rdd = sc.parallelize(range(2), 2).mapPartitionsWithIndex(_slow_source)
+    parts = pipelined_exchange(rdd, _arrival_times, selector="round_robin",
+                               buffer_timeout=0.01).collect()
+    for first, last_produced in parts:
+        # The first record arrived long before the last one was produced.
+        assert last_produced - first > 0.5, parts
+
+
+def _big_source(index, _):
+    payload = b"x" * 1000
+    for i in range(20_000):
+        yield (i, payload)
+
+
+def _slow_sink(records):
+    task = current_task()
+    assert isinstance(task, ExchangeTask)
+    n = 0
+    for _ in records:
+        n += 1
+        if n % 500 == 0:
+            time.sleep(0.01)
+    stats = task.stats()
+    yield (task.index, n, stats)
+
+
+def test_a_slow_consumer_backpressures_its_producers(sc):
+    rdd = sc.parallelize(range(2), 2).mapPartitionsWithIndex(_big_source)
+    out = pipelined_exchange(rdd, _slow_sink, segment_size=4096,
+                             buffers_per_channel=2, floating_buffers=2).collect()
+    assert sorted(i for i, _, _ in out) == [0, 1]
+    assert sum(n for _, n, _ in out) == 40_000
+    for _, n, stats in out:
+        assert stats["records_in"] == n
+        assert stats["records_out"] == 20_000
+        # 20 MB per task through 5 buffers of 4 KiB: the producers waited for
+        # the consumers (about 0.4 s of sleeping) most of the time.
+        assert stats["back_pressured_seconds"] > 0.1, stats
+        assert stats["out_pool_size"] == 2 * 2 + 1
+        assert stats["first_record_seconds"] is not None
+
+
+def test_monitor_sees_each_task(sc):
+    def monitor(task):
+        assert task.num_tasks == 2 and task.address.count(":") == 1
+        assert task.environment.address[0] == "127.0.0.1"     # the executor's address
+
+    out = pipelined_exchange(sc.parallelize(range(100), 2), monitor=monitor,
+                             selector="round_robin").count()
+    assert out == 100
+    assert current_task() is None
+
+
+# ---- failures ----------------------------------------------------------------------
+
+
+def _raise_mid_stream(records):
+    for i, r in enumerate(records):
+        if i == 1000:
+            raise ValueError("fn-failed-mid-stream")
+        yield r
+
+
+def _failing_source(index, _):
+    for i in range(100_000):
+        if index == 1 and i == 5000:
+            raise KeyError("source-failed-mid-stream")
+        yield (i, i)
+
+
+class _Message(str):
+    """A job's error message whose repr shows only its Python errors (the
+    JVM's stack traces run to pages)."""
+
+    def __repr__(self):
+        errors = [ln.strip() for ln in self.splitlines()
+                  if "Error" in ln and not ln.lstrip().startswith(("at ", "File "))]
+        return repr(errors[:12])
+
+
+def _job_error(job):
+    from py4j.protocol import Py4JJavaError
+
+    start = time.monotonic()
+    with pytest.raises(Py4JJavaError) as info:
+        job()
+    return _Message(str(info.value)), time.monotonic() - start
+
+
+def test_errors_that_only_say_a_peer_went_away():
+    from flinkbuf.errors import (
+        PartitionReleasedError,
+        ProducerFailedError,
+        RemoteConnectionError,
+        RemoteError,
+    )
+    from flinkbuf.spark.exchange import _is_consequence
+
+    def failed(cause):
+        err = ProducerFailedError("the producer failed")
+        err.__cause__ = cause
+        return err
+
+    assert _is_consequence(PartitionReleasedError("released"))
+    assert _is_consequence(RemoteConnectionError("dropped"))
+    assert _is_consequence(failed(PartitionReleasedError("released")))
+    assert _is_consequence(failed(RemoteError("PartitionReleasedError", "released")))
+    assert not _is_consequence(failed(RemoteError("ValueError", "boom")))
+    assert not _is_consequence(failed(None))
+    assert not _is_consequence(ValueError("boom"))
+
+
+def test_a_task_that_raises_fails_the_job_with_its_error(sc):
+    rdd = sc.parallelize([(i, i) for i in range(200_000)], 2)
+    message, took = _job_error(lambda: pipelined_exchange(rdd, _raise_mid_stream).count())
+    assert "fn-failed-mid-stream" in message
+    assert took < 30
+    rdd = sc.parallelize(range(2), 2).mapPartitionsWithIndex(_failing_source)
+    message, took = _job_error(lambda: pipelined_exchange(rdd).count())
+    assert "source-failed-mid-stream" in message
+    assert took < 30
+    assert leftovers(sc, SLOTS) == []
+
+
+def _die_mid_stream(records):
+    from pyspark import BarrierTaskContext
+
+    for i, r in enumerate(records):
+        if i == 1000 and BarrierTaskContext.get().partitionId() == 1:
+            os._exit(17)
+        yield r
+
+
+def test_a_worker_that_dies_fails_its_peers_in_bounded_time(sc):
+    rdd = sc.parallelize([(i, i) for i in range(300_000)], 2)
+    start = time.monotonic()
+    message, took = _job_error(
+        lambda: pipelined_exchange(rdd, _die_mid_stream, timeout=20).count())
+    assert took < 45
+    assert leftovers(sc, SLOTS) == []
+    # The workers that are left serve the next exchange.
+    assert pipelined_exchange(sc.parallelize(range(10), 2), selector="rebalance").count() == 10
+    assert time.monotonic() - start < 90
+
+
+def _fail_first_attempt(marker):
+    """An fn whose task 0 fails on its first attempt (``marker`` is made then)."""
+
+    def fn(records):
+        from pyspark import BarrierTaskContext
+
+        ctx = BarrierTaskContext.get()
+        for i, r in enumerate(records):
+            if i == 100 and ctx.partitionId() == 0 and not os.path.exists(marker):
+                open(marker, "w").close()
+                raise RuntimeError("first attempt fails")
+            yield r
+
+    return fn
+
+
+def test_a_failed_exchange_that_feeds_a_shuffle_is_retried_whole(sc, tmp_path):
+    rdd = sc.parallelize([(i % 10, 1) for i in range(10_000)], 2)
+    marker = str(tmp_path / "failed-once")
+    counts = (pipelined_exchange(rdd, _fail_first_attempt(marker))
+              .reduceByKey(lambda a, b: a + b).collectAsMap())
+    assert os.path.exists(marker)
+    assert counts == {k: 1000 for k in range(10)}
+
+
+def test_a_failed_exchange_as_last_stage_aborts_the_job(sc, tmp_path):
+    rdd = sc.parallelize([(i % 10, 1) for i in range(10_000)], 2)
+    marker = str(tmp_path / "failed-once")
+    message, _ = _job_error(
+        lambda: pipelined_exchange(rdd, _fail_first_attempt(marker)).collect())
+    assert "first attempt fails" in message
+    assert "Could not recover from a failed barrier ResultStage" in message
+
+
+# ---- arguments ---------------------------------------------------------------------
+
+
+def test_bad_arguments_are_refused_on_the_driver(sc):
+    rdd = sc.parallelize(range(10), 2)
+    with pytest.raises(TypeError, match="RDD"):
+        pipelined_exchange([1, 2, 3])
+    with pytest.raises(TypeError, match="fn"):
+        pipelined_exchange(rdd, 42)
+    with pytest.raises(ValueError, match="repartition"):
+        pipelined_exchange(rdd, num_partitions=3)
+    with pytest.raises(ValueError, match="selector"):
+        pipelined_exchange(rdd, selector="zigzag")
+    with pytest.raises(ValueError, match="key applies"):
+        pipelined_exchange(rdd, key=0, selector="round_robin")
+    with pytest.raises(ValueError, match="codec"):
+        pipelined_exchange(rdd, codec="json")
+    with pytest.raises(ValueError, match="segment_size"):
+        pipelined_exchange(rdd, segment_size=0)
+    with pytest.raises(TypeError, match="buffers_per_channel"):
+        pipelined_exchange(rdd, buffers_per_channel=2.0)
+    with pytest.raises(ValueError, match="timeout"):
+        pipelined_exchange(rdd, timeout=-1)
+    with pytest.raises(ValueError, match="max_parallelism"):
+        pipelined_exchange(rdd, max_parallelism=1)
+    with pytest.raises(TypeError, match="host"):
+        pipelined_exchange(rdd, host=127)
+    with pytest.raises(TypeError, match="monitor"):
+        pipelined_exchange(rdd, monitor="yes")
+    assert pipelined_exchange(rdd, num_partitions=2, selector="round_robin").count() == 10
+
+
+def test_nothing_is_left_in_the_workers(sc):
+    pipelined_exchange(sc.parallelize(range(1000), 2), selector="round_robin").count()
+    assert leftovers(sc, SLOTS) == []
+
+
+# ---- exchange inside one task ------------------------------------------------------
+
+
+def _parse_then_sum(it):
+    from flinkbuf.spark import local_pipeline
+
+    def parse(lines):
+        for line in lines:
+            yield tuple(int(x) for x in line.split(","))
+
+    def total(rows):
+        yield sum(a * b for a, b in rows)
+
+    return local_pipeline(it, parse, total, buffers=2, segment_size=512)
+
+
+def test_local_pipeline_in_a_spark_task(sc):
+    lines = [f"{i},{i % 7}" for i in range(20_000)]
+    out = sc.parallelize(lines, 2).mapPartitions(_parse_then_sum).collect()
+    assert sum(out) == sum(i * (i % 7) for i in range(20_000))
+    assert len(out) == 2
+    assert leftovers(sc, SLOTS) == []
+
+
+# ---- the demo ----------------------------------------------------------------------
+
+
+def test_spark_demo_with_short_phases(spark, tmp_path):
+    import statistics
+
+    from flinkbuf.experiments.spark_demo import run_spark_demo
+
+    lines = []
+    doc = run_spark_demo(str(tmp_path), 1.0, interval=0.25, records=20_000, spark=spark,
+                         printer=lines.append)
+    for name in ("spark-backpressure.csv", "spark-backpressure.json", "spark-backpressure.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    rows = doc["rows"]
+    assert len(rows) == 5 * 4
+    assert len([ln for ln in lines if ln.lstrip()[:1].isdigit() and "%" in ln]) == 20
+    # Slowed consumers hold the producers (asked for 60 % and 100 %) near 30 %;
+    # released, both run at full speed again.
+    slowed = [r["producer_pct"] for r in rows if r["consumer_limit_pct"] == 30][1:]
+    released = [r["producer_pct"] for r in rows[8:12] + rows[16:]][1:]
+    assert statistics.median(slowed) < 45, rows
+    assert statistics.median(released) > 70, rows
+    assert any(r["backpressure_level"] == "HIGH" for r in rows
+               if r["consumer_limit_pct"] == 30)
+    tasks = doc["tasks"]
+    assert [t["task"] for t in tasks] == [0, 1]
+    assert sum(t["records_out"] for t in tasks) == sum(t["records_in"] for t in tasks) > 0
+    assert all(t["back_pressured_seconds"] > 0 for t in tasks)
+    comparison = doc["comparison"]
+    assert comparison["same_counts"] is True
+    assert comparison["runs"]["flinkbuf"]["records"] == 20_000
+    assert any("Spark shuffle" in ln for ln in lines)
+    assert leftovers(spark.sparkContext, SLOTS) == []
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tasks", "0"], "--tasks must be >= 1"),
+    (["--records", "-1"], "--records must be >= 0"),
+    (["--interval", "0.01"], "--interval must be >= 0.05"),
+    (["--phase-seconds", "0.1"], "--phase-seconds (0.1) must be >= --interval"),
+    (["--segment-size", "8"], "--segment-size must be >= 64"),
+])
+def test_spark_demo_command_refuses_bad_arguments(args, message, capsys, tmp_path):
+    from flinkbuf.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["spark-demo", "--out", str(tmp_path / "out")] + args)
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+# ---- DataFrames: Arrow ---------------------------------------------------------------
+
+
+def _rows_with_task(batches):
+    import pyarrow as pa
+    from pyspark import BarrierTaskContext
+
+    index = BarrierTaskContext.get().partitionId()
+    for batch in batches:
+        assert isinstance(batch, pa.RecordBatch)
+        yield pa.RecordBatch.from_arrays(
+            [batch.column(0), batch.column(1), pa.array([index] * batch.num_rows, pa.int32())],
+            names=["k", "v", "task"])
+
+
+def test_arrow_exchange_routes_rows_by_key(spark):
+    from pyspark.sql import functions as F
+
+    from flinkbuf.spark import arrow_exchange, key_partitions
+
+    df = spark.range(0, 30_000, numPartitions=3).select(
+        (F.col("id") % 101).alias("k"), F.col("id").alias("v"))
+    out = arrow_exchange(df, _rows_with_task, "k", "k long, v long, task int").toPandas()
+    assert sorted(out["v"]) == list(range(30_000))
+    expected = key_partitions(out["k"].to_numpy(), 3)
+    assert (out["task"].to_numpy() == expected).all()
+    assert set(out["task"]) == {0, 1, 2}
+
+
+def _count_per_string_key(batches):
+    import collections
+
+    import pyarrow as pa
+
+    counts = collections.Counter()
+    for batch in batches:
+        counts.update(batch.column(0).to_pylist())
+    yield pa.RecordBatch.from_pydict({"name": list(counts), "n": list(counts.values())})
+
+
+def test_arrow_exchange_string_keys_count_like_group_by(spark):
+    from pyspark.sql import functions as F
+
+    from flinkbuf.spark import arrow_exchange
+
+    df = spark.range(0, 20_000, numPartitions=2).select(
+        F.concat(F.lit("name-"), (F.col("id") % 37).cast("string")).alias("name"),
+        F.col("id"))
+    ours = arrow_exchange(df, _count_per_string_key, "name", "name string, n long").collect()
+    assert len(ours) == 37                       # each key counted in one task only
+    expected = {r["name"]: r["count"] for r in df.groupBy("name").count().collect()}
+    assert {r["name"]: r["n"] for r in ours} == expected
+
+
+def _batches_fail(batches):
+    for i, batch in enumerate(batches):
+        if i == 1:
+            raise ValueError("arrow-fn-failed")
+        yield batch
+
+
+def test_arrow_exchange_failure_and_arguments(spark):
+    from pyspark.sql import functions as F
+
+    from flinkbuf.spark import arrow_exchange
+
+    df = spark.range(0, 200_000, numPartitions=2).select(
+        (F.col("id") % 10).alias("k"), F.col("id").alias("v"))
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "1000")
+    try:
+        message, took = _job_error(
+            lambda: arrow_exchange(df, _batches_fail, "k", "k long, v long").collect())
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    assert "arrow-fn-failed" in message
+    assert took < 30
+    with pytest.raises(ValueError, match="not a column"):
+        arrow_exchange(df, _batches_fail, "nope", "k long")
+    with pytest.raises(TypeError, match="column name"):
+        arrow_exchange(df, _batches_fail, 0, "k long")
+    with pytest.raises(TypeError, match="DataFrame"):
+        arrow_exchange(df.rdd, _batches_fail, "k", "k long")
+    with pytest.raises(TypeError, match="fn"):
+        arrow_exchange(df, None, "k", "k long")
+    assert leftovers(spark.sparkContext, SLOTS) == []
