@@ -239,6 +239,21 @@ static void notify_writer(fb_conn_t *c, int32_t slot)
     fb_gate_notify(&c->out, slot);
 }
 
+static void conn_ready(void *arg);
+
+/* Control messages were queued (no lock held): with caller_sends this
+ * thread sends them now if the writer thread is idle (conn_ready), else the
+ * writer thread is woken. */
+static void writer_kick(fb_conn_t *c)
+{
+    if (c->caller_sends == 1) {
+        fb_gate_mark(&c->out, 0);
+        conn_ready(c);
+    } else {
+        notify_writer(c, 0);
+    }
+}
+
 static void inchan_incref(fb_inchan_t *ch)
 {
     __atomic_add_fetch(&ch->refs, 1, __ATOMIC_ACQ_REL);
@@ -369,7 +384,7 @@ static int exclusive_hook(void *arg, fb_localpool_t *lp, int32_t index)
     }
     pthread_mutex_unlock(&c->mu);
     if (wake)
-        notify_writer(c, 0);
+        writer_kick(c);
     return kept;
 }
 
@@ -387,7 +402,7 @@ static int give_floating(fb_inchan_t *ch, int32_t index)
     }
     pthread_mutex_unlock(&c->mu);
     if (wake)
-        notify_writer(c, 0);
+        writer_kick(c);
     return kept;
 }
 
@@ -1650,7 +1665,7 @@ fail:
 
 void fb_conn_set_caller_sends(fb_conn_t *c, int on)
 {
-    c->caller_sends = on != 0;
+    c->caller_sends = on;
     c->hook.ready = conn_ready;
     c->hook.hold = conn_hold;
     c->hook.release = conn_release;
@@ -1978,7 +1993,7 @@ void fb_inchan_event_taken(fb_inchan_t *ch)
     }
     pthread_mutex_unlock(&c->mu);
     if (wake)
-        notify_writer(c, 0);
+        writer_kick(c);
 }
 
 int fb_inchan_error(fb_inchan_t *ch, char *type, size_t tlen, char *message, size_t mlen)

@@ -89,6 +89,11 @@ void fb_gate_notify(fb_gate_t *g, int32_t channel)
     gate_mark(g, channel, 1);
 }
 
+void fb_gate_mark(fb_gate_t *g, int32_t channel)
+{
+    gate_mark(g, channel, 0);
+}
+
 void fb_gate_wake(fb_gate_t *g)
 {
     int signal;

@@ -100,6 +100,9 @@ int fb_gate_init(fb_gate_t *g, int32_t num_channels);     /* FB_OK / FB_ENOMEM *
 void fb_gate_free(fb_gate_t *g);                           /* no waiter may remain */
 /* Mark `channel` as having data (no-op if already marked) and wake a waiter. */
 void fb_gate_notify(fb_gate_t *g, int32_t channel);
+/* Mark `channel` as having data without waking anyone (the caller serves
+ * it, or wakes the waiter with fb_gate_wake). */
+void fb_gate_mark(fb_gate_t *g, int32_t channel);
 /* Wake a waiter if some channel has data. */
 void fb_gate_wake(fb_gate_t *g);
 /* Wait until some channel has data and take it off the ring:

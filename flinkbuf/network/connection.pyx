@@ -82,7 +82,7 @@ cdef class Connection:
 
     @staticmethod
     def _open(int fd, int32_t segment_size, lookup, str local, str peer, double io_timeout,
-              bint caller_sends=False):
+              int caller_sends=0):
         """Start a connection over ``fd`` (connected, authenticated, owned
         from here on).  ``lookup(partition_id)`` finds a registered
         partition or returns None."""

@@ -164,9 +164,10 @@ class NetworkEnvironment:
         self._io_timeout = _seconds(io_timeout, "io_timeout")
         self._secret = secret
         # A producer's flush sends in its own thread when the connection's writer
-        # thread is idle (docs/PROTOCOL.md, section 7); FLINKBUF_NET_CALLER_SENDS=0
+        # thread is idle (docs/ARCHITECTURE.md, layer 4: Send); FLINKBUF_NET_CALLER_SENDS=0
         # leaves every send to the writer thread (for measuring the two).
-        self._caller_sends = os.environ.get("FLINKBUF_NET_CALLER_SENDS", "1") != "0"
+        mode = os.environ.get("FLINKBUF_NET_CALLER_SENDS", "1")
+        self._caller_sends = int(mode) if mode in ("0", "1", "2") else 1
         self._nbp = NetworkBufferPool(num_segments, segment_size)
         self._segment_size = segment_size
         self._lock = threading.Lock()
