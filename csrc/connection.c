@@ -1524,7 +1524,7 @@ static int flush_pending(fb_conn_t *c, int send)
 static void conn_ready(void *arg)
 {
     fb_conn_t *c = arg;
-    batch_t *b = c->direct;
+    batch_t *b;
     ctl_t *taken;
     int32_t slot;
     int rc;
@@ -1532,7 +1532,8 @@ static void conn_ready(void *arg)
         fb_gate_wake(&c->out);            /* the writer thread (or another sender) is at it */
         return;
     }
-    if (c->pending != NULL || fb_gate_wait(&c->out, 0, &slot) != FB_OK) {
+    b = c->direct;                        /* NULL only while a batch is pending */
+    if (c->pending != NULL || b == NULL || fb_gate_wait(&c->out, 0, &slot) != FB_OK) {
         pthread_mutex_unlock(&c->send_mu);
         fb_gate_wake(&c->out);
         return;
