@@ -241,12 +241,12 @@ static void notify_writer(fb_conn_t *c, int32_t slot)
 
 static void conn_ready(void *arg);
 
-/* Control messages were queued (no lock held): with caller_sends this
- * thread sends them now if the writer thread is idle (conn_ready), else the
- * writer thread is woken. */
-static void writer_kick(fb_conn_t *c)
+/* Control messages were queued (no lock held): with caller_sends (and `how`
+ * 1) this thread sends them now if the writer thread is idle (conn_ready),
+ * else (`how` 2) the writer thread is woken. */
+static void writer_kick(fb_conn_t *c, int how)
 {
-    if (c->caller_sends == 1) {
+    if (c->caller_sends == 1 && how == 1) {
         fb_gate_mark(&c->out, 0);
         conn_ready(c);
     } else {
@@ -356,7 +356,11 @@ static int add_credit_locked(fb_conn_t *c, fb_inchan_t *ch, int32_t n)
     if (!ch->credit_queued && ch->state == CH_REQUESTED && c->state == CONN_OPEN) {
         if (ctl_push_quiet(c, FB_MSG_ADD_CREDIT, ch->receiver_id, ch, NULL, 0, 1) == FB_OK) {
             ch->credit_queued = 1;
-            return 1;               /* the caller wakes the writer once unlocked */
+            /* The caller wakes the writer once unlocked; it sends the credit
+             * itself (caller_sends) only if the sender had no backlog: a
+             * sender that streams is better served by the writer thread
+             * batching credit than by a system call in the consumer's. */
+            return ch->backlog > 0 ? 2 : 1;
         }
     }
     return 0;
@@ -384,7 +388,7 @@ static int exclusive_hook(void *arg, fb_localpool_t *lp, int32_t index)
     }
     pthread_mutex_unlock(&c->mu);
     if (wake)
-        writer_kick(c);
+        writer_kick(c, wake);
     return kept;
 }
 
@@ -402,7 +406,7 @@ static int give_floating(fb_inchan_t *ch, int32_t index)
     }
     pthread_mutex_unlock(&c->mu);
     if (wake)
-        writer_kick(c);
+        writer_kick(c, wake);
     return kept;
 }
 
@@ -658,20 +662,50 @@ static int wait_readable(fb_conn_t *c, int abortable)
     return -1;
 }
 
+static int recv_some2(fb_conn_t *c, char *dst, size_t n, char *more, size_t nmore,
+                      int abortable);
+
 static int recv_some(fb_conn_t *c, char *dst, size_t n, int mid_frame, int abortable)
 {
+    if (mid_frame)
+        return recv_some2(c, dst, n, NULL, 0, abortable);
+    return recv_some2(c, dst, n, NULL, 0, -1);
+}
+
+/* Receive into dst (n bytes at most) and, past them, into more (nmore bytes,
+ * or none): the bytes received (> 0), or -1 (the connection failed),
+ * RECV_ABORTED.  abortable -1: at a frame's start (no stall timeout). */
+static int recv_some2(fb_conn_t *c, char *dst, size_t n, char *more, size_t nmore,
+                      int abortable)
+{
     ssize_t r;
-    int w;
+    int w, waited = 0, mid_frame = abortable >= 0;
+    struct iovec iov[2] = {{dst, n}, {more, nmore}};
+    struct msghdr mh;
+    memset(&mh, 0, sizeof(mh));
+    mh.msg_iov = iov;
+    mh.msg_iovlen = more != NULL && nmore > 0 ? 2 : 1;
+    if (abortable < 0)
+        abortable = 0;
     for (;;) {
-        if (mid_frame && (w = wait_readable(c, abortable)) < 0)
+        /* In the middle of a frame: what is there already is taken without
+         * a poll first (one system call per receive while data streams);
+         * only an empty socket is waited on, with the stall timeout. */
+        if (mid_frame && abortable && __atomic_load_n(&c->recv_abort, __ATOMIC_ACQUIRE))
+            return RECV_ABORTED;
+        if (mid_frame && waited && (w = wait_readable(c, abortable)) < 0)
             return w;
-        r = recv(c->fd, dst, n, 0);
+        r = recvmsg(c->fd, &mh, mid_frame && !waited ? MSG_DONTWAIT : 0);
         if (r > 0) {
             stat_add(&c->stats.bytes_in, r);
             return (int)r;
         }
         if (r < 0 && errno == EINTR)
             continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && mid_frame && !waited) {
+            waited = 1;
+            continue;
+        }
         if (r == 0)
             conn_fail(c, FB_NET_ERR_CONNECTION, mid_frame
                       ? "the peer closed the connection in the middle of a frame"
@@ -726,7 +760,16 @@ static int rd_body(fb_conn_t *c, char *dst, size_t n, int abortable, size_t *lef
             r = recv_some(c, c->rd, chunk, 1, 0);
             c->rd_pos = c->rd_end = 0;
         } else {
-            r = recv_some(c, dst, n, 1, abortable);
+            /* The rest of the body into the segment, and in the same call
+             * what follows it (the next frame's header) into the staging
+             * buffer, which is empty by now: one system call per frame
+             * while data streams. */
+            c->rd_pos = c->rd_end = 0;
+            r = recv_some2(c, dst, n, c->rd, READ_AHEAD, abortable);
+            if (r > 0 && (size_t)r > n) {
+                c->rd_end = (size_t)r - n;
+                r = (int)n;
+            }
             dst += r > 0 ? r : 0;
         }
         if (r == RECV_ABORTED)
@@ -1994,7 +2037,7 @@ void fb_inchan_event_taken(fb_inchan_t *ch)
     }
     pthread_mutex_unlock(&c->mu);
     if (wake)
-        writer_kick(c);
+        writer_kick(c, wake);
 }
 
 int fb_inchan_error(fb_inchan_t *ch, char *type, size_t tlen, char *message, size_t mlen)
