@@ -98,6 +98,8 @@ static void idmap_del(idmap_t *m, uint32_t id)
 
 /* ---- structures ------------------------------------------------------------ */
 
+typedef struct batch batch_t;       /* what the writer sends in one sendmsg */
+
 typedef struct outchan {
     uint32_t receiver_id;
     int32_t slot;
@@ -190,6 +192,17 @@ struct fb_conn {
     int wake_fd;                 /* an eventfd that wakes the reader's waits */
     pthread_t reader, writer;
     int started;
+    /* Who writes to the socket: the writer thread, or (caller_sends) a
+     * producer's thread whose add found the writer idle.  send_mu is held
+     * while a batch is gathered and sent; order: send_mu -> mu.  A batch a
+     * producer's thread could not send whole without blocking waits in
+     * `pending` (with its control messages in pending_taken) for the
+     * writer thread, which sends it before anything else. */
+    pthread_mutex_t send_mu;
+    int caller_sends;
+    fb_gate_hook_t hook;
+    batch_t *direct, *pending;
+    struct ctl *pending_taken;
     int refs;
     fb_conn_stats_t stats;
     /* the reader's staging buffer */
@@ -226,6 +239,21 @@ static void notify_writer(fb_conn_t *c, int32_t slot)
     fb_gate_notify(&c->out, slot);
 }
 
+static void conn_ready(void *arg);
+
+/* Control messages were queued (no lock held): with caller_sends (and `how`
+ * 1) this thread sends them now if the writer thread is idle (conn_ready),
+ * else (`how` 2) the writer thread is woken. */
+static void writer_kick(fb_conn_t *c, int how)
+{
+    if (c->caller_sends == 1 && how == 1) {
+        fb_gate_mark(&c->out, 0);
+        conn_ready(c);
+    } else {
+        notify_writer(c, 0);
+    }
+}
+
 static void inchan_incref(fb_inchan_t *ch)
 {
     __atomic_add_fetch(&ch->refs, 1, __ATOMIC_ACQ_REL);
@@ -243,9 +271,11 @@ static void ctl_free_list(ctl_t *m)
     }
 }
 
-/* Queue a control message (mu held); the writer sends them in order. */
-static int ctl_push(fb_conn_t *c, uint8_t type, uint32_t receiver_id, fb_inchan_t *chan,
-                    const char *body, uint32_t len)
+/* Queue a control message (mu held); the writer sends them in order.  A
+ * quiet push leaves waking the writer to the caller, once it has unlocked
+ * (woken under mu, the writer would at once block on it). */
+static int ctl_push_quiet(fb_conn_t *c, uint8_t type, uint32_t receiver_id, fb_inchan_t *chan,
+                          const char *body, uint32_t len, int quiet)
 {
     ctl_t *m = malloc(sizeof(ctl_t) + len);
     if (m == NULL)
@@ -265,8 +295,15 @@ static int ctl_push(fb_conn_t *c, uint8_t type, uint32_t receiver_id, fb_inchan_
         c->ctl_head = m;
     c->ctl_tail = m;
     c->nctl++;
-    notify_writer(c, 0);
+    if (!quiet)
+        notify_writer(c, 0);
     return FB_OK;
+}
+
+static int ctl_push(fb_conn_t *c, uint8_t type, uint32_t receiver_id, fb_inchan_t *chan,
+                    const char *body, uint32_t len)
+{
+    return ctl_push_quiet(c, type, receiver_id, chan, body, len, 0);
 }
 
 /* Take queued control messages that refer to `chan` off the queue (mu
@@ -313,13 +350,20 @@ static int ctl_error(fb_conn_t *c, uint32_t receiver_id, int code, const char *t
 
 /* n more buffers for the sender (mu held): announce them once the unannounced
  * credit turns positive. */
-static void add_credit_locked(fb_conn_t *c, fb_inchan_t *ch, int32_t n)
+static int add_credit_locked(fb_conn_t *c, fb_inchan_t *ch, int32_t n)
 {
     ch->unannounced += n;
     if (!ch->credit_queued && ch->state == CH_REQUESTED && c->state == CONN_OPEN) {
-        if (ctl_push(c, FB_MSG_ADD_CREDIT, ch->receiver_id, ch, NULL, 0) == FB_OK)
+        if (ctl_push_quiet(c, FB_MSG_ADD_CREDIT, ch->receiver_id, ch, NULL, 0, 1) == FB_OK) {
             ch->credit_queued = 1;
+            /* The caller wakes the writer once unlocked; it sends the credit
+             * itself (caller_sends) only if the sender had no backlog: a
+             * sender that streams is better served by the writer thread
+             * batching credit than by a system call in the consumer's. */
+            return ch->backlog > 0 ? 2 : 1;
+        }
     }
+    return 0;
 }
 
 static inline int holds_buffers(const fb_inchan_t *ch)
@@ -333,16 +377,18 @@ static int exclusive_hook(void *arg, fb_localpool_t *lp, int32_t index)
 {
     fb_inchan_t *ch = arg;
     fb_conn_t *c = ch->conn;
-    int kept = 0;
+    int kept = 0, wake = 0;
     (void)lp;
     pthread_mutex_lock(&c->mu);
     if (holds_buffers(ch) && ch->navail < ch->cap_avail) {
         ch->avail[ch->navail] = index;
         ch->avail_floating[ch->navail++] = 0;
-        add_credit_locked(c, ch, 1);
+        wake = add_credit_locked(c, ch, 1);
         kept = 1;
     }
     pthread_mutex_unlock(&c->mu);
+    if (wake)
+        writer_kick(c, wake);
     return kept;
 }
 
@@ -350,15 +396,17 @@ static int exclusive_hook(void *arg, fb_localpool_t *lp, int32_t index)
 static int give_floating(fb_inchan_t *ch, int32_t index)
 {
     fb_conn_t *c = ch->conn;
-    int kept = 0;
+    int kept = 0, wake = 0;
     pthread_mutex_lock(&c->mu);
     if (holds_buffers(ch) && ch->navail < ch->cap_avail) {
         ch->avail[ch->navail] = index;
         ch->avail_floating[ch->navail++] = 1;
-        add_credit_locked(c, ch, 1);
+        wake = add_credit_locked(c, ch, 1);
         kept = 1;
     }
     pthread_mutex_unlock(&c->mu);
+    if (wake)
+        writer_kick(c, wake);
     return kept;
 }
 
@@ -544,10 +592,23 @@ static void conn_fail(fb_conn_t *c, int code, const char *fmt, ...)
 /* End every served channel left (the connection ended and the writer is not
  * sending anymore): their readers are gone, so their subpartitions are
  * released. */
+static int flush_pending(fb_conn_t *c, int send);
+
 static void end_served_channels(fb_conn_t *c)
 {
-    outchan_t **ended = malloc(sizeof(outchan_t *) * FB_NET_MAX_CHANNELS);
+    outchan_t **ended;
     int32_t n = 0, k;
+    /* A producer's thread sending now finishes first; a batch it left
+     * unsent goes back (the connection has ended: it is not sent). */
+    pthread_mutex_lock(&c->send_mu);
+    if (c->pending != NULL) {
+        batch_t *spare = c->pending;
+        flush_pending(c, 0);
+        if (c->direct == NULL)
+            c->direct = spare;
+    }
+    pthread_mutex_unlock(&c->send_mu);
+    ended = malloc(sizeof(outchan_t *) * FB_NET_MAX_CHANNELS);
     pthread_mutex_lock(&c->mu);
     for (k = 1; k <= FB_NET_MAX_CHANNELS; k++)
         if (c->outs[k] != NULL) {
@@ -601,20 +662,50 @@ static int wait_readable(fb_conn_t *c, int abortable)
     return -1;
 }
 
+static int recv_some2(fb_conn_t *c, char *dst, size_t n, char *more, size_t nmore,
+                      int abortable);
+
 static int recv_some(fb_conn_t *c, char *dst, size_t n, int mid_frame, int abortable)
 {
+    if (mid_frame)
+        return recv_some2(c, dst, n, NULL, 0, abortable);
+    return recv_some2(c, dst, n, NULL, 0, -1);
+}
+
+/* Receive into dst (n bytes at most) and, past them, into more (nmore bytes,
+ * or none): the bytes received (> 0), or -1 (the connection failed),
+ * RECV_ABORTED.  abortable -1: at a frame's start (no stall timeout). */
+static int recv_some2(fb_conn_t *c, char *dst, size_t n, char *more, size_t nmore,
+                      int abortable)
+{
     ssize_t r;
-    int w;
+    int w, waited = 0, mid_frame = abortable >= 0;
+    struct iovec iov[2] = {{dst, n}, {more, nmore}};
+    struct msghdr mh;
+    memset(&mh, 0, sizeof(mh));
+    mh.msg_iov = iov;
+    mh.msg_iovlen = more != NULL && nmore > 0 ? 2 : 1;
+    if (abortable < 0)
+        abortable = 0;
     for (;;) {
-        if (mid_frame && (w = wait_readable(c, abortable)) < 0)
+        /* In the middle of a frame: what is there already is taken without
+         * a poll first (one system call per receive while data streams);
+         * only an empty socket is waited on, with the stall timeout. */
+        if (mid_frame && abortable && __atomic_load_n(&c->recv_abort, __ATOMIC_ACQUIRE))
+            return RECV_ABORTED;
+        if (mid_frame && waited && (w = wait_readable(c, abortable)) < 0)
             return w;
-        r = recv(c->fd, dst, n, 0);
+        r = recvmsg(c->fd, &mh, mid_frame && !waited ? MSG_DONTWAIT : 0);
         if (r > 0) {
             stat_add(&c->stats.bytes_in, r);
             return (int)r;
         }
         if (r < 0 && errno == EINTR)
             continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && mid_frame && !waited) {
+            waited = 1;
+            continue;
+        }
         if (r == 0)
             conn_fail(c, FB_NET_ERR_CONNECTION, mid_frame
                       ? "the peer closed the connection in the middle of a frame"
@@ -669,7 +760,16 @@ static int rd_body(fb_conn_t *c, char *dst, size_t n, int abortable, size_t *lef
             r = recv_some(c, c->rd, chunk, 1, 0);
             c->rd_pos = c->rd_end = 0;
         } else {
-            r = recv_some(c, dst, n, 1, abortable);
+            /* The rest of the body into the segment, and in the same call
+             * what follows it (the next frame's header) into the staging
+             * buffer, which is empty by now: one system call per frame
+             * while data streams. */
+            c->rd_pos = c->rd_end = 0;
+            r = recv_some2(c, dst, n, c->rd, READ_AHEAD, abortable);
+            if (r > 0 && (size_t)r > n) {
+                c->rd_end = (size_t)r - n;
+                r = (int)n;
+            }
             dst += r > 0 ? r : 0;
         }
         if (r == RECV_ABORTED)
@@ -776,18 +876,24 @@ static void buffer_deliver(fb_conn_t *c, fb_inchan_t *ch, fb_item_t *item, int r
     int delivered = 0;
     int last = item->kind == FB_ITEM_EVENT && item->size == 1 && item->data != NULL
                && received == 0 && item->data[0] == 0;     /* EndOfPartition */
+    int open;
     pthread_mutex_lock(&c->mu);
-    if (received == 0 && ch->state == CH_REQUESTED
-            && fb_subpart_add(&ch->queue, *item, last) == FB_OK) {
+    open = received == 0 && ch->state == CH_REQUESTED;
+    if (open && last)
+        ch->state = CH_FINISHED;
+    pthread_mutex_unlock(&c->mu);
+    /* Queued with no connection lock held: the consumer it wakes takes that
+     * lock at once (to recycle).  A close or failure meanwhile terminates the
+     * queue, which then refuses the item (or hands it back with the rest). */
+    if (open && fb_subpart_add(&ch->queue, *item, last) == FB_OK) {
+        pthread_mutex_lock(&c->mu);
         ch->backlog = backlog;
         ch->buffers_in += item->kind == FB_ITEM_DATA;
         ch->bytes_in += item->size;
-        if (last)
-            ch->state = CH_FINISHED;
+        pthread_mutex_unlock(&c->mu);
         item->data = NULL;          /* the queue has it */
         delivered = 1;
     }
-    pthread_mutex_unlock(&c->mu);
     if (item->data != NULL)
         fb_item_dispose(item);
     if (delivered && item->kind == FB_ITEM_DATA)
@@ -994,6 +1100,7 @@ static int read_frame(fb_conn_t *c)
     uint32_t len, magic, body, id, n;
     uint8_t msg;
     int32_t slot;
+    int wake = 0;
     if (rd_fill(c, FB_NET_HEADER, 0) < 0)
         return -1;
     f = c->rd + c->rd_pos;
@@ -1038,6 +1145,11 @@ static int read_frame(fb_conn_t *c)
         slot = idmap_get(&c->out_ids, id);
         if (slot >= 0) {
             outchan_t *oc = c->outs[slot];
+            /* The writer parks a channel only for want of credit: a grant
+             * on top of credit it still had changes nothing for it. */
+            wake = msg == FB_MSG_CANCEL
+                   || ((msg == FB_MSG_ADD_CREDIT ? oc->credit : oc->event_credit) <= 0
+                       && fb_subpart_size(oc->sp) > 0);
             if (msg == FB_MSG_CANCEL) {
                 oc->cancelled = 1;
             } else if (msg == FB_MSG_ADD_EVENT_CREDIT) {
@@ -1053,9 +1165,10 @@ static int read_frame(fb_conn_t *c)
             } else {
                 oc->credit += (int32_t)n;
             }
-            notify_writer(c, slot);
         }
         pthread_mutex_unlock(&c->mu);
+        if (wake)
+            notify_writer(c, slot);
         stat_add(&c->stats.frames_in, 1);
         return 0;
     case FB_MSG_CLOSE:
@@ -1127,7 +1240,7 @@ typedef struct frame {
 } frame_t;
 
 /* What the writer sends in one sendmsg. */
-typedef struct batch {
+struct batch {
     int32_t nframes;
     int niov;
     size_t bytes;
@@ -1138,7 +1251,7 @@ typedef struct batch {
     /* (fields above are reset for every batch) */
     frame_t frames[BATCH_FRAMES];
     struct iovec iov[2 * BATCH_FRAMES + 8];
-} batch_t;
+};
 
 static void batch_iov(batch_t *b, void *base, size_t len)
 {
@@ -1301,9 +1414,19 @@ static void take_buffer(fb_conn_t *c, batch_t *b, int32_t slot)
 
 /* Send the batch (one sendmsg when the socket takes it), then give the sent
  * segments back and end the channels whose last item went. */
+static void finish_batch(fb_conn_t *c, batch_t *b, ctl_t *taken, int rc);
+
 static int send_batch(fb_conn_t *c, batch_t *b, ctl_t *taken)
 {
     int rc = b->niov ? send_all(c, b->iov, b->niov) : 0;
+    finish_batch(c, b, taken, rc);
+    return rc;
+}
+
+/* After a batch went (rc 0) or failed: its control messages are freed, its
+ * segments go back, the channels whose last item went end. */
+static void finish_batch(fb_conn_t *c, batch_t *b, ctl_t *taken, int rc)
+{
     int32_t k, buffers = 0;
     ctl_free_list(taken);
     for (k = 0; k < b->nframes; k++) {
@@ -1322,7 +1445,6 @@ static int send_batch(fb_conn_t *c, batch_t *b, ctl_t *taken)
         pthread_cond_broadcast(&c->cv);
         pthread_mutex_unlock(&c->mu);
     }
-    return rc;
 }
 
 /* Requests whose retry time came: queue them again (mu held); the next
@@ -1352,10 +1474,140 @@ static int64_t due_retries_locked(fb_conn_t *c)
     return next;
 }
 
-/* The writer: wait for a ready slot, then gather whatever else is ready
- * now (up to BATCH_FRAMES buffers, BATCH_BYTES, and the control frames)
- * into one send: a credit announcement goes out with the data beside it,
- * and small buffers share a system call. */
+/* Gather a batch starting with `slot`: whatever else is ready now (up to
+ * BATCH_FRAMES buffers, BATCH_BYTES, and the control frames) goes into one
+ * send: a credit announcement goes out with the data beside it, and small
+ * buffers share a system call.  send_mu held; the control messages taken
+ * are returned (freed once the batch went). */
+static ctl_t *gather(fb_conn_t *c, batch_t *b, int32_t slot)
+{
+    ctl_t *taken = NULL, *more;
+    memset(b, 0, offsetof(batch_t, frames));
+    do {
+        if (slot == 0) {
+            pthread_mutex_lock(&c->mu);
+            more = take_control_locked(c, b);
+            pthread_mutex_unlock(&c->mu);
+            if (more != NULL) {          /* keep them for freeing after the send */
+                ctl_t *t = more;
+                while (t->next != NULL)
+                    t = t->next;
+                t->next = taken;
+                taken = more;
+            }
+        } else {
+            take_buffer(c, b, slot);
+        }
+    } while (b->nframes < BATCH_FRAMES && b->bytes < BATCH_BYTES && !b->close_now
+             && !b->ctl_full && b->niov < (int)(sizeof(b->iov) / sizeof(b->iov[0])) - 2
+             && fb_gate_wait(&c->out, 0, &slot) == FB_OK);
+    return taken;
+}
+
+/* Send what the socket takes now without blocking: 0 all of it, 1 some is
+ * left (the iovecs advanced past what went), -1 the connection failed. */
+static int send_nowait(fb_conn_t *c, batch_t *b)
+{
+    struct msghdr mh;
+    struct iovec *iov = b->iov;
+    int iovcnt = b->niov;
+    ssize_t r;
+    memset(&mh, 0, sizeof(mh));
+    while (iovcnt > 0) {
+        mh.msg_iov = iov;
+        mh.msg_iovlen = (size_t)iovcnt;
+        r = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                break;
+            conn_fail(c, FB_NET_ERR_CONNECTION, "writing to the connection failed: %s",
+                      strerror(errno));
+            return -1;
+        }
+        stat_add(&c->stats.bytes_out, r);
+        while (iovcnt > 0 && (size_t)r >= iov->iov_len) {
+            r -= (ssize_t)iov->iov_len;
+            iov++;
+            iovcnt--;
+        }
+        if (iovcnt > 0) {
+            iov->iov_base = (char *)iov->iov_base + r;
+            iov->iov_len -= (size_t)r;
+        }
+    }
+    if (iovcnt == 0)
+        return 0;
+    memmove(b->iov, iov, sizeof(*iov) * (size_t)iovcnt);
+    b->niov = iovcnt;
+    return 1;
+}
+
+/* The batch a producer's thread left (send_mu held, no GIL: blocking is
+ * fine here): sent whole, or given back if the connection failed. */
+static int flush_pending(fb_conn_t *c, int send)
+{
+    batch_t *b = c->pending;
+    int rc;
+    if (b == NULL)
+        return 0;
+    rc = send ? send_all(c, b->iov, b->niov) : -1;
+    c->pending = NULL;
+    finish_batch(c, b, c->pending_taken, rc);
+    c->pending_taken = NULL;
+    return rc;
+}
+
+/* The gate hook (caller_sends): a producer's add made a served subpartition
+ * ready.  If the writer thread is idle, this thread sends what is ready
+ * itself, without blocking (it may hold the GIL): no hand-off to the writer
+ * thread and no wake-up of it.  Otherwise, or if the socket would block,
+ * the writer thread is woken to do it. */
+static void conn_ready(void *arg)
+{
+    fb_conn_t *c = arg;
+    batch_t *b;
+    ctl_t *taken;
+    int32_t slot;
+    int rc;
+    if (pthread_mutex_trylock(&c->send_mu) != 0) {
+        fb_gate_wake(&c->out);            /* the writer thread (or another sender) is at it */
+        return;
+    }
+    b = c->direct;                        /* NULL only while a batch is pending */
+    if (c->pending != NULL || b == NULL || fb_gate_wait(&c->out, 0, &slot) != FB_OK) {
+        pthread_mutex_unlock(&c->send_mu);
+        fb_gate_wake(&c->out);
+        return;
+    }
+    taken = gather(c, b, slot);
+    rc = b->niov ? send_nowait(c, b) : 0;
+    if (rc == 1) {
+        c->pending = b;                   /* the rest for the writer thread */
+        c->pending_taken = taken;
+        c->direct = NULL;
+    } else {
+        finish_batch(c, b, taken, rc);
+    }
+    pthread_mutex_unlock(&c->send_mu);
+    if (rc == 1)
+        notify_writer(c, 0);
+    else
+        fb_gate_wake(&c->out);            /* what did not fit in this batch */
+}
+
+static void conn_hold(void *arg)
+{
+    fb_conn_incref(arg);
+}
+
+static void conn_release(void *arg)
+{
+    fb_conn_decref(arg);
+}
+
+/* The writer thread: wait for a ready slot, gather a batch, send it. */
 static void *writer_main(void *arg)
 {
     fb_conn_t *c = arg;
@@ -1363,7 +1615,7 @@ static void *writer_main(void *arg)
     int64_t deadline;
     int rc;
     batch_t *b = malloc(sizeof(batch_t));
-    ctl_t *taken, *more;
+    ctl_t *taken;
     if (b == NULL) {
         conn_fail(c, FB_NET_ERR_CLOSED, "out of memory for the connection's writer");
         return NULL;
@@ -1377,27 +1629,21 @@ static void *writer_main(void *arg)
             break;
         if (rc != FB_OK)
             continue;
-        memset(b, 0, offsetof(batch_t, frames));
-        taken = NULL;
-        do {
-            if (slot == 0) {
-                pthread_mutex_lock(&c->mu);
-                more = take_control_locked(c, b);
-                pthread_mutex_unlock(&c->mu);
-                if (more != NULL) {          /* keep them for freeing after the send */
-                    ctl_t *t = more;
-                    while (t->next != NULL)
-                        t = t->next;
-                    t->next = taken;
-                    taken = more;
-                }
-            } else {
-                take_buffer(c, b, slot);
+        pthread_mutex_lock(&c->send_mu);
+        if (c->pending != NULL) {
+            batch_t *spare = c->pending;
+            rc = flush_pending(c, 1);
+            if (c->direct == NULL)
+                c->direct = spare;        /* the producers' batch is free again */
+            if (rc < 0) {
+                pthread_mutex_unlock(&c->send_mu);
+                break;
             }
-        } while (b->nframes < BATCH_FRAMES && b->bytes < BATCH_BYTES && !b->close_now
-                 && !b->ctl_full && b->niov < (int)(sizeof(b->iov) / sizeof(b->iov[0])) - 2
-                 && fb_gate_wait(&c->out, 0, &slot) == FB_OK);
-        if (send_batch(c, b, taken) < 0)
+        }
+        taken = gather(c, b, slot);
+        rc = send_batch(c, b, taken);
+        pthread_mutex_unlock(&c->send_mu);
+        if (rc < 0)
             break;
     }
     free(b);
@@ -1421,9 +1667,17 @@ fb_conn_t *fb_conn_new(int fd, int32_t segment_size, const fb_conn_callbacks_t *
     if (c->rd == NULL || c->ctlbuf == NULL || c->wake_fd < 0
             || fb_gate_init(&c->out, FB_NET_MAX_CHANNELS + 1) != FB_OK)
         goto fail;
+    c->direct = malloc(sizeof(batch_t));
+    if (c->direct == NULL)
+        goto fail_gate;
     if (pthread_mutex_init(&c->mu, NULL) != 0)
         goto fail_gate;
+    if (pthread_mutex_init(&c->send_mu, NULL) != 0) {
+        pthread_mutex_destroy(&c->mu);
+        goto fail_gate;
+    }
     if (fb_cond_init(&c->cv) != 0) {
+        pthread_mutex_destroy(&c->send_mu);
         pthread_mutex_destroy(&c->mu);
         goto fail_gate;
     }
@@ -1442,6 +1696,7 @@ fb_conn_t *fb_conn_new(int fd, int32_t segment_size, const fb_conn_callbacks_t *
     idmap_init(&c->in_ids);
     return c;
 fail_gate:
+    free(c->direct);
     fb_gate_free(&c->out);
 fail:
     if (c->wake_fd >= 0)
@@ -1450,6 +1705,16 @@ fail:
     free(c->ctlbuf);
     free(c);
     return NULL;
+}
+
+void fb_conn_set_caller_sends(fb_conn_t *c, int on)
+{
+    c->caller_sends = on;
+    c->hook.ready = conn_ready;
+    c->hook.hold = conn_hold;
+    c->hook.release = conn_release;
+    c->hook.arg = c;
+    c->out.hook = on ? &c->hook : NULL;
 }
 
 int fb_conn_start(fb_conn_t *c)
@@ -1505,7 +1770,9 @@ void fb_conn_decref(fb_conn_t *c)
     ctl_free_list(c->ctl_head);     /* holds no channel: a channel holds this connection */
     fb_gate_free(&c->out);
     pthread_cond_destroy(&c->cv);
+    pthread_mutex_destroy(&c->send_mu);
     pthread_mutex_destroy(&c->mu);
+    free(c->direct);
     free(c->rd);
     free(c->ctlbuf);
     free(c);
@@ -1759,14 +2026,18 @@ void fb_inchan_decref(fb_inchan_t *ch)
 void fb_inchan_event_taken(fb_inchan_t *ch)
 {
     fb_conn_t *c = ch->conn;
+    int wake = 0;
     pthread_mutex_lock(&c->mu);
     {
         ch->events_taken++;
         if (!ch->event_credit_queued && ch->state == CH_REQUESTED && c->state == CONN_OPEN
-                && ctl_push(c, FB_MSG_ADD_EVENT_CREDIT, ch->receiver_id, ch, NULL, 0) == FB_OK)
-            ch->event_credit_queued = 1;
+                && ctl_push_quiet(c, FB_MSG_ADD_EVENT_CREDIT, ch->receiver_id, ch, NULL, 0,
+                                  1) == FB_OK)
+            ch->event_credit_queued = wake = 1;
     }
     pthread_mutex_unlock(&c->mu);
+    if (wake)
+        writer_kick(c, wake);
 }
 
 int fb_inchan_error(fb_inchan_t *ch, char *type, size_t tlen, char *message, size_t mlen)

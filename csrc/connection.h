@@ -102,6 +102,12 @@ typedef struct fb_conn_stats {
  * caller holds one reference.  NULL when out of memory. */
 fb_conn_t *fb_conn_new(int fd, int32_t segment_size, const fb_conn_callbacks_t *cb,
                        double io_timeout);
+/* Before the start: whether a producer's thread whose add makes a served
+ * subpartition ready sends it itself when the writer thread is idle (non-
+ * blocking; what the socket does not take goes to the writer thread), and
+ * a thread that queues control messages (credit) sends them likewise.  0:
+ * every send is the writer thread's; 2: buffers only (for measuring). */
+void fb_conn_set_caller_sends(fb_conn_t *c, int on);
 /* Start the reader and writer threads: FB_OK or FB_ENOMEM. */
 int fb_conn_start(fb_conn_t *c);
 /* Close: a CLOSE_REQUEST if the connection is open, then both threads end

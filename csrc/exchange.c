@@ -62,8 +62,14 @@ void fb_gate_free(fb_gate_t *g)
     memset(g, 0, sizeof(*g));
 }
 
-void fb_gate_notify(fb_gate_t *g, int32_t channel)
+/* The waiter is signalled after the mutex is released: signalled under it,
+ * the woken thread would at once block on the mutex the notifier still holds
+ * (one more futex wait and wake, and a context switch, per notification).
+ * The caller keeps the gate alive (a subpartition notifies under its own
+ * lock, under which its gate disconnects before it is freed). */
+static void gate_mark(fb_gate_t *g, int32_t channel, int wake)
 {
+    int signal = 0;
     if (channel < 0 || channel >= g->num_channels)
         return;
     pthread_mutex_lock(&g->mu);
@@ -71,10 +77,31 @@ void fb_gate_notify(fb_gate_t *g, int32_t channel)
         g->queued[channel] = 1;
         g->ready[(g->head + g->count) % g->num_channels] = channel;
         g->count++;
-        if (g->waiters > 0)
-            pthread_cond_signal(&g->cv);
+        signal = wake && g->waiters > 0;
     }
     pthread_mutex_unlock(&g->mu);
+    if (signal)
+        pthread_cond_signal(&g->cv);
+}
+
+void fb_gate_notify(fb_gate_t *g, int32_t channel)
+{
+    gate_mark(g, channel, 1);
+}
+
+void fb_gate_mark(fb_gate_t *g, int32_t channel)
+{
+    gate_mark(g, channel, 0);
+}
+
+void fb_gate_wake(fb_gate_t *g)
+{
+    int signal;
+    pthread_mutex_lock(&g->mu);
+    signal = g->count > 0 && g->waiters > 0;
+    pthread_mutex_unlock(&g->mu);
+    if (signal)
+        pthread_cond_signal(&g->cv);
 }
 
 int fb_gate_wait(fb_gate_t *g, int64_t deadline_ns, int32_t *channel)
@@ -228,6 +255,7 @@ static int grow(fb_subpart_t *sp)
 int fb_subpart_add(fb_subpart_t *sp, fb_item_t item, int last)
 {
     int rc = FB_OK;
+    const fb_gate_hook_t *hook = NULL;
     pthread_mutex_lock(&sp->mu);
     if (sp->state == FB_SP_RELEASED) {
         rc = FB_ERELEASED;
@@ -246,10 +274,18 @@ int fb_subpart_add(fb_subpart_t *sp, fb_item_t item, int last)
             __atomic_store_n(&sp->events, sp->events + 1, __ATOMIC_RELAXED);
         if (last)
             sp->finished = 1;
-        if (sp->count == 1 && sp->gate != NULL)
-            fb_gate_notify(sp->gate, sp->gate_channel);
+        if (sp->count == 1 && sp->gate != NULL) {
+            hook = sp->gate->hook;
+            gate_mark(sp->gate, sp->gate_channel, hook == NULL);
+            if (hook != NULL)
+                hook->hold(hook->arg);
+        }
     }
     pthread_mutex_unlock(&sp->mu);
+    if (hook != NULL) {
+        hook->ready(hook->arg);
+        hook->release(hook->arg);
+    }
     return rc;
 }
 

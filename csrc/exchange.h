@@ -45,6 +45,19 @@ void fb_item_dispose(fb_item_t *item);
 /* Dispose of n items, then free() the array (as a terminate call returns it). */
 void fb_items_dispose(fb_item_t *items, int32_t n);
 
+/* What a gate's owner may do instead of the gate waking its waiter when a
+ * producer's add makes a subpartition ready (the network writer: send it in
+ * the producer's thread).  `ready` runs in the adding thread once the
+ * subpartition's lock is released (hold/release keep `arg` alive from under
+ * that lock until then); it must wake the waiter itself (fb_gate_wake) when
+ * it does not serve the channel. */
+typedef struct fb_gate_hook {
+    void (*ready)(void *arg);
+    void (*hold)(void *arg);
+    void (*release)(void *arg);
+    void *arg;
+} fb_gate_hook_t;
+
 typedef struct fb_gate {
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -55,6 +68,7 @@ typedef struct fb_gate {
     int32_t waiters;
     int closed;
     int initialized;
+    const fb_gate_hook_t *hook;   /* NULL: adds wake the waiter (set before connecting) */
 } fb_gate_t;
 
 /* A counter that consumers bump and a producer can sleep on: "something was
@@ -86,6 +100,11 @@ int fb_gate_init(fb_gate_t *g, int32_t num_channels);     /* FB_OK / FB_ENOMEM *
 void fb_gate_free(fb_gate_t *g);                           /* no waiter may remain */
 /* Mark `channel` as having data (no-op if already marked) and wake a waiter. */
 void fb_gate_notify(fb_gate_t *g, int32_t channel);
+/* Mark `channel` as having data without waking anyone (the caller serves
+ * it, or wakes the waiter with fb_gate_wake). */
+void fb_gate_mark(fb_gate_t *g, int32_t channel);
+/* Wake a waiter if some channel has data. */
+void fb_gate_wake(fb_gate_t *g);
 /* Wait until some channel has data and take it off the ring:
  * FB_OK (channel in *channel), FB_ETIMEDOUT, or FB_ECLOSED.  Deadlines
  * are clock.h's: FB_WAIT_FOREVER, or a time (one that passed: no waiting). */

@@ -40,6 +40,7 @@ cdef extern from "connection.h" nogil:
 
     fb_conn_t *fb_conn_new(int fd, int32_t segment_size, const fb_conn_callbacks_t *cb,
                            double io_timeout)
+    void fb_conn_set_caller_sends(fb_conn_t *c, int on)
     int fb_conn_start(fb_conn_t *c)
     void fb_conn_close(fb_conn_t *c)
     void fb_conn_incref(fb_conn_t *c)

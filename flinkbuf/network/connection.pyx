@@ -81,7 +81,8 @@ cdef class Connection:
         raise TypeError("connections are made by NetworkEnvironment")
 
     @staticmethod
-    def _open(int fd, int32_t segment_size, lookup, str local, str peer, double io_timeout):
+    def _open(int fd, int32_t segment_size, lookup, str local, str peer, double io_timeout,
+              int caller_sends=0):
         """Start a connection over ``fd`` (connected, authenticated, owned
         from here on).  ``lookup(partition_id)`` finds a registered
         partition or returns None."""
@@ -99,6 +100,7 @@ cdef class Connection:
             import os
             os.close(fd)
             raise MemoryError("cannot allocate a connection")
+        fb_conn_set_caller_sends(conn._c, caller_sends)
         if fb_conn_start(conn._c) != FB_OK:
             raise MemoryError("cannot start the connection's threads")
         return conn

@@ -5,6 +5,7 @@ other processes whose partitions its input gates read."""
 import atexit
 import logging
 import math
+import os
 import selectors
 import socket
 import sys
@@ -92,12 +93,23 @@ _UNIX = hasattr(socket, "AF_UNIX") and sys.platform.startswith("linux")
 _LOCAL_HOSTS = ("127.", "::1", "localhost")
 
 
+# Dead-peer detection on TCP (a peer whose host vanished sends no FIN or RST):
+# keepalive probes after KEEPALIVE[0] s idle, every KEEPALIVE[1] s, the
+# connection fails after KEEPALIVE[2] unanswered ones; and data unacknowledged
+# for as long (TCP_USER_TIMEOUT) fails it too, since no probe goes while data
+# is in flight.  A Unix socket's peer is on this host: its end is seen at once.
+KEEPALIVE = (10, 5, 3)
+
+
 def _tune(sock):
     if sock.family == getattr(socket, "AF_UNIX", None):
         return
+    idle, interval, count = KEEPALIVE
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for opt, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
+    for opt, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", interval),
+                       ("TCP_KEEPCNT", count),
+                       ("TCP_USER_TIMEOUT", 1000 * (idle + interval * count))):
         if hasattr(socket, opt):
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
 
@@ -151,6 +163,11 @@ class NetworkEnvironment:
         self._request_timeout = _seconds(request_timeout, "request_timeout")
         self._io_timeout = _seconds(io_timeout, "io_timeout")
         self._secret = secret
+        # A producer's flush sends in its own thread when the connection's writer
+        # thread is idle (docs/ARCHITECTURE.md, layer 4: Send); FLINKBUF_NET_CALLER_SENDS=0
+        # leaves every send to the writer thread (for measuring the two).
+        mode = os.environ.get("FLINKBUF_NET_CALLER_SENDS", "1")
+        self._caller_sends = int(mode) if mode in ("0", "1", "2") else 1
         self._nbp = NetworkBufferPool(num_segments, segment_size)
         self._segment_size = segment_size
         self._lock = threading.Lock()
@@ -391,7 +408,7 @@ class NetworkEnvironment:
             sock.close()
             raise
         return Connection._open(fd, self._segment_size, self._lookup, self._address_text,
-                                address, self._io_timeout)
+                                address, self._io_timeout, self._caller_sends)
 
     def _accept_loop(self):
         """Accept connections and run their handshakes, many at a time in
@@ -479,11 +496,10 @@ class NetworkEnvironment:
     def _start_accepted(self, fd, advertised):
         with self._lock:
             if self._closed:
-                import os
                 os.close(fd)
                 return
             conn = Connection._open(fd, self._segment_size, self._lookup, self._address_text,
-                                    advertised, self._io_timeout)
+                                    advertised, self._io_timeout, self._caller_sends)
             self._all_connections.append(conn)
             current = self._connections.get(advertised)
             if current is None or not current.is_open:
