@@ -109,6 +109,12 @@ class Child:
         env = dict(os.environ)
         env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
         env.pop("HYPOTHESIS_PROFILE", None)
+        if "asan" in env.get("LD_PRELOAD", ""):
+            # Tests bound the children's RSS; AddressSanitizer's quarantine
+            # keeps up to 256 MB of freed memory by default (not a leak).
+            # A small one still catches a use soon after a free.
+            opts = env.get("ASAN_OPTIONS", "")
+            env["ASAN_OPTIONS"] = (opts + ":" if opts else "") + "quarantine_size_mb=4"
         self._cfg = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
         json.dump(cfg, self._cfg)
         self._cfg.close()
