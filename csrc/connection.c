@@ -219,6 +219,25 @@ static inline void stat_add(int64_t *counter, int64_t n)
 
 /* ---- small helpers ------------------------------------------------------------ */
 
+/* Drop the first n bytes of an iovec array (after a partial send): *iov moves
+ * past the vectors sent in full, the next one starts where the send stopped.
+ * Returns the vectors left. */
+static int iov_advance(struct iovec **iov, int iovcnt, size_t n)
+{
+    struct iovec *v = *iov;
+    while (iovcnt > 0 && n >= v->iov_len) {
+        n -= v->iov_len;
+        v++;
+        iovcnt--;
+    }
+    if (iovcnt > 0) {
+        v->iov_base = (char *)v->iov_base + n;
+        v->iov_len -= n;
+    }
+    *iov = v;
+    return iovcnt;
+}
+
 static void copy_text(char *dst, size_t cap, const char *src, size_t n)
 {
     if (cap == 0)
@@ -1208,15 +1227,7 @@ static int send_all(fb_conn_t *c, struct iovec *iov, int iovcnt)
             return -1;
         }
         stat_add(&c->stats.bytes_out, r);
-        while (iovcnt > 0 && (size_t)r >= iov->iov_len) {
-            r -= (ssize_t)iov->iov_len;
-            iov++;
-            iovcnt--;
-        }
-        if (iovcnt > 0) {
-            iov->iov_base = (char *)iov->iov_base + r;
-            iov->iov_len -= (size_t)r;
-        }
+        iovcnt = iov_advance(&iov, iovcnt, (size_t)r);
     }
     return 0;
 }
@@ -1527,15 +1538,7 @@ static int send_nowait(fb_conn_t *c, batch_t *b)
             return -1;
         }
         stat_add(&c->stats.bytes_out, r);
-        while (iovcnt > 0 && (size_t)r >= iov->iov_len) {
-            r -= (ssize_t)iov->iov_len;
-            iov++;
-            iovcnt--;
-        }
-        if (iovcnt > 0) {
-            iov->iov_base = (char *)iov->iov_base + r;
-            iov->iov_len -= (size_t)r;
-        }
+        iovcnt = iov_advance(&iov, iovcnt, (size_t)r);
     }
     if (iovcnt == 0)
         return 0;
