@@ -490,22 +490,29 @@ cdef object _dec_sequence(_Dec *d, int tag, int tag8, int depth):
     """A tuple (tag8 T_TUPLE8) or list (T_LIST8) of values."""
     cdef const char *at = d.p - 1
     cdef bint is_tuple = tag8 == T_TUPLE8
-    cdef str what = "tuple" if is_tuple else "list"
-    cdef Py_ssize_t i, n = _dec_len(d, tag, tag8, what)
+    cdef Py_ssize_t i, n = _dec_len(d, tag, tag8, "tuple" if is_tuple else "list")
     if n > d.end - d.p:
-        _corrupt(d, at, f"{what} of {n} items in {d.end - d.p} bytes")
+        _corrupt(d, at, f"{'tuple' if is_tuple else 'list'} of {n} items in "
+                        f"{d.end - d.p} bytes")
     if depth >= MAX_DEPTH:
         _corrupt(d, at, f"containers nested deeper than {MAX_DEPTH} levels")
-    cdef object seq = PyTuple_New(n) if is_tuple else PyList_New(n)
+    cdef tuple t
+    cdef list l
     cdef object item
+    # Two loops, each with its own container type: this runs per record.
+    if is_tuple:
+        t = PyTuple_New(n)
+        for i in range(n):
+            item = _dec(d, depth + 1)
+            Py_INCREF(item)
+            PyTuple_SET_ITEM(t, i, item)
+        return t
+    l = PyList_New(n)
     for i in range(n):
         item = _dec(d, depth + 1)
         Py_INCREF(item)
-        if is_tuple:
-            PyTuple_SET_ITEM(seq, i, item)
-        else:
-            PyList_SET_ITEM(seq, i, item)
-    return seq
+        PyList_SET_ITEM(l, i, item)
+    return l
 
 
 include "dict_keys.pyx"
