@@ -17,6 +17,7 @@ class Connection:
         local: str,
         peer: str,
         io_timeout: float,
+        caller_sends: int = 0,
     ) -> Connection: ...
     def close(self) -> None: ...
     @property
