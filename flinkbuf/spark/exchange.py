@@ -4,8 +4,10 @@ stage (:func:`pipelined_exchange`).
 Every task of ``rdd.barrier().mapPartitions(...)`` is both a producer and a
 consumer.  It starts a :class:`~flinkbuf.network.NetworkEnvironment` on its
 executor's address, registers a :class:`~flinkbuf.ResultPartition` with one
-subpartition per task, and publishes its address with
-``BarrierTaskContext.allGather``.  Then a producer thread writes the task's
+subpartition per task, and registers its address with the exchange's
+rendezvous on the driver (which answers with every task's address once all
+have registered; ``rendezvous="barrier"`` uses
+``BarrierTaskContext.allGather`` instead).  Then a producer thread writes the task's
 input partition through a :class:`~flinkbuf.RecordWriter` (its selector
 picks the consumer of each record) while the task's own thread reads its
 :class:`~flinkbuf.InputGate` (one channel from every task, its own one
