@@ -129,6 +129,10 @@ class RendezvousServer:
         self._thread.start()
         _LIVE.add(self)
 
+    def _count_refused(self):
+        with self._lock:
+            self.refused += 1
+
     @property
     def closed(self):
         return self._closed
@@ -200,7 +204,7 @@ class RendezvousServer:
                         self._conns.add(conn)
                         self._last_activity = time.monotonic()
                 if full:
-                    self.refused += 1
+                    self._count_refused()
                     _LOG.warning("flinkbuf rendezvous: refused a connection from %s: "
                                  "%d connections open already", peer,
                                  self._max_connections)
@@ -235,13 +239,13 @@ class RendezvousServer:
                 reply = self._register(stage, tid, index, address)
                 _send_message(conn, reply)
                 if "error" in reply:
-                    self.refused += 1
+                    self._count_refused()
                     _LOG.warning("flinkbuf rendezvous: refused task %s (task attempt %s) of "
                                  "stage %s from %s: %s", index, tid, stage, peer,
                                  reply["error"])
             except (AuthenticationError, RemoteConnectionError, TimeoutError, ConnectionError,
                     ValueError, OSError) as exc:
-                self.refused += 1
+                self._count_refused()
                 if not self._closed:
                     _LOG.warning("flinkbuf rendezvous: dropped a peer at %s: %s", peer, exc)
         finally:
