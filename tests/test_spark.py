@@ -324,12 +324,20 @@ def _fail_first_attempt(marker):
 
 
 def test_a_failed_exchange_that_feeds_a_shuffle_is_retried_whole(sc, tmp_path):
+    from flinkbuf.spark import close_rendezvous
+
+    close_rendezvous()             # the lingering ones of earlier tests
     rdd = sc.parallelize([(i % 10, 1) for i in range(10_000)], 2)
     marker = str(tmp_path / "failed-once")
-    counts = (pipelined_exchange(rdd, _fail_first_attempt(marker))
+    counts = (pipelined_exchange(rdd, _fail_first_attempt(marker), timeout=30)
               .reduceByKey(lambda a, b: a + b).collectAsMap())
     assert os.path.exists(marker)
     assert counts == {k: 1000 for k in range(10)}
+    # The driver's rendezvous served both attempts of the stage (the result
+    # was gone on the driver once reduceByKey had made its shuffle).
+    [server] = _servers()
+    assert server.attempts_started == 2
+    close_rendezvous()
 
 
 def test_a_retried_exchange_with_the_barrier_rendezvous(sc, tmp_path):
