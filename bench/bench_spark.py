@@ -6,14 +6,18 @@ generated in the Python workers), keyed by the first field, counted per key
 in the consumer; local[2].  Rows:
 
   * ``flinkbuf``: :func:`flinkbuf.spark.pipelined_exchange` (hash by key,
-    32 KiB buffers), the consumer a ``Counter`` over the keys;
+    32 KiB buffers, the driver's address rendezvous), the consumer a
+    ``Counter`` over the keys;
+  * ``flinkbuf_barrier``: the same with ``rendezvous="barrier"`` (the
+    addresses through Spark's ``allGather``, answered on a 1 s poll);
   * ``rdd_shuffle``: ``partitionBy(2).mapPartitions`` with the same
     consumer (Spark's blocking RDD shuffle);
   * ``dataframe_arrow``: ``spark.range`` -> ``repartition(2, "k")`` ->
     ``mapInArrow`` counting with numpy (rows made in the JVM, not in Python);
   * ``flinkbuf_arrow``: the same DataFrame through
     :func:`flinkbuf.spark.arrow_exchange` (``mapInArrow(barrier=True)``),
-    RecordBatches routed by a vectorized hash of ``k``.
+    RecordBatches routed by a vectorized hash of ``k``;
+    ``flinkbuf_arrow_barrier`` the same with ``rendezvous="barrier"``.
 
 Time per op = the job's wall time / N.  ``extra_info`` has, per row, the
 time from the job's start to the consumer's first record
@@ -46,7 +50,8 @@ from conftest import scale
 KEYS = 1000
 TASKS = 2
 ROUNDS = scale(3, 1)
-ROWS = ("rdd_shuffle", "dataframe_arrow", "flinkbuf", "flinkbuf_arrow")   # peers first
+ROWS = ("rdd_shuffle", "dataframe_arrow", "flinkbuf", "flinkbuf_barrier", "flinkbuf_arrow",
+        "flinkbuf_arrow_barrier")   # peers first
 _ROWS_RUN = ROWS
 
 
@@ -167,10 +172,12 @@ def _job(spark, row, n, outdir):
     from flinkbuf.spark import pipelined_exchange
 
     sc = spark.sparkContext
-    if row in ("flinkbuf", "rdd_shuffle"):
+    rendezvous = "barrier" if row.endswith("_barrier") else "driver"
+    if row in ("flinkbuf", "flinkbuf_barrier", "rdd_shuffle"):
         source = sc.parallelize(range(TASKS), TASKS).mapPartitionsWithIndex(_source(n, outdir))
-        if row == "flinkbuf":
-            rdd = pipelined_exchange(source, _counting(outdir, "consumer"))
+        if row != "rdd_shuffle":
+            rdd = pipelined_exchange(source, _counting(outdir, "consumer"),
+                                     rendezvous=rendezvous)
         else:
             rdd = source.partitionBy(TASKS).mapPartitions(_counting(outdir, "consumer"))
         return lambda: [(f, c, k) for f, c, k in rdd.collect()]
@@ -183,7 +190,7 @@ def _job(spark, row, n, outdir):
     else:
         from flinkbuf.spark import arrow_exchange
         out = arrow_exchange(df, _arrow_marked(outdir, _arrow_counting(outdir, "consumer")),
-                             "k", schema)
+                             "k", schema, rendezvous=rendezvous)
     return lambda: [(r["first"] or None, r["records"], r["keys"]) for r in out.collect()]
 
 
@@ -195,6 +202,9 @@ def measure(spark, row, n):
         t0 = time.time()
         result = run()
         took = time.time() - t0
+        from flinkbuf.spark import close_rendezvous
+
+        close_rendezvous()          # the driver's rendezvous of this job, at once
         peaks, growths = [], []
         for path in glob.glob(os.path.join(outdir, "*.json")):
             with open(path) as f:
@@ -236,7 +246,8 @@ def test_spark_keyed_count(benchmark, spark, row, n):
     secs = statistics.median(r["seconds"] for r in runs)
     first = [r["first_record_s"] for r in runs if r["first_record_s"] is not None]
     info = {
-        "subject": row == "flinkbuf", "ops": n, "records": n, "ns_per_op": secs * 1e9 / n,
+        "subject": row.startswith("flinkbuf"), "ops": n, "records": n,
+        "ns_per_op": secs * 1e9 / n,
         "records_per_s": round(n / secs),
         "first_record_s": round(statistics.median(first), 3) if first else None,
         "worker_peak_rss_mb": max(max(r["worker_peak_rss_mb"], default=0) for r in runs),
@@ -247,8 +258,8 @@ def test_spark_keyed_count(benchmark, spark, row, n):
     if row == "rdd_shuffle":
         info["target"] = f"first record {info['first_record_s']} s, " \
                          f"peak RSS {info['worker_peak_rss_mb']} MB"
-    elif base is not None and row in ("flinkbuf", "flinkbuf_arrow"):
-        want = 2 if row == "flinkbuf" else 5
+    elif base is not None and row.startswith("flinkbuf"):
+        want = 5 if row.startswith("flinkbuf_arrow") else 2
         ratio = info["records_per_s"] / base["records_per_s"]
         sooner = (base["first_record_s"] / info["first_record_s"]
                   if info["first_record_s"] else float("nan"))
@@ -262,15 +273,17 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description="flinkbuf.spark against Spark's exchanges: "
                                  "records/s, first record, Python worker peak RSS")
     ap.add_argument("--records", type=int, nargs="+", default=[1_000_000, 10_000_000])
-    ap.add_argument("--rows", default=",".join(ROWS))
+    ap.add_argument("--rows", default=",".join(ROWS),
+                    help="comma-separated rows; the *_barrier rows take the addresses "
+                         "through Spark's allGather instead of the driver's rendezvous")
     ap.add_argument("--rounds", type=int, default=1)
     args = ap.parse_args(argv)
     spark = _session(args.rows.split(","))
     try:
-        print(f"{'N':>11} {'row':<16} {'records/s':>11} {'first rec s':>11} "
+        print(f"{'N':>11} {'row':<22} {'records/s':>11} {'first rec s':>11} "
               f"{'worker peak RSS MB':>19} {'growth MB':>9} {'vs rdd_shuffle':>14}")
         for n in args.records:
-            base = None
+            base = base_first = None
             for row in args.rows.split(","):
                 runs = [measure(spark, row, n) for _ in range(args.rounds)]
                 secs = statistics.median(r["seconds"] for r in runs)
@@ -279,9 +292,11 @@ def main(argv=None):
                 rss = max(max(r["worker_peak_rss_mb"], default=0) for r in runs)
                 growth = max(max(r["worker_rss_growth_mb"], default=0) for r in runs)
                 if row == "rdd_shuffle":
-                    base = rate
+                    base, base_first = rate, first
                 ratio = f"{rate / base:.2f}x" if base else ""
-                print(f"{n:>11,} {row:<16} {rate:>11,.0f} {first:>11.3f} {rss:>19.1f} "
+                if row != "rdd_shuffle" and base_first and first == first:
+                    ratio += f", first {base_first / first:.1f}x sooner"
+                print(f"{n:>11,} {row:<22} {rate:>11,.0f} {first:>11.3f} {rss:>19.1f} "
                       f"{growth:>9.1f} {ratio:>14}", flush=True)
     finally:
         spark.stop()

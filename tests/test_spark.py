@@ -50,11 +50,12 @@ def _multisets(parts):
     return [collections.Counter(p) for p in parts]
 
 
+@pytest.mark.parametrize("rendezvous", ["driver", "barrier"])
 @pytest.mark.parametrize("n", [1, 2, 3])
-def test_hash_exchange_matches_partition_by(sc, n):
+def test_hash_exchange_matches_partition_by(sc, n, rendezvous):
     data = [(i % 37, i) for i in range(20_000)]
     rdd = sc.parallelize(data, n)
-    ours = pipelined_exchange(rdd, _count_per_key).glom().collect()
+    ours = pipelined_exchange(rdd, _count_per_key, rendezvous=rendezvous).glom().collect()
     spark = rdd.partitionBy(n, _by_key(n)).mapPartitions(_count_per_key).glom().collect()
     assert len(ours) == n
     assert ours == spark
@@ -323,9 +324,26 @@ def _fail_first_attempt(marker):
 
 
 def test_a_failed_exchange_that_feeds_a_shuffle_is_retried_whole(sc, tmp_path):
+    from flinkbuf.spark import close_rendezvous
+
+    close_rendezvous()             # the lingering ones of earlier tests
     rdd = sc.parallelize([(i % 10, 1) for i in range(10_000)], 2)
     marker = str(tmp_path / "failed-once")
-    counts = (pipelined_exchange(rdd, _fail_first_attempt(marker))
+    counts = (pipelined_exchange(rdd, _fail_first_attempt(marker), timeout=30)
+              .reduceByKey(lambda a, b: a + b).collectAsMap())
+    assert os.path.exists(marker)
+    assert counts == {k: 1000 for k in range(10)}
+    # The driver's rendezvous served both attempts of the stage (the result
+    # was gone on the driver once reduceByKey had made its shuffle).
+    [server] = _servers()
+    assert server.attempts_started == 2
+    close_rendezvous()
+
+
+def test_a_retried_exchange_with_the_barrier_rendezvous(sc, tmp_path):
+    rdd = sc.parallelize([(i % 10, 1) for i in range(10_000)], 2)
+    marker = str(tmp_path / "failed-once")
+    counts = (pipelined_exchange(rdd, _fail_first_attempt(marker), rendezvous="barrier")
               .reduceByKey(lambda a, b: a + b).collectAsMap())
     assert os.path.exists(marker)
     assert counts == {k: 1000 for k in range(10)}
@@ -369,7 +387,115 @@ def test_bad_arguments_are_refused_on_the_driver(sc):
         pipelined_exchange(rdd, host=127)
     with pytest.raises(TypeError, match="monitor"):
         pipelined_exchange(rdd, monitor="yes")
+    with pytest.raises(ValueError, match="rendezvous"):
+        pipelined_exchange(rdd, rendezvous="zookeeper")
     assert pipelined_exchange(rdd, num_partitions=2, selector="round_robin").count() == 10
+
+
+# ---- the driver's rendezvous ----------------------------------------------------------
+
+
+def _rendezvous_threads():
+    import threading
+
+    return [t.name for t in threading.enumerate() if t.name.startswith("flinkbuf-rendezvous")]
+
+
+def _servers():
+    import gc
+
+    from flinkbuf.spark import _rendezvous
+
+    gc.collect()
+    return list(_rendezvous._LIVE)
+
+
+def test_the_driver_rendezvous_lives_as_long_as_the_result(sc):
+    import gc
+    import socket
+
+    from flinkbuf.spark import close_rendezvous
+
+    close_rendezvous()             # the lingering ones of earlier tests
+    assert _servers() == []
+    result = pipelined_exchange(sc.parallelize(range(1000), 2), selector="round_robin",
+                                timeout=2)
+    [server] = _servers()
+    host, port = server.address
+    assert host == "127.0.0.1"                     # spark.driver.host
+    counted = result.map(lambda x: 1)              # an RDD made from the result keeps it up
+    del result
+    assert _servers() == [server]
+    assert counted.count() == 1000
+    assert counted.count() == 1000                 # a second job: another stage, served too
+    time.sleep(3)
+    assert not server.closed                       # still referenced
+    del counted
+    gc.collect()
+    # Released: it closes once no task has registered for the timeout (2 s).
+    deadline = time.monotonic() + 10
+    while _rendezvous_threads() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert server.closed and _servers() == [] and _rendezvous_threads() == []
+    with pytest.raises(OSError):
+        socket.create_connection((host, port), timeout=1).close()
+    # The barrier rendezvous starts no server.
+    assert pipelined_exchange(sc.parallelize(range(10), 2), selector="round_robin",
+                              rendezvous="barrier").count() == 10
+    assert _servers() == []
+
+
+def test_the_driver_rendezvous_refuses_strangers_and_keeps_serving(sc):
+    from flinkbuf.errors import AuthenticationError
+    from flinkbuf.spark import close_rendezvous
+    from flinkbuf.spark._rendezvous import register
+
+    close_rendezvous()             # the lingering ones of earlier tests
+    result = pipelined_exchange(sc.parallelize([(i % 7, i) for i in range(5000)], 2),
+                                _count_per_key)
+    [server] = _servers()
+    with pytest.raises(AuthenticationError):
+        register(server.address, b"not the secret", stage=0, task_attempt_id=0, index=0,
+                 num_tasks=2, address="127.0.0.1:1", timeout=5)
+    with socket_to(server.address) as s:
+        s.sendall(b"\x00\x00\x00\x08garbage!" * 100)
+        s.settimeout(5)
+        try:
+            assert s.recv(10) == b""               # dropped
+        except ConnectionResetError:
+            pass                                   # dropped with data unread
+    assert sorted(result.collect()) == sorted(collections.Counter(
+        i % 7 for i in range(5000)).items())
+    assert server.refused >= 2
+    close_rendezvous()
+    assert server.closed and _rendezvous_threads() == []
+
+
+def socket_to(address):
+    import socket
+
+    return socket.create_connection(address, timeout=5)
+
+
+def test_arrow_exchange_with_either_rendezvous(spark):
+    from pyspark.sql import functions as F
+
+    from flinkbuf.spark import arrow_exchange, close_rendezvous
+
+    close_rendezvous()             # the lingering ones of earlier tests
+    df = spark.range(0, 10_000, numPartitions=2).select(
+        F.concat(F.lit("k"), (F.col("id") % 13).cast("string")).alias("name"), F.col("id"))
+    for rendezvous in ("driver", "barrier"):
+        out = arrow_exchange(df, _count_per_string_key, "name", "name string, n long",
+                             rendezvous=rendezvous, timeout=1)
+        assert sorted((r["name"], r["n"]) for r in out.collect()) == sorted(
+            (f"k{k}", len(range(k, 10_000, 13))) for k in range(13))
+        assert len(_servers()) == (rendezvous == "driver")
+        del out
+    deadline = time.monotonic() + 10
+    while _rendezvous_threads() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _servers() == [] and _rendezvous_threads() == []
 
 
 def test_nothing_is_left_in_the_workers(sc):

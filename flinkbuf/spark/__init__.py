@@ -15,9 +15,17 @@ PySpark is imported only when a function needs it (``pip install
 ``PYSPARK_PYTHON`` to an interpreter that has it before the session starts.
 """
 
-from flinkbuf.spark.exchange import SELECTORS, ExchangeTask, current_task, pipelined_exchange
+from flinkbuf.spark.exchange import (
+    RENDEZVOUS,
+    SELECTORS,
+    ExchangeTask,
+    close_rendezvous,
+    current_task,
+    pipelined_exchange,
+)
 from flinkbuf.spark.arrow import arrow_exchange, key_partitions
 from flinkbuf.spark.local import LocalPipeline, local_pipeline
 
-__all__ = ["SELECTORS", "ExchangeTask", "LocalPipeline", "arrow_exchange", "current_task",
-           "key_partitions", "local_pipeline", "pipelined_exchange"]
+__all__ = ["RENDEZVOUS", "SELECTORS", "ExchangeTask", "LocalPipeline", "arrow_exchange",
+           "close_rendezvous", "current_task", "key_partitions", "local_pipeline",
+           "pipelined_exchange"]

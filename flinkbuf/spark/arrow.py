@@ -13,7 +13,7 @@ which, like every record, was copied once out of the network buffers).
 import numpy as np
 
 from flinkbuf.io import default_max_parallelism
-from flinkbuf.spark.exchange import _make_spec, _run_task
+from flinkbuf.spark.exchange import _make_spec, _run_task, _serve_while, _start_rendezvous
 
 __all__ = ["arrow_exchange", "key_partitions"]
 
@@ -149,7 +149,8 @@ def _batches(task):
 
 def arrow_exchange(df, fn, key, schema, *, segment_size=32768, buffers_per_channel=2,
                    floating_buffers=8, buffer_timeout=0.1, max_record_size=256 << 20,
-                   max_parallelism=None, host=None, timeout=60.0, monitor=None):
+                   max_parallelism=None, host=None, timeout=60.0, monitor=None,
+                   rendezvous="driver"):
     """Exchange the rows of DataFrame ``df`` by ``key`` (a column name)
     between the tasks of one barrier stage and return the DataFrame of
     ``fn``'s output (``schema``, as for ``mapInArrow``): each task's
@@ -164,7 +165,11 @@ def arrow_exchange(df, fn, key, schema, *, segment_size=32768, buffers_per_chann
     :func:`key_partitions`), sent as Arrow IPC messages through flinkbuf
     (one message per piece of an input batch, so ``max_record_size`` must
     hold the largest piece), and read in place from the received record.  Memory, timeouts,
-    failures, ``host`` and ``monitor``: as :func:`pipelined_exchange`.
+    failures, ``host``, ``monitor`` and ``rendezvous``: as
+    :func:`pipelined_exchange`, except that the driver's rendezvous serves
+    as long as the returned DataFrame itself is referenced (a DataFrame
+    made from it does not keep it up), then until no task has registered
+    for ``timeout`` seconds.
     """
     try:
         from pyspark.sql import DataFrame
@@ -188,13 +193,24 @@ def arrow_exchange(df, fn, key, schema, *, segment_size=32768, buffers_per_chann
                       buffers_per_channel=buffers_per_channel,
                       floating_buffers=floating_buffers, buffer_timeout=buffer_timeout,
                       max_record_size=max_record_size, max_parallelism=max_parallelism,
-                      host=host, timeout=timeout, monitor=monitor,
+                      host=host, timeout=timeout, monitor=monitor, rendezvous=rendezvous,
                       produce=_route(key, max_parallelism), read=_batches)
 
     def task(batches):
         return _run_task(spec, batches)
 
-    return df.mapInArrow(task, schema, barrier=True)
+    server = _start_rendezvous(df.sparkSession.sparkContext, spec, n)
+    try:
+        result = df.mapInArrow(task, schema, barrier=True)
+    except BaseException:
+        if server is not None:
+            server.close()
+        raise
+    # A DataFrame made from the result holds only the JVM's plan: the
+    # rendezvous serves while the returned DataFrame is referenced, then
+    # until it has been idle for the timeout.
+    _serve_while(server, result)
+    return result
 
 
 def _by_destination(record, num_channels):

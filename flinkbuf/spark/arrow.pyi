@@ -1,6 +1,7 @@
 """Type stubs for flinkbuf.spark.arrow: the pipelined exchange of Arrow RecordBatches."""
 
 from collections.abc import Callable, Iterable, Iterator
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -32,4 +33,5 @@ def arrow_exchange(
     host: str | None = None,
     timeout: float = 60.0,
     monitor: Callable[[ExchangeTask], Callable[[], object] | None] | None = None,
+    rendezvous: Literal["driver", "barrier"] = "driver",
 ) -> DataFrame: ...

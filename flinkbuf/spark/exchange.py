@@ -4,8 +4,10 @@ stage (:func:`pipelined_exchange`).
 Every task of ``rdd.barrier().mapPartitions(...)`` is both a producer and a
 consumer.  It starts a :class:`~flinkbuf.network.NetworkEnvironment` on its
 executor's address, registers a :class:`~flinkbuf.ResultPartition` with one
-subpartition per task, and publishes its address with
-``BarrierTaskContext.allGather``.  Then a producer thread writes the task's
+subpartition per task, and registers its address with the exchange's
+rendezvous on the driver (which answers with every task's address once all
+have registered; ``rendezvous="barrier"`` uses
+``BarrierTaskContext.allGather`` instead).  Then a producer thread writes the task's
 input partition through a :class:`~flinkbuf.RecordWriter` (its selector
 picks the consumer of each record) while the task's own thread reads its
 :class:`~flinkbuf.InputGate` (one channel from every task, its own one
@@ -24,6 +26,7 @@ import secrets
 import socket
 import threading
 import time
+import weakref
 
 from flinkbuf.errors import (
     PartitionReleasedError,
@@ -43,8 +46,13 @@ from flinkbuf.io import (
 )
 from flinkbuf.io.metrics import TaskMetrics
 from flinkbuf.network import NetworkEnvironment, format_address
+from flinkbuf.spark import _rendezvous
 
-__all__ = ["ExchangeTask", "SELECTORS", "current_task", "pipelined_exchange"]
+__all__ = ["ExchangeTask", "RENDEZVOUS", "SELECTORS", "close_rendezvous", "current_task",
+           "pipelined_exchange"]
+
+# How the tasks of an exchange learn each other's addresses.
+RENDEZVOUS = ("driver", "barrier")
 
 # The selectors by name: what pipelined_exchange accepts besides a callable.
 SELECTORS = ("hash", "round_robin", "rebalance", "broadcast")
@@ -247,11 +255,17 @@ def _run_task(spec, iterator):
         env.register_partition(spec.exchange_id, partition)
         own = format_address(env.address)
         published = format_address((advertised, env.address[1]))
-        gathered = ctx.allGather(json.dumps({"index": index, "address": published}))
-        addresses = [None] * n
-        for message in gathered:
-            entry = json.loads(message)
-            addresses[entry["index"]] = entry["address"]
+        if spec.rendezvous is not None:
+            addresses = _rendezvous.register(
+                spec.rendezvous, spec.secret, stage=ctx.stageId(),
+                task_attempt_id=ctx.taskAttemptId(), index=index, num_tasks=n,
+                address=published, timeout=spec.timeout)
+        else:
+            gathered = ctx.allGather(json.dumps({"index": index, "address": published}))
+            addresses = [None] * n
+            for message in gathered:
+                entry = json.loads(message)
+                addresses[entry["index"]] = entry["address"]
         addresses[index] = own
         writer = RecordWriter(partition,
                               _make_selector(spec.selector, spec.key, n, spec.max_parallelism),
@@ -393,7 +407,8 @@ def _cleanup(env, partition, writer, gate, producer, failed, timeout):
 
 def _make_spec(n, fn, *, num_partitions, key, selector, codec, segment_size,
                buffers_per_channel, floating_buffers, buffer_timeout, max_record_size,
-               max_parallelism, host, timeout, monitor, produce=_emit_all, read=_records):
+               max_parallelism, host, timeout, monitor, rendezvous="driver",
+               produce=_emit_all, read=_records):
     """Check the arguments of an exchange of ``n`` tasks (on the driver)
     and make what its tasks need, the exchange's secret included."""
     if fn is not None and not callable(fn):
@@ -429,7 +444,10 @@ def _make_spec(n, fn, *, num_partitions, key, selector, codec, segment_size,
     timeout = _check_seconds(timeout, "timeout")
     if monitor is not None and not callable(monitor):
         raise TypeError(f"monitor must be callable or None, got {type(monitor).__name__}")
-    return _Spec(fn=fn, key=key, produce=produce, read=read, selector=selector, codec=codec,
+    if rendezvous not in RENDEZVOUS:
+        raise ValueError(f"rendezvous must be one of {', '.join(RENDEZVOUS)}, got "
+                         f"{rendezvous!r}")
+    return _Spec(rendezvous=rendezvous, fn=fn, key=key, produce=produce, read=read, selector=selector, codec=codec,
                  segment_size=segment_size, buffers_per_channel=buffers_per_channel, floating_buffers=floating_buffers,
                  buffer_timeout=buffer_timeout, max_record_size=max_record_size,
                  max_parallelism=max_parallelism, host=host, timeout=timeout, monitor=monitor,
@@ -437,10 +455,57 @@ def _make_spec(n, fn, *, num_partitions, key, selector, codec, segment_size,
                  exchange_id=f"flinkbuf-exchange-{secrets.token_hex(8)}")
 
 
+def _driver_addresses(sc):
+    """(bind, advertised) host of the driver as Spark knows it:
+    ``spark.driver.bindAddress`` / ``spark.driver.host``, else the
+    SparkContext's host."""
+    conf = sc.getConf()
+    host = conf.get("spark.driver.host", None)
+    if not host:
+        try:
+            host = sc._jsc.sc().env().rpcEnv().address().host()
+        except Exception:                  # noqa: BLE001 - fall back below
+            host = None
+    host = host or os.environ.get("SPARK_LOCAL_IP") or \
+        socket.gethostbyname(socket.gethostname())
+    bind = conf.get("spark.driver.bindAddress", None) or host
+    return bind.strip("[]"), host.strip("[]")
+
+
+def _start_rendezvous(sc, spec, n):
+    """Start the driver's rendezvous of an exchange whose spec says so (the
+    caller ties its lifetime to the result with :func:`_serve_while`)."""
+    if spec.rendezvous != "driver":
+        spec.rendezvous = None
+        return None
+    bind, advertised = _driver_addresses(sc)
+    server = _rendezvous.RendezvousServer(spec.secret, n, host=bind, advertise=advertised,
+                                          timeout=spec.timeout)
+    spec.rendezvous = server.address
+    return server
+
+
+def _serve_while(server, owner):
+    """Keep ``server`` up while ``owner`` lives; once it is garbage
+    collected, until no task has registered for the exchange's timeout.
+    :func:`close_rendezvous` and the interpreter's exit close it at once."""
+    if server is not None:
+        weakref.finalize(owner, server.release).atexit = False
+
+
+def close_rendezvous():
+    """Close every exchange rendezvous this driver still serves (each
+    closes by itself once nothing references its exchange's result any
+    more, and at exit).  A job over an exchange whose rendezvous is closed
+    fails in its tasks; create the exchange again to run it."""
+    _rendezvous.close_all()
+
+
 def pipelined_exchange(rdd, fn=None, *, num_partitions=None, key=None, selector="hash",
                        codec="typed", segment_size=32768, buffers_per_channel=2,
                        floating_buffers=8, buffer_timeout=0.1, max_record_size=64 << 20,
-                       max_parallelism=None, host=None, timeout=60.0, monitor=None):
+                       max_parallelism=None, host=None, timeout=60.0, monitor=None,
+                       rendezvous="driver"):
     """Exchange the records of ``rdd`` between the tasks of one barrier
     stage and return the RDD of ``fn``'s output: partition ``j`` of the
     result is ``fn(iterator of the records routed to j)``, as
@@ -482,10 +547,25 @@ def pipelined_exchange(rdd, fn=None, *, num_partitions=None, key=None, selector=
     :class:`~flinkbuf.ProducerFailedError` carrying its error.  Each task
     leaves no thread, socket or buffer behind.  Spark aborts the job when
     the exchange is its last stage, and retries the whole stage when it
-    feeds a shuffle.  The one barrier call (``allGather``, for the
-    addresses) waits up to Spark's ``spark.barrier.sync.timeout``; Spark
-    answers it on a one-second poll, which delays the start of the data by
-    up to a second.
+    feeds a shuffle.
+
+    rendezvous: how the tasks learn each other's addresses.  ``"driver"``
+    (the default): this call starts a small server on the driver (a
+    thread on ``spark.driver.host``, any free port) that each task
+    registers with, authenticated with the exchange's secret; it answers
+    each task as soon as all the tasks of its stage attempt have
+    registered (a retried stage registers afresh; a task of an older
+    attempt is refused).  It serves as long as the returned RDD, or an RDD
+    made from it without a shuffle, is referenced on the driver; after that
+    it serves on until no task has registered for ``timeout`` seconds
+    (enough for a job that is running, or about to run, over an RDD made
+    from the result across a shuffle: keep the result referenced to run
+    such a job later), and closes, its thread and port with it.  The
+    interpreter's exit and :func:`close_rendezvous` close it at once.
+    ``"barrier"``: Spark's ``BarrierTaskContext.allGather``, which needs
+    no server on the driver but waits up to Spark's
+    ``spark.barrier.sync.timeout`` and is answered on a one-second poll
+    (it delays the start of the data by up to a second).
 
     host: the address each task's server binds to; by default the
     executor's host as Spark knows it (``SPARK_LOCAL_IP`` if that is
@@ -511,9 +591,19 @@ def pipelined_exchange(rdd, fn=None, *, num_partitions=None, key=None, selector=
                       buffers_per_channel=buffers_per_channel,
                       floating_buffers=floating_buffers, buffer_timeout=buffer_timeout,
                       max_record_size=max_record_size, max_parallelism=max_parallelism,
-                      host=host, timeout=timeout, monitor=monitor)
+                      host=host, timeout=timeout, monitor=monitor, rendezvous=rendezvous)
 
     def task(iterator):
         return _run_task(spec, iterator)
 
-    return rdd.barrier().mapPartitions(task)
+    # Every RDD made from the result holds ``task`` (PySpark composes the
+    # functions of a pipeline): the rendezvous serves as long as one lives.
+    server = _start_rendezvous(rdd.context, spec, n)
+    try:
+        result = rdd.barrier().mapPartitions(task)
+    except BaseException:
+        if server is not None:
+            server.close()
+        raise
+    _serve_while(server, task)
+    return result

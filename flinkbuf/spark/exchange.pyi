@@ -9,9 +9,11 @@ from flinkbuf.io._io import InputGate, RecordWriter, ResultPartition
 from flinkbuf.io.metrics import TaskMetrics
 from flinkbuf.network.environment import NetworkEnvironment
 
-__all__ = ["ExchangeTask", "SELECTORS", "current_task", "pipelined_exchange"]
+__all__ = ["ExchangeTask", "RENDEZVOUS", "SELECTORS", "close_rendezvous", "current_task",
+           "pipelined_exchange"]
 
 SELECTORS: Final[tuple[str, ...]]
+RENDEZVOUS: Final[tuple[str, ...]]
 
 class ExchangeTask:
     index: int
@@ -37,6 +39,7 @@ class ExchangeTask:
     def stats(self) -> dict[str, Any]: ...
 
 def current_task() -> ExchangeTask | None: ...
+def close_rendezvous() -> None: ...
 def pipelined_exchange(
     rdd: RDD[Any],
     fn: Callable[[Iterator[Any]], Iterable[Any]] | None = None,
@@ -55,4 +58,5 @@ def pipelined_exchange(
     host: str | None = None,
     timeout: float = 60.0,
     monitor: Callable[[ExchangeTask], Callable[[], object] | None] | None = None,
+    rendezvous: Literal["driver", "barrier"] = "driver",
 ) -> RDD[Any]: ...

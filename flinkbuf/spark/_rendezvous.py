@@ -1,0 +1,368 @@
+"""The address rendezvous of an exchange, hosted by the driver.
+
+Before the job runs, :func:`~flinkbuf.spark.pipelined_exchange` starts a
+:class:`RendezvousServer` on the driver (one thread, plus one per waiting
+task, at most ``max_connections``).  Each task of the barrier stage connects,
+proves the exchange's secret (flinkbuf's handshake: HMAC-SHA256 over fresh
+nonces in both directions, compared in constant time), sends its stage id,
+task attempt id (which tells its stage attempt), partition index and server
+address, and gets back the addresses of all tasks once every task of that
+stage attempt registered.
+This replaces ``BarrierTaskContext.allGather``, which Spark answers on a
+one-second poll.
+
+A stage attempt that Spark retries registers afresh; a task of an older
+attempt than the newest one seen for its stage is refused.  A peer that
+fails the handshake, sends a malformed request or waits too long is dropped
+with a log line; the others are not affected.
+"""
+
+import atexit
+import json
+import logging
+import socket
+import struct
+import threading
+import time
+import weakref
+
+from flinkbuf.errors import AuthenticationError, RemoteConnectionError
+from flinkbuf.network import handshake
+
+_LOG = logging.getLogger("flinkbuf.spark")
+_LEN = struct.Struct(">I")
+_SEGMENT_SIZE = 0            # the handshake's segment-size field: unused here
+MAX_REQUEST = 4096           # bytes of a registration
+_ACCEPT_SLICE = 0.2
+
+# The rendezvous servers of this process that are still open.
+_LIVE: "weakref.WeakSet[RendezvousServer]" = weakref.WeakSet()
+
+
+def _recv_exact(sock, n, deadline):
+    data = bytearray()
+    while len(data) < n:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("the peer sent nothing more in time")
+        sock.settimeout(remaining)
+        try:
+            chunk = sock.recv(n - len(data))
+        except socket.timeout:
+            raise TimeoutError("the peer sent nothing more in time") from None
+        if not chunk:
+            raise ConnectionError("the peer closed the connection")
+        data += chunk
+    return bytes(data)
+
+
+def _send_message(sock, doc):
+    body = json.dumps(doc).encode("utf-8")
+    sock.sendall(_LEN.pack(len(body)) + body)
+
+
+def _recv_message(sock, limit, deadline):
+    (length,) = _LEN.unpack(_recv_exact(sock, _LEN.size, deadline))
+    if length > limit:
+        raise ValueError(f"a message of {length} bytes (at most {limit})")
+    try:
+        doc = json.loads(_recv_exact(sock, length, deadline).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise ValueError("a malformed message") from None
+    if not isinstance(doc, dict):
+        raise ValueError("a malformed message")
+    return doc
+
+
+def _is_int(value, minimum=0):
+    return isinstance(value, int) and not isinstance(value, bool) and minimum <= value < 2**31
+
+
+class _Attempt:
+    def __init__(self, num_tasks):
+        self.addresses = [None] * num_tasks
+        self.tids = [None] * num_tasks
+        self.registered = 0
+        self.superseded = False
+
+    @property
+    def complete(self):
+        return self.registered == len(self.addresses)
+
+
+class RendezvousServer:
+    """The driver's side: serves the registrations of ``num_tasks`` tasks
+    per stage attempt, authenticated with ``secret``.  ``address`` is the
+    ``(host, port)`` tasks connect to (``advertise`` as host, the bound
+    port).  Every wait lasts at most ``timeout`` seconds.  :meth:`close`
+    (idempotent) stops the thread and closes every socket."""
+
+    def __init__(self, secret, num_tasks, *, host="127.0.0.1", advertise=None, timeout=60.0,
+                 max_connections=None):
+        self._secret = secret
+        self._num_tasks = num_tasks
+        self._timeout = timeout
+        self._max_connections = (max_connections if max_connections is not None
+                                 else 2 * num_tasks + 16)
+        self._lock = threading.Condition()
+        self._attempts = {}          # stage id -> its newest attempt
+        self.attempts_started = 0
+        self._conns = set()
+        self._handlers = set()
+        self._closed = False
+        self._released = False
+        self._last_activity = time.monotonic()
+        self.refused = 0             # connections dropped (bad peer, stale attempt, ...)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._sock.bind((host, 0))
+            self._sock.listen(min(128, self._max_connections))
+            self._sock.settimeout(_ACCEPT_SLICE)
+        except BaseException:
+            self._sock.close()
+            raise
+        self.address = (advertise or host, self._sock.getsockname()[1])
+        self._thread = threading.Thread(target=self._serve, daemon=True,
+                                        name=f"flinkbuf-rendezvous-{self.address[1]}")
+        self._thread.start()
+        _LIVE.add(self)
+
+    def _count_refused(self):
+        with self._lock:
+            self.refused += 1
+
+    @property
+    def closed(self):
+        return self._closed
+
+    def __repr__(self):
+        state = "closed" if self._closed else "open"
+        return f"<RendezvousServer {self.address[0]}:{self.address[1]} {state}>"
+
+    def release(self):
+        """The exchange's result is gone on the driver: keep serving while
+        tasks register, and close once no task has registered for
+        ``timeout`` seconds (a job over an RDD made from the result across a
+        shuffle, or a retried stage attempt, still finds it)."""
+        with self._lock:
+            self._released = True
+            self._last_activity = time.monotonic()
+
+    def _idle_after_release(self):
+        with self._lock:
+            return (self._released and not self._conns
+                    and time.monotonic() - self._last_activity > self._timeout)
+
+    def close(self):
+        """Stop serving: the listening socket and every connection close,
+        waiting tasks are dropped (they fail), the threads end."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            conns = list(self._conns)
+            self._lock.notify_all()
+        for conn in conns:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        if threading.current_thread() is not self._thread:
+            self._thread.join(self._timeout)
+        for handler in list(self._handlers):
+            if handler is not threading.current_thread():
+                handler.join(self._timeout)
+        _LIVE.discard(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ---- the accepting thread ------------------------------------------------------
+
+    def _serve(self):
+        try:
+            while not self._closed:
+                try:
+                    conn, peer = self._sock.accept()
+                except socket.timeout:
+                    if self._idle_after_release():
+                        self.close()
+                    continue
+                except OSError:
+                    if self._closed:
+                        break
+                    time.sleep(_ACCEPT_SLICE)
+                    continue
+                with self._lock:
+                    full = len(self._conns) >= self._max_connections or self._closed
+                    if not full:
+                        self._conns.add(conn)
+                        self._last_activity = time.monotonic()
+                if full:
+                    self._count_refused()
+                    _LOG.warning("flinkbuf rendezvous: refused a connection from %s: "
+                                 "%d connections open already", peer,
+                                 self._max_connections)
+                    conn.close()
+                    continue
+                handler = threading.Thread(target=self._handle, args=(conn, peer), daemon=True,
+                                           name=f"flinkbuf-rendezvous-{self.address[1]}-peer")
+                self._handlers.add(handler)
+                handler.start()
+        finally:
+            self._sock.close()
+            # Handlers that are still waiting end once their connection is shut.
+            with self._lock:
+                conns = list(self._conns)
+            for conn in conns:
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    # ---- one registration per connection ---------------------------------------------
+
+    def _handle(self, conn, peer):
+        try:
+            try:
+                deadline = time.monotonic() + self._timeout
+                host, port = self.address
+                handshake.server(conn, self._secret, f"{host}:{port}", _SEGMENT_SIZE,
+                                 self._timeout)
+                request = _recv_message(conn, MAX_REQUEST, deadline)
+                stage, tid, index, address = self._parse(request)
+                reply = self._register(stage, tid, index, address)
+                _send_message(conn, reply)
+                if "error" in reply:
+                    self._count_refused()
+                    _LOG.warning("flinkbuf rendezvous: refused task %s (task attempt %s) of "
+                                 "stage %s from %s: %s", index, tid, stage, peer,
+                                 reply["error"])
+            except (AuthenticationError, RemoteConnectionError, TimeoutError, ConnectionError,
+                    ValueError, OSError) as exc:
+                self._count_refused()
+                if not self._closed:
+                    _LOG.warning("flinkbuf rendezvous: dropped a peer at %s: %s", peer, exc)
+        finally:
+            with self._lock:
+                self._conns.discard(conn)
+                self._last_activity = time.monotonic()
+            conn.close()
+            self._handlers.discard(threading.current_thread())
+
+    def _parse(self, request):
+        stage, tid = request.get("stage"), request.get("task_attempt_id")
+        index, address = request.get("index"), request.get("address")
+        num_tasks = request.get("num_tasks")
+        if not (_is_int(stage) and isinstance(tid, int) and not isinstance(tid, bool)
+                and 0 <= tid < 2**63 and _is_int(index)
+                and isinstance(address, str) and 0 < len(address) <= 300):
+            raise ValueError("a malformed registration")
+        if num_tasks != self._num_tasks or index >= self._num_tasks:
+            raise ValueError(f"task {index} of {num_tasks}: this exchange has "
+                             f"{self._num_tasks} tasks")
+        return stage, tid, index, address
+
+    def _attempt_of(self, stage, tid, index):
+        """The stage attempt a task belongs to, or an error message.
+
+        PySpark does not tell a task its stage attempt number, but its task
+        attempt id: Spark numbers the tasks of one barrier stage attempt
+        consecutively as it launches them all at once, and launches a
+        retried attempt after the tasks of the failed one.  So a task joins
+        the current attempt of its stage if its id lies within ``num_tasks``
+        of the ids registered there and its slot is free; a later id starts
+        a newer attempt (the current one is dropped, its waiting tasks
+        refused); an earlier id belongs to an older attempt and is refused."""
+        n = self._num_tasks
+        current = self._attempts.get(stage)
+        if current is not None:
+            taken = current.tids[index]
+            lo, hi = min(t for t in current.tids if t is not None), \
+                max(t for t in current.tids if t is not None)
+            if taken is None and max(hi, tid) - min(lo, tid) < n:
+                return current
+            if tid <= (taken if taken is not None else lo):
+                return (f"task attempt {tid} belongs to an older attempt of stage {stage} "
+                        f"than the one registering now")
+            current.superseded = True
+            self._lock.notify_all()
+        current = self._attempts[stage] = _Attempt(n)
+        self.attempts_started += 1
+        return current
+
+    def _register(self, stage, tid, index, address):
+        """Add one task to its stage attempt and wait until the attempt is
+        complete; returns the reply (the addresses, or an error)."""
+        deadline = time.monotonic() + self._timeout
+        with self._lock:
+            entry = self._attempt_of(stage, tid, index)
+            if isinstance(entry, str):
+                return {"error": entry}
+            if entry.complete:
+                return {"error": f"stage {stage} has all its tasks already"}
+            entry.addresses[index] = address
+            entry.tids[index] = tid
+            entry.registered += 1
+            if entry.complete:
+                self._lock.notify_all()
+            while not entry.complete:
+                if self._closed:
+                    return {"error": "the rendezvous closed"}
+                if entry.superseded:
+                    return {"error": f"a newer attempt of stage {stage} started"}
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return {"error": f"{entry.registered} of {self._num_tasks} tasks of stage "
+                                     f"{stage} registered within {self._timeout:g} s"}
+                self._lock.wait(remaining)
+            return {"addresses": list(entry.addresses)}
+
+
+def register(rendezvous, secret, *, stage, task_attempt_id, index, num_tasks, address,
+             timeout):
+    """The task's side: register ``address`` as task ``index`` (task
+    attempt ``task_attempt_id``) of stage ``stage`` at the driver's ``rendezvous`` (host,
+    port) and return every task's address once all have registered."""
+    host, port = rendezvous
+    deadline = time.monotonic() + timeout
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except OSError as exc:
+        raise RemoteConnectionError(
+            f"could not reach the exchange's rendezvous on the driver at {host}:{port} ({exc}); "
+            f"it closes once the exchange's result is no longer referenced on the "
+            f"driver") from None
+    try:
+        handshake.client(sock, secret, address, _SEGMENT_SIZE, timeout)
+        _send_message(sock, {"stage": stage, "task_attempt_id": task_attempt_id, "index": index,
+                             "num_tasks": num_tasks, "address": address})
+        try:
+            reply = _recv_message(sock, 1024 + 320 * num_tasks, deadline)
+        except (TimeoutError, ConnectionError, ValueError) as exc:
+            raise RemoteConnectionError(f"the exchange's rendezvous on the driver at "
+                                        f"{host}:{port} gave no answer: {exc}") from None
+    finally:
+        sock.close()
+    if "error" in reply:
+        raise RemoteConnectionError(f"the exchange's rendezvous refused task {index}: "
+                                    f"{reply['error']}")
+    addresses = reply.get("addresses")
+    if not (isinstance(addresses, list) and len(addresses) == num_tasks
+            and all(isinstance(a, str) for a in addresses)):
+        raise RemoteConnectionError("the exchange's rendezvous sent a malformed answer")
+    return addresses
+
+
+def close_all():
+    """Close every rendezvous server of this process that is still open."""
+    for server in list(_LIVE):
+        server.close()
+
+
+atexit.register(close_all)
