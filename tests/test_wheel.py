@@ -14,8 +14,11 @@ import pytest
 pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PUBLIC_MODULES = ("flinkbuf", "flinkbuf.buffer", "flinkbuf.io", "flinkbuf.io.metrics", "flinkbuf.errors",
-                  "flinkbuf.experiments")
+# Every module a user imports; none may need an extra (PySpark, matplotlib) to import.
+PUBLIC_MODULES = ("flinkbuf", "flinkbuf.buffer", "flinkbuf.serialization", "flinkbuf.io",
+                  "flinkbuf.io.metrics", "flinkbuf.network", "flinkbuf.errors", "flinkbuf.cli",
+                  "flinkbuf.experiments", "flinkbuf.experiments.spark_demo", "flinkbuf.spark",
+                  "flinkbuf.spark.exchange", "flinkbuf.spark.arrow", "flinkbuf.spark.local")
 # Generated or local state a copy of the sources must not carry along.
 _NOT_SOURCES = shutil.ignore_patterns(
     ".git", ".venv", "build", "dist", "out", "*.so", "__pycache__", ".pytest_cache",
@@ -115,6 +118,14 @@ def test_wheel_installs_and_runs_outside_the_source_tree(tmp_path):
     assert "pip install 'flinkbuf[plot]'" in proc.stdout          # no matplotlib there
     assert sorted(os.listdir(run_dir / "out")) == ["slow-subpartition.csv",
                                                     "slow-subpartition.json"]
+
+    # The Spark demo without the spark extra: one line saying what to install.
+    proc = _run([str(env_dir / "bin" / "flinkbuf"), "spark-demo", "--out", str(run_dir / "s")],
+                run_dir, 60)
+    assert (proc.returncode, proc.stdout) == (2, ""), proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "flinkbuf spark-demo: error: PySpark is not installed: "
+        "pip install 'flinkbuf[spark]'"], proc.stderr
 
     # Every public module and every compiled one imports from the installed wheel.
     modules = [*PUBLIC_MODULES, *compiled]
