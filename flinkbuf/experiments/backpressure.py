@@ -491,20 +491,27 @@ def _config(phase_seconds, interval, schedule, segment_size, buffers, buffer_tim
     }
 
 
-def _print_summary(doc, printer):
+def _print_summary(doc, printer, *, tasks=1):
+    """The verdict lines; ``tasks`` > 1 speaks of producers and consumers
+    (the Spark demo, which reports no memory line of its own)."""
     c = doc["checks"]
+    many = tasks > 1
+    consumer, producer = ("consumers", "producers") if many else ("consumer", "producer")
     if c["max_tracking_error_pct"] is not None:
-        printer(f"slowed consumer: the producer tracks it within "
+        printer(f"slowed {consumer}: the {producer} track{'' if many else 's'} "
+                f"{'them' if many else 'it'} within "
                 f"{c['max_tracking_error_pct']:.1f} % from {SETTLE_SECONDS:g} s after each "
                 f"change (<= {TRACKING_TOLERANCE_PCT:g} %: {VERDICT[c['tracks_consumer']]})")
     if c["released_producer_median_pct"] is not None:
-        printer(f"released: producer {c['released_producer_median_pct']:.0f} %, consumer "
+        printer(f"released: {producer} {c['released_producer_median_pct']:.0f} %, {consumer} "
                 f"{c['released_consumer_median_pct']:.0f} % of full speed (lowest median of a "
                 f"released phase; >= {RELEASED_MIN_PCT:g} %: "
                 f"{VERDICT[c['returns_to_full_speed']]})")
-    printer(f"memory: at most {c['max_buffers_in_use']} of {doc['config']['buffers_per_task']} "
-            f"buffers in use, {c['buffers_leaked']} leaked; RSS grew {c['rss_growth_mb']:g} MB "
-            f"(bounded: {VERDICT[c['memory_bounded']]})")
+    if "max_buffers_in_use" in c:
+        printer(f"memory: at most {c['max_buffers_in_use']} of "
+                f"{doc['config']['buffers_per_task']} buffers in use, {c['buffers_leaked']} "
+                f"leaked; RSS grew {c['rss_growth_mb']:g} MB (bounded: "
+                f"{VERDICT[c['memory_bounded']]})")
     if not c["passed"]:
         printer("FAILED: the expectations above marked NO did not hold")
 

@@ -383,7 +383,7 @@ def run_spark_demo(out_dir, phase_seconds=4.0, *, interval=0.5, tasks=2, records
     if plotting is not None:
         plotting.plot_backpressure(rows, doc, os.path.join(out_dir, f"{NAME}.png"))
         drawn = True
-    _print_summary(doc, printer)
+    _bp._print_summary(doc, printer, tasks=tasks)
     printer(f"wrote {os.path.join(out_dir, NAME + '.csv')}, {NAME}.json"
             + (f" and {NAME}.png" if drawn else ""))
     return doc
@@ -526,17 +526,3 @@ def compare_with_spark_shuffle(sc, records, tasks, segment_size=32768, printer=p
     for r in runs.values():
         del r["counts"]
     return {"records": records, "tasks": tasks, "runs": runs, "same_counts": same}
-
-
-def _print_summary(doc, printer):
-    c = doc["checks"]
-    if c["max_tracking_error_pct"] is not None:
-        printer(f"slowed consumers: the producers track them within "
-                f"{c['max_tracking_error_pct']:.1f} % from {_bp.SETTLE_SECONDS:g} s after each "
-                f"change (<= {_bp.TRACKING_TOLERANCE_PCT:g} %: {VERDICT[c['tracks_consumer']]})")
-    if c["released_producer_median_pct"] is not None:
-        printer(f"released: producers {c['released_producer_median_pct']:.0f} %, consumers "
-                f"{c['released_consumer_median_pct']:.0f} % of full speed (>= "
-                f"{_bp.RELEASED_MIN_PCT:g} %: {VERDICT[c['returns_to_full_speed']]})")
-    if not c["passed"]:
-        printer("FAILED: the expectations above marked NO did not hold")
