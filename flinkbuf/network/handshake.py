@@ -32,23 +32,46 @@ def _send(sock, msg_id, body):
     sock.sendall(_frame(msg_id, body))
 
 
-def _recv_exact(sock, n, deadline):
+def _timed_out():
+    return TimeoutError("the peer sent nothing more in time")
+
+
+def _closed():
+    return ConnectionError("the peer closed the connection")
+
+
+def recv_exact(sock, n, deadline, *, timed_out=_timed_out, closed=_closed):
+    """``n`` bytes from a blocking socket by ``deadline`` (time.monotonic()).
+    Raises ``timed_out()`` when the deadline passes, ``closed()`` when the
+    peer closes first (by default a TimeoutError and a ConnectionError)."""
     data = bytearray()
     while len(data) < n:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise AuthenticationError("the peer did not complete the handshake in time")
+            raise timed_out()
         sock.settimeout(remaining)
         try:
             chunk = sock.recv(n - len(data))
         except socket.timeout:
-            raise AuthenticationError("the peer did not complete the handshake in time") \
-                from None
+            raise timed_out() from None
         if not chunk:
-            raise AuthenticationError("the peer closed the connection during the handshake "
-                                      "(a wrong secret is refused this way)")
+            raise closed()
         data += chunk
     return bytes(data)
+
+
+def _handshake_timed_out():
+    return AuthenticationError("the peer did not complete the handshake in time")
+
+
+def _handshake_closed():
+    return AuthenticationError("the peer closed the connection during the handshake "
+                               "(a wrong secret is refused this way)")
+
+
+def _recv_exact(sock, n, deadline):
+    return recv_exact(sock, n, deadline, timed_out=_handshake_timed_out,
+                      closed=_handshake_closed)
 
 
 def _recv(sock, expected, deadline):

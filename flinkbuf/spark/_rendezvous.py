@@ -39,34 +39,17 @@ _ACCEPT_SLICE = 0.2
 _LIVE: "weakref.WeakSet[RendezvousServer]" = weakref.WeakSet()
 
 
-def _recv_exact(sock, n, deadline):
-    data = bytearray()
-    while len(data) < n:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError("the peer sent nothing more in time")
-        sock.settimeout(remaining)
-        try:
-            chunk = sock.recv(n - len(data))
-        except socket.timeout:
-            raise TimeoutError("the peer sent nothing more in time") from None
-        if not chunk:
-            raise ConnectionError("the peer closed the connection")
-        data += chunk
-    return bytes(data)
-
-
 def _send_message(sock, doc):
     body = json.dumps(doc).encode("utf-8")
     sock.sendall(_LEN.pack(len(body)) + body)
 
 
 def _recv_message(sock, limit, deadline):
-    (length,) = _LEN.unpack(_recv_exact(sock, _LEN.size, deadline))
+    (length,) = _LEN.unpack(handshake.recv_exact(sock, _LEN.size, deadline))
     if length > limit:
         raise ValueError(f"a message of {length} bytes (at most {limit})")
     try:
-        doc = json.loads(_recv_exact(sock, length, deadline).decode("utf-8"))
+        doc = json.loads(handshake.recv_exact(sock, length, deadline).decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         raise ValueError("a malformed message") from None
     if not isinstance(doc, dict):
