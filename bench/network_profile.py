@@ -118,7 +118,7 @@ def counts(reps):
                                         "buffer_timeout": 0.1, "batch": 1})
                 sides = ("producer", "consumer")
                 stats = r["producer"].get("stats")
-                units = list(stats.values())[0]["buffers_out"] if stats else n
+                units = sum(c["buffers_out"] for c in stats) if stats else n
         finally:
             del os.environ["NETBENCH_TOOL"]
         for side in sides:

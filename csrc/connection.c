@@ -33,6 +33,12 @@
 enum { CH_NEW, CH_REQUESTED, CH_RETRY, CH_FINISHED, CH_FAILED, CH_CLOSED };
 /* Connection states. */
 enum { CONN_OPEN, CONN_ENDED };
+/* Who reads the socket: nobody, the reader thread, or a consumer's thread
+ * waiting on its gate (a direct read). */
+enum { RD_NONE, RD_THREAD, RD_DIRECT };
+/* After a direct read the reader thread leaves the socket alone this long:
+ * the consumer is likely back for its next buffer by then. */
+#define RD_LEND_NS 500000
 
 /* ---- receiver id -> slot (linear probing, backward-shift deletion) ------ */
 
@@ -208,6 +214,20 @@ struct fb_conn {
     /* the reader's staging buffer */
     char *rd;
     size_t rd_pos, rd_end;
+    /* The right to read the socket (rd_mu): the reader thread takes it when
+     * the socket is readable and nobody has it; a consumer's thread waiting
+     * on its gate takes it when it is free, receives what comes itself
+     * (no hand-off from the reader thread, no wake-up of it) and, when it
+     * leaves with its data, lends the socket for RD_LEND_NS before the
+     * reader thread reads it again.  Order: never another lock under rd_mu. */
+    pthread_mutex_t rd_mu;
+    pthread_cond_t rd_cv;        /* the reader thread parks here */
+    pthread_cond_t rd_done_cv;   /* a closer waits here for a direct reader to leave */
+    int rd_owner;
+    int rd_stop;                 /* the connection ended: nobody reads anymore */
+    int direct_reads;            /* consumers may read the socket themselves */
+    int64_t rd_lent_until;
+    int direct_wake_fd;          /* an eventfd that wakes a direct reader's poll */
     /* the writer's control frames */
     char *ctlbuf;
 };
@@ -604,6 +624,11 @@ static void conn_fail(fb_conn_t *c, int code, const char *fmt, ...)
      * sending their segments now: their owners must outlive that). */
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
+    pthread_mutex_lock(&c->rd_mu);
+    c->rd_stop = 1;
+    pthread_cond_broadcast(&c->rd_cv);
+    pthread_cond_broadcast(&c->rd_done_cv);
+    pthread_mutex_unlock(&c->rd_mu);
     shutdown(c->fd, SHUT_RDWR);
     fb_gate_close(&c->out);
 }
@@ -1200,12 +1225,172 @@ static int read_frame(fb_conn_t *c)
     }
 }
 
+/* Stage what the socket has now, without waiting (nothing is staged):
+ * 1 some bytes, 0 none, -1 the connection failed. */
+static int rd_try_fill(fb_conn_t *c)
+{
+    ssize_t r;
+    c->rd_pos = c->rd_end = 0;
+    for (;;) {
+        r = recv(c->fd, c->rd, READ_AHEAD, MSG_DONTWAIT);
+        if (r > 0) {
+            stat_add(&c->stats.bytes_in, r);
+            c->rd_end = (size_t)r;
+            return 1;
+        }
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return 0;
+        if (r == 0)
+            conn_fail(c, FB_NET_ERR_CONNECTION, "the peer closed the connection");
+        else
+            conn_fail(c, FB_NET_ERR_CONNECTION, "reading from the connection failed: %s",
+                      strerror(errno));
+        return -1;
+    }
+}
+
+/* A whole frame is staged (reading it waits for nothing). */
+static int rd_frame_staged(const fb_conn_t *c)
+{
+    size_t have = c->rd_end - c->rd_pos;
+    uint32_t len;
+    if (have < FB_NET_HEADER)
+        return 0;
+    len = fb_load_u32(c->rd + c->rd_pos, 1);
+    return have >= len || len < FB_NET_HEADER;   /* a bad length: read_frame says so */
+}
+
+/* Read frames while the socket has them: 0 it is empty (at a frame's
+ * boundary), -1 the connection failed. */
+static int read_available(fb_conn_t *c)
+{
+    int r;
+    for (;;) {
+        if (c->rd_end > c->rd_pos) {
+            if (read_frame(c) < 0)
+                return -1;
+            continue;
+        }
+        r = rd_try_fill(c);
+        if (r <= 0)
+            return r;
+    }
+}
+
 static void *reader_main(void *arg)
 {
     fb_conn_t *c = arg;
-    while (read_frame(c) == 0)
-        ;
-    return NULL;
+    struct pollfd p;
+    int r;
+    for (;;) {
+        pthread_mutex_lock(&c->rd_mu);
+        for (;;) {
+            if (c->rd_stop) {
+                pthread_mutex_unlock(&c->rd_mu);
+                return NULL;
+            }
+            if (c->rd_owner == RD_NONE && fb_monotonic_ns() >= c->rd_lent_until)
+                break;
+            fb_cond_wait_until(&c->rd_cv, &c->rd_mu, c->rd_owner == RD_NONE
+                               ? c->rd_lent_until : fb_monotonic_ns() + RD_LEND_NS);
+        }
+        c->rd_owner = RD_THREAD;
+        pthread_mutex_unlock(&c->rd_mu);
+        r = read_available(c);
+        pthread_mutex_lock(&c->rd_mu);
+        c->rd_owner = RD_NONE;
+        if (c->rd_stop)
+            pthread_cond_broadcast(&c->rd_done_cv);
+        pthread_mutex_unlock(&c->rd_mu);
+        if (r < 0)
+            return NULL;
+        /* Empty: wait for input without the socket's read right, so that a
+         * consumer's thread can take it meanwhile (a shutdown wakes this). */
+        p.fd = c->fd;
+        p.events = POLLIN;
+        p.revents = 0;
+        while (poll(&p, 1, -1) < 0 && errno == EINTR)
+            ;
+    }
+}
+
+static void direct_wake(void *arg)
+{
+    fb_conn_t *c = arg;
+    uint64_t one = 1;
+    (void)!write(c->direct_wake_fd, &one, sizeof(one));
+}
+
+/* The gate reader of a remote channel (fb_gate_reader_t.read): the
+ * consumer's thread, waiting for its gate, receives from the connection
+ * itself while nobody else reads it.  Every frame it reads is delivered as
+ * the reader thread would (to any channel or served partition); it leaves
+ * when its gate has data or closes, or at the deadline, with no complete
+ * frame left staged. */
+static int direct_read(void *arg, fb_gate_t *g, int64_t deadline_ns)
+{
+    fb_inchan_t *ch = arg;
+    fb_conn_t *c = ch->conn;
+    struct pollfd p[2];
+    uint64_t drained;
+    int served = 0, r = 0, ms;
+    int64_t left;
+    pthread_mutex_lock(&c->rd_mu);
+    if (c->rd_stop || c->rd_owner != RD_NONE || !c->direct_reads) {
+        pthread_mutex_unlock(&c->rd_mu);
+        return 0;
+    }
+    c->rd_owner = RD_DIRECT;
+    pthread_mutex_unlock(&c->rd_mu);
+    if (!fb_gate_direct_begin(g, direct_wake, c)) {
+        served = 1;
+        for (;;) {
+            if (c->rd_end > c->rd_pos) {
+                if ((r = read_frame(c)) < 0)
+                    break;
+                stat_add(&c->stats.frames_in_direct, 1);
+                if (fb_gate_ready(g))
+                    break;
+                continue;
+            }
+            if ((r = rd_try_fill(c)) < 0)
+                break;
+            if (r > 0)
+                continue;
+            left = deadline_ns - fb_monotonic_ns();
+            if (left <= 0)
+                break;
+            ms = left >= (int64_t)INT32_MAX * 1000000 ? INT32_MAX
+                 : (int)((left + 999999) / 1000000);
+            p[0].fd = c->fd;
+            p[0].events = POLLIN;
+            p[0].revents = 0;
+            p[1].fd = c->direct_wake_fd;
+            p[1].events = POLLIN;
+            p[1].revents = 0;
+            if (poll(p, 2, ms) < 0 && errno != EINTR)
+                break;
+            if (p[1].revents & POLLIN)
+                (void)!read(c->direct_wake_fd, &drained, sizeof(drained));
+            if (fb_gate_ready(g))
+                break;
+        }
+        /* A frame staged whole would wait for no input: the reader thread
+         * would not see it.  What is staged now is a frame's start only. */
+        while (r >= 0 && rd_frame_staged(c))
+            if ((r = read_frame(c)) == 0)
+                stat_add(&c->stats.frames_in_direct, 1);
+    }
+    fb_gate_direct_end(g);
+    pthread_mutex_lock(&c->rd_mu);
+    c->rd_owner = RD_NONE;
+    c->rd_lent_until = fb_monotonic_ns() + RD_LEND_NS;
+    if (c->rd_stop)
+        pthread_cond_broadcast(&c->rd_done_cv);
+    pthread_mutex_unlock(&c->rd_mu);
+    return served;
 }
 
 /* ---- the writer ------------------------------------------------------------------------ */
@@ -1667,7 +1852,8 @@ fb_conn_t *fb_conn_new(int fd, int32_t segment_size, const fb_conn_callbacks_t *
     c->rd = malloc(RD_CAP);
     c->ctlbuf = malloc(CTL_CAP);
     c->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (c->rd == NULL || c->ctlbuf == NULL || c->wake_fd < 0
+    c->direct_wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (c->rd == NULL || c->ctlbuf == NULL || c->wake_fd < 0 || c->direct_wake_fd < 0
             || fb_gate_init(&c->out, FB_NET_MAX_CHANNELS + 1) != FB_OK)
         goto fail;
     c->direct = malloc(sizeof(batch_t));
@@ -1684,6 +1870,15 @@ fb_conn_t *fb_conn_new(int fd, int32_t segment_size, const fb_conn_callbacks_t *
         pthread_mutex_destroy(&c->mu);
         goto fail_gate;
     }
+    if (pthread_mutex_init(&c->rd_mu, NULL) != 0 || fb_cond_init(&c->rd_cv) != 0
+            || fb_cond_init(&c->rd_done_cv) != 0) {
+        /* (none of these fails on Linux with default attributes) */
+        pthread_cond_destroy(&c->cv);
+        pthread_mutex_destroy(&c->send_mu);
+        pthread_mutex_destroy(&c->mu);
+        goto fail_gate;
+    }
+    c->direct_reads = 1;
     c->fd = fd;
     c->segment_size = segment_size;
     c->io_timeout_ms = io_timeout > 0 && io_timeout < 2e6 ? (int)(io_timeout * 1000) : 2000000000;
@@ -1704,10 +1899,19 @@ fail_gate:
 fail:
     if (c->wake_fd >= 0)
         close(c->wake_fd);
+    if (c->direct_wake_fd >= 0)
+        close(c->direct_wake_fd);
     free(c->rd);
     free(c->ctlbuf);
     free(c);
     return NULL;
+}
+
+void fb_conn_set_direct_reads(fb_conn_t *c, int on)
+{
+    pthread_mutex_lock(&c->rd_mu);
+    c->direct_reads = on;
+    pthread_mutex_unlock(&c->rd_mu);
 }
 
 void fb_conn_set_caller_sends(fb_conn_t *c, int on)
@@ -1751,12 +1955,18 @@ void fb_conn_close(fb_conn_t *c)
         pthread_join(c->writer, NULL);
         c->started = 0;
     }
+    pthread_mutex_lock(&c->rd_mu);          /* a consumer's thread reading it leaves */
+    while (c->rd_owner != RD_NONE)
+        pthread_cond_wait(&c->rd_done_cv, &c->rd_mu);
+    pthread_mutex_unlock(&c->rd_mu);
     end_served_channels(c);     /* the writer ended them, unless it never ran */
     if (c->fd >= 0) {           /* the threads are gone: the descriptors go now */
         close(c->fd);
         c->fd = -1;
         close(c->wake_fd);
         c->wake_fd = -1;
+        close(c->direct_wake_fd);
+        c->direct_wake_fd = -1;
     }
 }
 
@@ -1773,6 +1983,9 @@ void fb_conn_decref(fb_conn_t *c)
     ctl_free_list(c->ctl_head);     /* holds no channel: a channel holds this connection */
     fb_gate_free(&c->out);
     pthread_cond_destroy(&c->cv);
+    pthread_cond_destroy(&c->rd_cv);
+    pthread_cond_destroy(&c->rd_done_cv);
+    pthread_mutex_destroy(&c->rd_mu);
     pthread_mutex_destroy(&c->send_mu);
     pthread_mutex_destroy(&c->mu);
     free(c->direct);
@@ -1808,6 +2021,7 @@ void fb_conn_stats(fb_conn_t *c, fb_conn_stats_t *out)
     out->frames_out = __atomic_load_n(&c->stats.frames_out, __ATOMIC_RELAXED);
     out->buffers_in = __atomic_load_n(&c->stats.buffers_in, __ATOMIC_RELAXED);
     out->buffers_out = __atomic_load_n(&c->stats.buffers_out, __ATOMIC_RELAXED);
+    out->frames_in_direct = __atomic_load_n(&c->stats.frames_in_direct, __ATOMIC_RELAXED);
 }
 
 int32_t fb_conn_num_channels(fb_conn_t *c)
@@ -2011,6 +2225,27 @@ void fb_inchan_close(fb_inchan_t *ch)
         fb_items_dispose(items, n);
     if (registered)
         fb_inchan_decref(ch);                /* the connection's */
+}
+
+static void inchan_hold(void *arg)
+{
+    inchan_incref(arg);
+}
+
+static void inchan_release(void *arg)
+{
+    fb_inchan_decref(arg);
+}
+
+int fb_inchan_attach_reader(fb_inchan_t *ch, fb_gate_t *g)
+{
+    fb_gate_reader_t r = {direct_read, inchan_hold, inchan_release, ch};
+    return fb_gate_set_reader(g, &r);
+}
+
+void fb_inchan_detach_reader(fb_inchan_t *ch, fb_gate_t *g)
+{
+    fb_gate_clear_reader(g, ch);
 }
 
 void fb_inchan_decref(fb_inchan_t *ch)

@@ -93,6 +93,7 @@ typedef struct fb_conn_callbacks {
 /* Per-connection counters (read without a lock; monotonic). */
 typedef struct fb_conn_stats {
     int64_t bytes_in, bytes_out, frames_in, frames_out, buffers_in, buffers_out;
+    int64_t frames_in_direct;   /* of frames_in: read by a consumer's own thread */
 } fb_conn_stats_t;
 
 /* ---- connection ----------------------------------------------------------- */
@@ -107,6 +108,9 @@ fb_conn_t *fb_conn_new(int fd, int32_t segment_size, const fb_conn_callbacks_t *
  * blocking; what the socket does not take goes to the writer thread), and
  * a thread that queues control messages (credit) sends them likewise.  0:
  * every send is the writer thread's; 2: buffers only (for measuring). */
+/* Consumers' threads waiting on a gate may read the socket themselves
+ * (default on; off: only the reader thread reads). */
+void fb_conn_set_direct_reads(fb_conn_t *c, int on);
 void fb_conn_set_caller_sends(fb_conn_t *c, int on);
 /* Start the reader and writer threads: FB_OK or FB_ENOMEM. */
 int fb_conn_start(fb_conn_t *c);
@@ -156,6 +160,12 @@ fb_subpart_t *fb_inchan_queue(fb_inchan_t *ch);
  * channel holds goes back to its pool.  Waits (no GIL!) for a receive into
  * one of its segments in progress.  Idempotent. */
 void fb_inchan_close(fb_inchan_t *ch);
+/* Offer the channel's connection as the gate's reader (fb_gate_reader_t:
+ * its consumer receives from the socket itself while waiting): 1 if taken
+ * (a gate has one), 0 if the gate has a reader already.  Detach before the
+ * channel leaves the gate. */
+int fb_inchan_attach_reader(fb_inchan_t *ch, fb_gate_t *g);
+void fb_inchan_detach_reader(fb_inchan_t *ch, fb_gate_t *g);
 void fb_inchan_decref(fb_inchan_t *ch);
 /* The consumer took an event of this channel (its gate polled it): one more
  * event may come (an ADD_EVENT_CREDIT is scheduled). */

@@ -78,6 +78,8 @@ static void gate_mark(fb_gate_t *g, int32_t channel, int wake)
         g->ready[(g->head + g->count) % g->num_channels] = channel;
         g->count++;
         signal = wake && g->waiters > 0;
+        if (wake && g->direct_wake != NULL && !pthread_equal(pthread_self(), g->direct_thread))
+            g->direct_wake(g->direct_wake_arg);
     }
     pthread_mutex_unlock(&g->mu);
     if (signal)
@@ -99,6 +101,9 @@ void fb_gate_wake(fb_gate_t *g)
     int signal;
     pthread_mutex_lock(&g->mu);
     signal = g->count > 0 && g->waiters > 0;
+    if (g->count > 0 && g->direct_wake != NULL
+            && !pthread_equal(pthread_self(), g->direct_thread))
+        g->direct_wake(g->direct_wake_arg);
     pthread_mutex_unlock(&g->mu);
     if (signal)
         pthread_cond_signal(&g->cv);
@@ -106,7 +111,7 @@ void fb_gate_wake(fb_gate_t *g)
 
 int fb_gate_wait(fb_gate_t *g, int64_t deadline_ns, int32_t *channel)
 {
-    int rc = FB_OK;
+    int rc = FB_OK, tried = 0;
     pthread_mutex_lock(&g->mu);
     for (;;) {
         if (g->closed) {
@@ -125,9 +130,23 @@ int fb_gate_wait(fb_gate_t *g, int64_t deadline_ns, int32_t *channel)
             rc = FB_ETIMEDOUT;
             break;
         }
+        if (g->reader.read != NULL && !g->reader_busy && !tried) {
+            fb_gate_reader_t r = g->reader;
+            int served;
+            g->reader_busy = 1;
+            r.hold(r.arg);
+            pthread_mutex_unlock(&g->mu);
+            served = r.read(r.arg, g, deadline_ns);
+            r.release(r.arg);
+            pthread_mutex_lock(&g->mu);
+            g->reader_busy = 0;
+            tried = !served;
+            continue;                /* what came meanwhile signalled nobody */
+        }
         g->waiters++;
         fb_cond_wait_until(&g->cv, &g->mu, deadline_ns);
         g->waiters--;
+        tried = 0;
     }
     pthread_mutex_unlock(&g->mu);
     return rc;
@@ -138,7 +157,55 @@ void fb_gate_close(fb_gate_t *g)
     pthread_mutex_lock(&g->mu);
     g->closed = 1;
     pthread_cond_broadcast(&g->cv);
+    if (g->direct_wake != NULL && !pthread_equal(pthread_self(), g->direct_thread))
+        g->direct_wake(g->direct_wake_arg);
     pthread_mutex_unlock(&g->mu);
+}
+
+int fb_gate_set_reader(fb_gate_t *g, const fb_gate_reader_t *r)
+{
+    int taken = 0;
+    pthread_mutex_lock(&g->mu);
+    if (g->reader.read == NULL) {
+        g->reader = *r;
+        taken = 1;
+    }
+    pthread_mutex_unlock(&g->mu);
+    return taken;
+}
+
+void fb_gate_clear_reader(fb_gate_t *g, void *arg)
+{
+    pthread_mutex_lock(&g->mu);
+    if (g->reader.read != NULL && g->reader.arg == arg)
+        memset(&g->reader, 0, sizeof(g->reader));
+    pthread_mutex_unlock(&g->mu);
+}
+
+int fb_gate_direct_begin(fb_gate_t *g, void (*wake)(void *), void *arg)
+{
+    int ready;
+    pthread_mutex_lock(&g->mu);
+    g->direct_wake = wake;
+    g->direct_wake_arg = arg;
+    g->direct_thread = pthread_self();
+    ready = g->count > 0 || g->closed;
+    pthread_mutex_unlock(&g->mu);
+    return ready;
+}
+
+void fb_gate_direct_end(fb_gate_t *g)
+{
+    pthread_mutex_lock(&g->mu);
+    g->direct_wake = NULL;
+    g->direct_wake_arg = NULL;
+    pthread_mutex_unlock(&g->mu);
+}
+
+int fb_gate_ready(fb_gate_t *g)
+{
+    return __atomic_load_n(&g->count, __ATOMIC_ACQUIRE) > 0
+           || __atomic_load_n(&g->closed, __ATOMIC_ACQUIRE);
 }
 
 /* ---- signal ---------------------------------------------------------- */

@@ -58,6 +58,22 @@ typedef struct fb_gate_hook {
     void *arg;
 } fb_gate_hook_t;
 
+/* A source the gate's waiter may read itself instead of sleeping (the
+ * network layer: the consumer's thread receives from the socket, with no
+ * hand-off from the connection's reader thread).  `read` runs with no gate
+ * lock held (hold/release keep `arg` alive around it) until the gate has
+ * data or is closed, the deadline passes, or it stops serving: it returns 1
+ * if it waited or read, 0 if it could not serve now (the waiter then sleeps
+ * as usual).  While it waits it registers a wake (fb_gate_direct_begin) that
+ * adds from other threads call. */
+struct fb_gate;
+typedef struct fb_gate_reader {
+    int (*read)(void *arg, struct fb_gate *g, int64_t deadline_ns);
+    void (*hold)(void *arg);
+    void (*release)(void *arg);
+    void *arg;
+} fb_gate_reader_t;
+
 typedef struct fb_gate {
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -69,6 +85,11 @@ typedef struct fb_gate {
     int closed;
     int initialized;
     const fb_gate_hook_t *hook;   /* NULL: adds wake the waiter (set before connecting) */
+    fb_gate_reader_t reader;      /* reader.read NULL: none */
+    int reader_busy;              /* the waiter is in reader.read */
+    void (*direct_wake)(void *);  /* set while the waiter reads itself: adds from */
+    void *direct_wake_arg;        /* other threads call it (under mu) */
+    pthread_t direct_thread;
 } fb_gate_t;
 
 /* A counter that consumers bump and a producer can sleep on: "something was
@@ -111,6 +132,16 @@ void fb_gate_wake(fb_gate_t *g);
 int fb_gate_wait(fb_gate_t *g, int64_t deadline_ns, int32_t *channel);
 /* Wake every waiter with FB_ECLOSED, now and later. */
 void fb_gate_close(fb_gate_t *g);
+/* Offer a reader (none yet: 1, taken; else 0); withdraw it (if arg's). */
+int fb_gate_set_reader(fb_gate_t *g, const fb_gate_reader_t *r);
+void fb_gate_clear_reader(fb_gate_t *g, void *arg);
+/* A reader starts waiting in this thread: adds from other threads call
+ * wake(arg) until fb_gate_direct_end.  1: the gate has data or is closed
+ * already (do not wait). */
+int fb_gate_direct_begin(fb_gate_t *g, void (*wake)(void *), void *arg);
+void fb_gate_direct_end(fb_gate_t *g);
+/* The gate has data or is closed (a racy look, for a reader's loop). */
+int fb_gate_ready(fb_gate_t *g);
 
 /* ---- signal ---- */
 int fb_signal_init(fb_signal_t *s);                        /* FB_OK / FB_ENOMEM */

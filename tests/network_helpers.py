@@ -452,6 +452,8 @@ class _Stdin:
 
 
 def _env(cfg):
+    if "direct_reads" in cfg:       # consumers' threads read sockets themselves (default on)
+        os.environ["FLINKBUF_NET_DIRECT_READS"] = "1" if cfg["direct_reads"] else "0"
     from flinkbuf.network import NetworkEnvironment   # noqa: PLC0415
     return NetworkEnvironment(
         cfg.get("num_segments", 256), cfg.get("segment_size", 32768),

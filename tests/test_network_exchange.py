@@ -39,7 +39,7 @@ def run_exchange(children, case, timeout=60.0):
     against the plans."""
     P, M, K = case["P"], case["M"], case["K"]
     common = {"segment_size": case["seg"], "exclusive": case["exclusive"],
-              "floating": case["floating"]}
+              "floating": case["floating"], "direct_reads": case.get("direct_reads", True)}
     producers = []
     for p in range(P):
         part = {"id": f"part-{p}", "n": M, "tag": p, "plan": case["plans"][p],
@@ -107,13 +107,16 @@ TOPOLOGIES = {
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("direct_reads", [True, False], ids=["direct", "reader-thread"])
 @pytest.mark.parametrize("name", sorted(TOPOLOGIES))
-def test_exchange_topology(children, name):
+def test_exchange_topology(children, name, direct_reads):
     """A fixed case per topology: 150 ops per producer (records of 0 B to
-    2.5 segments of 256 B, and broadcast events), minimum credit."""
+    2.5 segments of 256 B, and broadcast events), minimum credit; consumers
+    reading their sockets themselves, or only through the reader thread."""
     P, M, K = TOPOLOGIES[name]
     rng = random.Random(name)
     case = {"P": P, "M": M, "K": K, "seg": 256, "exclusive": 1, "floating": 1,
+            "direct_reads": direct_reads,
             "extra_buffers": 0, "buffer_timeout": 0.001,
             "plans": [random_plan(rng, 256, 150, M, 1 << 20) for _ in range(P)]}
     run_exchange(children, case)
@@ -135,6 +138,7 @@ def exchange_cases(draw):
             "exclusive": draw(st.integers(1, 3)), "floating": draw(st.integers(0, 4)),
             "extra_buffers": draw(st.integers(0, 3)),
             "buffer_timeout": draw(st.sampled_from([None, 0, 0.001, 0.05])),
+            "direct_reads": draw(st.booleans()),
             "plans": plans}
 
 

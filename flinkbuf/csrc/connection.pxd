@@ -3,7 +3,7 @@
 # threads).  Locking notes there; docs/PROTOCOL.md is the wire format.
 from libc.stdint cimport int32_t, int64_t, uint32_t
 
-from flinkbuf.csrc.exchange cimport fb_subpart_t
+from flinkbuf.csrc.exchange cimport fb_gate_t, fb_subpart_t
 from flinkbuf.csrc.pool cimport fb_localpool_t
 
 cdef extern from "connection.h" nogil:
@@ -37,10 +37,12 @@ cdef extern from "connection.h" nogil:
 
     ctypedef struct fb_conn_stats_t:
         int64_t bytes_in, bytes_out, frames_in, frames_out, buffers_in, buffers_out
+        int64_t frames_in_direct
 
     fb_conn_t *fb_conn_new(int fd, int32_t segment_size, const fb_conn_callbacks_t *cb,
                            double io_timeout)
     void fb_conn_set_caller_sends(fb_conn_t *c, int on)
+    void fb_conn_set_direct_reads(fb_conn_t *c, int on)
     int fb_conn_start(fb_conn_t *c)
     void fb_conn_close(fb_conn_t *c)
     void fb_conn_incref(fb_conn_t *c)
@@ -67,6 +69,8 @@ cdef extern from "connection.h" nogil:
     void fb_inchan_event_taken(fb_inchan_t *ch)
     void fb_inchan_close(fb_inchan_t *ch)
     void fb_inchan_decref(fb_inchan_t *ch)
+    int fb_inchan_attach_reader(fb_inchan_t *ch, fb_gate_t *g)
+    void fb_inchan_detach_reader(fb_inchan_t *ch, fb_gate_t *g)
     int fb_inchan_error(fb_inchan_t *ch, char *type, size_t tlen, char *message, size_t mlen)
     uint32_t fb_inchan_receiver_id(fb_inchan_t *ch)
     void fb_inchan_stats(fb_inchan_t *ch, fb_inchan_stats_t *out)

@@ -18,6 +18,7 @@ class Connection:
         peer: str,
         io_timeout: float,
         caller_sends: int = 0,
+        direct_reads: int = 1,
     ) -> Connection: ...
     def close(self) -> None: ...
     @property

@@ -82,7 +82,7 @@ cdef class Connection:
 
     @staticmethod
     def _open(int fd, int32_t segment_size, lookup, str local, str peer, double io_timeout,
-              int caller_sends=0):
+              int caller_sends=0, int direct_reads=1):
         """Start a connection over ``fd`` (connected, authenticated, owned
         from here on).  ``lookup(partition_id)`` finds a registered
         partition or returns None."""
@@ -101,6 +101,7 @@ cdef class Connection:
             os.close(fd)
             raise MemoryError("cannot allocate a connection")
         fb_conn_set_caller_sends(conn._c, caller_sends)
+        fb_conn_set_direct_reads(conn._c, direct_reads)
         if fb_conn_start(conn._c) != FB_OK:
             raise MemoryError("cannot start the connection's threads")
         return conn
@@ -150,13 +151,16 @@ cdef class Connection:
         return self._error()
 
     def stats(self):
-        """Bytes, frames and buffers in and out so far."""
+        """Bytes, frames and buffers in and out so far; ``frames_in_direct``:
+        of ``frames_in``, those a consumer's thread waiting on its gate read
+        from the socket itself."""
         self._check()
         cdef fb_conn_stats_t st
         fb_conn_stats(self._c, &st)
         return {"bytes_in": st.bytes_in, "bytes_out": st.bytes_out,
                 "frames_in": st.frames_in, "frames_out": st.frames_out,
-                "buffers_in": st.buffers_in, "buffers_out": st.buffers_out}
+                "buffers_in": st.buffers_in, "buffers_out": st.buffers_out,
+                "frames_in_direct": st.frames_in_direct}
 
     @property
     def num_channels(self):

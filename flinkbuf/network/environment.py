@@ -168,6 +168,10 @@ class NetworkEnvironment:
         # leaves every send to the writer thread (for measuring the two).
         mode = os.environ.get("FLINKBUF_NET_CALLER_SENDS", "1")
         self._caller_sends = int(mode) if mode in ("0", "1", "2") else 1
+        # A consumer's thread waiting on its gate receives from the socket itself
+        # when nobody else reads it (layer 4: Receive); FLINKBUF_NET_DIRECT_READS=0
+        # leaves every receive to the connection's reader thread.
+        self._direct_reads = 0 if os.environ.get("FLINKBUF_NET_DIRECT_READS") == "0" else 1
         self._nbp = NetworkBufferPool(num_segments, segment_size)
         self._segment_size = segment_size
         self._lock = threading.Lock()
@@ -408,7 +412,8 @@ class NetworkEnvironment:
             sock.close()
             raise
         return Connection._open(fd, self._segment_size, self._lookup, self._address_text,
-                                address, self._io_timeout, self._caller_sends)
+                                address, self._io_timeout, self._caller_sends,
+                                self._direct_reads)
 
     def _accept_loop(self):
         """Accept connections and run their handshakes, many at a time in
@@ -499,7 +504,8 @@ class NetworkEnvironment:
                 os.close(fd)
                 return
             conn = Connection._open(fd, self._segment_size, self._lookup, self._address_text,
-                                    advertised, self._io_timeout, self._caller_sends)
+                                    advertised, self._io_timeout, self._caller_sends,
+                                    self._direct_reads)
             self._all_connections.append(conn)
             current = self._connections.get(advertised)
             if current is None or not current.is_open:

@@ -143,6 +143,7 @@ cdef class RemoteInputChannel(InputChannel):
             raise ValueError("the channel already belongs to an input gate")
         if fb_subpart_connect(fb_inchan_queue(self._c), &gate._c, index) != FB_OK:
             raise ValueError("the remote channel was released (its gate closed)")
+        fb_inchan_attach_reader(self._c, &gate._c)   # a gate takes its first channel's
         self._index = index
         return 0
 
@@ -162,12 +163,14 @@ cdef class RemoteInputChannel(InputChannel):
 
     cdef int _release(self, InputGate gate) except -1:
         cdef object keep = self
+        fb_inchan_detach_reader(self._c, &gate._c)
         fb_subpart_disconnect(fb_inchan_queue(self._c), &gate._c)
         with nogil:
             fb_inchan_close(self._c)
         return 0
 
     cdef int _disconnect(self, InputGate gate) except -1:
+        fb_inchan_detach_reader(self._c, &gate._c)
         fb_subpart_disconnect(fb_inchan_queue(self._c), &gate._c)
         self._index = -1
         return 0

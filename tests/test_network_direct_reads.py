@@ -1,0 +1,236 @@
+"""A consumer's thread that waits on its gate receives from the socket
+itself while nobody else reads it (no hand-off from the connection's reader
+thread): what it reads for other gates and served partitions is delivered
+as the reader thread would deliver it, adds from other sources (a local
+channel, another connection) wake it, closing wakes it, and the reader
+thread takes the socket back when the consumer stops coming.  In this
+process, so the no_leaks fixture checks every buffer."""
+
+import threading
+import time
+
+import pytest
+
+from flinkbuf.io import RecordWriter, create_partition
+from flinkbuf.network import NetworkEnvironment
+from helpers import run_in_thread
+from network_helpers import SECRET
+
+pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+
+
+def make_env(monkeypatch=None, direct=True, **kw):
+    if monkeypatch is not None:
+        monkeypatch.setenv("FLINKBUF_NET_DIRECT_READS", "1" if direct else "0")
+    kw.setdefault("secret", SECRET)
+    return NetworkEnvironment(kw.pop("num_segments", 64), kw.pop("segment_size", 1024), **kw)
+
+
+def direct_frames(env):
+    return sum(s["frames_in_direct"] for s in env.connection_stats())
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("direct", [True, False])
+def test_the_consumer_reads_the_socket_itself_unless_turned_off(monkeypatch, direct):
+    """Records arrive whole and in order either way; with direct reads the
+    consumer's thread read frames itself, without it none."""
+    prod = make_env(monkeypatch, direct)
+    cons = make_env(monkeypatch, direct)
+    try:
+        part = create_partition(prod.network_buffer_pool, 1)
+        prod.register_partition("p", part)
+        gate = cons.create_input_gate([(prod.address, "p", 0)], codec="bytes")
+        n = 3000
+
+        def produce():
+            with RecordWriter(part, "round_robin", codec="bytes", buffer_timeout=0) as w:
+                for i in range(n):
+                    w.emit(i.to_bytes(4, "big") * (1 + i % 300))
+                    if i % 500 == 0:
+                        time.sleep(0.01)      # the consumer catches up and waits
+
+        t, res = run_in_thread(produce)
+        got = [bytes(r) for r in gate]
+        t.join(10)
+        assert "error" not in res, res
+        assert got == [i.to_bytes(4, "big") * (1 + i % 300) for i in range(n)]
+        frames = direct_frames(cons)
+        if direct:
+            assert frames > 0
+        else:
+            assert frames == 0
+        gate.close()
+    finally:
+        cons.close()
+        prod.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("source", ["local channel", "another connection"])
+def test_an_add_from_elsewhere_wakes_a_consumer_reading_the_socket(source):
+    """The gate's first channel is remote and silent (its consumer reads that
+    socket while it waits); records for its other channel, from a local
+    partition or over a second connection, each wake it at once: 40 round
+    trips take well under the gate's 50 ms wait slices a missed wake would
+    cost (40 x 50 ms = 2 s)."""
+    silent_env, cons = make_env(), make_env()
+    other_env = cons if source == "local channel" else make_env()
+    try:
+        silent = create_partition(silent_env.network_buffer_pool, 1)
+        silent_env.register_partition("silent", silent)
+        talker = create_partition(other_env.network_buffer_pool, 1)
+        other_env.register_partition("talker", talker)
+        gate = cons.create_input_gate([(silent_env.address, "silent", 0),
+                                       (other_env.address, "talker", 0)], codec="bytes")
+        it = iter(gate)
+        w = RecordWriter(talker, codec="bytes", buffer_timeout=0)
+        next_record = threading.Event()
+        got = []
+
+        def consume():
+            for _ in range(41):
+                next_record.set()
+                got.append(bytes(next(it)))
+
+        t, res = run_in_thread(consume)
+        assert next_record.wait(5)
+        next_record.clear()
+        w.emit(b"warm-up")
+        times = []
+        for i in range(40):
+            assert next_record.wait(5)
+            next_record.clear()
+            time.sleep(0.002)                 # it is waiting (reading the silent socket)
+            t0 = time.monotonic()
+            w.emit(b"r%d" % i)
+            while len(got) < i + 2 and t.is_alive():
+                time.sleep(0.0002)
+            times.append(time.monotonic() - t0)
+        t.join(10)
+        assert "error" not in res, res
+        assert got == [b"warm-up"] + [b"r%d" % i for i in range(40)]
+        assert sum(times) < 1.0, sorted(times)[-5:]
+        w.close()
+        gate.close()
+        silent.release()
+    finally:
+        for e in {silent_env, cons, other_env}:
+            e.close()
+
+
+@pytest.mark.timeout(60)
+def test_two_gates_share_a_connection_both_ways():
+    """Two consumer threads, each on its own gate, read two partitions served
+    by one process over one connection, while that connection also carries
+    a partition this process serves to it: every record arrives exactly
+    once, in order, whichever thread happened to read the socket."""
+    a, b = make_env(num_segments=128), make_env(num_segments=128)
+    try:
+        parts = {}
+        for pid in ("p", "q"):
+            parts[pid] = create_partition(a.network_buffer_pool, 1, min_buffers=2)
+            a.register_partition(pid, parts[pid])
+        back = create_partition(b.network_buffer_pool, 1, min_buffers=2)
+        b.register_partition("back", back)
+        gates = {pid: b.create_input_gate([(a.address, pid, 0)], codec="bytes")
+                 for pid in ("p", "q")}
+        back_gate = a.create_input_gate([(b.address, "back", 0)], codec="bytes")
+        n = 4000
+
+        def produce(part, tag):
+            with RecordWriter(part, codec="bytes", buffer_timeout=0.001) as w:
+                for i in range(n):
+                    w.emit(tag + i.to_bytes(4, "big") * (i % 50))
+
+        def consume(pid):
+            return [bytes(r) for r in gates[pid]]
+
+        threads = [run_in_thread(produce, parts["p"], b"p"),
+                   run_in_thread(produce, parts["q"], b"q"),
+                   run_in_thread(produce, back, b"b"),
+                   run_in_thread(consume, "p"), run_in_thread(consume, "q"),
+                   run_in_thread(lambda: [bytes(r) for r in back_gate])]
+        for t, _ in threads:
+            t.join(30)
+        results = [res for _, res in threads]
+        assert all("error" not in r for r in results), results
+        for (tag, res) in zip((b"p", b"q", b"b"), results[3:]):
+            assert res["value"] == [tag + i.to_bytes(4, "big") * (i % 50) for i in range(n)]
+        assert len(a.connection_stats()) + len(b.connection_stats()) >= 1
+        for g in (*gates.values(), back_gate):
+            g.close()
+    finally:
+        b.close()
+        a.close()
+
+
+@pytest.mark.timeout(60)
+def test_an_echo_through_one_connection_with_minimal_buffers():
+    """A thread that reads a gate and writes each record back over the same
+    connection (so it may block in emit right after reading the socket
+    itself) with one buffer of credit and two in each pool: the reader
+    thread takes the socket back, and everything comes back in order."""
+    a = make_env(exclusive_buffers_per_channel=1, floating_buffers_per_gate=0)
+    b = make_env(exclusive_buffers_per_channel=1, floating_buffers_per_gate=0)
+    try:
+        there = create_partition(a.network_buffer_pool, 1, min_buffers=2)
+        a.register_partition("there", there)
+        back = create_partition(b.network_buffer_pool, 1, min_buffers=2)
+        b.register_partition("back", back)
+        in_b = b.create_input_gate([(a.address, "there", 0)], codec="bytes")
+        in_a = a.create_input_gate([(b.address, "back", 0)], codec="bytes")
+        n = 3000
+        records = [i.to_bytes(4, "big") * (1 + i % 200) for i in range(n)]
+
+        def echo():
+            with RecordWriter(back, codec="bytes", buffer_timeout=0.001) as w:
+                for r in in_b:
+                    w.emit(bytes(r))
+
+        def send():
+            with RecordWriter(there, codec="bytes", buffer_timeout=0.001) as w:
+                for r in records:
+                    w.emit(r)
+
+        (te, re_), (ts, rs) = run_in_thread(echo), run_in_thread(send)
+        got = [bytes(r) for r in in_a]
+        ts.join(10)
+        te.join(10)
+        assert "error" not in rs and "error" not in re_, (rs, re_)
+        assert got == records
+        in_a.close()
+        in_b.close()
+    finally:
+        b.close()
+        a.close()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("how", ["gate.close", "environment.close"])
+def test_closing_wakes_a_consumer_reading_the_socket(how):
+    """A consumer blocked on a silent remote channel (reading its socket)
+    wakes within a second when its gate or its environment closes, and the
+    environment's close waits for it to let go of the socket."""
+    prod, cons = make_env(), make_env()
+    try:
+        part = create_partition(prod.network_buffer_pool, 1)
+        prod.register_partition("p", part)
+        gate = cons.create_input_gate([(prod.address, "p", 0)], codec="bytes")
+        t, res = run_in_thread(lambda: next(gate))
+        time.sleep(0.3)
+        assert t.is_alive()
+        t0 = time.monotonic()
+        if how == "gate.close":
+            gate.close()
+        else:
+            cons.close()
+        t.join(5)
+        assert not t.is_alive()
+        assert time.monotonic() - t0 < 1.0
+        assert isinstance(res.get("error"), (ValueError, ConnectionError)), res
+        gate.close()
+        part.release()
+    finally:
+        cons.close()
+        prod.close()
