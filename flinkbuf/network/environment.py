@@ -179,6 +179,8 @@ class NetworkEnvironment:
         self._connections = {}           # peer address -> Connection we reuse
         self._all_connections = []       # every Connection, to close
         self._connecting = {}            # peer address -> lock while connecting
+        self._dialing = set()            # peer addresses this process is connecting to
+        self._registered = threading.Condition(self._lock)   # a connection was registered
         self._closed = False
         try:
             self._server = socket.create_server((host, port), backlog=128)
@@ -364,7 +366,14 @@ class NetworkEnvironment:
                     conn = self._connections.get(address)
                     if conn is not None and conn.is_open:
                         return conn
-                conn = self._connect(address)
+                    self._dialing.add(address)
+                try:
+                    conn = self._connect(address)
+                except handshake.DuplicateConnection as dup:
+                    return self._await_connection_from(address, dup.peer)
+                finally:
+                    with self._lock:
+                        self._dialing.discard(address)
                 with self._lock:
                     self._connecting.pop(address, None)
                     if self._closed:
@@ -372,7 +381,42 @@ class NetworkEnvironment:
                         self._check_open()
                     self._connections[address] = conn
                     self._all_connections.append(conn)
+                    self._registered.notify_all()
                 return conn
+
+    def _keep_incoming(self, peer):
+        """Whether a connection the process at ``peer`` made to this one is
+        kept (the handshake's ``keep``).  One connection joins two processes:
+        an open one wins over a new one; when both are connecting to each
+        other at once, the connection made by the smaller address wins (the
+        other side's is refused with DUPLICATE, and that side waits for
+        this one)."""
+        with self._lock:
+            conn = self._connections.get(peer)
+            if conn is not None and conn.is_open:
+                return False
+            if peer in self._dialing:
+                return self._address_text > peer
+            return True
+
+    def _await_connection_from(self, address, peer):
+        """The connection the process at ``address`` (which calls itself
+        ``peer``) made to this one, once its handshake registered it here;
+        also registered as ``address``."""
+        deadline = time.monotonic() + self._connect_timeout
+        with self._registered:
+            while True:
+                self._check_open()
+                conn = self._connections.get(peer)
+                if conn is not None and conn.is_open:
+                    self._connections[address] = conn
+                    return conn
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise RemoteConnectionError(
+                        f"connecting to {address}: the peer keeps its own connection to this "
+                        f"process, which did not arrive within {self._connect_timeout:g} s")
+                self._registered.wait(min(remaining, 0.1))
 
     def _is_this_host(self, host):
         return host.startswith(_LOCAL_HOSTS) or host == self._address[0]
@@ -405,6 +449,9 @@ class NetworkEnvironment:
         except AuthenticationError as exc:
             sock.close()
             raise AuthenticationError(f"connecting to {address}: {exc}") from None
+        except handshake.DuplicateConnection:
+            sock.close()
+            raise
         except OSError as exc:
             sock.close()
             raise RemoteConnectionError(f"connecting to {address}: {exc}") from exc
@@ -461,7 +508,8 @@ class NetworkEnvironment:
                 return
             sock.setblocking(False)
             _tune(sock)
-            hs = handshake.ServerHandshake(self._secret, self._address_text, self._segment_size)
+            hs = handshake.ServerHandshake(self._secret, self._address_text, self._segment_size,
+                                           keep=self._keep_incoming)
             pending[sock] = [hs, time.monotonic() + self._connect_timeout, peer]
             sel.register(sock, selectors.EVENT_READ, True)
             if len(pending) > _MAX_PENDING_HANDSHAKES:
@@ -489,6 +537,11 @@ class NetworkEnvironment:
         if hs.done:
             sel.unregister(sock)
             del pending[sock]
+            if hs.duplicate:             # the peer uses the connection this process keeps
+                sock.close()
+                log.debug("closed a second connection from %s: one connection joins two "
+                          "processes", hs.peer[0])
+                return
             sock.setblocking(True)
             self._start_accepted(sock.detach(), hs.peer[0])
 
@@ -510,6 +563,7 @@ class NetworkEnvironment:
             current = self._connections.get(advertised)
             if current is None or not current.is_open:
                 self._connections[advertised] = conn
+            self._registered.notify_all()
 
     # ---- lifecycle ----------------------------------------------------------------------
 

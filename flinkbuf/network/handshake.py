@@ -14,7 +14,7 @@ from flinkbuf.errors import AuthenticationError, RemoteConnectionError
 
 MAGIC = 0x46425546
 VERSION = 1
-HELLO, CHALLENGE, AUTH, AUTH_OK = 16, 17, 18, 19
+HELLO, CHALLENGE, AUTH, AUTH_OK, DUPLICATE = 16, 17, 18, 19, 20
 MAX_FRAME = 256
 NONCE = 32
 _HEADER = struct.Struct(">IIB")
@@ -74,8 +74,20 @@ def _recv_exact(sock, n, deadline):
                       closed=_handshake_closed)
 
 
-def _recv(sock, expected, deadline):
+class DuplicateConnection(RemoteConnectionError):
+    """The server keeps another connection to this process (one connection
+    joins two processes): ``peer`` is the server's address, whose
+    connection to this process's server is to be used instead."""
+
+    def __init__(self, peer):
+        super().__init__(f"the peer at {peer} keeps its own connection to this process")
+        self.peer = peer
+
+
+def _recv(sock, expected, deadline, alternative=None):
     length, magic, msg_id = _HEADER.unpack(_recv_exact(sock, _HEADER.size, deadline))
+    if msg_id == alternative and magic == MAGIC and _HEADER.size <= length <= MAX_FRAME:
+        raise _Alternative(_recv_exact(sock, length - _HEADER.size, deadline))
     if magic != MAGIC:
         raise AuthenticationError(f"the peer does not speak flinkbuf's protocol "
                                   f"(magic number 0x{magic:08x})")
@@ -84,6 +96,10 @@ def _recv(sock, expected, deadline):
     if not _HEADER.size <= length <= MAX_FRAME:
         raise AuthenticationError(f"a handshake frame of {length} bytes")
     return _recv_exact(sock, length - _HEADER.size, deadline)
+
+
+class _Alternative(Exception):
+    """The other message _recv was told to accept came (its body)."""
 
 
 def _address_field(address):
@@ -109,7 +125,9 @@ def _parse_tail(body, what):
 def client(sock, secret, address, segment_size, timeout):
     """Authenticate a connected socket as the client; returns the server's
     (address, segment_size).  AuthenticationError if either side fails to
-    prove the secret; RemoteConnectionError if the segment sizes differ."""
+    prove the secret; RemoteConnectionError if the segment sizes differ;
+    DuplicateConnection if the server keeps another connection to this
+    process."""
     deadline = time.monotonic() + timeout
     client_nonce = os.urandom(NONCE)
     _send(sock, HELLO, struct.pack(">H", VERSION) + client_nonce)
@@ -126,7 +144,11 @@ def client(sock, secret, address, segment_size, timeout):
         raise AuthenticationError("the server did not prove that it knows the shared secret")
     _send(sock, AUTH, _proof(secret, b"flinkbuf-client", server_nonce, client_nonce)
           + _address_field(address) + struct.pack(">I", segment_size))
-    peer, peer_segment_size = _parse_tail(_recv(sock, AUTH_OK, deadline), "authentication reply")
+    try:
+        reply = _recv(sock, AUTH_OK, deadline, alternative=DUPLICATE)
+    except _Alternative as dup:
+        raise DuplicateConnection(_parse_tail(dup.args[0], "duplicate reply")[0]) from None
+    peer, peer_segment_size = _parse_tail(reply, "authentication reply")
     if peer_segment_size != segment_size:
         raise RemoteConnectionError(
             f"the peer at {peer} uses segments of {peer_segment_size} bytes, this side "
@@ -142,10 +164,15 @@ class ServerHandshake:
     once ``done``, ``peer`` is the client's (address, segment_size).  It
     raises AuthenticationError if the client does not prove the secret
     (nothing is sent back then), RemoteConnectionError if the segment sizes
-    differ (after AUTH_OK, so that the client learns why)."""
+    differ (after AUTH_OK, so that the client learns why).  ``keep(address)``
+    (optional) decides, once the client proved the secret, whether this
+    connection is wanted: if not, the reply is DUPLICATE instead of AUTH_OK
+    and ``duplicate`` is set (the server then closes it)."""
 
-    def __init__(self, secret, address, segment_size):
+    def __init__(self, secret, address, segment_size, keep=None):
         self._secret = secret
+        self._keep = keep
+        self.duplicate = False
         self._address = address
         self._segment_size = segment_size
         self._buf = bytearray()
@@ -206,8 +233,12 @@ class ServerHandshake:
             raise AuthenticationError("the client did not prove that it knows the shared secret")
         self.peer = _parse_tail(body[NONCE:], "authentication")
         self.done = True
-        return _frame(AUTH_OK, _address_field(self._address)
-                      + struct.pack(">I", self._segment_size))
+        tail = _address_field(self._address) + struct.pack(">I", self._segment_size)
+        if (self.peer[1] == self._segment_size and self._keep is not None
+                and not self._keep(self.peer[0])):
+            self.duplicate = True
+            return _frame(DUPLICATE, tail)
+        return _frame(AUTH_OK, tail)
 
 
 def server(sock, secret, address, segment_size, timeout):

@@ -1,0 +1,151 @@
+"""One connection joins two processes, also when both connect to each other
+at the same moment: the connection made by the smaller address is kept, the
+other side's is refused in the handshake (DUPLICATE) and that side uses the
+kept one.  In this process (two environments), so the no_leaks fixture
+checks every buffer."""
+
+import socket
+import threading
+
+import pytest
+
+from flinkbuf.errors import RemoteConnectionError
+from flinkbuf.io import RecordWriter, create_partition
+from flinkbuf.network import NetworkEnvironment, handshake
+from helpers import run_in_thread, wait_until
+from network_helpers import SECRET
+
+pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+
+
+def make_env(**kw):
+    kw.setdefault("secret", SECRET)
+    return NetworkEnvironment(kw.pop("num_segments", 64), kw.pop("segment_size", 1024), **kw)
+
+
+def open_connections(env):
+    return len(env.connection_stats())
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_peers_that_connect_to_each_other_at_once_share_one_connection(monkeypatch, transport):
+    """Both environments start connecting to the other at the same moment
+    (each waits for the other before its handshake): each ends up with one
+    open connection, the same one, and records flow both ways over it."""
+    real_connect = NetworkEnvironment._connect
+    for round_ in range(5):
+        both_dialing = threading.Barrier(2, timeout=10)
+
+        def connect(self, address):
+            both_dialing.wait()
+            return real_connect(self, address)
+
+        monkeypatch.setattr(NetworkEnvironment, "_connect", connect)
+        a, b = make_env(transport=transport), make_env(transport=transport)
+        try:
+            pa = create_partition(a.network_buffer_pool, 1)
+            a.register_partition("from-a", pa)
+            pb = create_partition(b.network_buffer_pool, 1)
+            b.register_partition("from-b", pb)
+            (ta, ga), (tb, gb) = (
+                run_in_thread(b.create_input_gate, [(a.address, "from-a", 0)], codec="bytes"),
+                run_in_thread(a.create_input_gate, [(b.address, "from-b", 0)], codec="bytes"))
+            ta.join(20)
+            tb.join(20)
+            assert "error" not in ga and "error" not in gb, (ga, gb)
+            monkeypatch.setattr(NetworkEnvironment, "_connect", real_connect)
+            for part, tag in ((pa, b"a"), (pb, b"b")):
+                with RecordWriter(part, codec="bytes", buffer_timeout=None) as w:
+                    for i in range(100):
+                        w.emit(tag + bytes([i]))
+            assert [bytes(r) for r in ga["value"]] == [b"a" + bytes([i]) for i in range(100)]
+            assert [bytes(r) for r in gb["value"]] == [b"b" + bytes([i]) for i in range(100)]
+            assert (open_connections(a), open_connections(b)) == (1, 1), round_
+            sa, sb = a.connection_stats()[0], b.connection_stats()[0]
+            assert (sa["peer"], sb["peer"]) == (b._address_text, a._address_text)
+            assert sa["buffers_in"] >= 1 and sb["buffers_in"] >= 1   # both ways over it
+            ga["value"].close()
+            gb["value"].close()
+        finally:
+            b.close()
+            a.close()
+
+
+def test_the_rule_that_decides_which_connection_is_kept():
+    """An open connection wins over a new one; of two made at once, the one
+    made by the smaller address; with neither, the new one is kept."""
+    a, b = make_env(), make_env()
+    try:
+        small, large = sorted([a, b], key=lambda e: e._address_text)
+        assert small._keep_incoming(large._address_text)
+        with small._lock:
+            small._dialing.add(large._address_text)
+        with large._lock:
+            large._dialing.add(small._address_text)
+        assert not small._keep_incoming(large._address_text)    # its own wins
+        assert large._keep_incoming(small._address_text)        # the other's wins
+        for e in (small, large):
+            with e._lock:
+                e._dialing.clear()
+        part = create_partition(large.network_buffer_pool, 1)
+        large.register_partition("p", part)
+        gate = small.create_input_gate([(large.address, "p", 0)], codec="bytes")
+        assert wait_until(lambda: open_connections(large) == 1, 5)
+        assert not large._keep_incoming(small._address_text)    # an open one wins
+        assert not small._keep_incoming(large._address_text)
+        gate.close()
+        part.release()
+    finally:
+        b.close()
+        a.close()
+
+
+def test_a_duplicate_reply_names_the_server_and_is_not_an_authentication():
+    """The handshake: a server that keeps another connection answers the
+    authenticated client with DUPLICATE (its address), not AUTH_OK; a
+    server that wants it answers AUTH_OK as before."""
+    for keep in (False, True):
+        cs, ss = socket.socketpair()
+        with cs, ss:
+            hs = handshake.ServerHandshake(SECRET, "server:1", 1024, keep=lambda peer: keep)
+
+            def serve():
+                while not hs.done:
+                    reply = hs.feed(ss.recv(handshake.MAX_FRAME))
+                    if reply:
+                        ss.sendall(reply)
+
+            t, res = run_in_thread(serve)
+            if keep:
+                assert handshake.client(cs, SECRET, "client:2", 1024, 5.0) == ("server:1", 1024)
+            else:
+                with pytest.raises(handshake.DuplicateConnection) as err:
+                    handshake.client(cs, SECRET, "client:2", 1024, 5.0)
+                assert err.value.peer == "server:1"
+                assert isinstance(err.value, RemoteConnectionError)
+            t.join(5)
+            assert "error" not in res, res
+            assert hs.duplicate is (not keep)
+            assert hs.peer == ("client:2", 1024)
+
+
+@pytest.mark.timeout(60)
+def test_a_refused_duplicate_waits_for_the_kept_connection_only_so_long(monkeypatch):
+    """If the connection the peer keeps never arrives, the refused side says
+    so within its connect timeout instead of waiting for ever."""
+    a = make_env(connect_timeout=1.0)
+    b = make_env(connect_timeout=1.0)
+    try:
+        # b pretends to be connecting to a, with the smaller address winning
+        # being b's: a's connection is refused, and b's never comes.
+        monkeypatch.setattr(b, "_keep_incoming", lambda peer: False)
+        part = create_partition(b.network_buffer_pool, 1)
+        b.register_partition("p", part)
+        with pytest.raises(RemoteConnectionError, match="did not arrive within 1 s"):
+            a.create_input_gate([(b.address, "p", 0)], codec="bytes")
+        assert open_connections(a) == 0 and open_connections(b) == 0
+        part.release()
+    finally:
+        b.close()
+        a.close()
