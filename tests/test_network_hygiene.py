@@ -36,7 +36,8 @@ def settled(fds, threads, timeout=3.0):
         gc.collect()
         return num_fds() <= fds and num_os_threads() <= threads and not flinkbuf_threads()
     wait_until(ok, timeout, 0.02)
-    return num_fds() - fds, num_os_threads() - threads, flinkbuf_threads()
+    # fewer than before is no leak (a thread of an earlier test may have ended since)
+    return max(0, num_fds() - fds), max(0, num_os_threads() - threads), flinkbuf_threads()
 
 
 def make_env(**kw):
@@ -286,3 +287,16 @@ def test_close_right_after_creation_raises_in_no_thread():
         threading.excepthook = old
     assert errors == []
     assert flinkbuf_threads() == []
+
+
+def test_close_does_not_wait_for_the_acceptor_to_look_up():
+    """close() wakes the thread that accepts connections instead of waiting
+    for its next look at the sockets (0.2 s): an environment that served
+    nothing closes in far less."""
+    for _ in range(5):
+        env = make_env()
+        time.sleep(0.02)                 # the acceptor is waiting in select()
+        t0 = time.monotonic()
+        env.close()
+        assert time.monotonic() - t0 < 0.1
+        assert not env._acceptor.is_alive()

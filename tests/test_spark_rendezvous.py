@@ -215,6 +215,18 @@ def test_close_drops_waiting_tasks_and_leaves_nothing():
                  num_tasks=2, address="a:1", timeout=1)
 
 
+def test_close_does_not_wait_for_the_accept_slice():
+    """close() ends the accepting thread's wait at once (not after its next
+    0.2 s slice): a server no task reached closes in far less."""
+    for _ in range(5):
+        server = RendezvousServer(SECRET, 2, timeout=30)
+        time.sleep(0.02)                 # the thread is waiting in accept()
+        t0 = time.monotonic()
+        server.close()
+        assert time.monotonic() - t0 < 0.1
+        assert not server._thread.is_alive()
+
+
 def test_a_server_closes_when_its_owner_goes():
     from flinkbuf.spark.exchange import _serve_while
 

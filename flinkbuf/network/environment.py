@@ -114,6 +114,8 @@ def _tune(sock):
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
 
 
+_WAKE = object()                     # the selector key of the acceptor's wake-up socket
+
 class NetworkEnvironment:
     """The network stack of one process (Flink's NetworkEnvironment).
 
@@ -206,7 +208,13 @@ class NetworkEnvironment:
                     self._unix_server.close()
                 self._unix_server = None
         # Made here, not in the thread: close() right away finds them registered.
+        # close() wakes the acceptor with a byte on _wake (closing a listening
+        # socket does not end a select() on it).
+        self._wake = socket.socketpair()
+        for s in self._wake:
+            s.setblocking(False)
         self._selector = selectors.DefaultSelector()
+        self._selector.register(self._wake[0], selectors.EVENT_READ, _WAKE)
         self._selector.register(self._server, selectors.EVENT_READ, self._server)
         if self._unix_server is not None:
             self._selector.register(self._unix_server, selectors.EVENT_READ, self._unix_server)
@@ -480,6 +488,8 @@ class NetworkEnvironment:
                         return
                     raise
                 for key, _ in events:
+                    if key.data is _WAKE:
+                        continue             # close(): the loop sees _closed
                     if key.data is not True:
                         self._accept_new(sel, pending, key.data)
                     else:
@@ -590,8 +600,14 @@ class NetworkEnvironment:
                     server.close()
                 except OSError:
                     pass
+        try:
+            self._wake[1].send(b"x")
+        except OSError:
+            pass
         if self._acceptor is not threading.current_thread():
             self._acceptor.join(5)
+        for s in self._wake:
+            s.close()
         for conn in conns:
             conn.close()
         self._nbp.destroy()

@@ -152,6 +152,10 @@ class RendezvousServer:
                 conn.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)   # ends an accept() waiting now (Linux)
+        except OSError:
+            pass
         if threading.current_thread() is not self._thread:
             self._thread.join(self._timeout)
         for handler in list(self._handlers):
