@@ -45,3 +45,40 @@ def test_every_partition_in_range():
     assert got.min() == 0 and got.max() == 6
     counts = np.bincount(got)
     assert counts.min() > 100_000 / 7 * 0.5           # keys spread over all of them
+
+
+@given(st.integers(-2**63, 2**63 - 1), st.lists(st.integers(0, 40), min_size=2, max_size=300),
+       st.integers(1, 300))
+def test_keys_of_a_narrow_range_as_the_hash_selector(base, offsets, n):
+    # Keys that span fewer values than there are keys are hashed once per
+    # value of their range: the same partitions, also where the range
+    # crosses the int32 boundary or touches either end of the int64 range.
+    keys = [min(max(base + o, -2**63), 2**63 - 1) for o in offsets]
+    got = key_partitions(pa.array(keys, pa.int64()), n)
+    mp = default_max_parallelism(n)
+    assert got.tolist() == [assign_key_to_operator(k, n, mp) for k in keys]
+
+
+@pytest.mark.parametrize("base", [-2**63, -2**31 - 20, -20, 2**31 - 20, 2**63 - 41])
+def test_dense_and_sparse_keys_agree(base):
+    keys = np.array([base + (i * 7) % 41 for i in range(1000)], dtype=np.int64)
+    dense = key_partitions(keys, 5)
+    sparse = key_partitions(np.concatenate([keys, [0, 2**62, -2**62]]), 5)[:len(keys)]
+    assert dense.tolist() == sparse.tolist() == [assign_key_to_operator(int(k), 5) for k in keys]
+
+
+@given(st.lists(st.one_of(st.none(), st.integers(-5, 5)), max_size=200), st.integers(2, 9),
+       st.sampled_from(["int8", "int32", "int64", "uint8"]))
+def test_null_integer_keys_of_any_width(keys, n, type_name):
+    if type_name == "uint8":
+        keys = [None if k is None else k + 5 for k in keys]
+    got = key_partitions(pa.array(keys, getattr(pa, type_name)()), n)
+    assert got.tolist() == [0 if k is None else assign_key_to_operator(k, n) for k in keys]
+
+
+def test_max_parallelism_not_a_power_of_two():
+    # Key groups modulo a max parallelism that is not a power of two.
+    keys = np.array([-2**31, -2**31 + 1, 2**31 - 1, 0, 1, 12345] * 3, dtype=np.int64)
+    for mp in (7, 100, 129, 32768):
+        got = key_partitions(keys, 5, mp)
+        assert got.tolist() == [assign_key_to_operator(int(k), 5, mp) for k in keys]

@@ -17,45 +17,105 @@ from flinkbuf.spark.exchange import _make_spec, _run_task, _serve_while, _start_
 
 __all__ = ["arrow_exchange", "key_partitions"]
 
-_M32 = np.uint32(0xFFFFFFFF)
 _SCHEMA, _BATCH = 0, 1
-
-
-def _rotl(x, r):
-    return (x << np.uint32(r)) | (x >> np.uint32(32 - r))
+_INT32_MIN = np.iinfo(np.int32).min
 
 
 def _murmur(codes):
-    """Flink's ``MathUtils.murmurHash`` over an array of int32 hash codes
-    (as uint32), vectorized; returns non-negative int64."""
+    """Flink's ``MathUtils.murmurHash`` over a uint32 array of int32 hash
+    codes (consumed: hashed in place), vectorized; returns the hashes as
+    non-negative values in a uint32 array."""
+    h = codes
     with np.errstate(over="ignore"):
-        h = codes.astype(np.uint32, copy=True)
         h *= np.uint32(0xCC9E2D51)
-        h = _rotl(h, 15)
+        h[:] = (h << np.uint32(15)) | (h >> np.uint32(17))
         h *= np.uint32(0x1B873593)
-        h = _rotl(h, 13)
-        h = h * np.uint32(5) + np.uint32(0xE6546B64)
+        h[:] = (h << np.uint32(13)) | (h >> np.uint32(19))
+        h *= np.uint32(5)
+        h += np.uint32(0xE6546B64)
         h ^= np.uint32(4)
         h ^= h >> np.uint32(16)
         h *= np.uint32(0x85EBCA6B)
         h ^= h >> np.uint32(13)
         h *= np.uint32(0xC2B2AE35)
         h ^= h >> np.uint32(16)
-    signed = h.view(np.int32).astype(np.int64)
-    out = np.abs(signed)
-    out[signed == np.iinfo(np.int32).min] = 0
-    return out
+    signed = h.view(np.int32)
+    minimum = signed == _INT32_MIN        # Flink: murmurHash(MIN_VALUE) is 0
+    np.abs(signed, out=signed)
+    signed[minimum] = 0
+    return h
 
 
-def _java_int_codes(values):
-    """Java's ``hashCode()`` of integer keys as flinkbuf hashes them: a value
-    in the int32 range as ``Integer`` (itself), a larger one as ``Long``
-    (``(int) (v ^ (v >>> 32))``)."""
-    v = np.asarray(values).astype(np.int64, copy=False)
-    small = (v >= -2**31) & (v < 2**31)
-    u = v.view(np.uint64)
-    folded = (u ^ (u >> np.uint64(32))) & np.uint64(0xFFFFFFFF)
-    return np.where(small, v & 0xFFFFFFFF, folded.astype(np.int64)).astype(np.uint32)
+def _java_int_codes(values, lo=None, hi=None):
+    """Java's ``hashCode()`` of int64 keys as flinkbuf hashes them, as a new
+    uint32 array: a value in the int32 range as ``Integer`` (itself), a
+    larger one as ``Long`` (``(int) (v ^ (v >>> 32))``).  ``lo``/``hi``: the
+    values' minimum and maximum, if known."""
+    if lo is None and len(values):
+        lo, hi = int(values.min()), int(values.max())
+    if not len(values) or (lo >= -2**31 and hi < 2**31):
+        return values.astype(np.uint32)               # the low 32 bits: the int itself
+    u = values.view(np.uint64)
+    folded = (u ^ (u >> np.uint64(32))).astype(np.uint32)
+    small = (values >= -2**31) & (values < 2**31)
+    return np.where(small, values.astype(np.uint32), folded)
+
+
+def _partition_table(num_partitions, max_parallelism):
+    """The partition of each key group (Flink's operator index), in the
+    narrowest integer type that holds it."""
+    dtype = np.int8 if num_partitions <= 127 else (
+        np.int16 if num_partitions <= 32767 else np.int32)
+    groups = np.arange(max_parallelism, dtype=np.int64)
+    return (groups * num_partitions // max_parallelism).astype(dtype)
+
+
+def _int_partitions(values, table, max_parallelism):
+    """The partition (``table``'s type) of each int64 key of ``values``.
+    When the keys' range (maximum - minimum) is under half their number
+    (say ``i % 1000`` in a batch of 65536), each value of the range is
+    hashed once and the keys look their partition up (a gather instead of
+    some twenty passes over the keys); otherwise every key is hashed."""
+    if not len(values):
+        return table[:0].copy()
+    lo, hi = int(values.min()), int(values.max())
+    if hi - lo < len(values) // 2:
+        span = np.arange(hi - lo + 1, dtype=np.int64)
+        span += np.int64(lo)                      # the range itself: no overflow
+        per_value = table[_murmur(_java_int_codes(span, lo, hi)) % np.uint32(max_parallelism)]
+        offsets = values - np.int64(lo)           # in [0, hi - lo]: no overflow
+        return per_value[offsets]
+    return table[_murmur(_java_int_codes(values, lo, hi)) % np.uint32(max_parallelism)]
+
+
+def _partitions(keys, max_parallelism, table):
+    """:func:`key_partitions` for an Arrow array or chunked array ``keys``,
+    in ``table``'s type (:func:`_partition_table`)."""
+    import pyarrow as pa
+
+    if isinstance(keys, pa.ChunkedArray):
+        keys = keys.combine_chunks()
+    null_mask = keys.is_null().to_numpy(zero_copy_only=False) if keys.null_count else None
+    if pa.types.is_integer(keys.type) or pa.types.is_boolean(keys.type):
+        if null_mask is not None:
+            keys = keys.fill_null(0)
+        values = keys.to_numpy(zero_copy_only=False)
+        if values.dtype != np.int64:
+            values = values.astype(np.int64)
+        parts = _int_partitions(values, table, max_parallelism)
+    else:
+        from flinkbuf.io import java_hash_code
+
+        encoded = keys.dictionary_encode()
+        uniques = encoded.dictionary.to_pylist()
+        if not uniques:
+            return np.zeros(len(keys), dtype=table.dtype)
+        codes = np.array([java_hash_code(u) & 0xFFFFFFFF for u in uniques], dtype=np.uint32)
+        per_unique = table[_murmur(codes) % np.uint32(max_parallelism)]
+        parts = per_unique[encoded.indices.fill_null(0).to_numpy(zero_copy_only=False)]
+    if null_mask is not None:
+        parts[null_mask] = 0
+    return parts
 
 
 def key_partitions(keys, num_partitions, max_parallelism=None):
@@ -71,26 +131,7 @@ def key_partitions(keys, num_partitions, max_parallelism=None):
         max_parallelism = default_max_parallelism(num_partitions)
     if isinstance(keys, np.ndarray):
         keys = pa.array(keys)
-    if isinstance(keys, pa.ChunkedArray):
-        keys = keys.combine_chunks()
-    if pa.types.is_integer(keys.type) or pa.types.is_boolean(keys.type):
-        values = keys.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-        groups = _murmur(_java_int_codes(values)) % max_parallelism
-    else:
-        from flinkbuf.io import java_hash_code
-
-        encoded = keys.dictionary_encode()
-        uniques = encoded.dictionary.to_pylist()
-        codes = np.array([java_hash_code(u) & 0xFFFFFFFF for u in uniques],
-                         dtype=np.uint32)
-        per_unique = _murmur(codes) % max_parallelism if len(uniques) else codes
-        idx = encoded.indices.fill_null(0).to_numpy(zero_copy_only=False)
-        groups = per_unique[idx] if len(uniques) else np.zeros(len(keys), np.int64)
-        if keys.null_count:
-            groups[keys.is_null().to_numpy(zero_copy_only=False)] = 0
-    parts = groups * num_partitions // max_parallelism
-    if keys.null_count and (pa.types.is_integer(keys.type) or pa.types.is_boolean(keys.type)):
-        parts[keys.is_null().to_numpy(zero_copy_only=False)] = 0
+    parts = _partitions(keys, max_parallelism, _partition_table(num_partitions, max_parallelism))
     return parts.astype(np.int64)
 
 
@@ -101,25 +142,31 @@ def _route(key, max_parallelism):
     def produce(writer, batches):
         n = writer.num_channels
         emit = writer.emit
+        table = _partition_table(n, max_parallelism)
         sent_schema = [False] * n
+        column = None
         for batch in batches:
-            if batch.num_rows == 0:
+            rows = batch.num_rows
+            if rows == 0:
                 continue
             if n == 1:
-                dest = np.zeros(batch.num_rows, dtype=np.int64)
+                pieces = ((0, batch),)
             else:
-                dest = key_partitions(batch.column(batch.schema.get_field_index(key)), n,
-                                      max_parallelism)
-            order = np.argsort(dest, kind="stable")
-            bounds = np.searchsorted(dest[order], np.arange(n + 1))
-            for j in range(n):
-                lo, hi = bounds[j], bounds[j + 1]
-                if lo == hi:
-                    continue
+                if column is None:
+                    column = batch.schema.get_field_index(key)
+                dest = _partitions(batch.column(column), max_parallelism, table)
+                counts = np.bincount(dest, minlength=n)
+                if counts.max() == rows:          # the whole batch goes to one consumer
+                    pieces = ((int(dest[0]), batch),)
+                else:
+                    order = np.argsort(dest, kind="stable")   # a radix sort: small ints
+                    bounds = np.cumsum(counts).tolist()
+                    pieces = ((j, batch.take(order[bounds[j] - c:bounds[j]]))
+                              for j, c in enumerate(counts.tolist()) if c)
+            for j, piece in pieces:
                 if not sent_schema[j]:
                     emit((j, _SCHEMA, batch.schema.serialize().to_pybytes()))
                     sent_schema[j] = True
-                piece = batch if hi - lo == batch.num_rows else batch.take(order[lo:hi])
                 emit((j, _BATCH, memoryview(piece.serialize())))
     return produce
 
