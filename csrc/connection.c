@@ -111,6 +111,8 @@ typedef struct outchan {
     int32_t slot;
     fb_subpart_t *sp;
     void *owner;
+    fb_localpool_t *pool;       /* the partition's pool (NULL: unknown) */
+    int pool_waiter;            /* this connection is the pool's waiter (pool_wait) */
     int32_t credit;
     int32_t event_credit;       /* events the reader may still take */
     uint32_t seq;
@@ -153,6 +155,7 @@ struct fb_inchan {
     int32_t navail, cap_avail;
     int32_t unannounced;
     int credit_queued;
+    int credit_deferred;         /* queued, and left for the consumer's next read */
     uint32_t events_received;   /* events that arrived ... */
     uint32_t events_granted;    /* ... and the events the sender was allowed */
     int32_t events_taken;       /* taken by the consumer, not yet granted back */
@@ -228,6 +231,8 @@ struct fb_conn {
     int direct_reads;            /* consumers may read the socket themselves */
     int64_t rd_lent_until;
     int direct_wake_fd;          /* an eventfd that wakes a direct reader's poll */
+    int thread_wake_fd;          /* an eventfd that wakes the reader thread's poll */
+    int rd_thread_polls;         /* the reader thread polls with no time limit */
     /* the writer's control frames */
     char *ctlbuf;
 };
@@ -279,6 +284,9 @@ static void notify_writer(fb_conn_t *c, int32_t slot)
 }
 
 static void conn_ready(void *arg);
+static void conn_hold(void *arg);
+static void conn_release(void *arg);
+static int pool_wait(void *arg, fb_localpool_t *lp, int64_t deadline_ns);
 
 /* Control messages were queued (no lock held): with caller_sends (and `how`
  * 1) this thread sends them now if the writer thread is idle (conn_ready),
@@ -387,14 +395,40 @@ static int ctl_error(fb_conn_t *c, uint32_t receiver_id, int code, const char *t
 
 /* ---- in-channel credit ---------------------------------------------------------------- */
 
+/* A consumer's thread reads the socket, or did a moment ago (the lend). */
+static int consumer_reads(fb_conn_t *c)
+{
+    return __atomic_load_n(&c->rd_owner, __ATOMIC_RELAXED) == RD_DIRECT
+           || fb_monotonic_ns() < __atomic_load_n(&c->rd_lent_until, __ATOMIC_RELAXED);
+}
+
+/* The sender would soon run out: half the channel's buffers are unannounced,
+ * or it knows of at most one free one. */
+static int credit_urgent(const fb_inchan_t *ch)
+{
+    return ch->unannounced * 2 >= ch->cap_avail || ch->navail - ch->unannounced <= 1;
+}
+
 /* n more buffers for the sender (mu held): announce them once the unannounced
- * credit turns positive. */
+ * credit turns positive.  Returns how the caller (unlocked) is to wake the
+ * writer (writer_kick), or 0. */
 static int add_credit_locked(fb_conn_t *c, fb_inchan_t *ch, int32_t n)
 {
     ch->unannounced += n;
+    if (ch->credit_queued && ch->credit_deferred && credit_urgent(ch)) {
+        ch->credit_deferred = 0;
+        return 1;
+    }
     if (!ch->credit_queued && ch->state == CH_REQUESTED && c->state == CONN_OPEN) {
         if (ctl_push_quiet(c, FB_MSG_ADD_CREDIT, ch->receiver_id, ch, NULL, 0, 1) == FB_OK) {
             ch->credit_queued = 1;
+            /* A consumer that reads the socket itself sends it with its next
+             * read, unless the sender is about to run out: no wake-up of the
+             * writer, and several buffers' credit in one frame. */
+            if (consumer_reads(c) && !credit_urgent(ch)) {
+                ch->credit_deferred = 1;
+                return 0;
+            }
             /* The caller wakes the writer once unlocked; it sends the credit
              * itself (caller_sends) only if the sender had no backlog: a
              * sender that streams is better served by the writer thread
@@ -590,6 +624,8 @@ static void outchan_end(fb_conn_t *c, outchan_t *oc, int release)
     fb_item_t *items = NULL;
     int32_t n;
     fb_subpart_disconnect(oc->sp, &c->out);
+    if (oc->pool_waiter)
+        oc->pool->ops->clear_waiter(oc->pool, c);
     if (release) {
         n = fb_subpart_terminate(oc->sp, FB_SP_RELEASED, &items);
         if (n > 0)
@@ -1071,6 +1107,7 @@ static int read_partition_request(fb_conn_t *c, uint32_t body_len)
     int32_t slot;
     fb_subpart_t *sp = NULL;
     void *owner = NULL;
+    fb_localpool_t *pool = NULL;
     outchan_t *oc;
     char pid[FB_NET_MAX_PARTITION_ID], err[512];
     if (rd_fill(c, body_len, 1) < 0)
@@ -1103,7 +1140,8 @@ static int read_partition_request(fb_conn_t *c, uint32_t body_len)
     if (rc)
         return 0;
     err[0] = '\0';
-    rc = c->cb.find_subpartition(c->cb.ctx, pid, idl, sub, &sp, &owner, err, sizeof(err));
+    rc = c->cb.find_subpartition(c->cb.ctx, pid, idl, sub, &sp, &owner, &pool, err,
+                                 sizeof(err));
     pthread_mutex_lock(&c->mu);
     if (rc == 0 && c->state == CONN_OPEN && c->nfree_outs > 0
             && idmap_get(&c->out_ids, id) < 0 && (oc = calloc(1, sizeof(*oc))) != NULL) {
@@ -1112,9 +1150,16 @@ static int read_partition_request(fb_conn_t *c, uint32_t body_len)
         oc->slot = slot;
         oc->sp = sp;
         oc->owner = owner;
+        oc->pool = pool;
         oc->credit = (int32_t)credit;
         oc->event_credit = FB_NET_EVENT_WINDOW;
         if (fb_subpart_connect(sp, &c->out, slot) == FB_OK) {
+            /* The producer waiting for a buffer of this pool reads this
+             * connection itself (pool_wait), if no other connection does. */
+            if (pool != NULL && c->direct_reads && c->caller_sends == 1) {
+                fb_pool_waiter_t w = {pool_wait, conn_hold, conn_release, c};
+                oc->pool_waiter = pool->ops->set_waiter(pool, &w);
+            }
             c->outs[slot] = oc;
             idmap_put(&c->out_ids, id, slot);
             pthread_mutex_unlock(&c->mu);
@@ -1211,8 +1256,13 @@ static int read_frame(fb_conn_t *c)
             }
         }
         pthread_mutex_unlock(&c->mu);
-        if (wake)
+        if (wake && c->caller_sends == 1
+                && __atomic_load_n(&c->rd_owner, __ATOMIC_RELAXED) == RD_DIRECT) {
+            fb_gate_mark(&c->out, slot);   /* a thread reading for itself sends too */
+            conn_ready(c);
+        } else if (wake) {
             notify_writer(c, slot);
+        }
         stat_add(&c->stats.frames_in, 1);
         return 0;
     case FB_MSG_CLOSE:
@@ -1282,8 +1332,10 @@ static int read_available(fb_conn_t *c)
 static void *reader_main(void *arg)
 {
     fb_conn_t *c = arg;
-    struct pollfd p;
-    int r;
+    struct pollfd p[2];
+    uint64_t drained;
+    int64_t left;
+    int r, ms;
     for (;;) {
         pthread_mutex_lock(&c->rd_mu);
         for (;;) {
@@ -1298,6 +1350,8 @@ static void *reader_main(void *arg)
         }
         c->rd_owner = RD_THREAD;
         pthread_mutex_unlock(&c->rd_mu);
+        if (__atomic_load_n(&c->nctl, __ATOMIC_RELAXED) > 0)
+            notify_writer(c, 0);         /* credit a consumer left for its next read */
         r = read_available(c);
         pthread_mutex_lock(&c->rd_mu);
         c->rd_owner = RD_NONE;
@@ -1307,12 +1361,27 @@ static void *reader_main(void *arg)
         if (r < 0)
             return NULL;
         /* Empty: wait for input without the socket's read right, so that a
-         * consumer's thread can take it meanwhile (a shutdown wakes this). */
-        p.fd = c->fd;
-        p.events = POLLIN;
-        p.revents = 0;
-        while (poll(&p, 1, -1) < 0 && errno == EINTR)
+         * consumer's thread can take it meanwhile (a shutdown wakes this).
+         * While the socket is lent, no longer than the lend: credit the
+         * consumer deferred goes out when the reader thread takes over. */
+        pthread_mutex_lock(&c->rd_mu);
+        left = c->rd_lent_until - fb_monotonic_ns();
+        ms = left <= 0 ? -1 : (int)(left / 1000000 + 1);
+        c->rd_thread_polls = ms < 0;
+        pthread_mutex_unlock(&c->rd_mu);
+        p[0].fd = c->fd;
+        p[0].events = POLLIN;
+        p[0].revents = 0;
+        p[1].fd = c->thread_wake_fd;
+        p[1].events = POLLIN;
+        p[1].revents = 0;
+        while (poll(p, 2, ms) < 0 && errno == EINTR)
             ;
+        if (p[1].revents & POLLIN)
+            (void)!read(c->thread_wake_fd, &drained, sizeof(drained));
+        pthread_mutex_lock(&c->rd_mu);
+        c->rd_thread_polls = 0;
+        pthread_mutex_unlock(&c->rd_mu);
     }
 }
 
@@ -1323,19 +1392,27 @@ static void direct_wake(void *arg)
     (void)!write(c->direct_wake_fd, &one, sizeof(one));
 }
 
-/* The gate reader of a remote channel (fb_gate_reader_t.read): the
- * consumer's thread, waiting for its gate, receives from the connection
- * itself while nobody else reads it.  Every frame it reads is delivered as
- * the reader thread would (to any channel or served partition); it leaves
- * when its gate has data or closes, or at the deadline, with no complete
- * frame left staged. */
-static int direct_read(void *arg, fb_gate_t *g, int64_t deadline_ns)
+/* What a thread reading the socket for itself waits for: its gate to have
+ * data, or its pool a buffer (begin registers the wake, as in exchange.h). */
+typedef struct waiting {
+    int (*begin)(void *target, void (*wake)(void *), void *arg);
+    void (*end)(void *target);
+    int (*ready)(void *target);
+    void *target;
+} waiting_t;
+
+/* This thread reads the connection itself while nobody else does, until
+ * `w` is ready or the deadline passes: every frame it reads is handled as
+ * the reader thread would handle it (buffers for any channel, credit and
+ * requests for served partitions, whose sends it makes itself), and adds
+ * from other threads wake it through direct_wake_fd.  It leaves with no
+ * complete frame staged and lends the socket for RD_LEND_NS.  1 if it
+ * waited or read, 0 if the socket was not free. */
+static int read_until(fb_conn_t *c, const waiting_t *w, int64_t deadline_ns)
 {
-    fb_inchan_t *ch = arg;
-    fb_conn_t *c = ch->conn;
     struct pollfd p[2];
     uint64_t drained;
-    int served = 0, r = 0, ms;
+    int served = 0, r = 0, ms, kick;
     int64_t left;
     pthread_mutex_lock(&c->rd_mu);
     if (c->rd_stop || c->rd_owner != RD_NONE || !c->direct_reads) {
@@ -1344,14 +1421,14 @@ static int direct_read(void *arg, fb_gate_t *g, int64_t deadline_ns)
     }
     c->rd_owner = RD_DIRECT;
     pthread_mutex_unlock(&c->rd_mu);
-    if (!fb_gate_direct_begin(g, direct_wake, c)) {
+    if (!w->begin(w->target, direct_wake, c)) {
         served = 1;
         for (;;) {
             if (c->rd_end > c->rd_pos) {
                 if ((r = read_frame(c)) < 0)
                     break;
                 stat_add(&c->stats.frames_in_direct, 1);
-                if (fb_gate_ready(g))
+                if (w->ready(w->target))
                     break;
                 continue;
             }
@@ -1362,6 +1439,10 @@ static int direct_read(void *arg, fb_gate_t *g, int64_t deadline_ns)
             left = deadline_ns - fb_monotonic_ns();
             if (left <= 0)
                 break;
+            if (__atomic_load_n(&c->nctl, __ATOMIC_RELAXED) > 0 && c->caller_sends == 1) {
+                fb_gate_mark(&c->out, 0);  /* deferred credit goes out before the wait */
+                conn_ready(c);
+            }
             ms = left >= (int64_t)INT32_MAX * 1000000 ? INT32_MAX
                  : (int)((left + 999999) / 1000000);
             p[0].fd = c->fd;
@@ -1374,7 +1455,7 @@ static int direct_read(void *arg, fb_gate_t *g, int64_t deadline_ns)
                 break;
             if (p[1].revents & POLLIN)
                 (void)!read(c->direct_wake_fd, &drained, sizeof(drained));
-            if (fb_gate_ready(g))
+            if (w->ready(w->target))
                 break;
         }
         /* A frame staged whole would wait for no input: the reader thread
@@ -1383,14 +1464,70 @@ static int direct_read(void *arg, fb_gate_t *g, int64_t deadline_ns)
             if ((r = read_frame(c)) == 0)
                 stat_add(&c->stats.frames_in_direct, 1);
     }
-    fb_gate_direct_end(g);
+    w->end(w->target);
     pthread_mutex_lock(&c->rd_mu);
     c->rd_owner = RD_NONE;
     c->rd_lent_until = fb_monotonic_ns() + RD_LEND_NS;
     if (c->rd_stop)
         pthread_cond_broadcast(&c->rd_done_cv);
+    kick = c->rd_thread_polls;       /* with no time limit: let it see the lend */
+    c->rd_thread_polls = 0;
     pthread_mutex_unlock(&c->rd_mu);
+    if (kick) {
+        uint64_t one = 1;
+        (void)!write(c->thread_wake_fd, &one, sizeof(one));
+    }
     return served;
+}
+
+static int gate_begin(void *g, void (*wake)(void *), void *arg)
+{
+    return fb_gate_direct_begin(g, wake, arg);
+}
+
+static void gate_end(void *g)
+{
+    fb_gate_direct_end(g);
+}
+
+static int gate_ready(void *g)
+{
+    return fb_gate_ready(g);
+}
+
+/* The gate reader of a remote channel (fb_gate_reader_t.read): the
+ * consumer's thread, waiting for its gate, receives from the connection
+ * itself (read_until). */
+static int direct_read(void *arg, fb_gate_t *g, int64_t deadline_ns)
+{
+    fb_inchan_t *ch = arg;
+    waiting_t w = {gate_begin, gate_end, gate_ready, g};
+    return read_until(ch->conn, &w, deadline_ns);
+}
+
+static int pool_begin(void *lp, void (*wake)(void *), void *arg)
+{
+    return ((fb_localpool_t *)lp)->ops->direct_begin(lp, wake, arg);
+}
+
+static void pool_end(void *lp)
+{
+    ((fb_localpool_t *)lp)->ops->direct_end(lp);
+}
+
+static int pool_ready(void *lp)
+{
+    return ((fb_localpool_t *)lp)->ops->ready(lp);
+}
+
+/* The pool waiter of a served partition's pool (fb_pool_waiter_t.wait): a
+ * producer waiting for a buffer reads the connection itself (read_until),
+ * so that credit arrives, and the buffers go out and come back, in its own
+ * thread. */
+static int pool_wait(void *arg, fb_localpool_t *lp, int64_t deadline_ns)
+{
+    waiting_t w = {pool_begin, pool_end, pool_ready, lp};
+    return read_until(arg, &w, deadline_ns);
 }
 
 /* ---- the writer ------------------------------------------------------------------------ */
@@ -1472,6 +1609,7 @@ static char *put_control(ctl_t *m, char *p, int *close_now)
             ch->unannounced = 0;
         }
         ch->credit_queued = 0;
+        ch->credit_deferred = 0;
         return p;
     case FB_MSG_ADD_EVENT_CREDIT:
         if (ch->events_taken > 0 && ch->state == CH_REQUESTED) {
@@ -1769,14 +1907,18 @@ static void conn_ready(void *arg)
         fb_gate_wake(&c->out);
         return;
     }
-    taken = gather(c, b, slot);
-    rc = b->niov ? send_nowait(c, b) : 0;
-    if (rc == 1) {
-        c->pending = b;                   /* the rest for the writer thread */
-        c->pending_taken = taken;
-        c->direct = NULL;
-    } else {
+    for (;;) {                            /* batch after batch while the socket takes them */
+        taken = gather(c, b, slot);
+        rc = b->niov ? send_nowait(c, b) : 0;
+        if (rc == 1) {
+            c->pending = b;               /* the rest for the writer thread */
+            c->pending_taken = taken;
+            c->direct = NULL;
+            break;
+        }
         finish_batch(c, b, taken, rc);
+        if (rc < 0 || fb_gate_wait(&c->out, 0, &slot) != FB_OK)
+            break;
     }
     pthread_mutex_unlock(&c->send_mu);
     if (rc == 1)
@@ -1853,7 +1995,9 @@ fb_conn_t *fb_conn_new(int fd, int32_t segment_size, const fb_conn_callbacks_t *
     c->ctlbuf = malloc(CTL_CAP);
     c->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     c->direct_wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    c->thread_wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (c->rd == NULL || c->ctlbuf == NULL || c->wake_fd < 0 || c->direct_wake_fd < 0
+            || c->thread_wake_fd < 0
             || fb_gate_init(&c->out, FB_NET_MAX_CHANNELS + 1) != FB_OK)
         goto fail;
     c->direct = malloc(sizeof(batch_t));
@@ -1901,6 +2045,8 @@ fail:
         close(c->wake_fd);
     if (c->direct_wake_fd >= 0)
         close(c->direct_wake_fd);
+    if (c->thread_wake_fd >= 0)
+        close(c->thread_wake_fd);
     free(c->rd);
     free(c->ctlbuf);
     free(c);
@@ -1967,6 +2113,8 @@ void fb_conn_close(fb_conn_t *c)
         c->wake_fd = -1;
         close(c->direct_wake_fd);
         c->direct_wake_fd = -1;
+        close(c->thread_wake_fd);
+        c->thread_wake_fd = -1;
     }
 }
 

@@ -78,12 +78,12 @@ typedef struct fb_floating fb_floating_t;
  * connection's threads with no lock held; they take the GIL themselves. */
 typedef struct fb_conn_callbacks {
     void *ctx;
-    /* A PARTITION_REQUEST: the subpartition to serve and an owner reference
-     * that keeps it alive (released with release_owner), or an
-     * FB_NET_ERR_* code with a message in errbuf. */
+    /* A PARTITION_REQUEST: the subpartition to serve, the pool its buffers
+     * come from, and an owner reference that keeps both alive (released with
+     * release_owner), or an FB_NET_ERR_* code with a message in errbuf. */
     int (*find_subpartition)(void *ctx, const char *partition_id, size_t len,
                              uint32_t subpartition, fb_subpart_t **sp, void **owner,
-                             char *errbuf, size_t errlen);
+                             fb_localpool_t **pool, char *errbuf, size_t errlen);
     /* A served subpartition failed: its cause's type name and message. */
     void (*describe_failure)(void *ctx, void *owner, char *type, size_t tlen,
                              char *message, size_t mlen);

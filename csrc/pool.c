@@ -61,16 +61,25 @@ static void release_arena_if_idle(fb_netpool_t *np)
         fb_arena_free(&np->arena);
 }
 
+/* A buffer may have become free in lp (lock held): wake its waiters, and a
+ * thread waiting through the pool's waiter unless it is this one. */
+static void wake_pool_locked(fb_localpool_t *lp)
+{
+    if (lp->waiters > 0)
+        pthread_cond_broadcast(&lp->cv);
+    if (lp->direct_wake != NULL && !pthread_equal(pthread_self(), lp->direct_thread))
+        lp->direct_wake(lp->direct_wake_arg);
+}
+
 /* Segments came back to the global list: wake whoever may want them. */
 static void notify_global_return(fb_netpool_t *np)
 {
     size_t i;
     if (np->unpooled_waiters > 0)
         pthread_cond_broadcast(&np->unpooled_cv);
-    if (np->num_blocked > 0)
-        for (i = 0; i < np->num_pools; i++)
-            if (np->pools[i]->waiters > 0)
-                pthread_cond_broadcast(&np->pools[i]->cv);
+    for (i = 0; i < np->num_pools; i++)
+        if (np->pools[i]->waiters > 0 || np->pools[i]->direct_wake != NULL)
+            wake_pool_locked(np->pools[i]);
     release_arena_if_idle(np);
 }
 
@@ -99,8 +108,8 @@ static void set_size_locked(fb_localpool_t *lp, int64_t n)
     int32_t old = lp->size;
     lp->size = (int32_t)(n < lp->max_buffers ? n : lp->max_buffers);
     return_excess(lp);
-    if (lp->size > old && lp->waiters > 0)
-        pthread_cond_broadcast(&lp->cv);
+    if (lp->size > old)
+        wake_pool_locked(lp);
 }
 
 static void redistribute(fb_netpool_t *np)
@@ -182,6 +191,8 @@ static void localpool_destroy_locked(fb_localpool_t *lp)
         return_to_global(lp, local_pop(lp));
     }
     pthread_cond_broadcast(&lp->cv);
+    if (lp->direct_wake != NULL && !pthread_equal(pthread_self(), lp->direct_thread))
+        lp->direct_wake(lp->direct_wake_arg);
 }
 
 int32_t fb_netpool_destroy(fb_netpool_t *np)
@@ -324,8 +335,67 @@ done:
 
 /* ---- local pools ----------------------------------------------------- */
 
+static int localpool_set_waiter(fb_localpool_t *lp, const fb_pool_waiter_t *w)
+{
+    int taken = 0;
+    pthread_mutex_lock(&lp->net->mu);
+    if (lp->waiter.wait == NULL && !lp->destroyed) {
+        lp->waiter = *w;
+        taken = 1;
+    }
+    pthread_mutex_unlock(&lp->net->mu);
+    return taken;
+}
+
+static void localpool_clear_waiter(fb_localpool_t *lp, void *arg)
+{
+    pthread_mutex_lock(&lp->net->mu);
+    if (lp->waiter.wait != NULL && lp->waiter.arg == arg)
+        memset(&lp->waiter, 0, sizeof(lp->waiter));
+    pthread_mutex_unlock(&lp->net->mu);
+}
+
+static int localpool_ready_locked(fb_localpool_t *lp)
+{
+    fb_netpool_t *np = lp->net;
+    return lp->destroyed || lp->num_avail > 0
+           || (np->num_free > 0 && (lp->num_requested < lp->size
+                                    || lp->num_overdraft < lp->max_overdraft));
+}
+
+static int localpool_direct_begin(fb_localpool_t *lp, void (*wake)(void *), void *arg)
+{
+    int ready;
+    pthread_mutex_lock(&lp->net->mu);
+    lp->direct_wake = wake;
+    lp->direct_wake_arg = arg;
+    lp->direct_thread = pthread_self();
+    ready = localpool_ready_locked(lp);
+    pthread_mutex_unlock(&lp->net->mu);
+    return ready;
+}
+
+static void localpool_direct_end(fb_localpool_t *lp)
+{
+    pthread_mutex_lock(&lp->net->mu);
+    lp->direct_wake = NULL;
+    lp->direct_wake_arg = NULL;
+    pthread_mutex_unlock(&lp->net->mu);
+}
+
+static int localpool_ready(fb_localpool_t *lp)
+{
+    int ready;
+    pthread_mutex_lock(&lp->net->mu);
+    ready = localpool_ready_locked(lp);
+    pthread_mutex_unlock(&lp->net->mu);
+    return ready;
+}
+
 static const fb_pool_ops_t fb_pool_ops = {
-    fb_localpool_request, fb_localpool_recycle, fb_localpool_set_recycle_hook};
+    fb_localpool_request, fb_localpool_recycle, fb_localpool_set_recycle_hook,
+    localpool_set_waiter, localpool_clear_waiter, localpool_direct_begin,
+    localpool_direct_end, localpool_ready};
 
 int fb_localpool_create(fb_netpool_t *np, fb_localpool_t *lp, int32_t min_buffers,
                         int32_t max_buffers, int32_t num_subpartitions,
@@ -443,6 +513,26 @@ static inline int try_take(fb_localpool_t *lp, int32_t channel, int32_t *index)
     return FB_OK;
 }
 
+/* Let the pool's waiter serve this wait (lock held, released meanwhile):
+ * 1 if it did (the caller re-checks at once), 0 if the caller must sleep. */
+static int wait_through_waiter(fb_localpool_t *lp, int64_t deadline_ns)
+{
+    fb_netpool_t *np = lp->net;
+    fb_pool_waiter_t w;
+    int served;
+    if (lp->waiter.wait == NULL || lp->waiter_busy)
+        return 0;
+    w = lp->waiter;
+    lp->waiter_busy = 1;
+    w.hold(w.arg);
+    pthread_mutex_unlock(&np->mu);
+    served = w.wait(w.arg, lp, deadline_ns);
+    w.release(w.arg);
+    pthread_mutex_lock(&np->mu);
+    lp->waiter_busy = 0;
+    return served;
+}
+
 /* Sleep on the pool's condition variable (lock held); the caller re-checks. */
 static void wait_on_pool(fb_localpool_t *lp, int64_t deadline_ns)
 {
@@ -473,7 +563,7 @@ int fb_localpool_request_blocking(fb_localpool_t *lp, int32_t channel, int64_t d
                                   int32_t *index)
 {
     fb_netpool_t *np = lp->net;
-    int rc;
+    int rc, tried = 0;
     if (!valid_channel(lp, channel))
         return FB_EINVAL;
     pthread_mutex_lock(&np->mu);
@@ -489,7 +579,12 @@ int fb_localpool_request_blocking(fb_localpool_t *lp, int32_t channel, int64_t d
             rc = FB_ETIMEDOUT;
             break;
         }
+        if (!tried) {                /* what came meanwhile woke nobody: re-check */
+            tried = !wait_through_waiter(lp, deadline_ns);
+            continue;
+        }
         wait_on_pool(lp, deadline_ns);
+        tried = 0;
     }
     pthread_mutex_unlock(&np->mu);
     return rc;
@@ -532,8 +627,7 @@ int fb_localpool_recycle(fb_localpool_t *lp, int32_t index)
     } else {
         local_push(lp, index);
     }
-    if (lp->waiters > 0)
-        pthread_cond_broadcast(&lp->cv);
+    wake_pool_locked(lp);
     pthread_mutex_unlock(&np->mu);
     return FB_OK;
 }
@@ -615,7 +709,7 @@ int fb_localpool_is_available(fb_localpool_t *lp)
 int fb_localpool_wait_available(fb_localpool_t *lp, int64_t deadline_ns)
 {
     fb_netpool_t *np = lp->net;
-    int rc;
+    int rc, tried = 0;
     pthread_mutex_lock(&np->mu);
     for (;;) {
         if (lp->destroyed) {
@@ -630,7 +724,12 @@ int fb_localpool_wait_available(fb_localpool_t *lp, int64_t deadline_ns)
             rc = FB_ETIMEDOUT;
             break;
         }
+        if (!tried) {
+            tried = !wait_through_waiter(lp, deadline_ns);
+            continue;
+        }
         wait_on_pool(lp, deadline_ns);
+        tried = 0;
     }
     pthread_mutex_unlock(&np->mu);
     return rc;

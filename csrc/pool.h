@@ -35,10 +35,35 @@ typedef struct fb_localpool fb_localpool_t;
  * the pool take it.  It must not block, nor set a hook. */
 typedef int (*fb_recycle_hook_t)(void *arg, fb_localpool_t *lp, int32_t index);
 
+/* What a thread waiting for a buffer of a pool may do instead of sleeping
+ * (the network layer: a producer reads the connection that serves its
+ * partition, so that credit arrives and buffers go out in its own thread,
+ * with no hand-off to the connection's threads).  `wait` runs with no lock
+ * held (hold/release keep `arg` alive around it) until the pool may have a
+ * buffer, the deadline passes, or it stops serving: 1 if it waited or did
+ * work, 0 if it could not serve now (the waiter sleeps as usual).  While it
+ * waits it registers a wake (direct_begin) that recycles and resizes from
+ * other threads call, under the pool's lock. */
+typedef struct fb_pool_waiter {
+    int (*wait)(void *arg, fb_localpool_t *lp, int64_t deadline_ns);
+    void (*hold)(void *arg);
+    void (*release)(void *arg);
+    void *arg;
+} fb_pool_waiter_t;
+
 typedef struct fb_pool_ops {
     int (*request)(fb_localpool_t *lp, int32_t channel, int32_t *index);
     int (*recycle)(fb_localpool_t *lp, int32_t index);
     void (*set_recycle_hook)(fb_localpool_t *lp, fb_recycle_hook_t hook, void *arg);
+    /* Offer a waiter (none yet: 1, taken; else 0); withdraw it (if arg's). */
+    int (*set_waiter)(fb_localpool_t *lp, const fb_pool_waiter_t *w);
+    void (*clear_waiter)(fb_localpool_t *lp, void *arg);
+    /* A waiter starts waiting in this thread: 1 if a buffer may be free
+     * already (do not wait); direct_end when it stops. */
+    int (*direct_begin)(fb_localpool_t *lp, void (*wake)(void *), void *arg);
+    void (*direct_end)(fb_localpool_t *lp);
+    /* A buffer may be free, or the pool was destroyed (a racy look). */
+    int (*ready)(fb_localpool_t *lp);
 } fb_pool_ops_t;
 
 typedef struct fb_netpool {
@@ -85,6 +110,11 @@ struct fb_localpool {
     void *hook_arg;
     int32_t hook_calls;      /* hooks running now (outside the lock) */
     int destroyed;
+    fb_pool_waiter_t waiter; /* waiter.wait NULL: none */
+    int waiter_busy;
+    void (*direct_wake)(void *);   /* set while a waiter reads for itself */
+    void *direct_wake_arg;
+    pthread_t direct_thread;
 };
 
 /* Network pool lifecycle. init: 0, FB_EINVAL or FB_ENOMEM. */

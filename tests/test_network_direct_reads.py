@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from flinkbuf.io import RecordWriter, create_partition
+from flinkbuf.io import RecordWriter, ResultPartition, create_partition
 from flinkbuf.network import NetworkEnvironment
-from helpers import run_in_thread
+from helpers import run_in_thread, wait_until
 from network_helpers import SECRET
 
 pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
@@ -231,6 +231,130 @@ def test_closing_wakes_a_consumer_reading_the_socket(how):
         assert isinstance(res.get("error"), (ValueError, ConnectionError)), res
         gate.close()
         part.release()
+    finally:
+        cons.close()
+        prod.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("direct", [True, False])
+def test_a_backpressured_producer_reads_its_credit_itself(monkeypatch, direct):
+    """A producer whose emit waits for a buffer reads the connection that
+    serves its partition itself (credit arrives, and its buffers go out, in
+    its own thread): its environment counts frames read that way, none when
+    direct reads are off; every record arrives in order either way."""
+    prod = make_env(monkeypatch, direct)
+    cons = make_env(monkeypatch, direct)
+    try:
+        part = create_partition(prod.network_buffer_pool, 1, min_buffers=2)
+        prod.register_partition("p", part)
+        gate = cons.create_input_gate([(prod.address, "p", 0)], codec="bytes")
+        n = 400
+
+        def produce():
+            with RecordWriter(part, codec="bytes", buffer_timeout=None) as w:
+                for i in range(n):
+                    w.emit(i.to_bytes(4, "big") * 200)      # 800 B: one per buffer
+
+        t, res = run_in_thread(produce)
+        got = []
+        for r in gate:
+            got.append(bytes(r))
+            if len(got) % 20 == 0:
+                time.sleep(0.005)       # slower than the producer: it waits for credit
+        t.join(10)
+        assert "error" not in res, res
+        assert got == [i.to_bytes(4, "big") * 200 for i in range(n)]
+        frames = direct_frames(prod)
+        if direct:
+            assert frames > 0
+        else:
+            assert frames == 0
+        gate.close()
+    finally:
+        cons.close()
+        prod.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_recycle_elsewhere_wakes_a_producer_reading_the_socket():
+    """A thread blocked on an exhausted partition pool reads the connection
+    that serves the partition while it waits; a buffer recycled by another
+    thread wakes it at once: 40 waits take well under the 50 ms wait slices
+    a missed wake would cost (40 x 50 ms = 2 s)."""
+    prod, cons = make_env(), make_env()
+    try:
+        pool = prod.network_buffer_pool.create_buffer_pool(4, 4, num_subpartitions=1)
+        part = ResultPartition(pool, 1)
+        prod.register_partition("p", part)
+        gate = cons.create_input_gate([(prod.address, "p", 0)], codec="bytes")
+        held = [pool.request_buffer() for _ in range(4)]
+        assert None not in held and pool.request_buffer() is None
+        # The connection serves the partition once the request arrived.
+        assert wait_until(lambda: any(c.num_channels for c in prod.connections()), 5)
+        times = []
+        for _ in range(40):
+            t, res = run_in_thread(pool.request_buffer_blocking, 5.0)
+            time.sleep(0.003)                 # it is waiting (reading the socket)
+            assert t.is_alive()
+            t0 = time.monotonic()
+            held.pop().recycle()
+            t.join(5)
+            times.append(time.monotonic() - t0)
+            assert "error" not in res, res
+            held.append(res["value"])
+        assert sum(times) < 1.0, sorted(times)[-5:]
+        for b in held:
+            b.recycle()
+        gate.close()
+        part.release()
+    finally:
+        cons.close()
+        prod.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("direct", [True, False])
+def test_credit_left_for_the_consumers_next_read_reaches_a_producer_when_it_stops(
+        monkeypatch, direct):
+    """A consumer that reads the socket itself leaves the credit of a buffer
+    it recycles for its next read while the sender has credit to spare; if
+    it then stops reading, the credit still goes out (the reader thread
+    takes the socket back): the producer, having spent the rest of its
+    credit, gets the buffer it was owed while the consumer reads nothing."""
+    prod = make_env(monkeypatch, direct, num_segments=64, segment_size=1024)
+    cons = make_env(monkeypatch, direct, num_segments=64, segment_size=1024,
+                    exclusive_buffers_per_channel=4, floating_buffers_per_gate=0)
+    try:
+        part = create_partition(prod.network_buffer_pool, 1, min_buffers=16)
+        prod.register_partition("p", part)
+        gate = cons.create_input_gate([(prod.address, "p", 0)], codec="bytes")
+        w = RecordWriter(part, codec="bytes", buffer_timeout=0)
+        go = threading.Event()
+
+        def produce():
+            w.emit(b"a" * 800)                # 800 B: one buffer each
+            w.emit(b"b" * 800)
+            go.wait(10)
+            for i in range(20):
+                w.emit(bytes([i]) * 800)
+                time.sleep(0.01)
+
+        t, res = run_in_thread(produce)
+        it = iter(gate)
+        assert bytes(next(it)) == b"a" * 800
+        assert bytes(next(it)) == b"b" * 800  # the first buffer is recycled: 1 credit
+        go.set()                              # the producer has 2 credits left, and 20 to send
+
+        def received():
+            return sum(s["buffers_in"] for s in cons.connection_stats())
+
+        # 4 buffers of credit at first, one more once the recycled one is announced.
+        assert wait_until(lambda: received() >= 5, 5.0), cons.connection_stats()
+        t.join(10)
+        assert res.get("error") is None or "released" in str(res["error"]), res
+        w.close()
+        gate.close()
     finally:
         cons.close()
         prod.close()

@@ -30,7 +30,7 @@ cdef extern from "connection.h" nogil:
         void *ctx
         int (*find_subpartition)(void *ctx, const char *partition_id, size_t len,
                                  uint32_t subpartition, fb_subpart_t **sp, void **owner,
-                                 char *errbuf, size_t errlen) noexcept
+                                 fb_localpool_t **pool, char *errbuf, size_t errlen) noexcept
         void (*describe_failure)(void *ctx, void *owner, char *type, size_t tlen,
                                  char *message, size_t mlen) noexcept
         void (*release_owner)(void *ctx, void *owner) noexcept

@@ -21,7 +21,7 @@ cdef int _copy_utf8(str text, char *buf, size_t cap) noexcept:
 
 cdef int _find_subpartition(void *ctx, const char *partition_id, size_t n,
                             uint32_t subpartition, fb_subpart_t **sp, void **owner,
-                            char *err, size_t errlen) noexcept with gil:
+                            fb_localpool_t **pool, char *err, size_t errlen) noexcept with gil:
     """A PARTITION_REQUEST arrived: the registered partition's subpartition
     (its owner reference taken), or an error code and message."""
     cdef Connection conn = <Connection>ctx
@@ -40,6 +40,7 @@ cdef int _find_subpartition(void *ctx, const char *partition_id, size_t n,
         Py_INCREF(part)
         owner[0] = <void *>part
         sp[0] = &(<ResultSubpartition>part._subpartitions[subpartition])._c
+        pool[0] = &part._pool._c if part._pool is not None else NULL
         return 0
     except BaseException as exc:
         write_unraisable(conn)

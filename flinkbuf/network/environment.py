@@ -101,7 +101,20 @@ _LOCAL_HOSTS = ("127.", "::1", "localhost")
 KEEPALIVE = (10, 5, 3)
 
 
+# Socket buffers with room for many segments in flight, so that a send of
+# several buffers rarely stops halfway (the rest would go to the writer
+# thread, a hand-off per batch).  Credit bounds what is in flight, so this is
+# an upper limit, not memory in use; the kernel caps it at
+# net.core.wmem_max / rmem_max.
+SOCKET_BUFFER = 2 << 20
+
+
 def _tune(sock):
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER)
+        except OSError:
+            pass
     if sock.family == getattr(socket, "AF_UNIX", None):
         return
     idle, interval, count = KEEPALIVE
