@@ -321,18 +321,19 @@ def test_credit_left_for_the_consumers_next_read_reaches_a_producer_when_it_stop
     it recycles for its next read while the sender has credit to spare; if
     it then stops reading, the credit still goes out (the reader thread
     takes the socket back): the producer, having spent the rest of its
-    credit, gets the buffer it was owed while the consumer reads nothing."""
+    credit, gets the buffers it was owed while the consumer reads nothing."""
     prod = make_env(monkeypatch, direct, num_segments=64, segment_size=1024)
     cons = make_env(monkeypatch, direct, num_segments=64, segment_size=1024,
-                    exclusive_buffers_per_channel=4, floating_buffers_per_gate=0)
+                    exclusive_buffers_per_channel=8, floating_buffers_per_gate=0)
     try:
         part = create_partition(prod.network_buffer_pool, 1, min_buffers=16)
         prod.register_partition("p", part)
         gate = cons.create_input_gate([(prod.address, "p", 0)], codec="bytes")
         w = RecordWriter(part, codec="bytes", buffer_timeout=0)
-        go = threading.Event()
+        first, go = threading.Event(), threading.Event()
 
         def produce():
+            first.wait(10)
             w.emit(b"a" * 800)                # 800 B: one buffer each
             w.emit(b"b" * 800)
             go.wait(10)
@@ -342,15 +343,19 @@ def test_credit_left_for_the_consumers_next_read_reaches_a_producer_when_it_stop
 
         t, res = run_in_thread(produce)
         it = iter(gate)
-        assert bytes(next(it)) == b"a" * 800
-        assert bytes(next(it)) == b"b" * 800  # the first buffer is recycled: 1 credit
-        go.set()                              # the producer has 2 credits left, and 20 to send
+        ta, ra = run_in_thread(next, it)      # waiting: it reads the socket itself
+        time.sleep(0.1)
+        first.set()
+        ta.join(5)
+        assert bytes(ra["value"]) == b"a" * 800
+        assert bytes(next(it)) == b"b" * 800  # "a" (and "b") recycled: credit left for later
+        go.set()                              # the producer has 6 credits left, and 20 to send
 
         def received():
             return sum(s["buffers_in"] for s in cons.connection_stats())
 
-        # 4 buffers of credit at first, one more once the recycled one is announced.
-        assert wait_until(lambda: received() >= 5, 5.0), cons.connection_stats()
+        # 8 buffers of credit at first, more once the recycled ones are announced.
+        assert wait_until(lambda: received() >= 9, 5.0), cons.connection_stats()
         t.join(10)
         assert res.get("error") is None or "released" in str(res["error"]), res
         w.close()
