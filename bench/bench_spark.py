@@ -14,6 +14,10 @@ in the consumer; local[2].  Rows:
     consumer (Spark's blocking RDD shuffle);
   * ``dataframe_arrow``: ``spark.range`` -> ``repartition(2, "k")`` ->
     ``mapInArrow`` counting with numpy (rows made in the JVM, not in Python);
+  * ``arrow_barrier_floor``: the same DataFrame straight into
+    ``mapInArrow(barrier=True)`` counting, with no exchange at all: what
+    Spark itself takes to run a barrier ``mapInArrow`` stage over it (the
+    floor under any exchange made in one);
   * ``flinkbuf_arrow``: the same DataFrame through
     :func:`flinkbuf.spark.arrow_exchange` (``mapInArrow(barrier=True)``),
     RecordBatches routed by a vectorized hash of ``k``;
@@ -50,8 +54,8 @@ from conftest import scale
 KEYS = 1000
 TASKS = 2
 ROUNDS = scale(3, 1)
-ROWS = ("rdd_shuffle", "dataframe_arrow", "flinkbuf", "flinkbuf_barrier", "flinkbuf_arrow",
-        "flinkbuf_arrow_barrier")   # peers first
+ROWS = ("rdd_shuffle", "dataframe_arrow", "arrow_barrier_floor", "flinkbuf",
+        "flinkbuf_barrier", "flinkbuf_arrow", "flinkbuf_arrow_barrier")   # peers first
 _ROWS_RUN = ROWS
 
 
@@ -187,6 +191,9 @@ def _job(spark, row, n, outdir):
     if row == "dataframe_arrow":
         out = df.repartition(TASKS, "k").mapInArrow(
             _arrow_marked(outdir, _arrow_counting(outdir, "consumer")), schema)
+    elif row == "arrow_barrier_floor":
+        out = df.mapInArrow(_arrow_marked(outdir, _arrow_counting(outdir, "consumer")), schema,
+                            barrier=True)
     else:
         from flinkbuf.spark import arrow_exchange
         out = arrow_exchange(df, _arrow_marked(outdir, _arrow_counting(outdir, "consumer")),

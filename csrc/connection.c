@@ -1329,11 +1329,21 @@ static int read_available(fb_conn_t *c)
     }
 }
 
+/* Wait up to ms (-1: no limit) for input on the socket or a wake-up on the
+ * eventfd wake_fd (drained): poll's result. */
+static int poll_input(fb_conn_t *c, int wake_fd, int ms)
+{
+    struct pollfd p[2] = {{c->fd, POLLIN, 0}, {wake_fd, POLLIN, 0}};
+    uint64_t drained;
+    int rc = poll(p, 2, ms);
+    if (rc > 0 && (p[1].revents & POLLIN))
+        (void)!read(wake_fd, &drained, sizeof(drained));
+    return rc;
+}
+
 static void *reader_main(void *arg)
 {
     fb_conn_t *c = arg;
-    struct pollfd p[2];
-    uint64_t drained;
     int64_t left;
     int r, ms;
     for (;;) {
@@ -1348,13 +1358,13 @@ static void *reader_main(void *arg)
             fb_cond_wait_until(&c->rd_cv, &c->rd_mu, c->rd_owner == RD_NONE
                                ? c->rd_lent_until : fb_monotonic_ns() + RD_LEND_NS);
         }
-        c->rd_owner = RD_THREAD;
+        __atomic_store_n(&c->rd_owner, RD_THREAD, __ATOMIC_RELAXED);
         pthread_mutex_unlock(&c->rd_mu);
         if (__atomic_load_n(&c->nctl, __ATOMIC_RELAXED) > 0)
             notify_writer(c, 0);         /* credit a consumer left for its next read */
         r = read_available(c);
         pthread_mutex_lock(&c->rd_mu);
-        c->rd_owner = RD_NONE;
+        __atomic_store_n(&c->rd_owner, RD_NONE, __ATOMIC_RELAXED);
         if (c->rd_stop)
             pthread_cond_broadcast(&c->rd_done_cv);
         pthread_mutex_unlock(&c->rd_mu);
@@ -1369,16 +1379,8 @@ static void *reader_main(void *arg)
         ms = left <= 0 ? -1 : (int)(left / 1000000 + 1);
         c->rd_thread_polls = ms < 0;
         pthread_mutex_unlock(&c->rd_mu);
-        p[0].fd = c->fd;
-        p[0].events = POLLIN;
-        p[0].revents = 0;
-        p[1].fd = c->thread_wake_fd;
-        p[1].events = POLLIN;
-        p[1].revents = 0;
-        while (poll(p, 2, ms) < 0 && errno == EINTR)
+        while (poll_input(c, c->thread_wake_fd, ms) < 0 && errno == EINTR)
             ;
-        if (p[1].revents & POLLIN)
-            (void)!read(c->thread_wake_fd, &drained, sizeof(drained));
         pthread_mutex_lock(&c->rd_mu);
         c->rd_thread_polls = 0;
         pthread_mutex_unlock(&c->rd_mu);
@@ -1410,16 +1412,14 @@ typedef struct waiting {
  * waited or read, 0 if the socket was not free. */
 static int read_until(fb_conn_t *c, const waiting_t *w, int64_t deadline_ns)
 {
-    struct pollfd p[2];
-    uint64_t drained;
-    int served = 0, r = 0, ms, kick;
+    int served = 0, r = 0, ms;
     int64_t left;
     pthread_mutex_lock(&c->rd_mu);
     if (c->rd_stop || c->rd_owner != RD_NONE || !c->direct_reads) {
         pthread_mutex_unlock(&c->rd_mu);
         return 0;
     }
-    c->rd_owner = RD_DIRECT;
+    __atomic_store_n(&c->rd_owner, RD_DIRECT, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&c->rd_mu);
     if (!w->begin(w->target, direct_wake, c)) {
         served = 1;
@@ -1445,16 +1445,8 @@ static int read_until(fb_conn_t *c, const waiting_t *w, int64_t deadline_ns)
             }
             ms = left >= (int64_t)INT32_MAX * 1000000 ? INT32_MAX
                  : (int)((left + 999999) / 1000000);
-            p[0].fd = c->fd;
-            p[0].events = POLLIN;
-            p[0].revents = 0;
-            p[1].fd = c->direct_wake_fd;
-            p[1].events = POLLIN;
-            p[1].revents = 0;
-            if (poll(p, 2, ms) < 0 && errno != EINTR)
+            if (poll_input(c, c->direct_wake_fd, ms) < 0 && errno != EINTR)
                 break;
-            if (p[1].revents & POLLIN)
-                (void)!read(c->direct_wake_fd, &drained, sizeof(drained));
             if (w->ready(w->target))
                 break;
         }
@@ -1466,17 +1458,18 @@ static int read_until(fb_conn_t *c, const waiting_t *w, int64_t deadline_ns)
     }
     w->end(w->target);
     pthread_mutex_lock(&c->rd_mu);
-    c->rd_owner = RD_NONE;
-    c->rd_lent_until = fb_monotonic_ns() + RD_LEND_NS;
+    __atomic_store_n(&c->rd_owner, RD_NONE, __ATOMIC_RELAXED);
+    if (served)
+        __atomic_store_n(&c->rd_lent_until, fb_monotonic_ns() + RD_LEND_NS, __ATOMIC_RELAXED);
     if (c->rd_stop)
         pthread_cond_broadcast(&c->rd_done_cv);
-    kick = c->rd_thread_polls;       /* with no time limit: let it see the lend */
-    c->rd_thread_polls = 0;
-    pthread_mutex_unlock(&c->rd_mu);
-    if (kick) {
+    if (served && c->rd_thread_polls) {  /* with no time limit: let it see the lend */
         uint64_t one = 1;
+        c->rd_thread_polls = 0;
+        /* under rd_mu: a close waits for it before the descriptor goes */
         (void)!write(c->thread_wake_fd, &one, sizeof(one));
     }
+    pthread_mutex_unlock(&c->rd_mu);
     return served;
 }
 
