@@ -232,6 +232,7 @@ struct fb_conn {
     int64_t rd_lent_until;
     int direct_wake_fd;          /* an eventfd that wakes a direct reader's poll */
     int thread_wake_fd;          /* an eventfd that wakes the reader thread's poll */
+    int write_errno;             /* atomic: writing failed as the peer went (conn_write_failed) */
     int rd_thread_polls;         /* the reader thread polls with no time limit */
     /* the writer's control frames */
     char *ctlbuf;
@@ -669,6 +670,45 @@ static void conn_fail(fb_conn_t *c, int code, const char *fmt, ...)
     fb_gate_close(&c->out);
 }
 
+/* Writing failed because the peer closed or reset the connection.  What it
+ * sent before may still wait in the socket (a channel's last buffers and its
+ * end of partition): the connection fails only when the reading side comes
+ * to the end of the stream, so that those channels end as they should, not
+ * with this error.  Until then sends are dropped at once (their segments go
+ * back), and the reader thread reads now instead of after a lend.  Other
+ * write errors fail the connection at once. */
+static void conn_write_failed(fb_conn_t *c, int err)
+{
+    uint64_t one = 1;
+    if (err != EPIPE && err != ECONNRESET && err != ENOTCONN) {
+        conn_fail(c, FB_NET_ERR_CONNECTION, "writing to the connection failed: %s",
+                  strerror(err));
+        return;
+    }
+    if (__atomic_exchange_n(&c->write_errno, err, __ATOMIC_ACQ_REL) != 0)
+        return;
+    pthread_mutex_lock(&c->rd_mu);
+    __atomic_store_n(&c->rd_lent_until, 0, __ATOMIC_RELAXED);
+    pthread_cond_broadcast(&c->rd_cv);
+    if (!c->rd_stop)
+        (void)!write(c->thread_wake_fd, &one, sizeof(one));
+    pthread_mutex_unlock(&c->rd_mu);
+}
+
+static int write_failed(fb_conn_t *c)
+{
+    return __atomic_load_n(&c->write_errno, __ATOMIC_ACQUIRE) != 0;
+}
+
+/* The peer closed the connection (a read found the end of the stream). */
+static void conn_fail_peer_closed(fb_conn_t *c, int mid_frame)
+{
+    int err = __atomic_load_n(&c->write_errno, __ATOMIC_ACQUIRE);
+    conn_fail(c, FB_NET_ERR_CONNECTION, "the peer closed the connection%s%s%s",
+              mid_frame ? " in the middle of a frame" : "",
+              err ? " (and writing to it failed: " : "", err ? strerror(err) : "");
+}
+
 /* End every served channel left (the connection ended and the writer is not
  * sending anymore): their readers are gone, so their subpartitions are
  * released. */
@@ -787,9 +827,7 @@ static int recv_some2(fb_conn_t *c, char *dst, size_t n, char *more, size_t nmor
             continue;
         }
         if (r == 0)
-            conn_fail(c, FB_NET_ERR_CONNECTION, mid_frame
-                      ? "the peer closed the connection in the middle of a frame"
-                      : "the peer closed the connection");
+            conn_fail_peer_closed(c, mid_frame);
         else
             conn_fail(c, FB_NET_ERR_CONNECTION, "reading from the connection failed: %s",
                       strerror(errno));
@@ -1293,7 +1331,7 @@ static int rd_try_fill(fb_conn_t *c)
         if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
             return 0;
         if (r == 0)
-            conn_fail(c, FB_NET_ERR_CONNECTION, "the peer closed the connection");
+            conn_fail_peer_closed(c, 0);
         else
             conn_fail(c, FB_NET_ERR_CONNECTION, "reading from the connection failed: %s",
                       strerror(errno));
@@ -1530,6 +1568,8 @@ static int send_all(fb_conn_t *c, struct iovec *iov, int iovcnt)
     struct msghdr mh;
     ssize_t r;
     memset(&mh, 0, sizeof(mh));
+    if (write_failed(c))
+        return -1;
     while (iovcnt > 0) {
         mh.msg_iov = iov;
         mh.msg_iovlen = (size_t)iovcnt;
@@ -1537,8 +1577,7 @@ static int send_all(fb_conn_t *c, struct iovec *iov, int iovcnt)
         if (r < 0) {
             if (errno == EINTR)
                 continue;
-            conn_fail(c, FB_NET_ERR_CONNECTION, "writing to the connection failed: %s",
-                      strerror(errno));
+            conn_write_failed(c, errno);
             return -1;
         }
         stat_add(&c->stats.bytes_out, r);
@@ -1840,6 +1879,8 @@ static int send_nowait(fb_conn_t *c, batch_t *b)
     int iovcnt = b->niov;
     ssize_t r;
     memset(&mh, 0, sizeof(mh));
+    if (write_failed(c))
+        return -1;
     while (iovcnt > 0) {
         mh.msg_iov = iov;
         mh.msg_iovlen = (size_t)iovcnt;
@@ -1849,8 +1890,7 @@ static int send_nowait(fb_conn_t *c, batch_t *b)
                 continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK)
                 break;
-            conn_fail(c, FB_NET_ERR_CONNECTION, "writing to the connection failed: %s",
-                      strerror(errno));
+            conn_write_failed(c, errno);
             return -1;
         }
         stat_add(&c->stats.bytes_out, r);
@@ -1958,15 +1998,17 @@ static void *writer_main(void *arg)
             rc = flush_pending(c, 1);
             if (c->direct == NULL)
                 c->direct = spare;        /* the producers' batch is free again */
-            if (rc < 0) {
+            if (rc < 0 && !write_failed(c)) {
                 pthread_mutex_unlock(&c->send_mu);
                 break;
             }
         }
+        /* After a write failed as the peer went, batches are dropped (their
+         * segments go back) until the reader ends the connection. */
         taken = gather(c, b, slot);
         rc = send_batch(c, b, taken);
         pthread_mutex_unlock(&c->send_mu);
-        if (rc < 0)
+        if (rc < 0 && !write_failed(c))
             break;
     }
     free(b);

@@ -744,10 +744,12 @@ def role_peer(cfg, cmds):
                                    else digest(bytes(item)))
     except BaseException as exc:   # noqa: BLE001 - reported
         result["error"] = _err(exc)
+    writer.join(10)
+    # Counted before the test lets either side close (a peer's close ends
+    # the connection on this side too).
+    stats, conns = env.connection_stats(), len(env.connections())
     _out(results=[result])
     cmds.wait_for("close", cfg["life"])
-    writer.join(10)
-    stats, conns = env.connection_stats(), len(env.connections())
     env.close()
     _out(closed=True, stats=stats, connections=conns, **_hygiene())
 

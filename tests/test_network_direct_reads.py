@@ -353,3 +353,50 @@ def test_credit_left_for_the_consumers_next_read_reaches_a_producer_when_it_stop
     finally:
         cons.close()
         prod.close()
+
+
+@pytest.mark.timeout(120)
+def test_producers_that_close_as_soon_as_they_are_served_lose_nothing():
+    """Producers close their environments as soon as their last buffer and
+    end of partition went out, while their consumer, reading slowly with one
+    buffer of credit per channel, still sends them credit (a write may find
+    the peer gone; the channels whose data is still in the socket end
+    normally all the same): every record arrives and the gate ends."""
+    for round_ in range(6):
+        producers = [make_env(num_segments=32) for _ in range(3)]
+        cons = make_env(num_segments=32, exclusive_buffers_per_channel=1,
+                        floating_buffers_per_gate=0)
+        try:
+            parts = []
+            for k, env in enumerate(producers):
+                part = create_partition(env.network_buffer_pool, 1, min_buffers=4)
+                env.register_partition("p", part)
+                parts.append(part)
+            gate = cons.create_input_gate([(env.address, "p", 0) for env in producers],
+                                          codec="bytes")
+
+            def produce(env, part, k):
+                with RecordWriter(part, codec="bytes", buffer_timeout=0) as w:
+                    for i in range(30):
+                        w.emit(bytes([k, i]) * 400)     # 800 B: one buffer each
+                while any(c.num_channels for c in env.connections()):
+                    time.sleep(0.0005)                  # served: its end went out
+                env.close()
+
+            threads = [run_in_thread(produce, env, part, k)
+                       for k, (env, part) in enumerate(zip(producers, parts))]
+            got = []
+            for r in gate:
+                got.append(bytes(r))
+                if len(got) % 7 == 0:
+                    time.sleep(0.002)
+            for t, res in threads:
+                t.join(10)
+                assert "error" not in res, (round_, res)
+            assert sorted(got) == sorted(bytes([k, i]) * 400 for k in range(3)
+                                         for i in range(30)), round_
+            gate.close()
+        finally:
+            cons.close()
+            for env in producers:
+                env.close()
