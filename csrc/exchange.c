@@ -366,8 +366,12 @@ static void take_head(fb_subpart_t *sp, fb_item_t *out)
         __atomic_store_n(&sp->backlog, sp->backlog - 1, __ATOMIC_RELAXED);
     else
         __atomic_store_n(&sp->events, sp->events - 1, __ATOMIC_RELAXED);
+    /* More to take: marked again.  A gate with a hook is drained by its
+     * owner, which takes marked channels before it sleeps (the network
+     * writer, or a producer's thread sending): waking its thread here would
+     * only make it compete for the work the taker is doing. */
     if (sp->count > 0 && sp->gate != NULL)
-        fb_gate_notify(sp->gate, sp->gate_channel);
+        gate_mark(sp->gate, sp->gate_channel, sp->gate->hook == NULL);
 }
 
 int fb_subpart_poll(fb_subpart_t *sp, fb_item_t *out)
