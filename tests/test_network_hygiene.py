@@ -88,10 +88,11 @@ def test_many_environments_in_a_row_leave_nothing():
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("who", ["consumer", "producer"])
+@pytest.mark.parametrize("who", ["consumer", "producer", "gate"])
 def test_close_wakes_a_blocked_reader(who):
-    """A consumer blocked on an empty remote channel wakes at once with
-    RemoteConnectionError when either environment closes."""
+    """A consumer blocked on an empty remote channel (reading its socket
+    itself) wakes at once with RemoteConnectionError when either environment
+    closes, and with ValueError when another thread closes its gate."""
     prod, cons = make_env(), make_env()
     try:
         part = create_partition(prod.network_buffer_pool, 1)
@@ -101,7 +102,7 @@ def test_close_wakes_a_blocked_reader(who):
         time.sleep(0.3)
         assert t.is_alive()
         t0 = time.monotonic()
-        (cons if who == "consumer" else prod).close()
+        {"consumer": cons, "producer": prod, "gate": gate}[who].close()
         t.join(5)
         assert not t.is_alive()
         assert time.monotonic() - t0 < 2.0
