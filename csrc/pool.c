@@ -77,9 +77,10 @@ static void notify_global_return(fb_netpool_t *np)
     size_t i;
     if (np->unpooled_waiters > 0)
         pthread_cond_broadcast(&np->unpooled_cv);
-    for (i = 0; i < np->num_pools; i++)
-        if (np->pools[i]->waiters > 0 || np->pools[i]->direct_wake != NULL)
-            wake_pool_locked(np->pools[i]);
+    if (np->num_blocked > 0 || np->num_direct > 0)
+        for (i = 0; i < np->num_pools; i++)
+            if (np->pools[i]->waiters > 0 || np->pools[i]->direct_wake != NULL)
+                wake_pool_locked(np->pools[i]);
     release_arena_if_idle(np);
 }
 
@@ -367,6 +368,8 @@ static int localpool_direct_begin(fb_localpool_t *lp, void (*wake)(void *), void
 {
     int ready;
     pthread_mutex_lock(&lp->net->mu);
+    if (lp->direct_wake == NULL)
+        lp->net->num_direct++;
     lp->direct_wake = wake;
     lp->direct_wake_arg = arg;
     lp->direct_thread = pthread_self();
@@ -378,6 +381,8 @@ static int localpool_direct_begin(fb_localpool_t *lp, void (*wake)(void *), void
 static void localpool_direct_end(fb_localpool_t *lp)
 {
     pthread_mutex_lock(&lp->net->mu);
+    if (lp->direct_wake != NULL)
+        lp->net->num_direct--;
     lp->direct_wake = NULL;
     lp->direct_wake_arg = NULL;
     pthread_mutex_unlock(&lp->net->mu);

@@ -83,6 +83,7 @@ typedef struct fb_netpool {
     int32_t num_unpooled;   /* unpooled segments handed out */
     int32_t unpooled_waiters;
     int32_t num_blocked;    /* threads blocked in any local pool */
+    int32_t num_direct;     /* local pools whose waiter waits through their hook */
     fb_localpool_t **pools; /* live pools, creation order */
     size_t num_pools, cap_pools;
     int64_t *scratch;       /* 3 * cap_pools int64 for redistribution */
