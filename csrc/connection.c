@@ -1563,27 +1563,37 @@ static int pool_wait(void *arg, fb_localpool_t *lp, int64_t deadline_ns)
 
 /* ---- the writer ------------------------------------------------------------------------ */
 
-static int send_all(fb_conn_t *c, struct iovec *iov, int iovcnt)
+/* Send the iovecs, advancing *iov and *iovcnt past what went; with
+ * MSG_DONTWAIT in flags, only what the socket takes now.  0 all went, 1 some
+ * is left, -1 the connection failed (or writing failed before). */
+static int send_iov(fb_conn_t *c, struct iovec **iov, int *iovcnt, int flags)
 {
     struct msghdr mh;
     ssize_t r;
     memset(&mh, 0, sizeof(mh));
     if (write_failed(c))
         return -1;
-    while (iovcnt > 0) {
-        mh.msg_iov = iov;
-        mh.msg_iovlen = (size_t)iovcnt;
-        r = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
+    while (*iovcnt > 0) {
+        mh.msg_iov = *iov;
+        mh.msg_iovlen = (size_t)*iovcnt;
+        r = sendmsg(c->fd, &mh, MSG_NOSIGNAL | flags);
         if (r < 0) {
             if (errno == EINTR)
                 continue;
+            if ((flags & MSG_DONTWAIT) && (errno == EAGAIN || errno == EWOULDBLOCK))
+                return 1;
             conn_write_failed(c, errno);
             return -1;
         }
         stat_add(&c->stats.bytes_out, r);
-        iovcnt = iov_advance(&iov, iovcnt, (size_t)r);
+        *iovcnt = iov_advance(iov, *iovcnt, (size_t)r);
     }
     return 0;
+}
+
+static int send_all(fb_conn_t *c, struct iovec *iov, int iovcnt)
+{
+    return send_iov(c, &iov, &iovcnt, 0);
 }
 
 static char *put_header(char *p, uint32_t body_len, uint8_t msg)
@@ -1874,33 +1884,14 @@ static ctl_t *gather(fb_conn_t *c, batch_t *b, int32_t slot)
  * left (the iovecs advanced past what went), -1 the connection failed. */
 static int send_nowait(fb_conn_t *c, batch_t *b)
 {
-    struct msghdr mh;
     struct iovec *iov = b->iov;
     int iovcnt = b->niov;
-    ssize_t r;
-    memset(&mh, 0, sizeof(mh));
-    if (write_failed(c))
-        return -1;
-    while (iovcnt > 0) {
-        mh.msg_iov = iov;
-        mh.msg_iovlen = (size_t)iovcnt;
-        r = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (r < 0) {
-            if (errno == EINTR)
-                continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK)
-                break;
-            conn_write_failed(c, errno);
-            return -1;
-        }
-        stat_add(&c->stats.bytes_out, r);
-        iovcnt = iov_advance(&iov, iovcnt, (size_t)r);
+    int rc = send_iov(c, &iov, &iovcnt, MSG_DONTWAIT);
+    if (rc == 1) {
+        memmove(b->iov, iov, sizeof(*iov) * (size_t)iovcnt);
+        b->niov = iovcnt;
     }
-    if (iovcnt == 0)
-        return 0;
-    memmove(b->iov, iov, sizeof(*iov) * (size_t)iovcnt);
-    b->niov = iovcnt;
-    return 1;
+    return rc;
 }
 
 /* The batch a producer's thread left (send_mu held, no GIL: blocking is

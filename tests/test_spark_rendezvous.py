@@ -127,19 +127,24 @@ def test_a_wrong_secret_is_refused_and_the_server_keeps_serving(caplog):
     assert any("dropped a peer" in r.getMessage() for r in caplog.records)
 
 
+def _read_to_end(s):
+    """What the server sends before it closes (or goes quiet)."""
+    got = b""
+    try:
+        while True:
+            chunk = s.recv(4096)
+            if not chunk:
+                return got
+            got += chunk
+    except (socket.timeout, ConnectionResetError):
+        return got
+
+
 def _raw(server, payload, wait=2.0):
     """Send raw bytes; returns what the server sent back before closing."""
     with socket.create_connection(server.address, timeout=wait) as s:
         s.sendall(payload)
-        got = b""
-        try:
-            while True:
-                chunk = s.recv(4096)
-                if not chunk:
-                    return got
-                got += chunk
-        except (socket.timeout, ConnectionResetError):
-            return got
+        return _read_to_end(s)
 
 
 def _authenticated(server, body):
@@ -149,15 +154,7 @@ def _authenticated(server, body):
     try:
         handshake.client(s, SECRET, "10.0.0.9:9", 0, 3)
         s.sendall(body)
-        got = b""
-        try:
-            while True:
-                chunk = s.recv(4096)
-                if not chunk:
-                    return got
-                got += chunk
-        except (socket.timeout, ConnectionResetError):
-            return got
+        return _read_to_end(s)
     finally:
         s.close()
 
