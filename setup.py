@@ -5,6 +5,7 @@ Environment switches:
   FLINKBUF_SANITIZE=address   AddressSanitizer build (implies debug, -O1 -g)
 """
 
+import json
 import os
 
 import numpy
@@ -15,12 +16,20 @@ from setuptools.command.build_ext import build_ext
 DEBUG = os.environ.get("FLINKBUF_DEBUG", "") not in ("", "0")
 SANITIZE = os.environ.get("FLINKBUF_SANITIZE", "")
 
-# The one place for compiler directives.  Indexing into C arrays is
-# checked by our own code, so Cython's bounds/wraparound checks are off.
+# The one place for compiler directives.
 DIRECTIVES = {
     "language_level": 3,
-    "boundscheck": False,
-    "wraparound": False,
+    # On, everywhere.  The code has no typed memoryviews, so these two
+    # govern one thing only: ``obj[i]`` with a C integer ``i`` on a list or
+    # tuple.  Off, Cython reads the item without comparing ``i`` to the
+    # length, so an index that user code chose (a HashSelector's key index,
+    # a field of a record) reads past the object and crashes the
+    # interpreter.  On, it costs a compare on the hot paths that index lists
+    # (a writer's current buffer per channel), within the benchmarks' noise.
+    # C arrays and pointers are never checked by Cython either way: their
+    # indices are checked by our own code.
+    "boundscheck": True,
+    "wraparound": True,
     "initializedcheck": False,
     "cdivision": True,
     # Methods as PyMethodDef (bound: builtin methods), not cyfunctions:
@@ -104,13 +113,34 @@ class BuildExt(build_ext):
             f.write(MODE)
 
 
+def directives_changed(build_dir):
+    """True when the generated C in ``build_dir`` was made with other
+    directives (cythonize only compares file times, so a directive changed
+    here would otherwise leave the C of unchanged .pyx files as it was)."""
+    stamp = os.path.join(build_dir, "directives.json")
+    wanted = json.dumps(DIRECTIVES, sort_keys=True)
+    try:
+        with open(stamp) as f:
+            if f.read() == wanted:
+                return False
+    except OSError:
+        pass
+    os.makedirs(build_dir, exist_ok=True)
+    with open(stamp, "w") as f:
+        f.write(wanted)
+    return True
+
+
+# Debug and release builds must not share generated C.
+CYTHON_BUILD_DIR = f"build/cython-{MODE}"
+
 setup(
     cmdclass={"build_ext": BuildExt},
     ext_modules=cythonize(
         extensions,
         compiler_directives=DIRECTIVES,
         include_path=["."],
-        # Debug and release builds must not share generated C.
-        build_dir=f"build/cython-{MODE}",
+        build_dir=CYTHON_BUILD_DIR,
+        force=directives_changed(CYTHON_BUILD_DIR),
     ),
 )
