@@ -277,6 +277,84 @@ def test_hash_selector_key_forms_and_limits():
     assert fb.HashSelector(0).max_parallelism == 128
 
 
+_FIELD = st.one_of(st.integers(), st.text(max_size=4), st.none(), st.booleans(),
+                   st.binary(max_size=4))
+_SEQUENCES = st.lists(_FIELD, max_size=6).flatmap(
+    lambda xs: st.sampled_from([xs, tuple(xs), collections.namedtuple(
+        "R", [f"f{i}" for i in range(len(xs))])(*xs)]))
+
+
+@given(_SEQUENCES, st.integers(0, 7), st.integers(1, 8))
+def test_hash_selector_key_index_on_records_of_every_length(record, index, n):
+    """A key index takes that field of a tuple or list (a named tuple too)
+    when the record has it, and raises IndexError naming the key and the
+    record's length otherwise: never reads past the record."""
+    sel = fb.HashSelector(index)
+    sel.setup(n)
+    if index < len(record):
+        assert sel.select_channel(record) == io.assign_key_to_operator(record[index], n)
+    else:
+        with pytest.raises(IndexError, match=rf"key index {index} is out of range for a "
+                                             rf"record of length {len(record)} |an empty record"):
+            sel.select_channel(record)
+
+
+def test_hash_selector_key_index_errors_name_the_key_and_the_record():
+    sel = fb.HashSelector(1)
+    sel.setup(4)
+    with pytest.raises(IndexError, match=r"key index 1 .* length 1 \(tuple\): \(7,\)"):
+        sel.select_channel((7,))
+    with pytest.raises(IndexError, match=r"key index 1 .* length 0 \(str\)"):
+        sel.select_channel("")
+    with pytest.raises(KeyError, match=r"key index 1 .* length 1 \(dict\)"):
+        sel.select_channel({0: "a"})
+    with pytest.raises(TypeError, match="records of type int have no fields"):
+        sel.select_channel(5)
+    assert sel.select_channel("ab") == io.assign_key_to_operator("b", 4)   # a sequence
+    with pytest.raises(IndexError) as info:
+        sel.select_channel(("x" * 100_000,))
+    assert len(str(info.value)) < 200             # the record is shown shortened
+
+
+@given(st.one_of(_SEQUENCES, _FIELD), st.integers(1, 8))
+def test_by_first_field_keys_pairs_by_their_first_field_and_others_whole(record, n):
+    sel = fb.HashSelector.by_first_field()
+    sel.setup(n)
+    if isinstance(record, (tuple, list)):
+        if record:
+            assert sel.select_channel(record) == io.assign_key_to_operator(record[0], n)
+        else:
+            with pytest.raises(IndexError, match="empty record"):
+                sel.select_channel(record)
+    else:
+        assert sel.select_channel(record) == io.assign_key_to_operator(record, n)
+
+
+def test_by_first_field_takes_max_parallelism_only():
+    assert fb.HashSelector.by_first_field(max_parallelism=512).max_parallelism == 512
+    with pytest.raises(TypeError):
+        fb.HashSelector.by_first_field(0)
+    with pytest.raises(ValueError):
+        fb.HashSelector.by_first_field(max_parallelism=0)
+
+
+def test_a_writer_refuses_a_record_without_its_key_and_goes_on():
+    """The key index is checked on every entry point: a writer's emit
+    raises and the writer stays usable for the next record."""
+    with fb.NetworkBufferPool(16, 256) as nbp:
+        partition = fb.create_partition(nbp, 2)
+        gate = fb.InputGate([(partition, 0), (partition, 1)])
+        with partition:
+            writer = fb.RecordWriter(partition, fb.HashSelector(2))
+            for bad in ([1, 2], (), (1,)):
+                with pytest.raises(IndexError, match="key index 2"):
+                    writer.emit(bad)
+            writer.emit([1, 2, 3])
+            writer.emit((4, 5, 6, 7))
+        assert sorted(map(tuple, gate)) == [(1, 2, 3), (4, 5, 6, 7)]
+        gate.close()
+
+
 def test_hash_selector_spreads_keys_over_every_channel():
     sel = fb.HashSelector()
     sel.setup(4)

@@ -31,6 +31,7 @@ from flinkbuf.serialization._serialization cimport (FULL_BUFFER, FULL_RECORD, Re
 import numbers
 import operator
 import random
+import reprlib as _reprlib
 import threading
 import weakref
 

@@ -1,6 +1,7 @@
 # Channel selectors: which subpartition(s) a record goes to.  Included by _io.pyx.
 
 cdef int32_t _ALL_BLOCKED = -2     # _select: every channel is blocked, wait
+cdef Py_ssize_t _KEY_FIRST_FIELD = -2    # HashSelector._key_index of by_first_field
 
 
 # ---- selectors -------------------------------------------------------------
@@ -150,10 +151,14 @@ cdef class HashSelector(ChannelSelector):
     :func:`java_hash_code` for ``Long`` keys with small negative values),
     ``str`` as ``String``.
 
-    ``key``: None (the record is the key), an int (``record[key]``), or a
-    callable ``key(record)``.  ``max_parallelism`` (keyword-only): the
-    number of key groups, Flink's max parallelism of the consuming
-    operator (default 128; at most 32768)."""
+    ``key``: None (the record is the key), an int (the field
+    ``record[key]`` of a tuple, a list or another sequence; IndexError
+    naming the key and the record's length when the record is shorter,
+    TypeError when it cannot be indexed), or a callable ``key(record)``.
+    :meth:`by_first_field` makes the selector of pair records.
+    ``max_parallelism`` (keyword-only): the number of key groups, Flink's
+    max parallelism of the consuming operator (default 128; at most
+    32768)."""
 
     def __cinit__(self):
         self._key_index = -1            # as HashSelector(): the record is the key
@@ -189,13 +194,26 @@ cdef class HashSelector(ChannelSelector):
                              f"{self._max_parallelism}")
         return ChannelSelector._setup(self, num_channels)
 
+    @classmethod
+    def by_first_field(cls, *, max_parallelism=128):
+        """The selector of pair records (Spark's pair RDDs): a tuple or a
+        list (subclasses too: named tuples, ``pyspark.sql.Row``) is keyed
+        by its first field, any other record by itself.  An empty tuple or
+        list raises IndexError."""
+        cdef HashSelector selector = HashSelector(max_parallelism=max_parallelism)
+        selector._key_index = _KEY_FIRST_FIELD
+        return selector
+
     cdef int32_t _select(self, object record) except -1:
         cdef object key
         cdef int32_t h
         if self._key_index >= 0:
-            key = record[self._key_index]
+            key = _field(record, self._key_index)
         elif self._key is not None:
             key = self._key(record)
+        elif self._key_index == _KEY_FIRST_FIELD and (
+                type(record) is tuple or isinstance(record, (tuple, list))):
+            key = _field(record, 0)
         else:
             key = record
         _java_hash(key, &h, 0)
@@ -205,6 +223,54 @@ cdef class HashSelector(ChannelSelector):
     @property
     def max_parallelism(self):
         return self._max_parallelism
+
+
+
+cdef object _field(object record, Py_ssize_t index):
+    """``record[index]`` for a key index (>= 0).  A tuple's or list's
+    length is compared first, as it is now (another thread may have
+    shrunk a list); every failure names the key and the record."""
+    cdef type t = type(record)
+    if t is tuple or t is list:
+        if index >= len(record):
+            raise _key_out_of_range(record, index, None)
+        return record[index]
+    try:
+        return record[index]
+    except (IndexError, KeyError) as exc:
+        raise _key_out_of_range(record, index, exc) from exc
+    except TypeError as exc:
+        if getattr(t, "__getitem__", None) is None:
+            raise TypeError(f"key index {index} selects a field of each record, but records "
+                            f"of type {t.__name__} have no fields ({_short_repr(record)}): "
+                            f"key tuples or lists, or pass key=None (the record itself) or "
+                            f"a function") from exc
+        raise
+
+
+cdef object _key_out_of_range(object record, Py_ssize_t index, object cause):
+    """The IndexError (the KeyError of a mapping) of a field the record
+    does not have, with the record's length when it has one."""
+    try:
+        n = len(record)
+    except Exception:               # noqa: BLE001 - the message goes without it
+        n = None
+    of = f"({type(record).__name__})" if n is None else \
+        f"of length {n} ({type(record).__name__})"
+    if index == 0 and n == 0:
+        message = f"an empty record {of} has no first field to key it by"
+    else:
+        message = f"key index {index} is out of range for a record {of}: {_short_repr(record)}"
+    return KeyError(message) if isinstance(cause, KeyError) else IndexError(message)
+
+
+cdef object _short_repr(object value):
+    """``repr(value)`` shortened (reprlib), for messages about records of
+    any size; never raises."""
+    try:
+        return _reprlib.repr(value)
+    except Exception:               # noqa: BLE001 - a broken __repr__
+        return f"<{type(value).__name__}>"
 
 
 @cython.final
