@@ -68,6 +68,7 @@ from flinkbuf.io._io import (
     murmur_hash,
     operator_index_for_key_group,
 )
+from flinkbuf.buffer import NetworkBufferPool
 from flinkbuf.errors import PartitionReleasedError, ProducerFailedError
 
 __all__ = [
@@ -111,6 +112,9 @@ def create_partition(network_pool, num_subpartitions, *, min_buffers=None, max_b
     minimum; more if ``min_buffers`` says so), growing up to ``max_buffers``
     (default: the minimum, i.e. a fixed-size pool), counted per
     subpartition so that ``max_buffers_per_channel`` applies."""
+    if not isinstance(network_pool, NetworkBufferPool):
+        raise TypeError(f"network_pool must be a NetworkBufferPool, got "
+                        f"{type(network_pool).__name__}")
     if isinstance(num_subpartitions, bool) or not isinstance(num_subpartitions, int):
         raise TypeError("num_subpartitions must be an int")
     if num_subpartitions < 1:

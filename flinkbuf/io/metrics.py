@@ -31,10 +31,11 @@ and the back-pressure level of Flink's web UI from the back-pressured ratio
 """
 
 import json
+import math
 import threading
 from collections import deque
 
-from flinkbuf.io._io import monotonic_ns
+from flinkbuf.io._io import InputGate, RecordWriter, monotonic_ns
 
 __all__ = [
     "HIGH",
@@ -107,6 +108,18 @@ def _pool_usage(pools):
     return used / size if size else 0.0
 
 
+def _all_of(items, cls, what):
+    """``items`` as a list, each a ``cls``, else TypeError."""
+    if isinstance(items, (str, bytes)) or not hasattr(items, "__iter__"):
+        raise TypeError(f"{what} must be an iterable of {cls.__name__}s, got "
+                        f"{type(items).__name__}")
+    items = list(items)
+    for item in items:
+        if not isinstance(item, cls):
+            raise TypeError(f"{what} must hold {cls.__name__}s, got a {type(item).__name__}")
+    return items
+
+
 class TaskMetrics:
     """Metrics of one task: its ``writers`` (output) and ``gates`` (input).
 
@@ -115,11 +128,14 @@ class TaskMetrics:
     """
 
     def __init__(self, name, *, writers=(), gates=(), window=1.0):
-        if not window > 0:
-            raise ValueError(f"window must be > 0, got {window}")
+        if isinstance(window, bool) or not isinstance(window, (int, float)):
+            raise TypeError(f"window must be a number of seconds, got {type(window).__name__}")
+        if not (window > 0 and math.isfinite(window)):
+            raise ValueError(f"window must be a positive, finite number of seconds, got "
+                             f"{window!r}")
         self.name = name
-        self.writers = list(writers)
-        self.gates = list(gates)
+        self.writers = _all_of(writers, RecordWriter, "writers")
+        self.gates = _all_of(gates, InputGate, "gates")
         self.window = float(window)
         self._lock = threading.Lock()
         self._samples = deque()

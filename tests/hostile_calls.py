@@ -1,0 +1,660 @@
+"""Every public callable of flinkbuf, called with hostile arguments (the
+child process of ``test_hostile_calls.py``).
+
+    python tests/hostile_calls.py GROUP MAX_EXAMPLES
+
+For each target of GROUP (a constructor, a function, every public method
+and every settable property of a real object), hypothesis draws argument
+lists: out-of-range and huge integers, wrong types, sequences of every
+length, objects whose ``__index__``/``__len__``/``__getitem__``/``__eq__``
+misbehave, lists that shrink while they are read, numpy values, callables
+that return nonsense, and the example's own flinkbuf objects.  Every call
+must return or raise an ``Exception`` that says what is wrong; a crash, a
+hang (woken first by closing the example's objects from another thread, as
+a user would), a ``SystemError`` or an internal error (``AttributeError``,
+``NameError``, ``ZeroDivisionError``, ``AssertionError``, ...) fails.
+"""
+
+import collections
+import faulthandler
+import gc
+import inspect
+import os
+import resource
+import sys
+import threading
+import time
+import traceback
+import warnings
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import flinkbuf as fb
+import flinkbuf.buffer
+import flinkbuf.io as fio
+import flinkbuf.serialization as fser
+
+HANG_SECONDS = 60          # one call that long is a hang: dump and exit
+WAKE_SECONDS = 0.5         # then the example's objects are closed under the call
+
+# Errors that say the program has a bug rather than that the arguments
+# were wrong.  (AttributeError from a setattr of a read-only property is
+# the language's own answer and allowed there.)
+INTERNAL = (SystemError, AttributeError, NameError, ZeroDivisionError, AssertionError,
+            RecursionError, UnboundLocalError, KeyboardInterrupt, SystemExit)
+
+
+# ---- hostile objects ----------------------------------------------------------------
+
+class BadIndex:
+    def __index__(self):
+        raise ArithmeticError("__index__ refuses")
+
+    def __int__(self):
+        raise ArithmeticError("__int__ refuses")
+
+
+class HugeIndex:
+    def __index__(self):
+        return 2 ** 100
+
+
+class LyingLength(list):
+    """Claims a million items; holds two."""
+
+    def __len__(self):
+        return 10 ** 6
+
+
+class Shrinking(list):
+    """Loses its last item whenever one is read."""
+
+    def __getitem__(self, i):
+        if len(self) > 0:
+            self.pop()
+        return list.__getitem__(self, i)
+
+    def __iter__(self):
+        while len(self):
+            yield self.pop()
+
+
+class ShrinkingTuple(tuple):
+    def __len__(self):
+        return max(0, tuple.__len__(self) - 3)
+
+
+class BadEq:
+    def __eq__(self, other):
+        raise ValueError("__eq__ refuses")
+
+    def __hash__(self):
+        raise ValueError("__hash__ refuses")
+
+
+class BadRepr:
+    def __repr__(self):
+        raise ValueError("__repr__ refuses")
+
+
+class BadBuffer:
+    def __buffer__(self, flags):
+        raise BufferError("no buffer")
+
+
+def _released_view():
+    m = memoryview(bytearray(b"abcd"))
+    m.release()
+    return m
+
+
+Pair = collections.namedtuple("Pair", "key value")
+
+
+class Ref:
+    """One of the example's own flinkbuf objects, by name (resolved when
+    the example runs: each example has fresh objects)."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __repr__(self):
+        return f"Ref({self.name})"
+
+
+class Fresh:
+    """An object made when the example runs: one that hypothesis must not
+    hash or keep (its hash raises, it is used up or released)."""
+
+    def __init__(self, name, make):
+        self.name = name
+        self.make = make
+
+    def __repr__(self):
+        return self.name
+
+
+def _returning(value):
+    def fn(*args, **kwargs):
+        return value
+    fn.__qualname__ = f"returning({value!r})"
+    return fn
+
+
+def _raising(*args, **kwargs):
+    raise LookupError("a user function raised")
+
+
+INTS = st.one_of(
+    st.integers(-3, 10),
+    st.sampled_from([2 ** 31 - 1, 2 ** 31, -2 ** 31, -2 ** 31 - 1, 2 ** 32, 2 ** 63 - 1,
+                     2 ** 63, -2 ** 63, -2 ** 63 - 1, 2 ** 64, 2 ** 100, -2 ** 100]),
+    st.integers(-2 ** 70, 2 ** 70),
+)
+SCALARS = st.one_of(
+    INTS,
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([0.0, -0.0, 1e-12, 0.5, 1e300, float("nan"), float("inf"), -float("inf")]),
+    st.none(), st.booleans(),
+    st.text(max_size=4), st.binary(max_size=8),
+    st.sampled_from(["typed", "bytes", "pickle", "hash", "round_robin", "broadcast",
+                     "forward", "backlog_aware", "", "\udcff"]),
+    st.sampled_from([np.int64(-1), np.uint64(2 ** 64 - 1), np.int8(5), np.float64("nan"),
+                     np.bool_(True), np.float32(2.5)]),
+)
+SPECIAL = st.sampled_from([
+    BadIndex(), HugeIndex(), BadBuffer(), object(), Fresh("BadRepr()", BadRepr),
+    Fresh("BadEq()", BadEq), Fresh("released memoryview", _released_view),
+    Fresh("iter([1, 2])", lambda: iter([1, 2])),
+    bytearray(b"xyz"), memoryview(b"xyz"), memoryview(b"abcdef")[::2],
+    np.zeros(0), np.arange(6).reshape(2, 3), np.arange(10)[::3], np.array(7),
+    np.array([None, "x"], dtype=object), np.ma.masked_array([1, 2], mask=[0, 1]),
+    Pair(1, 2), Pair("k", None), range(3), {1: 2}, {"k": [1]}, set(),
+    _returning(-1), _returning(2 ** 70), _returning(None), _returning(1.5),
+    _returning(np.int64(1)), _returning(True), _raising, print,
+])
+REFS = st.sampled_from(["nbp", "pool", "buffer", "segment", "partition", "subpartition",
+                        "writer", "gate", "channel", "serializer", "deserializer",
+                        "selector", "event"]).map(Ref)
+
+
+def _hostile():
+    base = st.one_of(SCALARS, SPECIAL, REFS)
+    return st.recursive(
+        base,
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=5),
+            st.lists(inner, max_size=5).map(tuple),
+            st.lists(inner, max_size=5).map(LyingLength),
+            st.lists(inner, max_size=6).map(Shrinking),
+            st.lists(inner, max_size=6).map(ShrinkingTuple),
+            st.dictionaries(st.one_of(st.integers(-2, 4), st.text(max_size=2)), inner,
+                            max_size=3),
+            st.builds(_returning, inner),
+        ),
+        max_leaves=6)
+
+
+HOSTILE = _hostile()
+KEYWORDS = ("timeout", "channel", "codec", "max_parallelism", "key", "name", "start",
+            "max_record_size", "buffer_timeout", "num_subpartitions", "min_buffers",
+            "max_buffers", "max_buffers_per_channel", "max_overdraft_buffers", "alignment",
+            "window", "writers", "gates", "selector", "big_endian", "data_type", "secret",
+            "host", "port", "transport")
+ARGS = st.tuples(st.lists(HOSTILE, max_size=4),
+                 st.dictionaries(st.sampled_from(KEYWORDS), HOSTILE, max_size=2))
+
+# Plausible values by parameter name: most parameters of an example get
+# one, so that the hostile ones reach past the first check of a call.
+_SMALL = st.integers(0, 64)
+_FIELDS = st.lists(st.one_of(st.integers(), st.text(max_size=3), st.none()), max_size=5)
+_RECORDS = st.one_of(st.tuples(st.integers(-5, 5), st.integers()), _FIELDS, _FIELDS.map(tuple),
+                     _FIELDS.map(Shrinking), _FIELDS.map(ShrinkingTuple), _FIELDS.map(LyingLength),
+                     st.text(max_size=3), st.binary(max_size=8), st.none(), st.integers())
+PLAUSIBLE = {
+    **dict.fromkeys(("offset", "index", "start", "reader_index", "writer_index", "position",
+                     "length", "n", "count", "size", "src_offset", "dst_offset", "value"),
+                    _SMALL),
+    "num_segments": st.integers(1, 64), "segment_size": st.integers(1, 4096),
+    "alignment": st.sampled_from([64, 4096]),
+    **dict.fromkeys(("min_buffers", "num_buffers", "max_overdraft_buffers"), st.integers(0, 4)),
+    **dict.fromkeys(("max_buffers", "max_buffers_per_channel"),
+                    st.one_of(st.none(), st.integers(1, 8))),
+    **dict.fromkeys(("num_subpartitions", "num_channels", "parallelism", "num_partitions",
+                     "num_tasks"), st.integers(1, 4)),
+    **dict.fromkeys(("subpartition", "channel", "key_group"), st.one_of(st.none(), st.integers(0, 3))),
+    **dict.fromkeys(("timeout", "buffer_timeout", "window", "interval"),
+                    st.sampled_from([0, 0.001, 0.01, 0.5, None])),
+    "big_endian": st.booleans(),
+    **dict.fromkeys(("record", "data", "payload", "key", "obj", "hash_code", "code"), _RECORDS),
+    "records": st.lists(_RECORDS, max_size=4),
+    "codec": st.sampled_from(["typed", "bytes", "pickle"]),
+    "name": st.one_of(st.none(), st.text(max_size=4)),
+    "max_parallelism": st.one_of(st.none(), st.integers(1, 256)),
+    "max_record_size": st.integers(1, 1 << 20),
+    "selector": st.one_of(st.sampled_from(["hash", "round_robin", "broadcast", "backlog_aware"]),
+                          st.builds(fb.HashSelector, st.sampled_from([None, 0, 1]))),
+    **dict.fromkeys(("partition", "producer"), st.just(Ref("partition"))),
+    **dict.fromkeys(("network_pool", "network_buffer_pool", "nbp"), st.just(Ref("nbp"))),
+    "pool": st.just(Ref("pool")), "buffer": st.just(Ref("buffer")),
+    **dict.fromkeys(("segment", "target", "other"), st.just(Ref("segment"))),
+    "event": st.just(Ref("event")),
+    "writers": st.just([Ref("writer")]), "gates": st.just([Ref("gate")]),
+    "channels": st.just([(Ref("partition"), 0)]),
+    **dict.fromkeys(("fn", "callback", "listener", "monitor"),
+                    st.sampled_from([_returning(0), _returning(None)])),
+    **dict.fromkeys(("exc", "cause", "error"), st.just(RuntimeError("hostile"))),
+    "secret": st.just(b"s" * 32), "host": st.just("127.0.0.1"), "port": st.just(0),
+    "transport": st.sampled_from(["auto", "tcp", "unix"]),
+    "keys": st.lists(st.one_of(st.integers(), st.text(max_size=2)), max_size=5),
+}
+
+
+# ---- the example's objects ------------------------------------------------------------
+
+class World:
+    """Fresh objects for one example, and closing them all (which must wake
+    any call that waits on them)."""
+
+    def __init__(self, network=False):
+        self.nbp = fb.NetworkBufferPool(32, 256)
+        self.pool = self.nbp.create_buffer_pool(2, 8, num_subpartitions=2,
+                                                max_buffers_per_channel=4)
+        self.buffer = self.pool.request_buffer()
+        self.segment = fb.MemorySegment.allocate(64)
+        self.partition = fb.create_partition(self.nbp, 2, name="hostile")
+        self.subpartition = self.partition.subpartition(0)
+        self.selector = fb.HashSelector(0)
+        self.writer = fb.RecordWriter(self.partition, self.selector, buffer_timeout=None)
+        self.gate = fb.InputGate([(self.partition, 0), (self.partition, 1)])
+        self.channel = fb.LocalInputChannel(fb.create_partition(self.nbp, 1), 0)
+        self.serializer = fb.RecordSerializer()
+        self.deserializer = fb.RecordDeserializer(max_record_size=1 << 16)
+        self.event = fb.UserEvent(b"e")
+        self.metrics = fb.TaskMetrics("hostile", writers=[self.writer], gates=[self.gate])
+        self.env = None
+        if network:
+            from flinkbuf.network import NetworkEnvironment
+            self.env = NetworkEnvironment(16, 256, secret=b"s" * 32, connect_timeout=0.2,
+                                          request_timeout=0.2, io_timeout=0.5)
+
+    def resolve(self, value, depth=0):
+        if isinstance(value, Ref):
+            return getattr(self, value.name)
+        if isinstance(value, Fresh):
+            return value.make()
+        if depth < 4 and type(value) in (list, tuple):
+            return type(value)(self.resolve(v, depth + 1) for v in value)
+        return value
+
+    def close(self):
+        for step in (self.gate.close,
+                     lambda: self.writer.fail(RuntimeError("closed")),
+                     self.partition.release, self.deserializer.close,
+                     lambda: self.buffer.is_recycled or self.buffer.recycle(),
+                     self.pool.destroy, self.nbp.destroy,
+                     lambda: self.segment.free() if not self.segment.is_freed else None,
+                     lambda: self.env is not None and self.env.close()):
+            try:
+                step()
+            except Exception:   # noqa: BLE001 - already closed, or never opened
+                pass
+
+
+# ---- targets --------------------------------------------------------------------------
+
+def _methods(obj):
+    names = []
+    for name in dir(obj):
+        if name.startswith("_") and name not in ("__getitem__", "__call__", "__next__",
+                                                 "__contains__", "__eq__", "__lt__"):
+            continue
+        try:
+            attr = getattr(obj, name)
+        except Exception:       # noqa: BLE001 - a property that refuses: not a method
+            continue
+        if callable(attr) and not isinstance(attr, type):
+            names.append(name)
+    return names
+
+
+def _settable(obj):
+    return [name for name, d in vars(type(obj)).items()
+            if not name.startswith("_") and hasattr(d, "__set__")]
+
+
+def _instance_targets(attr, network=False):
+    """A target per public method and settable property of the example's
+    object ``attr``, labelled by its type."""
+    probe = World(network)
+    try:
+        obj = getattr(probe, attr)
+        label = type(obj).__name__
+        methods, props = _methods(obj), _settable(obj)
+    finally:
+        probe.close()
+    out = [(f"{label}.{m}()", network, (lambda m: lambda w: getattr(getattr(w, attr), m))(m))
+           for m in methods]
+    out += [(f"{label}.{p} =", network,
+             (lambda p: lambda w: lambda v=None, *rest, **kw: setattr(getattr(w, attr), p, v))(p))
+            for p in props]
+    return out
+
+
+def _lookup(enum):
+    """An enum's lookup by value (its other calls are the standard
+    library's functional API)."""
+    def lookup(value):
+        return enum(value)
+    return lookup
+
+
+def _fixed(label, fn, network=False):
+    return [(label, network, lambda w: fn)]
+
+
+def _selector_targets():
+    out = []
+    for cls in (fb.RoundRobinSelector, fb.RescaleSelector, fb.HashSelector,
+                fb.BroadcastSelector, fb.ForwardSelector, fb.GlobalSelector,
+                fb.CustomSelector, fb.BacklogAwareRebalanceSelector):
+        out += _fixed(cls.__name__, cls)
+    out += _fixed("HashSelector.by_first_field", fb.HashSelector.by_first_field)
+
+    def set_up(make, n):
+        def target(w):
+            selector = make()
+            selector.setup(n)
+            return selector.select_channel
+        return target
+    for label, make in (("HashSelector(0)", lambda: fb.HashSelector(0)),
+                        ("HashSelector(1)", lambda: fb.HashSelector(1)),
+                        ("HashSelector(3)", lambda: fb.HashSelector(3)),
+                        ("HashSelector()", fb.HashSelector),
+                        ("HashSelector(key=fn)", lambda: fb.HashSelector(key=lambda r: r)),
+                        ("HashSelector.by_first_field()", fb.HashSelector.by_first_field),
+                        ("RoundRobinSelector()", fb.RoundRobinSelector),
+                        ("CustomSelector(fn)", lambda: fb.CustomSelector(lambda r, n: r)),
+                        ("GlobalSelector()", fb.GlobalSelector)):
+        for n in (1, 4):
+            out.append((f"{label}.select_channel [{n} channels]", False, set_up(make, n)))
+    for label, selector in (("key index 1", lambda: fb.HashSelector(1)),
+                            ("pairs", fb.HashSelector.by_first_field),
+                            ("custom", lambda: fb.CustomSelector(lambda r, n: r)),
+                            ("backlog aware", fb.BacklogAwareRebalanceSelector)):
+        def emit(w, selector=selector):
+            writer = fb.RecordWriter(fb.create_partition(w.nbp, 3), selector(),
+                                     buffer_timeout=None)
+            return writer.emit
+        out.append((f"RecordWriter({label}).emit", False, emit))
+    return out
+
+
+def _spark_targets():
+    from flinkbuf import spark
+    out = []
+    for name in ("key_partitions", "local_pipeline", "LocalPipeline", "pipelined_exchange",
+                 "arrow_exchange", "ExchangeTask", "current_task", "close_rendezvous"):
+        out += _fixed(f"spark.{name}", getattr(spark, name))
+    return out
+
+
+def _network_targets():
+    from flinkbuf import network
+    out = _fixed("NetworkEnvironment", network.NetworkEnvironment)
+    out += _fixed("format_address", network.format_address)
+    out += _fixed("Connection", network.Connection)
+    out += _fixed("RemoteInputChannel", network.RemoteInputChannel)
+    out += _instance_targets("env", network=True)
+    return out
+
+
+GROUPS = {
+    "buffer": lambda: (
+        _fixed("NetworkBufferPool", fb.NetworkBufferPool)
+        + _fixed("MemorySegment", fb.MemorySegment)
+        + _fixed("MemorySegment.allocate", fb.MemorySegment.allocate)
+        + _fixed("redistribute", fb.redistribute)
+        + _fixed("DataType", _lookup(fb.DataType))
+        + _fixed("debug_counters", fb.buffer.debug_counters)
+        + _instance_targets("nbp") + _instance_targets("pool")
+        + _instance_targets("buffer") + _instance_targets("segment")),
+    "serialization": lambda: (
+        _fixed("RecordSerializer", fb.RecordSerializer)
+        + _fixed("RecordDeserializer", fb.RecordDeserializer)
+        + _fixed("encode", fser.encode) + _fixed("decode", fser.decode)
+        + _fixed("SerializationResult", _lookup(fb.SerializationResult))
+        + _instance_targets("serializer")
+        + _instance_targets("deserializer")),
+    "selectors": _selector_targets,
+    "io": lambda: (
+        [(f"io.{name}", False, (lambda f: lambda w: f)(getattr(fio, name)))
+         for name in ("create_partition", "ResultPartition", "RecordWriter", "InputGate",
+                      "LocalInputChannel", "UserEvent", "pointwise_connections",
+                      "assign_key_to_operator", "java_hash_code", "key_group_for_hash",
+                      "murmur_hash", "operator_index_for_key_group",
+                      "default_max_parallelism", "monotonic_ns", "ChannelSelector",
+                      "Event", "InputChannel")]
+        + _fixed("TaskMetrics", fb.TaskMetrics)
+        + _instance_targets("partition")
+        + _instance_targets("subpartition")
+        + _instance_targets("writer") + _instance_targets("gate")
+        + _instance_targets("channel") + _instance_targets("event")
+        + _instance_targets("metrics")),
+    "network": _network_targets,
+    "spark": _spark_targets,
+}
+
+
+# ---- running ----------------------------------------------------------------------------
+
+def _parameters(target):
+    """``target``'s parameters (positional ones, keyword-only ones), or
+    None when it has no signature to read."""
+    try:
+        sig = inspect.signature(target)
+    except (TypeError, ValueError):
+        return None
+    positional, keyword = [], []
+    for p in sig.parameters.values():
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            positional.append(p)
+        elif p.kind == p.KEYWORD_ONLY:
+            keyword.append(p)
+    return positional, keyword
+
+
+def _draw_call(data, target):
+    """Arguments for ``target``: by its signature, each parameter plausible
+    three times in four and hostile otherwise, optional ones sometimes
+    left out, and now and then an extra argument; free-form without a
+    signature."""
+    params = _parameters(target)
+    if params is None:
+        return data.draw(ARGS)
+    positional, keyword = params
+    args, kwargs = [], {}
+
+    def value(p):
+        plausible = PLAUSIBLE.get(p.name)
+        if plausible is not None and data.draw(st.integers(0, 3)):
+            return data.draw(plausible)
+        return data.draw(HOSTILE)
+    for p in positional:
+        if p.default is not p.empty and not data.draw(st.booleans()):
+            break
+        args.append(value(p))
+    for p in keyword:
+        if p.default is p.empty or data.draw(st.booleans()):
+            kwargs[p.name] = value(p)
+    if not data.draw(st.integers(0, 9)):
+        args.append(data.draw(HOSTILE))
+    return args, kwargs
+
+
+def _call(label, network, get_target, data):
+    world = World(network)
+    timer = threading.Timer(WAKE_SECONDS, world.close)
+    timer.daemon = True
+    faulthandler.dump_traceback_later(HANG_SECONDS, exit=True)
+    try:
+        target = get_target(world)
+        args, kwargs = _draw_call(data, target)
+        timer.start()
+        try:
+            result = target(*world.resolve(args), **{k: world.resolve(v)
+                                                     for k, v in kwargs.items()})
+            if hasattr(result, "__next__") and not isinstance(result, (fb.InputGate,)):
+                for _, _ in zip(range(3), result):
+                    pass
+            OUTCOMES[label]["returned"] += 1
+        except INTERNAL as exc:
+            if isinstance(exc, AttributeError) and label.endswith(" ="):
+                return                              # a read-only property
+            raise AssertionError(f"{label}(*{args!r}, **{kwargs!r}) raised an internal "
+                                 f"error: {type(exc).__name__}: {exc}\n"
+                                 + "".join(traceback.format_tb(exc.__traceback__)[-2:])) \
+                from exc
+        except Exception as exc:    # noqa: BLE001 - a clear refusal is the expected outcome
+            OUTCOMES[label][type(exc).__name__] += 1
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        timer.cancel()
+        world.close()
+
+
+OUTCOMES = collections.defaultdict(collections.Counter)
+
+
+def run(group, max_examples):
+    targets = GROUPS[group]()
+    assert targets, group
+    failures = []
+    for label, network, get_target in targets:
+        print(f"-- {label}", file=sys.stderr, flush=True)
+
+        @settings(max_examples=max_examples, deadline=None, database=None,
+                  suppress_health_check=list(HealthCheck), print_blob=False)
+        @given(st.data())
+        def check(data):
+            _call(label, network, get_target, data)
+
+        try:
+            check()
+        except Exception as exc:    # noqa: BLE001 - reported below, with every other
+            failures.append(f"{label}: {exc}")
+        gc.collect()
+    returned = sum(1 for label, _, _ in targets if OUTCOMES[label]["returned"])
+    print(f"{group}: {len(targets)} targets, {max_examples} examples each; "
+          f"{returned} returned normally at least once", flush=True)
+    if os.environ.get("HOSTILE_VERBOSE"):
+        for label, counts in OUTCOMES.items():
+            print(f"  {label}: {dict(counts.most_common())}")
+    if failures:
+        print(f"{len(failures)} of {len(targets)} targets failed:", *failures, sep="\n",
+              file=sys.stderr)
+        sys.exit(1)
+
+
+def run_shrinking(seconds):
+    """Lists that another thread shrinks and grows while selectors, a
+    writer, the typed codec and the key hash read them: every read must
+    see a length it can trust, and every outcome is a channel, a clear
+    IndexError, or a record that decodes."""
+    shared = [[1, 2, 3, 4] for _ in range(4)]
+    stop = threading.Event()
+    mutations = []
+
+    def mutate():
+        k = 0
+        while not stop.is_set():
+            for lst in shared:
+                if k % 7 == 0:
+                    lst.clear()
+                elif lst and k & 1:
+                    lst.pop()
+                else:
+                    lst.extend((7, 8, 9))
+                k += 1
+        mutations.append(k)
+
+    nbp = fb.NetworkBufferPool(64, 256)
+    readers = []
+    for make in (lambda: fb.HashSelector(0), lambda: fb.HashSelector(1),
+                 lambda: fb.HashSelector(3), fb.HashSelector.by_first_field, fb.HashSelector):
+        selector = make()
+        selector.setup(4)
+        readers.append(selector.select_channel)
+    partition = fb.create_partition(nbp, 2, min_buffers=16)
+    writer = fb.RecordWriter(partition, fb.HashSelector(2), buffer_timeout=None)
+    gate = fb.InputGate([(partition, 0), (partition, 1)])
+    received, errors = [], []
+
+    def consume():              # every record the writer sent decodes to a list
+        try:
+            for record in gate:
+                assert type(record) is list and len(record) >= 3, record
+                received.append(len(record))
+        except BaseException as exc:    # noqa: BLE001 - fails the run below
+            errors.append(exc)
+
+    serializer = fb.RecordSerializer()
+    readers += [writer.emit, serializer.serialize_record, fio.java_hash_code, fser.encode]
+    threads = [threading.Thread(target=mutate, daemon=True),
+               threading.Thread(target=consume, daemon=True)]
+    for t in threads:
+        t.start()
+    outcomes = collections.Counter()
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline:
+            for read in readers:
+                for lst in shared:
+                    try:
+                        read(lst)
+                        outcomes["ok"] += 1
+                    except IndexError:
+                        outcomes["IndexError"] += 1
+                    except RuntimeError as exc:     # the codec: "changed size"
+                        assert "changed size" in str(exc), exc
+                        outcomes["RuntimeError"] += 1
+                    serializer.clear()
+    finally:
+        stop.set()
+        writer.close()
+        threads[1].join(HANG_SECONDS)
+        threads[0].join()
+        gate.close()
+        nbp.destroy()
+    assert not threads[1].is_alive(), "the consumer did not see the end of the partition"
+    assert not errors, errors
+    assert mutations and mutations[0] > 1000, "the lists were hardly changed"
+    assert outcomes["ok"] and outcomes["IndexError"] and received, outcomes
+    print(f"shrinking lists: {mutations[0]} changes, {dict(outcomes)}, {len(received)} "
+          f"records received", flush=True)
+
+
+def main():
+    if sys.argv[1] == "shrinking":
+        faulthandler.enable()
+        faulthandler.dump_traceback_later(HANG_SECONDS, exit=True)
+        sys.setswitchinterval(1e-6)
+        run_shrinking(float(sys.argv[2]))
+        return
+    group, max_examples = sys.argv[1], int(sys.argv[2])
+    faulthandler.enable()
+    # A call that tries to allocate more than this fails with MemoryError
+    # instead of taking the machine's memory.
+    limit = 6 << 30
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    warnings.simplefilter("ignore")
+    sys.unraisablehook = lambda unraisable: None
+    threading.excepthook = lambda args: None
+    sys.setswitchinterval(1e-5)         # threads interleave often
+    run(group, max_examples)
+
+
+if __name__ == "__main__":
+    main()
