@@ -21,6 +21,7 @@ __all__ = [
     "AuthenticationError",
     "PartitionNotFoundError",
     "RemoteError",
+    "InsufficientSlotsError",
 ]
 
 
@@ -93,3 +94,8 @@ class RemoteError(FlinkbufError):
 
     def __reduce__(self):
         return (type(self), (self.type_name, self.message))
+
+
+class InsufficientSlotsError(FlinkbufError, RuntimeError):
+    """A barrier stage needs a task slot for each of its tasks at once, and
+    the Spark master offers fewer."""

@@ -392,6 +392,50 @@ def test_bad_arguments_are_refused_on_the_driver(sc):
     assert pipelined_exchange(rdd, num_partitions=2, selector="round_robin").count() == 10
 
 
+def test_key_none_keys_pairs_by_their_first_field_and_other_records_whole(sc):
+    """An RDD of strings is hashed by the whole string (not its first
+    character), an RDD of pairs by the pair's first field."""
+    words = [f"w{i % 50}" for i in range(2000)] + ["a", "ab", "abc"]
+    ours = pipelined_exchange(sc.parallelize(words, 3), sorted).glom().collect()
+    for j, part in enumerate(ours):
+        assert part and all(assign_key_to_operator(w, 3) == j for w in part)
+    assert sorted(w for part in ours for w in part) == sorted(words)
+    pairs = [(f"k{i % 7}", i) for i in range(500)] + [[f"k{i % 7}", -i] for i in range(50)]
+    ours = pipelined_exchange(sc.parallelize(pairs, 2)).glom().collect()
+    for j, part in enumerate(ours):
+        assert all(assign_key_to_operator(r[0], 2) == j for r in part)
+
+
+def test_a_key_index_the_records_lack_fails_the_job_with_a_clear_error(sc):
+    """key=5 on pairs: every task raises IndexError naming the key and the
+    record's length; no Python worker crashes (they are reused after)."""
+    rdd = sc.parallelize([(i, i) for i in range(1000)], 2)
+    message, took = _job_error(lambda: pipelined_exchange(rdd, key=5).count())
+    assert "IndexError: key index 5 is out of range for a record of length 2 (tuple)" \
+        in message, message
+    assert "Segmentation fault" not in message and took < 30
+    assert pipelined_exchange(rdd, key=1).count() == 1000
+    assert leftovers(sc, SLOTS) == []
+
+
+def test_too_few_slots_fail_at_once_with_what_to_set(sc):
+    from flinkbuf.spark import InsufficientSlotsError, arrow_exchange
+
+    rdd = sc.parallelize(range(10), SLOTS + 1)
+    start = time.monotonic()
+    with pytest.raises(InsufficientSlotsError,
+                       match=rf"{SLOTS + 1} tasks at once .* master local\[{SLOTS}\] has "
+                             rf"{SLOTS} task slots: use a master such as "
+                             rf"local\[{SLOTS + 1}\], or repartition the input to "
+                             rf"{SLOTS} partitions or fewer"):
+        pipelined_exchange(rdd)
+    df = rdd.map(lambda i: (i,)).toDF(["k"])
+    with pytest.raises(InsufficientSlotsError, match="task slots"):
+        arrow_exchange(df, iter, "k", "k long")
+    assert time.monotonic() - start < 10
+    assert isinstance(InsufficientSlotsError("x"), RuntimeError)
+
+
 # ---- the driver's rendezvous ----------------------------------------------------------
 
 

@@ -82,3 +82,87 @@ def test_max_parallelism_not_a_power_of_two():
     for mp in (7, 100, 129, 32768):
         got = key_partitions(keys, 5, mp)
         assert got.tolist() == [assign_key_to_operator(int(k), 5, mp) for k in keys]
+
+
+_KEYS = st.one_of(st.booleans(), st.integers(-2**70, 2**70), st.floats(), st.text(max_size=3),
+                  st.binary(max_size=3), st.none(),
+                  st.tuples(st.integers(-5, 5), st.text(max_size=2)))
+
+
+def _expected(keys, n, mp=None):
+    mp = default_max_parallelism(n) if mp is None else mp
+    return [0 if k is None else assign_key_to_operator(k, n, mp) for k in keys]
+
+
+@given(st.lists(_KEYS, max_size=40), st.integers(1, 40))
+def test_a_sequence_of_any_keys_as_the_hash_selector(keys, n):
+    """A list keeps its Python values: ints beside floats, ints beyond
+    int64, 1 beside 1.0 and True, 0.0 beside -0.0 each hash as Java
+    would (numpy's coercion would merge or convert them)."""
+    assert key_partitions(keys, n).tolist() == _expected(keys, n)
+    assert key_partitions(tuple(keys), n).tolist() == _expected(keys, n)
+
+
+@pytest.mark.parametrize("dtype", [np.bool_, np.int8, np.uint8, np.int32, np.uint32, np.int64,
+                                   np.uint64, np.float32, np.float64, np.str_, np.bytes_])
+def test_numpy_arrays_of_every_key_dtype(dtype):
+    if dtype is np.bool_:
+        values = [True, False, True]
+    elif dtype in (np.str_, np.bytes_):
+        values = [dtype(x) for x in ("a", "bc", "a", "")]
+    elif np.dtype(dtype).kind == "f":
+        values = [1.5, -0.0, 0.0, float("nan"), float("inf"), 2.0]
+    else:
+        info = np.iinfo(dtype)
+        values = [info.min, info.max, 0, 1, info.max // 2 + 1]
+    arr = np.array(values, dtype=dtype)
+    python = arr.tolist()
+    for n, mp in ((3, None), (8, 16), (5, 5)):
+        assert key_partitions(arr, n, mp).tolist() == _expected(python, n, mp), (dtype, n)
+    if np.dtype(dtype).kind not in "US":
+        assert key_partitions(pa.array(arr), 8, 16).tolist() == _expected(python, 8, 16)
+
+
+def test_boolean_keys_hash_as_java_booleans():
+    keys = [True, False, None]
+    for form in (keys, np.array(keys[:2]), pa.array(keys)):
+        got = key_partitions(form, 8, 16).tolist()
+        assert got == _expected(keys[:len(got)], 8, 16)
+    assert assign_key_to_operator(True, 8, 16) != assign_key_to_operator(1, 8, 16)
+
+
+@pytest.mark.parametrize("args, error, message", [
+    ((np.arange(3), 0), ValueError, "num_partitions must be in"),
+    ((np.arange(3), -1), ValueError, "num_partitions"),
+    ((np.arange(3), 2.0), TypeError, "num_partitions must be an int"),
+    ((np.arange(3), True), TypeError, "num_partitions must be an int"),
+    ((np.arange(3), 4, 0), ValueError, "max_parallelism must be in \\[4, 32768\\]"),
+    ((np.arange(3), 4, 2), ValueError, "max_parallelism must be in \\[4, 32768\\]"),
+    ((np.arange(3), 40000), ValueError, "num_partitions"),
+    ((np.zeros((2, 2)), 2), ValueError, "one-dimensional"),
+    (("abc", 2), TypeError, "keys must be"),
+    ((7, 2), TypeError, "keys must be"),
+    ((np.array(["2020-01-01"], dtype="datetime64[D]"), 2), TypeError, "datetime64"),
+    (([object()], 2), TypeError, "cannot hash a key of type object"),
+])
+def test_key_partitions_refuses_bad_arguments(args, error, message):
+    with pytest.raises(error, match=message):
+        key_partitions(*args)
+
+
+def test_key_partitions_needs_no_pyarrow_for_numpy_and_sequences():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['pyarrow'] = None\n"   # import pyarrow fails
+        "import numpy as np\n"
+        "from flinkbuf.spark import key_partitions\n"
+        "from flinkbuf.io import assign_key_to_operator as a\n"
+        "keys = ['x', 'y', 'z']\n"
+        "assert key_partitions(keys, 3).tolist() == [a(k, 3) for k in keys]\n"
+        "assert key_partitions(np.arange(5), 2).tolist() == [a(k, 2) for k in range(5)]\n"
+        "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.stdout.strip() == "ok", out.stderr

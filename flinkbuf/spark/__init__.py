@@ -15,6 +15,7 @@ PySpark is imported only when a function needs it (``pip install
 ``PYSPARK_PYTHON`` to an interpreter that has it before the session starts.
 """
 
+from flinkbuf.errors import InsufficientSlotsError
 from flinkbuf.spark.exchange import (
     RENDEZVOUS,
     SELECTORS,
@@ -26,6 +27,7 @@ from flinkbuf.spark.exchange import (
 from flinkbuf.spark.arrow import arrow_exchange, key_partitions
 from flinkbuf.spark.local import LocalPipeline, local_pipeline
 
-__all__ = ["RENDEZVOUS", "SELECTORS", "ExchangeTask", "LocalPipeline", "arrow_exchange",
+__all__ = ["RENDEZVOUS", "SELECTORS", "ExchangeTask", "InsufficientSlotsError",
+           "LocalPipeline", "arrow_exchange",
            "close_rendezvous", "current_task", "key_partitions", "local_pipeline",
            "pipelined_exchange"]

@@ -13,11 +13,21 @@ which, like every record, was copied once out of the network buffers).
 import numpy as np
 
 from flinkbuf.io import default_max_parallelism
-from flinkbuf.spark.exchange import _make_spec, _run_task, _serve_while, _start_rendezvous
+from flinkbuf.spark.exchange import (
+    _check_int,
+    _check_slots,
+    _make_spec,
+    _run_task,
+    _serve_while,
+    _start_rendezvous,
+)
 
 __all__ = ["arrow_exchange", "key_partitions"]
 
 _SCHEMA, _BATCH = 0, 1
+# Spark's types of the key columns arrow_exchange hashes (as Java would).
+_KEY_TYPES = frozenset(("boolean", "byte", "short", "integer", "long", "float", "double",
+                        "string", "binary"))
 _INT32_MIN = np.iinfo(np.int32).min
 
 
@@ -82,10 +92,60 @@ def _int_partitions(values, table, max_parallelism):
     if hi - lo < len(values) // 2:
         span = np.arange(hi - lo + 1, dtype=np.int64)
         span += np.int64(lo)                      # the range itself: no overflow
-        per_value = table[_murmur(_java_int_codes(span, lo, hi)) % np.uint32(max_parallelism)]
+        per_value = _hashed(_java_int_codes(span, lo, hi), table, max_parallelism)
         offsets = values - np.int64(lo)           # in [0, hi - lo]: no overflow
         return per_value[offsets]
-    return table[_murmur(_java_int_codes(values, lo, hi)) % np.uint32(max_parallelism)]
+    return _hashed(_java_int_codes(values, lo, hi), table, max_parallelism)
+
+
+def _hashed(codes, table, max_parallelism):
+    """The partition of each int32 hash code (a uint32 array, consumed)."""
+    return table[_murmur(codes) % np.uint32(max_parallelism)]
+
+
+def _numpy_partitions(values, table, max_parallelism):
+    """The partition of each key of a 1-D numpy array: booleans as Java's
+    ``Boolean``, integers vectorized (:func:`_int_partitions`), floats,
+    str, bytes and uint64 values of 2**63 and more once per distinct value,
+    the objects of an object array one by one (``None`` to partition 0, as
+    a null), all with :func:`~flinkbuf.io.java_hash_code`."""
+    kind = values.dtype.kind
+    if kind == "b":
+        return _hashed(np.where(values, np.uint32(1231), np.uint32(1237)), table,
+                       max_parallelism)
+    if kind == "i" or (kind == "u" and (values.dtype.itemsize < 8 or not len(values)
+                                        or int(values.max()) < 2**63)):
+        return _int_partitions(values.astype(np.int64, copy=False), table, max_parallelism)
+    if kind in "mMcV":
+        raise TypeError(f"cannot hash keys of dtype {values.dtype} as Java would: convert "
+                        "them to int64, str or bytes first")
+    if kind == "O":
+        # One by one: Python's equality would merge keys that Java hashes
+        # apart (1, 1.0 and True; 0.0 and -0.0).
+        from flinkbuf.io import java_hash_code
+
+        nulls = np.fromiter((v is None for v in values), dtype=bool, count=len(values))
+        codes = np.fromiter((0 if v is None else java_hash_code(v) & 0xFFFFFFFF
+                             for v in values), dtype=np.uint32, count=len(values))
+        parts = _hashed(codes, table, max_parallelism)
+        parts[nulls] = 0
+        return parts
+    if kind == "f":       # by bit pattern: Java tells -0.0 from 0.0, and np.unique does not
+        uniques, inverse = np.unique(values.astype(np.float64).view(np.uint64),
+                                     return_inverse=True)
+        distinct = uniques.view(np.float64).tolist()
+    else:                                         # str, bytes, big uint64: sorted in numpy
+        uniques, inverse = np.unique(values, return_inverse=True)
+        distinct = uniques.tolist()
+    return _distinct_partitions(distinct, table, max_parallelism)[inverse]
+
+
+def _distinct_partitions(distinct, table, max_parallelism):
+    """The partition of each key of a list of distinct keys."""
+    from flinkbuf.io import java_hash_code
+
+    codes = np.array([java_hash_code(u) & 0xFFFFFFFF for u in distinct], dtype=np.uint32)
+    return _hashed(codes, table, max_parallelism)
 
 
 def _partitions(keys, max_parallelism, table):
@@ -98,40 +158,63 @@ def _partitions(keys, max_parallelism, table):
     null_mask = keys.is_null().to_numpy(zero_copy_only=False) if keys.null_count else None
     if pa.types.is_integer(keys.type) or pa.types.is_boolean(keys.type):
         if null_mask is not None:
-            keys = keys.fill_null(0)
-        values = keys.to_numpy(zero_copy_only=False)
-        if values.dtype != np.int64:
-            values = values.astype(np.int64)
-        parts = _int_partitions(values, table, max_parallelism)
+            keys = keys.fill_null(False if pa.types.is_boolean(keys.type) else 0)
+        parts = _numpy_partitions(keys.to_numpy(zero_copy_only=False), table, max_parallelism)
     else:
-        from flinkbuf.io import java_hash_code
-
         encoded = keys.dictionary_encode()
         uniques = encoded.dictionary.to_pylist()
         if not uniques:
             return np.zeros(len(keys), dtype=table.dtype)
-        codes = np.array([java_hash_code(u) & 0xFFFFFFFF for u in uniques], dtype=np.uint32)
-        per_unique = table[_murmur(codes) % np.uint32(max_parallelism)]
+        per_unique = _distinct_partitions(uniques, table, max_parallelism)
         parts = per_unique[encoded.indices.fill_null(0).to_numpy(zero_copy_only=False)]
     if null_mask is not None:
         parts[null_mask] = 0
     return parts
 
 
-def key_partitions(keys, num_partitions, max_parallelism=None):
-    """The partition of each key of ``keys`` (an Arrow array or chunked
-    array, or a numpy array) among ``num_partitions``, as the hash selector
-    and :func:`flinkbuf.io.assign_key_to_operator` assign them (Flink's key
-    groups): integer keys vectorized in numpy, other keys (strings, bytes,
-    floats, ...) hashed once per distinct value.  Returns an int64 numpy
-    array.  Null keys go to partition 0."""
-    import pyarrow as pa
+def _is_arrow(keys):
+    return type(keys).__module__.split(".")[0] == "pyarrow"
 
+
+def _as_key_array(keys):
+    """``keys`` as a 1-D numpy array.  A sequence becomes an array of its
+    objects as they are (numpy would turn ints beyond int64, or ints beside
+    floats, into floats, and tuples into rows of a 2-D array)."""
+    if isinstance(keys, np.ndarray):
+        if keys.ndim != 1:
+            raise ValueError(f"keys must be one-dimensional, got an array of shape {keys.shape}")
+        return keys
+    if isinstance(keys, (str, bytes)) or not hasattr(keys, "__len__"):
+        raise TypeError(f"keys must be an Arrow array, a numpy array or a sequence of keys, "
+                        f"got {type(keys).__name__}")
+    items = list(keys)
+    values = np.empty(len(items), dtype=object)
+    values[:] = items
+    return values
+
+
+def key_partitions(keys, num_partitions, max_parallelism=None):
+    """The partition of each key of ``keys`` among ``num_partitions``, as
+    the hash selector and :func:`flinkbuf.io.assign_key_to_operator` assign
+    them (Flink's key groups); returns an int64 numpy array.
+
+    ``keys``: an Arrow array or chunked array, a one-dimensional numpy
+    array, or a sequence of keys (pyarrow is needed for Arrow input only).
+    Integer and boolean keys are hashed vectorized in numpy, other keys
+    (strings, bytes, floats, tuples, ...) once per distinct value.  Null
+    keys (``None``) go to partition 0.  ``max_parallelism``: the number of
+    key groups, at least ``num_partitions`` (default: as the exchanges
+    choose it)."""
+    _check_int(num_partitions, "num_partitions", 1, 32768)
     if max_parallelism is None:
         max_parallelism = default_max_parallelism(num_partitions)
-    if isinstance(keys, np.ndarray):
-        keys = pa.array(keys)
-    parts = _partitions(keys, max_parallelism, _partition_table(num_partitions, max_parallelism))
+    else:
+        _check_int(max_parallelism, "max_parallelism", num_partitions, 32768)
+    table = _partition_table(num_partitions, max_parallelism)
+    if _is_arrow(keys):
+        parts = _partitions(keys, max_parallelism, table)
+    else:
+        parts = _numpy_partitions(_as_key_array(keys), table, max_parallelism)
     return parts.astype(np.int64)
 
 
@@ -211,8 +294,8 @@ def arrow_exchange(df, fn, key, schema, *, segment_size=32768, buffers_per_chann
     hash of the key column (Flink's key groups, as the hash selector and
     :func:`key_partitions`), sent as Arrow IPC messages through flinkbuf
     (one message per piece of an input batch, so ``max_record_size`` must
-    hold the largest piece), and read in place from the received record.  Memory, timeouts,
-    failures, ``host``, ``monitor`` and ``rendezvous``: as
+    hold the largest piece), and read in place from the received record.  Slots, memory,
+    timeouts, failures, ``host``, ``monitor`` and ``rendezvous``: as
     :func:`pipelined_exchange`, except that the driver's rendezvous serves
     as long as the returned DataFrame itself is referenced (a DataFrame
     made from it does not keep it up), then until no task has registered
@@ -232,6 +315,15 @@ def arrow_exchange(df, fn, key, schema, *, segment_size=32768, buffers_per_chann
         raise TypeError(f"key must be a column name, got {type(key).__name__}")
     if key not in df.columns:
         raise ValueError(f"key {key!r} is not a column of the DataFrame ({', '.join(df.columns)})")
+    key_type = df.schema[key].dataType.typeName()
+    if key_type not in _KEY_TYPES:
+        raise TypeError(f"cannot hash key column {key!r} of type {key_type}: key columns are "
+                        f"{', '.join(sorted(_KEY_TYPES))} (cast it, say to a string)")
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError as exc:
+        raise ImportError("arrow_exchange needs pyarrow: pip install 'flinkbuf[spark]'") \
+            from exc
     n = df.rdd.getNumPartitions()
     if max_parallelism is None:
         max_parallelism = default_max_parallelism(n)
@@ -243,10 +335,13 @@ def arrow_exchange(df, fn, key, schema, *, segment_size=32768, buffers_per_chann
                       host=host, timeout=timeout, monitor=monitor, rendezvous=rendezvous,
                       produce=_route(key, max_parallelism), read=_batches)
 
+    sc = df.sparkSession.sparkContext
+    _check_slots(sc, n, spec.timeout)
+
     def task(batches):
         return _run_task(spec, batches)
 
-    server = _start_rendezvous(df.sparkSession.sparkContext, spec, n)
+    server = _start_rendezvous(sc, spec, n)
     try:
         result = df.mapInArrow(task, schema, barrier=True)
     except BaseException:

@@ -29,6 +29,7 @@ import time
 import weakref
 
 from flinkbuf.errors import (
+    InsufficientSlotsError,
     PartitionReleasedError,
     ProducerFailedError,
     RemoteConnectionError,
@@ -148,7 +149,9 @@ def _make_selector(selector, key, num_tasks, max_parallelism):
         fn = selector
         return CustomSelector(lambda record, n: fn(record, n))
     if selector == "hash":
-        return HashSelector(0 if key is None else key, max_parallelism=max_parallelism)
+        if key is None:
+            return HashSelector.by_first_field(max_parallelism=max_parallelism)
+        return HashSelector(key, max_parallelism=max_parallelism)
     if selector == "round_robin":
         return RoundRobinSelector()
     if selector == "rebalance":
@@ -455,6 +458,44 @@ def _make_spec(n, fn, *, num_partitions, key, selector, codec, segment_size,
                  exchange_id=f"flinkbuf-exchange-{secrets.token_hex(8)}")
 
 
+_SLOT_POLL = 0.1
+
+
+def _check_slots(sc, num_tasks, timeout):
+    """Raise :class:`~flinkbuf.errors.InsufficientSlotsError` unless the
+    master of SparkContext ``sc`` can run ``num_tasks`` tasks at once, as a
+    barrier stage needs (Spark's own check of the same, at submission, is
+    retried for up to ten minutes by default).  A local master's slots are
+    fixed; on a cluster this waits up to ``timeout`` seconds for
+    executors to register.  Where Spark does not say, nothing is checked."""
+    jsc = sc._jsc.sc()
+    try:
+        profile = jsc.resourceProfileManager().defaultResourceProfile()
+        slots = jsc.maxNumConcurrentTasks(profile)
+    except Exception:                      # noqa: BLE001 - Spark's own check remains
+        return
+    master = sc.master
+    fixed = master.startswith("local") and not master.startswith("local-cluster")
+    deadline = time.monotonic() + timeout
+    while slots < num_tasks and not fixed and time.monotonic() < deadline:
+        time.sleep(_SLOT_POLL)
+        slots = jsc.maxNumConcurrentTasks(profile)
+    if slots >= num_tasks:
+        return
+    cpus = sc.getConf().get("spark.task.cpus", "1")
+    per_task = "" if cpus == "1" else f" (spark.task.cpus={cpus} cores per task)"
+    if fixed:
+        more = f"a master such as local[{num_tasks * int(cpus) if cpus.isdigit() else num_tasks}]"
+    else:
+        more = "more executor cores or executors"
+    fewer = "" if slots < 1 else \
+        f", or repartition the input to {slots} partition{'' if slots == 1 else 's'} or fewer"
+    raise InsufficientSlotsError(
+        f"the exchange runs {num_tasks} tasks at once (a barrier stage, one task per input "
+        f"partition) but master {master} has {slots} task slot{'' if slots == 1 else 's'}"
+        f"{per_task}{'' if fixed else f' after {timeout:g} s'}: use {more}{fewer}")
+
+
 def _driver_addresses(sc):
     """(bind, advertised) host of the driver as Spark knows it:
     ``spark.driver.bindAddress`` / ``spark.driver.host``, else the
@@ -517,7 +558,10 @@ def pipelined_exchange(rdd, fn=None, *, num_partitions=None, key=None, selector=
     The stage runs one task per partition of ``rdd`` (``num_partitions``, if
     given, must be that number: Spark allows no coalesce or union inside a
     barrier stage, so repartition first), and needs a slot for every task
-    at once.  Each task writes its input partition and reads partition
+    at once: this call checks that the master has them (waiting up to
+    ``timeout`` for executors to register on a cluster master) and raises
+    :class:`~flinkbuf.errors.InsufficientSlotsError` saying what to set
+    otherwise, instead of letting Spark retry its own check for minutes.  Each task writes its input partition and reads partition
     ``index``; records of one producer to one consumer keep their order.
 
     selector: ``"hash"`` (by ``key``, Flink's key groups, as
@@ -526,9 +570,12 @@ def pipelined_exchange(rdd, fn=None, *, num_partitions=None, key=None, selector=
     ``"round_robin"``, ``"rebalance"`` (round robin that steers around a
     consumer whose backlog is full) or ``"broadcast"`` (every record to
     every partition); or a callable ``fn(record, num_partitions) -> int``.
-    key: for ``"hash"``, an int (the record's item at that index) or a
-    callable ``record -> key``; None (the default) takes ``record[0]``, as
-    for a pair RDD.  Keys are hashed as Java's ``hashCode()`` (str, int,
+    key: for ``"hash"``, an int (the field at that index of each record, a
+    tuple or a list; a record without it fails the task with an
+    IndexError naming the key and the record's length) or a callable
+    ``record -> key``; None (the default) keys a tuple or list record by
+    its first field, as for a pair RDD, and any other record (a str, an
+    int) by the whole record.  Keys are hashed as Java's ``hashCode()`` (str, int,
     float, bytes, tuples of them), never with Python's salted ``hash()``.
     codec: ``"typed"`` (records are None, bool, int, float, str, bytes,
     tuples, lists, dicts, numpy arrays), ``"bytes"`` or ``"pickle"``.
@@ -592,6 +639,8 @@ def pipelined_exchange(rdd, fn=None, *, num_partitions=None, key=None, selector=
                       floating_buffers=floating_buffers, buffer_timeout=buffer_timeout,
                       max_record_size=max_record_size, max_parallelism=max_parallelism,
                       host=host, timeout=timeout, monitor=monitor, rendezvous=rendezvous)
+
+    _check_slots(rdd.context, n, spec.timeout)
 
     def task(iterator):
         return _run_task(spec, iterator)
