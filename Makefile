@@ -3,31 +3,41 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
-STAMP  := $(VENV)/.installed
+# What is installed: the demo's extras only, or everything the tests need.
+DEMO_STAMP := $(VENV)/.installed-demo
+DEV_STAMP  := $(VENV)/.installed-dev
 # Test runs fail if the debug counters are missing; fuzzing budget per run.
 export FLINKBUF_REQUIRE_DEBUG ?= 1
 HYPOTHESIS_PROFILE ?= ci
 
-.PHONY: all venv build build-debug build-asan test test-fast asan demo bench bench-smoke \
+.PHONY: all venv build build-dev build-debug build-asan test test-fast asan demo bench bench-smoke \
         experiment stubtest fuzz clean
 
 all: build
 
-$(STAMP): pyproject.toml scripts/bootstrap.sh
-	bash scripts/bootstrap.sh $(PYTHON) $(VENV)
+# The demo needs the spark extra (PySpark, pyarrow, matplotlib); the tests,
+# the benchmarks and fuzzing add the dev extra.
+$(DEMO_STAMP): pyproject.toml scripts/bootstrap.sh
+	bash scripts/bootstrap.sh $(PYTHON) $(VENV) spark
 	touch $@
 
-venv: $(STAMP)
+$(DEV_STAMP): pyproject.toml scripts/bootstrap.sh
+	bash scripts/bootstrap.sh $(PYTHON) $(VENV) dev,spark
+	touch $@ $(DEMO_STAMP)
+
+venv: $(DEV_STAMP)
 
 # Release build (what the demo and the benchmarks use).
-build: $(STAMP)
+build: $(DEMO_STAMP)
 	$(PY) setup.py -q build_ext --inplace
 
+build-dev: $(DEV_STAMP) build
+
 # Debug build: live-object counters that the tests assert back to zero.
-build-debug: $(STAMP)
+build-debug: $(DEV_STAMP)
 	FLINKBUF_DEBUG=1 $(PY) setup.py -q build_ext --inplace
 
-build-asan: $(STAMP)
+build-asan: $(DEV_STAMP)
 	FLINKBUF_SANITIZE=address $(PY) setup.py -q build_ext --inplace
 
 test: build-debug
@@ -53,7 +63,7 @@ asan: build-asan
 	  $(ASAN_DESELECT) tests
 	$(MAKE) build-debug
 
-stubtest: build
+stubtest: build-dev
 	$(PY) -m mypy.stubtest flinkbuf --allowlist tests/stubtest-allowlist.txt
 
 # The main demo: PySpark tasks (local mode) exchange records through flinkbuf
@@ -69,10 +79,10 @@ experiment: build
 	$(PY) -m flinkbuf experiment backpressure --out $(DEMO_OUT) --phase-seconds 4
 	@echo "figure: $(DEMO_OUT)/backpressure.png   data: $(DEMO_OUT)/backpressure.csv, $(DEMO_OUT)/backpressure.json"
 
-bench: build
+bench: build-dev
 	$(PY) bench/run.py --repeat 3
 
-bench-smoke: build
+bench-smoke: build-dev
 	$(PY) bench/run.py --smoke
 
 # Every generated file, wherever the sources sit: builds, outputs, the fuzzing

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Create (or refresh) the project's virtualenv with everything the build,
-# the tests and the benchmarks need.  Usage: bootstrap.sh PYTHON VENV
+# Create (or refresh) the project's virtualenv with the build tools and the
+# package's extras.  Usage: bootstrap.sh PYTHON VENV [EXTRAS]
+# EXTRAS: "spark" for the demo (PySpark, pyarrow, matplotlib), "dev,spark"
+# (the default) for the tests, the benchmarks and fuzzing as well.
 set -euo pipefail
 PYTHON=${1:-python3}
 VENV=${2:-.venv}
+EXTRAS=${3:-dev,spark}
 if ! "$PYTHON" -c 'import venv, ensurepip' >/dev/null 2>&1; then
     echo "bootstrap: $PYTHON lacks venv/ensurepip; installing python3-venv" >&2
     apt-get update -qq && apt-get install -y -qq python3-venv python3-dev
@@ -21,5 +24,5 @@ if ! command -v java >/dev/null 2>&1; then
         || apt-get install -y -qq default-jre-headless
 fi
 # The package itself (editable, no isolation: the build uses the venv's Cython),
-# with what the tests, the benchmarks and the Spark demo need.
-"$VENV/bin/python" -m pip install -q --no-build-isolation -e ".[dev,spark]"
+# with the extras asked for.
+"$VENV/bin/python" -m pip install -q --no-build-isolation -e ".[$EXTRAS]"
