@@ -207,8 +207,19 @@ cdef class HashSelector(ChannelSelector):
     cdef int32_t _select(self, object record) except -1:
         cdef object key
         cdef int32_t h
-        if self._key_index >= 0:
-            key = _field(record, self._key_index)
+        cdef Py_ssize_t index = self._key_index
+        cdef type t
+        if index >= 0:
+            # Exact tuples and lists inline: the length is compared and the
+            # item taken with no Python code in between; the rest, and every
+            # error, in _field.
+            t = type(record)
+            if t is tuple and index < PyTuple_GET_SIZE(record):
+                key = <object>PyTuple_GET_ITEM(record, index)
+            elif t is list and index < PyList_GET_SIZE(record):
+                key = <object>PyList_GET_ITEM(record, index)
+            else:
+                key = _field(record, index)
         elif self._key is not None:
             key = self._key(record)
         elif self._key_index == _KEY_FIRST_FIELD and (
