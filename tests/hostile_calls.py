@@ -645,9 +645,12 @@ def main():
         return
     group, max_examples = sys.argv[1], int(sys.argv[2])
     faulthandler.enable()
-    # A call that tries to allocate more than this fails with MemoryError
-    # instead of taking the machine's memory.
-    limit = 6 << 30
+    # A call that tries to allocate more than 4 GiB fails with MemoryError
+    # instead of taking the machine's memory (counted from what the process
+    # maps now: a sanitizer's runtime maps terabytes of shadow memory).
+    with open("/proc/self/statm") as f:
+        mapped = int(f.read().split()[0]) * resource.getpagesize()
+    limit = mapped + (4 << 30)
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     warnings.simplefilter("ignore")
     sys.unraisablehook = lambda unraisable: None
