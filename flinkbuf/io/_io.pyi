@@ -129,9 +129,11 @@ class BacklogAwareRebalanceSelector(ChannelSelector):
 
 # ---- result partitions ------------------------------------------------------
 
+# Made by its ResultPartition (partition.subpartition(i)): calling the class
+# raises TypeError.
 @final
 class ResultSubpartition:
-    def __init__(self, *args: object, **kwargs: object) -> None: ...
+    def __init__(self) -> None: ...
     @property
     def index(self) -> int: ...
     @property
