@@ -6,6 +6,7 @@ mypy reads flinkbuf from this checkout (its stubs beside the compiled
 modules, its annotated Python modules) and checks those modules too, with
 the same strictness: an unannotated function in them fails here."""
 
+import importlib
 import importlib.util
 import os
 import re
@@ -41,20 +42,48 @@ def run_mypy(tmp_path, files):
     return proc.returncode, proc.stdout + proc.stderr
 
 
+# The packages whose public names are typed (flinkbuf.io.metrics and
+# flinkbuf.errors are modules of their own).
+PACKAGES = ("flinkbuf", "flinkbuf.buffer", "flinkbuf.serialization", "flinkbuf.io",
+            "flinkbuf.io.metrics", "flinkbuf.network", "flinkbuf.errors", "flinkbuf.spark")
+# Functions whose result is whatever the record was: Any is their type.
+RETURN_RECORDS = {"flinkbuf.serialization.decode"}
+
+
 def test_the_readme_examples_type_check_strictly(tmp_path):
     examples = readme_examples()
     assert len(examples) >= 5              # four ```python blocks and the Spark one
     assert any("pipelined_exchange" in e for e in examples)
     # Each example a module of its own: they reuse names, as separate scripts do.
     files = {f"readme_example_{i}.py": source for i, source in enumerate(examples)}
+    # Every package too, so that all of their modules and stubs are checked.
+    files["import_all.py"] = "".join(f"import {p}\n" for p in PACKAGES)
     code, out = run_mypy(tmp_path, files)
     assert (code, out) == (0, ""), out
+
+
+def test_no_public_name_is_any(tmp_path):
+    """Every name the packages export has a type, and no function returns
+    Any (an unannotated one does) unless it returns records."""
+    lines = [f"import {p}" for p in PACKAGES]
+    names = []
+    for package in PACKAGES:
+        for name in importlib.import_module(package).__all__:
+            names.append(f"{package}.{name}")
+            lines.append(f"reveal_type({package}.{name})")
+    code, out = run_mypy(tmp_path, {"public.py": "\n".join(lines) + "\n"})
+    revealed = {names[int(line) - len(PACKAGES) - 1]: type_text for line, type_text in
+                re.findall(r'^public\.py:(\d+): note: Revealed type is "(.*)"$', out, re.M)}
+    assert sorted(revealed) == sorted(names), out
+    untyped = {name: type_text for name, type_text in revealed.items()
+               if type_text == "Any"
+               or (type_text.endswith("-> Any") and name not in RETURN_RECORDS)}
+    assert not untyped, untyped
 
 
 # Each line: an expression and the type mypy must reveal for it.
 REVEALS = textwrap.dedent('''\
     import secrets
-    from collections.abc import Iterator
 
     import flinkbuf as fb
     from flinkbuf.io import pointwise_connections
