@@ -5,8 +5,8 @@ Environment switches:
   FLINKBUF_SANITIZE=address   AddressSanitizer build (implies debug, -O1 -g)
 """
 
-import json
 import os
+import sys
 
 import numpy
 from Cython.Build import cythonize
@@ -42,10 +42,90 @@ DIRECTIVES = {
     # them itself ("cannot pickle 'Buffer' object").
     "auto_pickle": False,
     "embedsignature": True,
+    # Clinic signatures (``name($self, ...)\n--\n\n`` docstrings) for
+    # functions and methods; _embed_class_signatures() below gives the
+    # classes theirs.
     "embedsignature.format": "clinic",
 }
 
+
+def _embed_class_signatures():
+    """Give every cdef class a clinic signature, as "embedsignature.format":
+    "clinic" does for functions and methods.
+
+    CPython derives a type's ``__text_signature__`` (what
+    ``inspect.signature(cls)`` and ``help(cls)`` show) from its docstring
+    when that starts with ``Name(params)\\n--\\n\\n``.  Cython writes that
+    line for functions and methods only (the "c" format puts the
+    constructor's signature in the class docstring, but in C syntax and
+    without the marker; cython/cython#3873), and keeps a signature for
+    ``__init__`` only if it has a docstring.  This extends Cython's
+    EmbedSignature transform so that the ``__init__`` of a cdef class (its
+    ``__cinit__`` when it has no ``__init__``; a class with neither
+    inherits its base's) signs the class, and ``__init__`` keeps its own
+    signature.
+    """
+    from Cython.Compiler import AutoDocTransforms, Naming, Nodes
+    from Cython.Compiler.StringEncoding import EncodedString
+
+    transform = AutoDocTransforms.EmbedSignature
+    needed = ("visit_DefNode", "_setup_format", "_fmt_signature", "_embed_signature")
+    if not all(hasattr(transform, name) for name in needed):
+        print("warning: this Cython's EmbedSignature is not the one setup.py extends: "
+              "classes get no signature (inspect.signature)", file=sys.stderr)
+        return
+    visit_def = transform.visit_DefNode
+
+    def visit_DefNode(self, node):
+        node = visit_def(self, node)
+        directives = self.current_directives
+        if not (directives["embedsignature"]
+                and directives["embedsignature.format"] == "clinic"
+                and not directives["binding"]
+                and isinstance(self.class_node, Nodes.CClassDefNode)
+                and node.name in ("__init__", "__cinit__") and node.entry.is_special):
+            return node
+        scope = self.class_node.entry.type.scope
+        if node.name == "__cinit__" and scope.lookup_here("__init__") is not None:
+            return node
+        self._setup_format()
+        # The arguments without self (Cython's own hide_self would put "*"
+        # and "/" one place too far).
+        args = [arg for arg in node.args if not arg.entry.is_self_arg]
+        nkargs = sum(1 for arg in args if arg.kw_only)
+        npoargs = sum(1 for arg in args if arg.pos_only)
+        signature = self._fmt_signature(
+            None, self.class_name, args, npoargs, len(args) - nkargs - npoargs,
+            node.star_arg, nkargs, node.starstar_arg)
+        scope.doc = EncodedString(self._embed_signature(signature, scope.doc))
+        entry = node.entry
+        if node.name == "__init__" and entry.wrapperbase_cname is None and entry.doc_cname:
+            # Without a docstring of its own, Cython made no slot wrapper
+            # doc for __init__ (before this transform gave it one).
+            entry.wrapperbase_cname = entry.doc_cname.replace(
+                Naming.funcdoc_prefix, Naming.wrapperbase_prefix, 1)
+        return node
+
+    transform.visit_DefNode = visit_DefNode
+
+
+_embed_class_signatures()
+
 MODE = f"asan-{SANITIZE}" if SANITIZE else "debug" if DEBUG else "release"
+CYTHON_BUILD_DIR = f"build/cython-{MODE}"
+
+
+def _c_older_than_setup():
+    """Whether C generated before the last change of this file is around:
+    the directives and the transform above shape the C too, but Cython
+    regenerates it only when a source is newer."""
+    changed = os.path.getmtime(os.path.abspath(__file__))
+    for dirpath, _, files in os.walk(os.path.join(CYTHON_BUILD_DIR, "flinkbuf")):
+        for name in files:
+            if name.endswith(".c") and os.path.getmtime(os.path.join(dirpath, name)) < changed:
+                return True
+    return False
+
 
 cflags = ["-O3", "-std=gnu11", "-Wno-unused-function", "-fno-strict-aliasing"]
 ldflags = []
@@ -113,34 +193,14 @@ class BuildExt(build_ext):
             f.write(MODE)
 
 
-def directives_changed(build_dir):
-    """True when the generated C in ``build_dir`` was made with other
-    directives (cythonize only compares file times, so a directive changed
-    here would otherwise leave the C of unchanged .pyx files as it was)."""
-    stamp = os.path.join(build_dir, "directives.json")
-    wanted = json.dumps(DIRECTIVES, sort_keys=True)
-    try:
-        with open(stamp) as f:
-            if f.read() == wanted:
-                return False
-    except OSError:
-        pass
-    os.makedirs(build_dir, exist_ok=True)
-    with open(stamp, "w") as f:
-        f.write(wanted)
-    return True
-
-
-# Debug and release builds must not share generated C.
-CYTHON_BUILD_DIR = f"build/cython-{MODE}"
-
 setup(
     cmdclass={"build_ext": BuildExt},
     ext_modules=cythonize(
         extensions,
         compiler_directives=DIRECTIVES,
         include_path=["."],
+        # Debug and release builds must not share generated C.
         build_dir=CYTHON_BUILD_DIR,
-        force=directives_changed(CYTHON_BUILD_DIR),
+        force=_c_older_than_setup() or None,
     ),
 )

@@ -6,6 +6,8 @@ Plain argument errors (a negative size, an index out of bounds) are the
 builtin ``ValueError`` / ``TypeError`` / ``IndexError``.
 """
 
+from __future__ import annotations
+
 __all__ = [
     "FlinkbufError",
     "InsufficientBuffersError",
@@ -87,12 +89,15 @@ class RemoteError(FlinkbufError):
     class name (``type_name``) and message.  The cause of a
     :class:`ProducerFailedError` of a remote channel."""
 
-    def __init__(self, type_name, message):
+    type_name: str
+    message: str
+
+    def __init__(self, type_name: str, message: str) -> None:
         super().__init__(f"{type_name}: {message}" if type_name else message)
         self.type_name = type_name
         self.message = message
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[RemoteError], tuple[str, str]]:
         return (type(self), (self.type_name, self.message))
 
 

@@ -2,7 +2,6 @@
 
 import enum
 from collections.abc import Callable, Iterable, Sequence
-from types import TracebackType
 from typing import final
 
 from typing_extensions import Buffer as _BufferProtocol
@@ -12,9 +11,11 @@ class DataType(enum.IntEnum):
     DATA_BUFFER = 0
     EVENT_BUFFER = 1
 
+# MemorySegment, Buffer and LocalBufferPool are made by allocate() and the
+# pools: calling the class raises TypeError.
 @final
 class MemorySegment:
-    def __init__(self, *args: object, **kwargs: object) -> None: ...
+    def __init__(self) -> None: ...
     @staticmethod
     def allocate(size: int, alignment: int = 64) -> MemorySegment: ...
     @property
@@ -56,16 +57,11 @@ class MemorySegment:
 
 @final
 class Buffer:
-    def __init__(self, *args: object, **kwargs: object) -> None: ...
+    def __init__(self) -> None: ...
     def recycle(self) -> None: ...
     def retain(self) -> Self: ...
     def __enter__(self) -> Self: ...
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None: ...
+    def __exit__(self, *exc: object) -> None: ...
     @property
     def ref_count(self) -> int: ...
     @property
@@ -141,7 +137,7 @@ class NetworkBufferPool:
 
 @final
 class LocalBufferPool:
-    def __init__(self, *args: object, **kwargs: object) -> None: ...
+    def __init__(self) -> None: ...
     def request_buffer(self, channel: int | None = None) -> Buffer | None: ...
     def request_buffer_blocking(
         self, timeout: float | None = None, channel: int | None = None

@@ -398,7 +398,8 @@ cdef class LocalBufferPool:
         self._created = False
         self._listeners = []
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self):
+        # __cinit__ refuses every call first; no parameters is what help() shows.
         raise TypeError("use NetworkBufferPool.create_buffer_pool()")
 
     def __dealloc__(self):

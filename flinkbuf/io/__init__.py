@@ -41,6 +41,10 @@ with Python's per-process salted ``hash()``: ints in the int32 range as
 and :class:`BacklogAwareRebalanceSelector`.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from flinkbuf.io._io import (
     END_OF_PARTITION,
     MAX_QUEUED_EVENTS,
@@ -70,6 +74,9 @@ from flinkbuf.io._io import (
 )
 from flinkbuf.buffer import NetworkBufferPool
 from flinkbuf.errors import PartitionReleasedError, ProducerFailedError
+
+if TYPE_CHECKING:
+    from flinkbuf.buffer import NetworkBufferPool
 
 __all__ = [
     "END_OF_PARTITION",
@@ -105,8 +112,10 @@ __all__ = [
 ]
 
 
-def create_partition(network_pool, num_subpartitions, *, min_buffers=None, max_buffers=None,
-                     max_buffers_per_channel=None, max_overdraft_buffers=0, name=None):
+def create_partition(network_pool: NetworkBufferPool, num_subpartitions: int, *,
+                     min_buffers: int | None = None, max_buffers: int | None = None,
+                     max_buffers_per_channel: int | None = None,
+                     max_overdraft_buffers: int = 0, name: str | None = None) -> ResultPartition:
     """A :class:`ResultPartition` with a buffer pool made for it from
     ``network_pool``: at least ``num_subpartitions + 1`` buffers (Flink's
     minimum; more if ``min_buffers`` says so), growing up to ``max_buffers``
@@ -132,7 +141,7 @@ def create_partition(network_pool, num_subpartitions, *, min_buffers=None, max_b
         raise
 
 
-def default_max_parallelism(parallelism):
+def default_max_parallelism(parallelism: int) -> int:
     """Flink's default max parallelism for an operator of ``parallelism``:
     ``parallelism * 1.5`` rounded up to a power of two, within [128, 32768]."""
     if isinstance(parallelism, bool) or not isinstance(parallelism, int):
@@ -146,7 +155,9 @@ def default_max_parallelism(parallelism):
     return min(max(power, 128), 32768)
 
 
-def pointwise_connections(num_producers, num_consumers):
+def pointwise_connections(
+        num_producers: int, num_consumers: int,
+) -> tuple[list[int], list[list[tuple[int, int]]]]:
     """How Flink wires a pointwise edge (forward, rescale).
 
     Returns ``(subpartitions, inputs)``: ``subpartitions[p]`` is the number
@@ -161,7 +172,7 @@ def pointwise_connections(num_producers, num_consumers):
         if v < 1:
             raise ValueError(f"{name} must be >= 1, got {v}")
     p, c = num_producers, num_consumers
-    inputs = [[] for _ in range(c)]
+    inputs: list[list[tuple[int, int]]] = [[] for _ in range(c)]
     if p >= c:
         subpartitions = [1] * p
         for consumer in range(c):

@@ -30,12 +30,19 @@ and the back-pressure level of Flink's web UI from the back-pressured ratio
 (measured between snapshots; the first covers the time since creation).
 """
 
+from __future__ import annotations
+
 import json
 import math
 import threading
 from collections import deque
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Final, Literal, TypedDict, TypeVar
 
 from flinkbuf.io._io import InputGate, RecordWriter, monotonic_ns
+
+if TYPE_CHECKING:
+    from flinkbuf.buffer import LocalBufferPool
 
 __all__ = [
     "HIGH",
@@ -44,17 +51,56 @@ __all__ = [
     "OK",
     "OK_THRESHOLD",
     "TaskMetrics",
+    "TaskMetricsSnapshot",
     "backpressure_level",
 ]
 
-OK = "OK"
-LOW = "LOW"
-HIGH = "HIGH"
-OK_THRESHOLD = 0.10
-LOW_THRESHOLD = 0.5
+OK: Final = "OK"
+LOW: Final = "LOW"
+HIGH: Final = "HIGH"
+OK_THRESHOLD: Final = 0.10
+LOW_THRESHOLD: Final = 0.5
 
 
-def backpressure_level(ratio):
+class _RemoteInputMetrics(TypedDict):
+    inputExclusiveBuffersUsage: float
+    inputFloatingBuffersUsage: float
+    numBytesInRemote: int
+    numBuffersInRemote: int
+
+
+class TaskMetricsSnapshot(_RemoteInputMetrics):
+    """What :meth:`TaskMetrics.snapshot` returns: Flink's metric names
+    (counts are totals since the task started; rates, per second, and
+    times, in ms per second, are over the window)."""
+
+    task: str
+    intervalSeconds: float
+    backPressuredTimeMsPerSecond: float
+    idleTimeMsPerSecond: float
+    busyTimeMsPerSecond: float
+    backPressureRatio: float
+    backPressureLevel: Literal["OK", "LOW", "HIGH"]
+    outPoolUsage: float
+    inPoolUsage: float
+    numRecordsIn: int
+    numBytesIn: int
+    numBuffersIn: int
+    numRecordsOut: int
+    numBytesOut: int
+    numBuffersOut: int
+    numRecordsInPerSecond: float
+    numBytesInPerSecond: float
+    numRecordsOutPerSecond: float
+    numBytesOutPerSecond: float
+
+
+# (time ns, records in, bytes in, buffers in, idle ns,
+#  records out, bytes out, buffers out, back-pressured ns)
+_Sample = tuple[int, int, int, int, int, int, int, int, int]
+
+
+def backpressure_level(ratio: float) -> Literal["OK", "LOW", "HIGH"]:
     """Flink's level for a back-pressured ratio in [0, 1]: OK (<= 0.10),
     LOW (<= 0.5) or HIGH."""
     if ratio != ratio:   # NaN
@@ -66,11 +112,11 @@ def backpressure_level(ratio):
     return HIGH
 
 
-def _remote_input(gates):
+def _remote_input(gates: Iterable[InputGate]) -> tuple[_RemoteInputMetrics, int, int]:
     """Over the remote channels of ``gates`` (channels with ``stats()``):
     the remote metrics, and their buffers in use and in all."""
     excl_total = excl_avail = bytes_in = buffers_in = 0
-    floating = []
+    floating: list[Any] = []
     for g in gates:
         for ch in g.channels:
             stats = getattr(ch, "stats", None)
@@ -87,7 +133,7 @@ def _remote_input(gates):
     fl_pools = [f.pool for f in floating]
     fl_size = sum(p.num_buffers for p in fl_pools if not p.is_destroyed)
     fl_lent = sum(p.num_requested - p.num_available for p in fl_pools if not p.is_destroyed)
-    metrics = {
+    metrics: _RemoteInputMetrics = {
         "inputExclusiveBuffersUsage":
             (excl_total - excl_avail) / excl_total if excl_total else 0.0,
         "inputFloatingBuffersUsage": min(1.0, fl_lent / fl_size) if fl_size else 0.0,
@@ -97,7 +143,7 @@ def _remote_input(gates):
     return metrics, excl_total - excl_avail + fl_lent, excl_total + fl_size
 
 
-def _pool_usage(pools):
+def _pool_usage(pools: Iterable[LocalBufferPool]) -> float:
     used = size = 0
     for pool in pools:
         if pool.is_destroyed:
@@ -108,16 +154,20 @@ def _pool_usage(pools):
     return used / size if size else 0.0
 
 
-def _all_of(items, cls, what):
+_T = TypeVar("_T")
+
+
+def _all_of(items: Iterable[object], cls: type[_T], what: str) -> list[_T]:
     """``items`` as a list, each a ``cls``, else TypeError."""
     if isinstance(items, (str, bytes)) or not hasattr(items, "__iter__"):
         raise TypeError(f"{what} must be an iterable of {cls.__name__}s, got "
                         f"{type(items).__name__}")
-    items = list(items)
+    checked: list[_T] = []
     for item in items:
         if not isinstance(item, cls):
             raise TypeError(f"{what} must hold {cls.__name__}s, got a {type(item).__name__}")
-    return items
+        checked.append(item)
+    return checked
 
 
 class TaskMetrics:
@@ -127,21 +177,22 @@ class TaskMetrics:
     be called from any thread at any time without disturbing the task.
     """
 
-    def __init__(self, name, *, writers=(), gates=(), window=1.0):
+    def __init__(self, name: str, *, writers: Iterable[RecordWriter] = (),
+                 gates: Iterable[InputGate] = (), window: float = 1.0) -> None:
         if isinstance(window, bool) or not isinstance(window, (int, float)):
             raise TypeError(f"window must be a number of seconds, got {type(window).__name__}")
         if not (window > 0 and math.isfinite(window)):
             raise ValueError(f"window must be a positive, finite number of seconds, got "
                              f"{window!r}")
         self.name = name
-        self.writers = _all_of(writers, RecordWriter, "writers")
-        self.gates = _all_of(gates, InputGate, "gates")
+        self.writers: list[RecordWriter] = _all_of(writers, RecordWriter, "writers")
+        self.gates: list[InputGate] = _all_of(gates, InputGate, "gates")
         self.window = float(window)
         self._lock = threading.Lock()
-        self._samples = deque()
+        self._samples: deque[_Sample] = deque()
         self._samples.append(self._sample())
 
-    def _sample(self):
+    def _sample(self) -> _Sample:
         rec_out = bytes_out = buf_out = bp = 0
         for w in self.writers:
             r, b, n, t = w._metric_counters()
@@ -158,7 +209,7 @@ class TaskMetrics:
             idle += t
         return (monotonic_ns(), rec_in, bytes_in, buf_in, idle, rec_out, bytes_out, buf_out, bp)
 
-    def snapshot(self):
+    def snapshot(self) -> TaskMetricsSnapshot:
         """The metrics now, as a dict of Flink's metric names."""
         with self._lock:
             now = self._sample()
@@ -171,10 +222,10 @@ class TaskMetrics:
         dt_ns = now[0] - base[0]
         seconds = dt_ns / 1e9 if dt_ns > 0 else 0.0
 
-        def per_second(i):
+        def per_second(i: int) -> float:
             return (now[i] - base[i]) / seconds if seconds else 0.0
 
-        def ms_per_second(i):
+        def ms_per_second(i: int) -> float:
             if not dt_ns:
                 return 0.0
             return min(1000.0, max(0.0, (now[i] - base[i]) / dt_ns * 1000.0))
@@ -206,10 +257,10 @@ class TaskMetrics:
             **remote,
         }
 
-    def _in_pool_usage(self, remote_used, remote_size):
+    def _in_pool_usage(self, remote_used: int, remote_size: int) -> float:
         """Buffers queued for local channels over the pools they come from,
         plus remote channels' own buffers in use over all of them."""
-        in_pools = []
+        in_pools: list[LocalBufferPool] = []
         queued = 0
         for g in self.gates:
             queued += sum(b for ch, b in zip(g.channels, g.backlogs())
@@ -218,9 +269,9 @@ class TaskMetrics:
         size = sum(p.num_buffers for p in in_pools if not p.is_destroyed) + remote_size
         return min(1.0, (queued + remote_used) / size) if size else 0.0
 
-    def to_json(self, **kwargs):
+    def to_json(self, **kwargs: Any) -> str:
         return json.dumps(self.snapshot(), **kwargs)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"<flinkbuf.TaskMetrics {self.name!r} writers={len(self.writers)} "
                 f"gates={len(self.gates)}>")

@@ -1,14 +1,35 @@
 """Type stubs for flinkbuf.network._network, layer 4: connections and remote input channels."""
 
 from collections.abc import Callable
-from typing import NoReturn, final
+from typing import TypedDict, final
 
 from flinkbuf.buffer._buffer import LocalBufferPool
 from flinkbuf.io._io import InputChannel, ResultPartition
 
+class _ConnectionStats(TypedDict):
+    bytes_in: int
+    bytes_out: int
+    frames_in: int
+    frames_out: int
+    buffers_in: int
+    buffers_out: int
+    # Of frames_in, those a consumer's thread waiting on its gate read itself.
+    frames_in_direct: int
+
+class _ChannelStats(TypedDict):
+    exclusive_available: int
+    floating_available: int
+    exclusive_total: int
+    backlog: int
+    buffers_in: int
+    bytes_in: int
+
+# Connection, FloatingBuffers and RemoteInputChannel are made by
+# NetworkEnvironment: calling the class raises TypeError.
+
 @final
 class Connection:
-    def __init__(self, token: object = None) -> NoReturn: ...
+    def __init__(self, token: object = None) -> None: ...
     @staticmethod
     def _open(
         fd: int,
@@ -27,13 +48,13 @@ class Connection:
     def peer(self) -> str: ...
     @property
     def error(self) -> ConnectionError | None: ...
-    def stats(self) -> dict[str, int]: ...
+    def stats(self) -> _ConnectionStats: ...
     @property
     def num_channels(self) -> int: ...
 
 @final
 class FloatingBuffers:
-    def __init__(self, token: object = None) -> NoReturn: ...
+    def __init__(self, token: object = None) -> None: ...
     @property
     def pool(self) -> LocalBufferPool: ...
 
@@ -41,7 +62,7 @@ def make_floating_buffers(pool: LocalBufferPool) -> FloatingBuffers: ...
 
 @final
 class RemoteInputChannel(InputChannel):
-    def __init__(self, token: object = None) -> NoReturn: ...
+    def __init__(self, token: object = None) -> None: ...
     @staticmethod
     def _open(
         conn: Connection,
@@ -63,4 +84,4 @@ class RemoteInputChannel(InputChannel):
     def floating_buffers(self) -> FloatingBuffers | None: ...
     @property
     def receiver_id(self) -> int: ...
-    def stats(self) -> dict[str, int]: ...
+    def stats(self) -> _ChannelStats: ...

@@ -2,6 +2,8 @@
 of a server for the partitions it registers, and of the connections to the
 other processes whose partitions its input gates read."""
 
+from __future__ import annotations
+
 import atexit
 import logging
 import math
@@ -12,6 +14,9 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Iterable
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, Union, cast, overload
 
 from flinkbuf.buffer import NetworkBufferPool
 from flinkbuf.errors import (
@@ -21,9 +26,37 @@ from flinkbuf.errors import (
 )
 from flinkbuf.io import InputGate, LocalInputChannel, ResultPartition
 from flinkbuf.network import handshake
-from flinkbuf.network._network import Connection, RemoteInputChannel, make_floating_buffers
+from flinkbuf.network._network import (
+    Connection,
+    FloatingBuffers,
+    RemoteInputChannel,
+    make_floating_buffers,
+)
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+    from flinkbuf.serialization._serialization import _Codec
 
 __all__ = ["NetworkEnvironment"]
+
+# An address: (host, port) or "host:port".
+Address = Union[tuple[str, int], str]
+# A channel of create_input_gate: (address, partition id, subpartition).
+ChannelSpec = tuple[Address, str, int]
+
+
+class ConnectionStats(TypedDict):
+    """One connection of :meth:`NetworkEnvironment.connection_stats`."""
+
+    peer: str
+    bytes_in: int
+    bytes_out: int
+    frames_in: int
+    frames_out: int
+    buffers_in: int
+    buffers_out: int
+    frames_in_direct: int
 
 log = logging.getLogger("flinkbuf.network")
 
@@ -34,7 +67,7 @@ _MAX_PENDING_HANDSHAKES = 1024
 
 
 @atexit.register
-def _close_all():
+def _close_all() -> None:
     for env in list(_LIVE):
         try:
             env.close()
@@ -42,7 +75,11 @@ def _close_all():
             log.exception("closing a network environment at exit")
 
 
-def _seconds(value, name, *, allow_none=False):
+@overload
+def _seconds(value: object, name: str) -> float: ...
+@overload
+def _seconds(value: object, name: str, *, allow_none: bool) -> float | None: ...
+def _seconds(value: object, name: str, *, allow_none: bool = False) -> float | None:
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -53,7 +90,7 @@ def _seconds(value, name, *, allow_none=False):
     return value
 
 
-def _count(value, name, minimum):
+def _count(value: object, name: str, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if not minimum <= value <= 2 ** 31 - 1:
@@ -61,7 +98,7 @@ def _count(value, name, minimum):
     return value
 
 
-def format_address(address):
+def format_address(address: Address) -> str:
     """``(host, port)`` or ``"host:port"`` as ``"host:port"``."""
     if isinstance(address, str):
         host, sep, port = address.rpartition(":")
@@ -75,12 +112,12 @@ def format_address(address):
     raise TypeError(f"an address is (host, port) or 'host:port', got {address!r}")
 
 
-def _split(address):
+def _split(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     return host, int(port)
 
 
-def _unix_name(port):
+def _unix_name(port: int) -> str:
     """The abstract Unix socket (Linux) an environment listens on beside its
     TCP port: derived from the port, so a peer that knows ``host:port``
     knows it too (ports are unique per host).  Anyone may bind an abstract
@@ -98,7 +135,7 @@ _LOCAL_HOSTS = ("127.", "::1", "localhost")
 # connection fails after KEEPALIVE[2] unanswered ones; and data unacknowledged
 # for as long (TCP_USER_TIMEOUT) fails it too, since no probe goes while data
 # is in flight.  A Unix socket's peer is on this host: its end is seen at once.
-KEEPALIVE = (10, 5, 3)
+KEEPALIVE: tuple[int, int, int] = (10, 5, 3)
 
 
 # Socket buffers with room for many segments in flight, so that a send of
@@ -109,7 +146,7 @@ KEEPALIVE = (10, 5, 3)
 SOCKET_BUFFER = 2 << 20
 
 
-def _tune(sock):
+def _tune(sock: socket.socket) -> None:
     for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
         try:
             sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER)
@@ -120,14 +157,16 @@ def _tune(sock):
     idle, interval, count = KEEPALIVE
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for opt, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", interval),
-                       ("TCP_KEEPCNT", count),
-                       ("TCP_USER_TIMEOUT", 1000 * (idle + interval * count))):
-        if hasattr(socket, opt):
-            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
+    for name, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", interval),
+                        ("TCP_KEEPCNT", count),
+                        ("TCP_USER_TIMEOUT", 1000 * (idle + interval * count))):
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 
 
 _WAKE = object()                     # the selector key of the acceptor's wake-up socket
+# A handshake in progress: socket -> [handshake, deadline, peer address].
+_Pending = dict[socket.socket, list[Any]]
 
 class NetworkEnvironment:
     """The network stack of one process (Flink's NetworkEnvironment).
@@ -156,10 +195,11 @@ class NetworkEnvironment:
     :meth:`close`.
     """
 
-    def __init__(self, num_segments, segment_size=32768, *, host="127.0.0.1", port=0,
-                 secret, exclusive_buffers_per_channel=2, floating_buffers_per_gate=8,
-                 connect_timeout=10.0, request_timeout=30.0, io_timeout=60.0,
-                 transport="auto"):
+    def __init__(self, num_segments: int, segment_size: int = 32768, *,
+                 host: str = "127.0.0.1", port: int = 0, secret: bytes | bytearray | memoryview,
+                 exclusive_buffers_per_channel: int = 2, floating_buffers_per_gate: int = 8,
+                 connect_timeout: float = 10.0, request_timeout: float = 30.0,
+                 io_timeout: float = 60.0, transport: Literal["auto", "tcp"] = "auto") -> None:
         if not isinstance(secret, (bytes, bytearray, memoryview)):
             raise TypeError(f"secret must be bytes, got {type(secret).__name__}")
         secret = bytes(secret)
@@ -190,11 +230,11 @@ class NetworkEnvironment:
         self._nbp = NetworkBufferPool(num_segments, segment_size)
         self._segment_size = segment_size
         self._lock = threading.Lock()
-        self._partitions = {}            # partition id -> ResultPartition
-        self._connections = {}           # peer address -> Connection we reuse
-        self._all_connections = []       # every Connection, to close
-        self._connecting = {}            # peer address -> lock while connecting
-        self._dialing = set()            # peer addresses this process is connecting to
+        self._partitions: dict[str, ResultPartition] = {}
+        self._connections: dict[str, Connection] = {}   # peer address -> Connection we reuse
+        self._all_connections: list[Connection] = []    # every Connection, to close
+        self._connecting: dict[str, threading.Lock] = {}   # peer address -> lock while connecting
+        self._dialing: set[str] = set()  # peer addresses this process is connecting to
         self._registered = threading.Condition(self._lock)   # a connection was registered
         self._closed = False
         try:
@@ -204,11 +244,11 @@ class NetworkEnvironment:
             raise
         self._server.setblocking(False)
         bound = self._server.getsockname()
-        self._address = (bound[0], bound[1])
+        self._address: tuple[str, int] = (bound[0], bound[1])
         self._address_text = format_address(self._address)
         # Beside TCP, a Unix socket for peers on this host (faster on loopback).
         self._use_unix = transport == "auto" and _UNIX
-        self._unix_server = None
+        self._unix_server: socket.socket | None = None
         if self._use_unix:
             try:
                 self._unix_server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -239,33 +279,33 @@ class NetworkEnvironment:
     # ---- properties ------------------------------------------------------------------
 
     @property
-    def address(self):
+    def address(self) -> tuple[str, int]:
         """``(host, port)`` the server bound."""
         return self._address
 
     @property
-    def network_buffer_pool(self):
+    def network_buffer_pool(self) -> NetworkBufferPool:
         """The pool every buffer of this environment comes from: create the
         partitions this process serves from it."""
         return self._nbp
 
     @property
-    def is_closed(self):
+    def is_closed(self) -> bool:
         return self._closed
 
-    def connections(self):
+    def connections(self) -> list[Connection]:
         """The open connections (a snapshot)."""
         with self._lock:
             return [c for c in self._all_connections if c.is_open]
 
-    def connection_stats(self):
+    def connection_stats(self) -> list[ConnectionStats]:
         """Per open connection: the peer's address and the bytes, frames and
         buffers in and out (a list: two processes may have two connections)."""
         with self._lock:
             conns = [c for c in self._all_connections if c.is_open]
         return [{"peer": c.peer, **c.stats()} for c in conns]
 
-    def _reap(self):
+    def _reap(self) -> None:
         """Close and forget connections that ended (their sockets go now)."""
         with self._lock:
             dead = [c for c in self._all_connections if not c.is_open]
@@ -280,7 +320,7 @@ class NetworkEnvironment:
 
     # ---- partitions this process serves -------------------------------------------------
 
-    def register_partition(self, partition_id, partition):
+    def register_partition(self, partition_id: str, partition: ResultPartition) -> None:
         """Serve ``partition`` as ``partition_id`` (a str of at most 1024
         bytes of UTF-8) to remote readers; readers that asked before are
         served once it is registered (their requests are retried)."""
@@ -296,18 +336,20 @@ class NetworkEnvironment:
                 raise ValueError(f"a partition {partition_id!r} is registered already")
             self._partitions[partition_id] = partition
 
-    def unregister_partition(self, partition_id):
+    def unregister_partition(self, partition_id: str) -> None:
         """Stop serving ``partition_id`` to new readers (those reading it go on)."""
         with self._lock:
             self._partitions.pop(partition_id, None)
 
-    def _lookup(self, partition_id):
+    def _lookup(self, partition_id: str) -> ResultPartition | None:
         with self._lock:
             return None if self._closed else self._partitions.get(partition_id)
 
     # ---- input gates --------------------------------------------------------------------
 
-    def create_input_gate(self, specs, *, codec="typed", max_record_size=64 << 20, name=None):
+    def create_input_gate(self, specs: Iterable[ChannelSpec], *, codec: _Codec = "typed",
+                          max_record_size: int = 64 << 20,
+                          name: str | None = None) -> InputGate:
         """An :class:`InputGate` over ``specs``, each ``(address,
         partition_id, subpartition)``: a :class:`RemoteInputChannel` for a
         partition of another process (``address`` is that process's
@@ -316,7 +358,7 @@ class NetworkEnvironment:
         specs = list(specs)
         if not specs:
             raise ValueError("an input gate needs at least one channel")
-        parsed = []
+        parsed: list[tuple[str, str, int]] = []
         for spec in specs:
             if not isinstance(spec, (tuple, list)) or len(spec) != 3:
                 raise TypeError(f"a channel spec is (address, partition_id, subpartition), "
@@ -328,8 +370,8 @@ class NetworkEnvironment:
                 raise ValueError(f"subpartition must be an int in [0, 2**32), got {sub!r}")
             parsed.append((format_address(address), partition_id, sub))
         self._check_open()
-        channels = []
-        floating = None
+        channels: list[LocalInputChannel | RemoteInputChannel] = []
+        floating: FloatingBuffers | None = None
         try:
             remote = [s for s in parsed if s[0] != self._address_text]
             if remote and self._floating:
@@ -347,7 +389,7 @@ class NetworkEnvironment:
                     ch._close()
             raise
 
-    def _local_partition(self, partition_id):
+    def _local_partition(self, partition_id: str) -> ResultPartition:
         deadline = time.monotonic() + self._request_timeout
         while True:
             part = self._lookup(partition_id)
@@ -360,7 +402,8 @@ class NetworkEnvironment:
             self._check_open()
             time.sleep(0.01)
 
-    def _remote_channel(self, address, partition_id, sub, floating):
+    def _remote_channel(self, address: str, partition_id: str, sub: int,
+                        floating: FloatingBuffers | None) -> RemoteInputChannel:
         conn = self._connection_to(address)
         exclusive = self._nbp.create_buffer_pool(self._exclusive, self._exclusive)
         try:
@@ -372,7 +415,7 @@ class NetworkEnvironment:
 
     # ---- connections --------------------------------------------------------------------
 
-    def _connection_to(self, address):
+    def _connection_to(self, address: str) -> Connection:
         """The open connection to the process at ``address``, made (and
         authenticated) if there is none."""
         while True:
@@ -405,7 +448,7 @@ class NetworkEnvironment:
                     self._registered.notify_all()
                 return conn
 
-    def _keep_incoming(self, peer):
+    def _keep_incoming(self, peer: str) -> bool:
         """Whether a connection the process at ``peer`` made to this one is
         kept (the handshake's ``keep``).  One connection joins two processes:
         an open one wins over a new one; when both are connecting to each
@@ -420,7 +463,7 @@ class NetworkEnvironment:
                 return self._address_text > peer
             return True
 
-    def _await_connection_from(self, address, peer):
+    def _await_connection_from(self, address: str, peer: str) -> Connection:
         """The connection the process at ``address`` (which calls itself
         ``peer``) made to this one, once its handshake registered it here;
         also registered as ``address``."""
@@ -439,10 +482,10 @@ class NetworkEnvironment:
                         f"process, which did not arrive within {self._connect_timeout:g} s")
                 self._registered.wait(min(remaining, 0.1))
 
-    def _is_this_host(self, host):
+    def _is_this_host(self, host: str) -> bool:
         return host.startswith(_LOCAL_HOSTS) or host == self._address[0]
 
-    def _open_socket(self, host, port):
+    def _open_socket(self, host: str, port: int) -> socket.socket:
         """A connected socket to the environment at ``host:port``: its Unix
         socket when it is on this host (and transport is auto), else TCP."""
         if self._use_unix and self._is_this_host(host):
@@ -455,7 +498,7 @@ class NetworkEnvironment:
                 sock.close()             # another network namespace, or no Unix socket
         return socket.create_connection((host, port), timeout=self._connect_timeout)
 
-    def _connect(self, address):
+    def _connect(self, address: str) -> Connection:
         host, port = _split(address)
         try:
             sock = self._open_socket(host, port)
@@ -483,12 +526,12 @@ class NetworkEnvironment:
                                 address, self._io_timeout, self._caller_sends,
                                 self._direct_reads)
 
-    def _accept_loop(self):
+    def _accept_loop(self) -> None:
         """Accept connections and run their handshakes, many at a time in
         this one thread (non-blocking sockets, a state machine each); an
         authenticated one becomes a Connection run by its C threads."""
         sel = self._selector
-        pending = {}                     # socket -> [handshake, deadline, peer]
+        pending: _Pending = {}           # socket -> [handshake, deadline, peer]
         try:
             while not self._closed:
                 self._reap()
@@ -506,7 +549,7 @@ class NetworkEnvironment:
                     if key.data is not True:
                         self._accept_new(sel, pending, key.data)
                     else:
-                        self._handshake_step(sel, pending, key.fileobj)
+                        self._handshake_step(sel, pending, cast(socket.socket, key.fileobj))
                 now = time.monotonic()
                 for sock, (_, deadline, peer) in list(pending.items()):
                     if deadline <= now:
@@ -517,7 +560,8 @@ class NetworkEnvironment:
                 sock.close()
             sel.close()
 
-    def _accept_new(self, sel, pending, server):
+    def _accept_new(self, sel: selectors.BaseSelector, pending: _Pending,
+                    server: socket.socket) -> None:
         while len(pending) <= _MAX_PENDING_HANDSHAKES:
             try:
                 sock, peer = server.accept()
@@ -540,7 +584,8 @@ class NetworkEnvironment:
                 self._refuse(sel, pending, oldest, f"more than {_MAX_PENDING_HANDSHAKES} "
                              "connections were waiting for their handshake")
 
-    def _handshake_step(self, sel, pending, sock):
+    def _handshake_step(self, sel: selectors.BaseSelector, pending: _Pending,
+                        sock: socket.socket) -> None:
         hs, _, peer = pending[sock]
         try:
             data = sock.recv(handshake.MAX_FRAME)
@@ -568,13 +613,14 @@ class NetworkEnvironment:
             sock.setblocking(True)
             self._start_accepted(sock.detach(), hs.peer[0])
 
-    def _refuse(self, sel, pending, sock, why):
+    def _refuse(self, sel: selectors.BaseSelector, pending: _Pending, sock: socket.socket,
+                why: str) -> None:
         peer = pending.pop(sock)[2]
         sel.unregister(sock)
         sock.close()
         log.warning("refused a connection from %s:%s: %s", peer[0], peer[1], why)
 
-    def _start_accepted(self, fd, advertised):
+    def _start_accepted(self, fd: int, advertised: str) -> None:
         with self._lock:
             if self._closed:
                 os.close(fd)
@@ -590,11 +636,11 @@ class NetworkEnvironment:
 
     # ---- lifecycle ----------------------------------------------------------------------
 
-    def _check_open(self):
+    def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("the network environment is closed")
 
-    def close(self):
+    def close(self) -> None:
         """End every connection (a clean CLOSE_REQUEST first), stop the
         server and destroy the buffer pool (lazily: buffers still out stay
         valid until recycled).  Idempotent."""
@@ -625,14 +671,15 @@ class NetworkEnvironment:
             conn.close()
         self._nbp.destroy()
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> Literal[False]:
         self.close()
         return False
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return (f"<flinkbuf.network.NetworkEnvironment address={self._address_text} "
                 f"segments={self._nbp.num_segments}x{self._segment_size} {state}>")

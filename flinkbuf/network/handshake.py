@@ -3,44 +3,50 @@ both peers prove that they know the shared secret (HMAC-SHA256 over fresh
 nonces, compared in constant time) before anything else is exchanged, and
 tell each other their server address and segment size."""
 
+from __future__ import annotations
+
 import hashlib
 import hmac
 import os
 import socket
 import struct
 import time
+from collections.abc import Callable
+from typing import Final, cast
 
 from flinkbuf.errors import AuthenticationError, RemoteConnectionError
 
-MAGIC = 0x46425546
-VERSION = 1
+MAGIC: Final = 0x46425546
+VERSION: Final = 1
 HELLO, CHALLENGE, AUTH, AUTH_OK, DUPLICATE = 16, 17, 18, 19, 20
-MAX_FRAME = 256
-NONCE = 32
+MAX_FRAME: Final = 256
+NONCE: Final = 32
 _HEADER = struct.Struct(">IIB")
 
 
-def _proof(secret, label, first, second):
+def _proof(secret: bytes, label: bytes, first: bytes, second: bytes) -> bytes:
     return hmac.new(secret, label + first + second, hashlib.sha256).digest()
 
 
-def _frame(msg_id, body):
+def _frame(msg_id: int, body: bytes) -> bytes:
     return _HEADER.pack(_HEADER.size + len(body), MAGIC, msg_id) + body
 
 
-def _send(sock, msg_id, body):
+def _send(sock: socket.socket, msg_id: int, body: bytes) -> None:
     sock.sendall(_frame(msg_id, body))
 
 
-def _timed_out():
+def _timed_out() -> Exception:
     return TimeoutError("the peer sent nothing more in time")
 
 
-def _closed():
+def _closed() -> Exception:
     return ConnectionError("the peer closed the connection")
 
 
-def recv_exact(sock, n, deadline, *, timed_out=_timed_out, closed=_closed):
+def recv_exact(sock: socket.socket, n: int, deadline: float, *,
+               timed_out: Callable[[], BaseException] = _timed_out,
+               closed: Callable[[], BaseException] = _closed) -> bytes:
     """``n`` bytes from a blocking socket by ``deadline`` (time.monotonic()).
     Raises ``timed_out()`` when the deadline passes, ``closed()`` when the
     peer closes first (by default a TimeoutError and a ConnectionError)."""
@@ -60,16 +66,16 @@ def recv_exact(sock, n, deadline, *, timed_out=_timed_out, closed=_closed):
     return bytes(data)
 
 
-def _handshake_timed_out():
+def _handshake_timed_out() -> AuthenticationError:
     return AuthenticationError("the peer did not complete the handshake in time")
 
 
-def _handshake_closed():
+def _handshake_closed() -> AuthenticationError:
     return AuthenticationError("the peer closed the connection during the handshake "
                                "(a wrong secret is refused this way)")
 
 
-def _recv_exact(sock, n, deadline):
+def _recv_exact(sock: socket.socket, n: int, deadline: float) -> bytes:
     return recv_exact(sock, n, deadline, timed_out=_handshake_timed_out,
                       closed=_handshake_closed)
 
@@ -79,12 +85,13 @@ class DuplicateConnection(RemoteConnectionError):
     joins two processes): ``peer`` is the server's address, whose
     connection to this process's server is to be used instead."""
 
-    def __init__(self, peer):
+    def __init__(self, peer: str) -> None:
         super().__init__(f"the peer at {peer} keeps its own connection to this process")
         self.peer = peer
 
 
-def _recv(sock, expected, deadline, alternative=None):
+def _recv(sock: socket.socket, expected: int, deadline: float,
+          alternative: int | None = None) -> bytes:
     length, magic, msg_id = _HEADER.unpack(_recv_exact(sock, _HEADER.size, deadline))
     if msg_id == alternative and magic == MAGIC and _HEADER.size <= length <= MAX_FRAME:
         raise _Alternative(_recv_exact(sock, length - _HEADER.size, deadline))
@@ -102,14 +109,14 @@ class _Alternative(Exception):
     """The other message _recv was told to accept came (its body)."""
 
 
-def _address_field(address):
+def _address_field(address: str) -> bytes:
     raw = address.encode("utf-8")
     if len(raw) > 200:
         raise ValueError(f"address {address!r} is too long")
     return struct.pack(">H", len(raw)) + raw
 
 
-def _parse_tail(body, what):
+def _parse_tail(body: bytes, what: str) -> tuple[str, int]:
     """A string and a u32 at the end of a handshake body."""
     try:
         (n,) = struct.unpack_from(">H", body, 0)
@@ -122,7 +129,8 @@ def _parse_tail(body, what):
     return address, segment_size
 
 
-def client(sock, secret, address, segment_size, timeout):
+def client(sock: socket.socket, secret: bytes, address: str, segment_size: int,
+           timeout: float) -> tuple[str, int]:
     """Authenticate a connected socket as the client; returns the server's
     (address, segment_size).  AuthenticationError if either side fails to
     prove the secret; RemoteConnectionError if the segment sizes differ;
@@ -169,7 +177,8 @@ class ServerHandshake:
     connection is wanted: if not, the reply is DUPLICATE instead of AUTH_OK
     and ``duplicate`` is set (the server then closes it)."""
 
-    def __init__(self, secret, address, segment_size, keep=None):
+    def __init__(self, secret: bytes, address: str, segment_size: int,
+                 keep: Callable[[str], bool] | None = None) -> None:
         self._secret = secret
         self._keep = keep
         self.duplicate = False
@@ -177,12 +186,13 @@ class ServerHandshake:
         self._segment_size = segment_size
         self._buf = bytearray()
         self._expect = HELLO
-        self._client_nonce = self._server_nonce = None
+        self._client_nonce: bytes | None = None
+        self._server_nonce: bytes | None = None
         self.done = False
-        self.peer = None
+        self.peer: tuple[str, int] | None = None
         self.reply_before_refusal = b""     # AUTH_OK, sent before a size mismatch ends it
 
-    def feed(self, data):
+    def feed(self, data: bytes) -> bytes:
         if self.done:
             raise AuthenticationError("the client sent more before the handshake ended")
         self._buf += data
@@ -211,7 +221,7 @@ class ServerHandshake:
                 f"side {self._segment_size}")
         return bytes(out)
 
-    def _step(self, body):
+    def _step(self, body: bytes) -> bytes:
         if self._expect == HELLO:
             if len(body) != 2 + NONCE:
                 raise AuthenticationError("a malformed hello")
@@ -229,7 +239,8 @@ class ServerHandshake:
             raise AuthenticationError("a malformed authentication")
         if not hmac.compare_digest(body[:NONCE],
                                    _proof(self._secret, b"flinkbuf-client",
-                                          self._server_nonce, self._client_nonce)):
+                                          cast(bytes, self._server_nonce),
+                                          cast(bytes, self._client_nonce))):
             raise AuthenticationError("the client did not prove that it knows the shared secret")
         self.peer = _parse_tail(body[NONCE:], "authentication")
         self.done = True
@@ -241,7 +252,8 @@ class ServerHandshake:
         return _frame(AUTH_OK, tail)
 
 
-def server(sock, secret, address, segment_size, timeout):
+def server(sock: socket.socket, secret: bytes, address: str, segment_size: int,
+           timeout: float) -> tuple[str, int]:
     """Authenticate an accepted socket as the server, blocking; returns the
     client's (address, segment_size).  See :class:`ServerHandshake`."""
     deadline = time.monotonic() + timeout
@@ -266,4 +278,4 @@ def server(sock, secret, address, segment_size, timeout):
             sock.sendall(hs.reply_before_refusal)
             raise
         sock.sendall(reply)
-    return hs.peer
+    return cast("tuple[str, int]", hs.peer)

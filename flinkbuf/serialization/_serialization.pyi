@@ -10,8 +10,10 @@ from flinkbuf.buffer._buffer import Buffer
 
 _Codec = Literal["typed", "bytes", "pickle"]
 
+# NO_RECORD is its only instance: calling the class raises TypeError.
 @final
-class NoRecordType: ...
+class NoRecordType:
+    def __new__(cls, token: object = None) -> Self: ...
 
 NO_RECORD: NoRecordType
 MAX_DEPTH: int

@@ -1,6 +1,6 @@
 """Type stubs for flinkbuf.spark.arrow: the pipelined exchange of Arrow RecordBatches."""
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Sequence, Callable, Iterable, Iterator
 from typing import Literal
 
 import numpy as np
@@ -14,7 +14,7 @@ from flinkbuf.spark.exchange import ExchangeTask
 __all__ = ["arrow_exchange", "key_partitions"]
 
 def key_partitions(
-    keys: pa.Array | pa.ChunkedArray | npt.NDArray[np.generic],
+    keys: pa.Array | pa.ChunkedArray | npt.NDArray[np.generic] | Sequence[object],
     num_partitions: int,
     max_parallelism: int | None = None,
 ) -> npt.NDArray[np.int64]: ...

@@ -1,16 +1,29 @@
 """Type stubs for flinkbuf.spark.exchange: pipelined exchange between the tasks of a barrier stage."""
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, SupportsIndex, TypedDict
 
 from pyspark import RDD
 
-from flinkbuf.io._io import InputGate, RecordWriter, ResultPartition
+from flinkbuf.io._io import InputGate, RecordWriter, ResultPartition, _JavaKey
 from flinkbuf.io.metrics import TaskMetrics
 from flinkbuf.network.environment import NetworkEnvironment
 
 __all__ = ["ExchangeTask", "RENDEZVOUS", "SELECTORS", "close_rendezvous", "current_task",
            "pipelined_exchange"]
+
+class _ExchangeTaskStats(TypedDict):
+    task: int
+    records_out: int
+    bytes_out: int
+    records_in: int
+    bytes_in: int
+    back_pressured_seconds: float
+    idle_seconds: float
+    out_pool_in_use: int
+    out_pool_size: int
+    # None until the task has read its first record.
+    first_record_seconds: float | None
 
 SELECTORS: Final[tuple[str, ...]]
 RENDEZVOUS: Final[tuple[str, ...]]
@@ -36,7 +49,7 @@ class ExchangeTask:
         writer: RecordWriter,
         gate: InputGate,
     ) -> None: ...
-    def stats(self) -> dict[str, Any]: ...
+    def stats(self) -> _ExchangeTaskStats: ...
 
 def current_task() -> ExchangeTask | None: ...
 def close_rendezvous() -> None: ...
@@ -45,9 +58,9 @@ def pipelined_exchange(
     fn: Callable[[Iterator[Any]], Iterable[Any]] | None = None,
     *,
     num_partitions: int | None = None,
-    key: int | Callable[[Any], Any] | None = None,
+    key: int | Callable[[Any], _JavaKey] | None = None,
     selector: Literal["hash", "round_robin", "rebalance", "broadcast"]
-    | Callable[[Any, int], int] = "hash",
+    | Callable[[Any, int], SupportsIndex] = "hash",
     codec: Literal["typed", "bytes", "pickle"] = "typed",
     segment_size: int = 32768,
     buffers_per_channel: int = 2,

@@ -1,13 +1,23 @@
 """Type stubs for flinkbuf.spark.local: a task's stages in threads joined by local channels."""
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from typing_extensions import Self
 
 from flinkbuf.io.metrics import TaskMetrics
 
 __all__ = ["LocalPipeline", "local_pipeline"]
+
+# One exchange between stage k and stage k + 1.
+class _ExchangeStats(TypedDict):
+    stage: int
+    records: int
+    bytes: int
+    back_pressured_seconds: float
+    records_in: int
+    buffers_in_use: int
+    buffers: int
 
 class LocalPipeline:
     metrics: list[TaskMetrics]
@@ -23,7 +33,7 @@ class LocalPipeline:
     ) -> None: ...
     def __iter__(self) -> Self: ...
     def __next__(self) -> Any: ...
-    def stats(self) -> list[dict[str, Any]]: ...
+    def stats(self) -> list[_ExchangeStats]: ...
     def close(self) -> None: ...
     def __del__(self) -> None: ...
     def __enter__(self) -> Self: ...
