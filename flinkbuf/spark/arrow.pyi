@@ -1,6 +1,6 @@
 """Type stubs for flinkbuf.spark.arrow: the pipelined exchange of Arrow RecordBatches."""
 
-from collections.abc import Sequence, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Literal
 
 import numpy as np
