@@ -1,12 +1,13 @@
 """Type stubs for flinkbuf.network._network, layer 4: connections and remote input channels."""
 
 from collections.abc import Callable
-from typing import TypedDict, final
+from typing import Literal, TypedDict, final
 
 from flinkbuf.buffer._buffer import LocalBufferPool
 from flinkbuf.io._io import InputChannel, ResultPartition
 
 class _ConnectionStats(TypedDict):
+    transport: Literal["unix", "tcp"]
     bytes_in: int
     bytes_out: int
     frames_in: int
@@ -46,6 +47,8 @@ class Connection:
     def is_open(self) -> bool: ...
     @property
     def peer(self) -> str: ...
+    @property
+    def transport(self) -> Literal["unix", "tcp"]: ...
     @property
     def error(self) -> ConnectionError | None: ...
     def stats(self) -> _ConnectionStats: ...

@@ -67,6 +67,16 @@ cdef void _release_owner(void *ctx, void *owner) noexcept with gil:
     Py_DECREF(<object>owner)
 
 
+cdef str _transport_of(int fd):
+    """The transport of a connected socket: ``"unix"`` or ``"tcp"``."""
+    import socket
+    sock = socket.socket(fileno=fd)         # reads the family; detached at once
+    try:
+        return "unix" if sock.family == socket.AF_UNIX else "tcp"
+    finally:
+        sock.detach()
+
+
 @cython.final
 @cython.no_gc_clear
 cdef class Connection:
@@ -96,6 +106,7 @@ cdef class Connection:
         conn._lookup = lookup
         conn._local = local
         conn._peer = peer
+        conn._transport = _transport_of(fd)
         conn._c = fb_conn_new(fd, segment_size, &cb, io_timeout)
         if conn._c == NULL:
             import os
@@ -136,6 +147,12 @@ cdef class Connection:
         """The address of the peer's own server."""
         return self._peer
 
+    @property
+    def transport(self):
+        """``"unix"`` (a Unix socket: the peer is on this host) or
+        ``"tcp"``."""
+        return self._transport
+
     cdef object _error(self):
         """The error the connection ended with, or None while it is open."""
         cdef char msg[FB_NET_MAX_MESSAGE]
@@ -158,7 +175,8 @@ cdef class Connection:
         self._check()
         cdef fb_conn_stats_t st
         fb_conn_stats(self._c, &st)
-        return {"bytes_in": st.bytes_in, "bytes_out": st.bytes_out,
+        return {"transport": self._transport,
+                "bytes_in": st.bytes_in, "bytes_out": st.bytes_out,
                 "frames_in": st.frames_in, "frames_out": st.frames_out,
                 "buffers_in": st.buffers_in, "buffers_out": st.buffers_out,
                 "frames_in_direct": st.frames_in_direct}

@@ -50,6 +50,7 @@ class ConnectionStats(TypedDict):
     """One connection of :meth:`NetworkEnvironment.connection_stats`."""
 
     peer: str
+    transport: Literal["unix", "tcp"]
     bytes_in: int
     bytes_out: int
     frames_in: int
@@ -299,8 +300,9 @@ class NetworkEnvironment:
             return [c for c in self._all_connections if c.is_open]
 
     def connection_stats(self) -> list[ConnectionStats]:
-        """Per open connection: the peer's address and the bytes, frames and
-        buffers in and out (a list: two processes may have two connections)."""
+        """Per open connection: the peer's address, the transport
+        (``"unix"`` or ``"tcp"``) and the bytes, frames and buffers in and
+        out (a list: two processes may have two connections)."""
         with self._lock:
             conns = [c for c in self._all_connections if c.is_open]
         return [{"peer": c.peer, **c.stats()} for c in conns]
