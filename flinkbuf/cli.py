@@ -12,6 +12,7 @@ import re
 import sys
 
 import flinkbuf
+from flinkbuf import demo as _demo
 from flinkbuf.experiments import ExperimentArgumentError
 from flinkbuf.experiments import backpressure as _bp
 from flinkbuf.experiments import slow_subpartition as _ss
@@ -139,13 +140,21 @@ def _add_demo(sub):
     demo = sub.add_parser(
         "demo", help="backpressure between two threads through a pool of 2 buffers",
         description="The buffer core alone: a producer thread fills buffers from a pool of 2 "
-                    "and a consumer thread recycles them; when the consumer slows down, the "
-                    "producer's blocking buffer request makes it follow.")
+                    "and a consumer thread recycles them; the consumer runs at full speed, "
+                    f"slowed ({_demo.SLOW_DELAY * 1e3:g} ms per buffer) and released, a line "
+                    "per phase. The verdict comes from the measured rates: whether the "
+                    "producer followed the slowed consumer because its buffer requests "
+                    "blocked, or what the measurement could not show. Exits with 1 unless it "
+                    "showed that.")
     demo.add_argument("--seconds", type=_number, default=1.0, metavar="S",
-                      help=f"length of each of the 3 phases, in (0, {MAX_SECONDS:g}] "
-                           "(default: 1)")
+                      help=f"length of each of the 3 phases, in [{_demo.MIN_PHASE_SECONDS:g}, "
+                           f"{MAX_SECONDS:g}]: a shorter phase holds too few buffers of the "
+                           f"slowed consumer (at most {1 / _demo.SLOW_DELAY:,.0f} per second) "
+                           "for a rate (default: 1)")
     demo.add_argument("--segment-size", type=_integer, default=4096, metavar="BYTES",
-                      help="buffer size, >= 1 (default: 4096)")
+                      help=f"buffer size, in [1, {_demo.MAX_SEGMENT_SIZE}]: filling a larger "
+                           "buffer takes about as long as the slowed consumer's delay "
+                           "(default: 4096)")
     demo.set_defaults(func=_run_demo, parser=demo)
 
 
@@ -241,10 +250,9 @@ def _add_slow_subpartition(which):
 
 
 def _run_demo(args):
-    from flinkbuf.demo import check_arguments, run_demo
-    check_arguments(args.seconds, args.segment_size, names=_DEMO_NAMES)
-    run_demo(phase_seconds=args.seconds, segment_size=args.segment_size)
-    return 0
+    _demo.check_arguments(args.seconds, args.segment_size, names=_DEMO_NAMES)
+    result = _demo.run_demo(phase_seconds=args.seconds, segment_size=args.segment_size)
+    return 0 if result["followed"] else 1
 
 
 def _run_backpressure(args):

@@ -53,9 +53,11 @@ BAD_ARGUMENTS = [
     (["demo", "--bogus"], "unrecognized arguments"),
     (["experiment"], "required"),
     (["experiment", "fastest"], "invalid choice"),
-    # demo
-    (["demo", "--seconds", "-1"], "--seconds must be > 0"),
-    (["demo", "--seconds", "0"], "--seconds must be > 0"),
+    # demo: phases too short, or buffers too large, to show anything
+    (["demo", "--seconds", "-1"], "--seconds must be >= 0.1"),
+    (["demo", "--seconds", "0"], "--seconds must be >= 0.1"),
+    (["demo", "--seconds", "1e-9"], "--seconds must be >= 0.1, got 1e-09 (a shorter phase"),
+    (["demo", "--seconds", "0.05"], "--seconds must be >= 0.1"),
     (["demo", "--seconds", "inf"], "--seconds must be finite"),
     (["demo", "--seconds", "-inf"], "--seconds must be finite"),
     (["demo", "--seconds", "nan"], "--seconds must be finite"),
@@ -64,7 +66,8 @@ BAD_ARGUMENTS = [
     (["demo", "--segment-size", "0"], "--segment-size must be >= 1"),
     (["demo", "--segment-size", "-4096"], "--segment-size must be >= 1"),
     (["demo", "--segment-size", "1.5"], "must be an integer"),
-    (["demo", "--segment-size", TOO_BIG], "--segment-size must be <= 2147483647"),
+    (["demo", "--segment-size", "1048577"], "--segment-size must be <= 1048576, got 1048577 ("),
+    (["demo", "--segment-size", TOO_BIG], "--segment-size must be <= 1048576"),
     # experiment backpressure
     (BP + ["--phase-seconds", "inf"], "--phase-seconds must be finite"),
     (BP + ["--phase-seconds", "nan"], "--phase-seconds must be finite"),
@@ -246,3 +249,62 @@ def test_per_channel_cap_only_mode_starves_the_fast_consumer_within_the_cap(tmp_
     assert checks["cap_bounds_blocked_subpartition"] is True
     assert checks["shared_pool_starves"] is None          # not run
     assert not (tmp_path / "o" / "slow-subpartition.png").exists()
+
+
+# ---- demo: its verdict comes from the measured rates -------------------------------------
+
+def _phase(name, produced, consumed, blocked, seconds=1.0):
+    return {"name": name, "seconds": seconds, "produced": produced, "consumed": consumed,
+            "blocked_seconds": blocked * seconds}
+
+
+def test_demo_verdict_follows_the_data():
+    from flinkbuf.demo import verdict
+
+    full = _phase("consumer at full speed", 40_000, 40_000, 0.7)
+    released = _phase("consumer released", 42_000, 42_000, 0.7)
+    followed = verdict([full, _phase("consumer slowed", 3_450, 3_449, 0.99), released])
+    assert followed["followed"] is True
+    assert followed["lines"][-1].startswith("so the producer followed the consumer")
+    # a consumer that slowing did not slow: nothing shown either way
+    busy = verdict([full, _phase("consumer slowed", 30_000, 30_000, 0.9), released])
+    assert busy["followed"] is None and busy["lines"][0].startswith("inconclusive: slowing")
+    # the producer's rate followed, but its requests hardly blocked: not shown
+    held = verdict([full, _phase("consumer slowed", 3_000, 3_000, 0.1), released])
+    assert held["followed"] is None and "blocked only 10%" in held["lines"][-1]
+    # a producer well above the consumer: it did not follow
+    ahead = verdict([full, _phase("consumer slowed", 3_600, 3_000, 0.99), released])
+    assert ahead["followed"] is False and ahead["lines"][-1].startswith("NO: the producer")
+    # ... but two buffers ahead over the phase is only the pool in flight
+    assert verdict([full, _phase("consumer slowed", 302, 300, 0.99, 0.1),
+                    released])["followed"] is True
+    # released, the consumer stayed slow
+    stuck = verdict([full, _phase("consumer slowed", 3_000, 3_000, 0.99),
+                     _phase("consumer released", 3_100, 3_100, 0.9)])
+    assert stuck["followed"] is False and "did not speed up" in stuck["lines"][-1]
+    # no buffer at all in a phase (1e-9 s used to print zeros and the conclusion)
+    empty = verdict([_phase("consumer at full speed", 0, 0, 0, 1e-9),
+                     _phase("consumer slowed", 0, 0, 0, 1e-9),
+                     _phase("consumer released", 0, 0, 0, 1e-9)])
+    assert empty["followed"] is None and empty["lines"][0].startswith("inconclusive: no buffer")
+    for v in (busy, held, ahead, stuck, empty):
+        assert not any("followed the consumer" in line for line in v["lines"])
+
+
+def test_demo_prints_the_verdict_of_its_own_measurement(tmp_path):
+    proc = _cli(["demo", "--seconds", "0.2"], tmp_path)
+    assert proc.stderr == ""
+    lines = proc.stdout.splitlines()
+    rows = {ln[:24].strip(): ln[24:].split() for ln in lines[2:5]}
+    assert list(rows) == ["consumer at full speed", "consumer slowed", "consumer released"]
+    conclusion = "so the producer followed the consumer"
+    if proc.returncode == 0:
+        assert lines[-1].startswith(conclusion), proc.stdout
+        # what it concludes from: the slowed phase's rates, as printed
+        produced, consumed = (float(x.replace(",", "")) for x in rows["consumer slowed"][:2])
+        assert abs(produced - consumed) <= max(0.05 * consumed, 2 / 0.2)
+    else:
+        assert proc.returncode == 1
+        assert not any(ln.startswith(conclusion) for ln in lines), proc.stdout
+        assert lines[-1].startswith(("inconclusive", "NO")), proc.stdout
+    assert _tree(tmp_path) == []
