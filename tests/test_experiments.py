@@ -1,6 +1,5 @@
-"""The seeds' experiments, run with short phases: the outputs' contract and
-the behaviour the issue expects of them (the only timed expectations in the
-suite, as the issue asks)."""
+"""The experiments, run with short phases: the outputs' contract and the
+behaviour expected of them (the only timed expectations in the suite)."""
 
 import csv
 import json
@@ -26,7 +25,8 @@ def _read_csv(path):
 @pytest.mark.parametrize("where", ["local", "remote"])
 def test_backpressure_experiment(tmp_path, capsys, where):
     """In one process, and (``--remote``) with the consumer in another one
-    reading over TCP: the same schedule, outputs and expectations."""
+    reading over a Unix socket: the same schedule, outputs and
+    expectations."""
     rc = main(["experiment", "backpressure", "--out", str(tmp_path), "--phase-seconds", "3"]
               + (["--remote"] if where == "remote" else []))
     out = capsys.readouterr().out
@@ -43,7 +43,10 @@ def test_backpressure_experiment(tmp_path, capsys, where):
     assert doc["config"]["schedule"] == [[60, 100], [60, 30], [100, 100], [100, 30], [100, 100]]
     assert doc["config"]["buffers_per_task"] == 2 and doc["config"]["segment_size"] == 4096
     assert doc["config"]["exchange"].startswith(where)
-    assert ("over TCP" in out) == (where == "remote")
+    # the transport the connection used (on Linux, a Unix socket by default)
+    assert ("over a Unix socket" in out) == (where == "remote"), out
+    assert "TCP" not in out
+    assert doc["config"]["transport"] == ("unix" if where == "remote" else None)
     assert 0 < doc["full_speed_records_per_s"] < doc["unthrottled_records_per_s"]
     assert len(rows) == 30                       # 5 phases x 6 intervals of 0.5 s
     assert [float(r["t_seconds"]) for r in rows] == [0.5 * (i + 1) for i in range(30)]
@@ -65,6 +68,14 @@ def test_backpressure_experiment(tmp_path, capsys, where):
         assert abs(pct(r, "producer") - pct(r, "consumer")) <= 0.10 * pct(r, "producer"), r
     assert median(phases[0], lambda r: extra[float(r["t_seconds"])][
         "producer_back_pressured_ms_per_s"]) <= 500
+    # the level of each interval is that interval's own: OK in the first one
+    # (nothing slowed yet) and in the first one after each release
+    # (in one process: the consumer in another one may wait for the CPU)
+    if where == "local":
+        first_released = [extra[t] for t in (6.5, 12.5)]
+        assert extra[0.5]["backpressure_level"] == "OK", extra[0.5]
+        assert [r["backpressure_level"] for r in first_released] == ["OK", "OK"], \
+            first_released
     # slowed consumer: the producer tracks it within 10 %, blocked (HIGH)
     for phase in (phases[1], phases[3]):
         for r in phase:
@@ -121,6 +132,13 @@ def test_backpressure_checks_fail_when_the_producer_does_not_follow():
     assert checks["returns_to_full_speed"] is False
     assert checks["released_producer_median_pct"] == 80
     assert checks["tracks_consumer"] is None                  # no slowed phase
+
+    # a consumer that was not slowed shows nothing about the producer following it
+    unslowed = [(60, 30, [(60, 58), (60, 59), (60, 60), (60, 60)])]
+    checks = check_backpressure(_rows(unslowed), 0.5, 4)
+    assert checks["consumer_slowed"] is False and checks["tracks_consumer"] is None
+    assert checks["max_tracking_error_pct"] == pytest.approx(1.69, abs=0.01)   # (60, 59)
+    assert check_backpressure(_rows(good), 0.5, 4)["consumer_slowed"] is True
 
     # with 0.25 s intervals the first two intervals after a change are not checked
     settling = [(60, 30, [(50, 30), (40, 30), (30, 30), (30, 30)])]
@@ -201,6 +219,13 @@ def test_slow_subpartition_checks():
     assert checks["backlog_aware_restores"] is None
     not_restored = [result("unimpeded", 1000), result("backlog-aware", 850)]
     assert check_slow_subpartition(not_restored)["passed"] is False
+    # an unimpeded run that read nothing is no reference: nothing passes on it
+    no_reference = [result("unimpeded", 0), result("shared-pool", 0),
+                    result("backlog-aware", 900)]
+    checks = check_slow_subpartition(no_reference)
+    assert checks["reference_measured"] is False and checks["passed"] is False
+    assert checks["shared_pool_starves"] is None and checks["backlog_aware_restores"] is None
+    assert check_slow_subpartition([result("shared-pool", 50)])["reference_measured"] is None
 
 
 def test_slow_subpartition_rejects_bad_arguments(tmp_path):
@@ -208,3 +233,41 @@ def test_slow_subpartition_rejects_bad_arguments(tmp_path):
         run_slow_subpartition(tmp_path, 1, modes=("unimpeded", "fastest"))
     with pytest.raises(ValueError, match="cap must be >= 1"):
         run_slow_subpartition(tmp_path, 1, cap=0)
+
+
+def test_backpressure_remote_over_tcp_says_tcp(tmp_path):
+    lines = []
+    doc = run_backpressure(tmp_path, 0.75, interval=0.25, remote=True, transport="tcp",
+                           plot=False, printer=lines.append)
+    assert doc["config"]["transport"] == "tcp" and doc["config"]["transport_asked"] == "tcp"
+    assert "over TCP on loopback" in lines[0] and "Unix" not in "".join(lines), lines
+    assert "reads over TCP on loopback" in doc["config"]["exchange"]
+
+
+def test_transport_in_use_tells_tcp_from_a_unix_socket():
+    """What the experiments report is the connection's transport, seen from
+    the server's side: a peer with transport "tcp" comes over TCP even to a
+    server that also listens on a Unix socket."""
+    import sys
+
+    import flinkbuf as fb
+    from flinkbuf.experiments._remote import new_secret, transport_in_use
+    from flinkbuf.network import NetworkEnvironment
+
+    secret = new_secret()
+    expected = {"tcp": "tcp", "auto": "unix" if sys.platform.startswith("linux") else "tcp"}
+    for transport, used in expected.items():
+        with NetworkEnvironment(8, 4096, secret=secret) as server, \
+                NetworkEnvironment(8, 4096, secret=secret, transport=transport,
+                                   floating_buffers_per_gate=0) as client:
+            assert transport_in_use(server, "auto") is None         # no connection yet
+            partition = fb.create_partition(server.network_buffer_pool, 1, min_buffers=2)
+            server.register_partition("p", partition)
+            writer = fb.RecordWriter(partition, fb.ForwardSelector())
+            gate = client.create_input_gate([(server.address, "p", 0)])
+            writer.emit((1, 2))
+            writer.close()
+            assert list(gate) == [(1, 2)]
+            assert transport_in_use(server, "auto") == used, transport
+            gate.close()
+            partition.pool.destroy()
