@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from cli_helpers import interrupt, marked_environment, none_left, processes_with
 
 import flinkbuf
 from flinkbuf.experiments import ExperimentArgumentError, run_backpressure, run_slow_subpartition
@@ -77,6 +78,9 @@ BAD_ARGUMENTS = [
     (BP + ["--phase-seconds", "-.5"], "--phase-seconds must be > 0"),
     (BP + ["--phase-seconds", "1e9"], "--phase-seconds must be <= 3600"),
     (BP + ["--phase-seconds", "0.2"], "must be at least --interval"),
+    (BP + ["--interval", "0.4", "--phase-seconds", "0.9"],
+     "--phase-seconds (0.9) must be >= 1.2 with --interval 0.4: the checks leave out the first "
+     "0.5 s after each change"),
     (BP + ["--interval", "0"], "--interval must be >= 0.05"),
     (BP + ["--interval", "0.01"], "--interval must be >= 0.05"),
     (BP + ["--interval", "inf"], "--interval must be finite"),
@@ -100,6 +104,8 @@ BAD_ARGUMENTS = [
     (BP + ["--buffers", "two"], "must be an integer"),
     (BP + ["--buffers", TOO_BIG], "--buffers must be <= 2147483647"),
     (BP + ["--buffers", "1000", "--segment-size", "2147483647"], "memory"),
+    (BP + ["--transport", "tcp"], "--transport tcp needs --remote"),
+    (BP + ["--remote", "--transport", "udp"], "invalid choice: 'udp'"),
     # experiment slow-subpartition
     (SS + ["--phase-seconds", "inf"], "--phase-seconds must be finite"),
     (SS + ["--phase-seconds", "nan"], "--phase-seconds must be finite"),
@@ -124,6 +130,7 @@ BAD_ARGUMENTS = [
     (SS + ["--modes", "fastest"], "unknown modes ['fastest'] in --modes"),
     (SS + ["--modes", ","], "--modes must name at least one mode"),
     (SS + ["--modes", "unimpeded,unimpeded"], "--modes must not repeat a mode"),
+    (SS + ["--transport", "tcp"], "--transport tcp needs --remote"),
 ]
 
 
@@ -308,3 +315,24 @@ def test_demo_prints_the_verdict_of_its_own_measurement(tmp_path):
         assert not any(ln.startswith(conclusion) for ln in lines), proc.stdout
         assert lines[-1].startswith(("inconclusive", "NO")), proc.stdout
     assert _tree(tmp_path) == []
+
+
+# ---- Ctrl-C: one line, exit status 130 ----------------------------------------------------
+
+@pytest.mark.parametrize("args, ready", [
+    (["demo", "--seconds", "5"], "phase"),
+    (["experiment", "backpressure", "--out", "o", "--phase-seconds", "5", "--no-plot"],
+     "limits P/C"),
+    (["experiment", "backpressure", "--out", "o", "--phase-seconds", "5", "--no-plot",
+      "--remote"], "limits P/C"),
+    (["experiment", "slow-subpartition", "--out", "o", "--phase-seconds", "5", "--no-plot",
+      "--remote"], "fast rec/s"),
+], ids=["demo", "backpressure", "backpressure-remote", "slow-subpartition-remote"])
+def test_ctrl_c_is_one_line_and_status_130(tmp_path, args, ready):
+    """Also the consumers' process of --remote, which gets the terminal's
+    Ctrl-C too: it prints nothing and is gone."""
+    env, marker = marked_environment()
+    status, out, err = interrupt(args, tmp_path, ready, env=env)
+    assert (status, err) == (130, "flinkbuf: interrupted\n"), out
+    assert none_left(marker), processes_with(marker)
+    assert os.listdir(tmp_path) == []      # the out directory made for the run is gone again
