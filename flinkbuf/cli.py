@@ -43,6 +43,7 @@ _OPTION_NAMES = {
     "modes": "--modes",
     "tasks": "--tasks",
     "records": "--records",
+    "master": "--master",
     "transport": "--transport",
     "remote": "--remote",
 }
@@ -122,28 +123,35 @@ def _add_spark_demo(sub):
             "tasks) and the producers' backpressure level. Then a table of each task's "
             "metrics, and the keyed job (--records records counted per key) through flinkbuf "
             "and through Spark's shuffle, side by side. Writes DIR/spark-backpressure.csv, "
-            ".json and, with matplotlib, .png; exits with 1 if an expectation fails. Needs "
-            "PySpark (pip install 'flinkbuf[spark]') and a Java runtime; the executors run "
-            "this Python (PYSPARK_PYTHON, set to it unless already set)."))
+            ".json, with matplotlib .png, and .log (what Spark's JVM and its Python workers "
+            "print, kept off the terminal); exits with 1 if an expectation fails or the run "
+            "fails (one line with the cause). Needs PySpark (pip install 'flinkbuf[spark]') "
+            "and a Java runtime ($JAVA_HOME/bin/java, else java on PATH; Java 17 or later for "
+            "Spark 4), checked before Spark starts; the executors run this Python "
+            "(PYSPARK_PYTHON, set to it unless already set)."))
     sd.add_argument("--out", default="out", metavar="DIR",
                     help="output directory, created if missing (default: out)")
     sd.add_argument("--phase-seconds", type=_number, default=4.0, metavar="S",
-                    help=f"length of each of the 5 phases, in [--interval, {MAX_SECONDS:g}] "
-                         "(default: 4)")
+                    help=f"length of each of the 5 phases, up to {MAX_SECONDS:g}, and at least "
+                         f"{_bp.SETTLE_SECONDS:g} s (left out of the checks after each change) "
+                         "and an interval more (default: 4)")
     sd.add_argument("--interval", type=_number, default=0.5, metavar="S",
                     help="sampling interval, in [0.05, 10] (default: 0.5)")
     sd.add_argument("--tasks", type=_integer, default=2, metavar="N",
-                    help="Spark tasks, each a producer and a consumer, in [1, 64]; the master "
-                         "needs N slots (default: 2)")
+                    help="Spark tasks, each a producer and a consumer, in [1, 64]; they run as "
+                         "one barrier stage, so the master needs N slots at once (default: 2)")
     sd.add_argument("--records", type=_integer, default=1_000_000, metavar="N",
                     help="records of the keyed job run through flinkbuf and through Spark's "
-                         "shuffle (default: 1000000)")
+                         "shuffle, in [1, 1000000000] (default: 1000000)")
     sd.add_argument("--segment-size", type=_integer, default=4096, metavar="BYTES",
                     help="buffer size during the schedule, in [64, 1048576] (default: 4096)")
     sd.add_argument("--full-speed-fraction", type=_number, default=0.25, metavar="F",
                     help="full speed = F x the unthrottled rate, F in [0.01, 1] (default: 0.25)")
     sd.add_argument("--master", default="local[2]", metavar="URL",
-                    help="Spark master URL (default: local[2])")
+                    help="Spark master URL: local (1 slot), local[N] (N), local[*] (a slot per "
+                         "CPU), local[N,F], local-cluster[W,C,M] (W x C), spark://HOST:PORT, "
+                         "yarn or k8s://URL; where the URL gives the slots, --tasks is checked "
+                         "against them before Spark starts (default: local[2])")
     sd.add_argument("--no-plot", action="store_true", help="skip the PNG")
     sd.set_defaults(func=_run_spark_demo, parser=sd)
 
@@ -328,18 +336,15 @@ def _run_slow_subpartition(args):
 def _run_spark_demo(args):
     from flinkbuf.experiments import spark_demo as _sd
     _sd.check_arguments(args.phase_seconds, args.interval, args.tasks, args.records,
-                        args.segment_size, args.full_speed_fraction, names=_OPTION_NAMES)
-    prepare_out_dir(args.out, _sd.OUTPUT_FILES, names=_OPTION_NAMES)
-    try:
-        import pyspark  # noqa: F401
-    except ImportError:
-        args.parser.exit(2, f"{args.parser.prog}: error: PySpark is not installed: "
-                            "pip install 'flinkbuf[spark]'\n")
-    doc = _sd.run_spark_demo(args.out, args.phase_seconds, interval=args.interval,
-                             tasks=args.tasks, records=args.records,
-                             segment_size=args.segment_size,
-                             full_speed_fraction=args.full_speed_fraction, master=args.master,
-                             plot=not args.no_plot)
+                        args.segment_size, args.full_speed_fraction, args.master,
+                        names=_OPTION_NAMES)
+    _sd.check_environment(args.master, names=_OPTION_NAMES)
+    with _out_dir(args.out, _sd.OUTPUT_FILES):
+        doc = _sd.run_spark_demo(args.out, args.phase_seconds, interval=args.interval,
+                                 tasks=args.tasks, records=args.records,
+                                 segment_size=args.segment_size,
+                                 full_speed_fraction=args.full_speed_fraction,
+                                 master=args.master, plot=not args.no_plot)
     return 0 if doc["checks"]["passed"] else 1
 
 

@@ -46,6 +46,11 @@ def _assert_refused(args, tmp_path, message):
 
 BP = ["experiment", "backpressure", "--out", "o"]
 SS = ["experiment", "slow-subpartition", "--out", "o"]
+SD = ["spark-demo", "--out", "o/deeper"]
+try:
+    CPUS = len(os.sched_getaffinity(0))
+except AttributeError:
+    CPUS = os.cpu_count()
 
 BAD_ARGUMENTS = [
     # top level
@@ -131,6 +136,30 @@ BAD_ARGUMENTS = [
     (SS + ["--modes", ","], "--modes must name at least one mode"),
     (SS + ["--modes", "unimpeded,unimpeded"], "--modes must not repeat a mode"),
     (SS + ["--transport", "tcp"], "--transport tcp needs --remote"),
+    # spark-demo: refused before Spark starts (and before PySpark or Java are looked for)
+    (SD + ["--tasks", "3"],
+     "--tasks 3 needs 3 slots at once but --master local[2] has 2: use --master local[3] "
+     "or --tasks 2"),
+    (SD + ["--master", "local", "--tasks", "2"], "--master local has 1: use --master local[2]"),
+    *([(SD + ["--master", "local[*]", "--tasks", str(CPUS + 1)],
+        f"--master local[*] has {CPUS} (the CPUs of this machine): use --master "
+        f"local[{CPUS + 1}] or --tasks {CPUS}")] if CPUS < 64 else []),
+    (SD + ["--master", "local[2,3]", "--tasks", "4"], "use --master local[4,3] or --tasks 2"),
+    (SD + ["--master", "local-cluster[2,1,1024]", "--tasks", "3"],
+     "has 2 (2 workers x 1 core): use --master local-cluster[3,1,1024] or --tasks 2"),
+    (SD + ["--master", "local[0]"], "--master local[0] runs no task"),
+    (SD + ["--master", "bogus://x"], "--master must be a Spark master URL (local, local[N]"),
+    (SD + ["--master", "local[two]"], "--master must be a Spark master URL"),
+    (SD + ["--master", "yarn-client"], "--master must be a Spark master URL"),
+    (SD + ["--master", "spark://host"], "a standalone master is spark://HOST:PORT"),
+    (SD + ["--master", "spark://h:7077,h2:70777"], "a standalone master is spark://HOST:PORT"),
+    (SD + ["--master", "k8s://"], "the cluster's address is missing after k8s://"),
+    (SD + ["--master", "mesos://h:5050"], "has no Mesos support"),
+    (SD + ["--records", "0"], "--records must be >= 1, got 0"),
+    (SD + ["--interval", "0.25", "--phase-seconds", "0.5"],
+     "--phase-seconds (0.5) must be >= 0.75 with --interval 0.25"),
+    (SD + ["--records", str(10**9 + 1)], "--records must be <= 1000000000"),
+    (SD + ["--tasks", "65"], "--tasks must be <= 64"),
 ]
 
 
@@ -195,7 +224,7 @@ def test_version(tmp_path):
 
 
 @pytest.mark.parametrize("args", [[], ["demo"], ["experiment"], ["experiment", "backpressure"],
-                                  ["experiment", "slow-subpartition"]])
+                                  ["experiment", "slow-subpartition"], ["spark-demo"]])
 def test_help_of_every_command(tmp_path, args):
     proc = _cli([*args, "--help"], tmp_path)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
@@ -256,6 +285,63 @@ def test_per_channel_cap_only_mode_starves_the_fast_consumer_within_the_cap(tmp_
     assert checks["cap_bounds_blocked_subpartition"] is True
     assert checks["shared_pool_starves"] is None          # not run
     assert not (tmp_path / "o" / "slow-subpartition.png").exists()
+
+
+# ---- spark-demo: what it needs, checked before anything is written ----------------------
+
+_NO_PYSPARK = ("import sys; sys.modules['pyspark'] = None; "
+               "from flinkbuf.cli import main; sys.exit(main())")
+
+
+def test_spark_demo_without_pyspark_writes_nothing(tmp_path):
+    """The out directory (and its missing parents) is made only after every
+    check, PySpark's among them."""
+    before = _tree(tmp_path)
+    proc = _cli(["spark-demo", "--out", "newdir/deeper"], tmp_path,
+                python_args=["-c", _NO_PYSPARK])
+    assert (proc.returncode, proc.stdout) == (2, ""), proc.stderr
+    assert proc.stderr == ("flinkbuf spark-demo: error: PySpark is not installed: "
+                           "pip install 'flinkbuf[spark]'\n")
+    assert _tree(tmp_path) == before
+
+
+def _fake_java(tmp_path, version):
+    home = tmp_path / f"java-{version}"
+    (home / "bin").mkdir(parents=True)
+    java = home / "bin" / "java"
+    java.write_text(f'#!/bin/sh\necho \'openjdk version "{version}" 2020-01-01\' >&2\n')
+    java.chmod(0o755)
+    return home
+
+
+@pytest.mark.parametrize("case", ["no java", "JAVA_HOME without java", "Java 11", "Java 1.8"])
+def test_spark_demo_without_a_usable_java_says_what_to_install(tmp_path, case):
+    pytest.importorskip("pyspark")
+    env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
+    if case == "no java":
+        env["PATH"] = str(tmp_path)                  # nothing named java there
+        message = ("no Java runtime (no java on PATH, JAVA_HOME not set): Spark needs one; "
+                   "install Java 17 or later (on Debian and Ubuntu: apt-get install "
+                   "openjdk-17-jre-headless)")
+    elif case == "JAVA_HOME without java":
+        env["JAVA_HOME"] = str(tmp_path)
+        message = f"JAVA_HOME is set to {tmp_path}, which has no bin/java"
+    else:
+        version = "11.0.2" if case == "Java 11" else "1.8.0_292"
+        env["JAVA_HOME"] = str(_fake_java(tmp_path, version))
+        message = (f"needs Java 17 or later, but {env['JAVA_HOME']}/bin/java is Java "
+                   f"{case.split()[1].replace('1.8', '8')}: install Java 17 or later")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    env["PYTHONPATH"] = ROOT
+    env.pop("PYSPARK_GATEWAY_PORT", None)
+    proc = subprocess.run([sys.executable, "-m", "flinkbuf", "spark-demo", "--out", "o/deeper"],
+                          cwd=run_dir, env=env, capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stdout) == (2, ""), proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("flinkbuf spark-demo: error: ") and message in proc.stderr, \
+        proc.stderr
+    assert os.listdir(run_dir) == []
 
 
 # ---- demo: its verdict comes from the measured rates -------------------------------------

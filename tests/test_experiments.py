@@ -1,10 +1,12 @@
 """The experiments, run with short phases: the outputs' contract and the
-behaviour expected of them (the only timed expectations in the suite)."""
+behaviour expected of them (the only timed expectations in the suite), and
+the rows of the Spark demo computed from its tasks' counters."""
 
 import csv
 import json
 import re
 import statistics
+import time
 
 import pytest
 
@@ -14,6 +16,7 @@ from flinkbuf.experiments.backpressure import CSV_COLUMNS as BP_COLUMNS
 from flinkbuf.experiments.backpressure import check_backpressure
 from flinkbuf.experiments.slow_subpartition import CSV_COLUMNS as SS_COLUMNS
 from flinkbuf.experiments.slow_subpartition import check_slow_subpartition
+from flinkbuf.experiments.spark_demo import DEFAULT_SCHEDULE, _steer, interval_row
 
 
 def _read_csv(path):
@@ -271,3 +274,94 @@ def test_transport_in_use_tells_tcp_from_a_unix_socket():
             assert transport_in_use(server, "auto") == used, transport
             gate.close()
             partition.pool.destroy()
+
+
+# ---- the Spark demo's rows, from its tasks' cumulative counters ---------------------------
+
+class _Job:
+    error = None
+
+
+class _SimulatedTasks:
+    """The Spark demo's control connection, answered by simulated tasks:
+    records flow at the limits set; a producer whose consumer is slower is
+    back-pressured 950 ms per second, an unthrottled one (the calibration)
+    600.  Each task reports its cumulative counters, as the real ones do,
+    and ``bp``: the back-pressured ms/s of the last second, as a 1 s
+    sliding window of the task's metrics reads it."""
+
+    num_tasks = 2
+    UNTHROTTLED = 400_000             # records/s of each task
+
+    def __init__(self):
+        self.now = time.monotonic()
+        self.records = 0.0
+        self.bp_seconds = 0.0
+        self.flow = (self.UNTHROTTLED, 0.6)
+        self.history = [(self.now, 0.0)]
+
+    def _advance(self):
+        now = time.monotonic()
+        self.records += self.flow[0] * (now - self.now)
+        self.bp_seconds += self.flow[1] * (now - self.now)
+        self.now = now
+        self.history.append((now, self.bp_seconds))
+
+    def _window(self):
+        t0, bp0 = next(h for h in self.history if h[0] >= self.now - 1.0)
+        return (self.bp_seconds - bp0) / (self.now - t0) * 1000 if self.now > t0 else 0.0
+
+    def ask(self, msg):
+        self._advance()
+        if msg["cmd"] == "limits":
+            if msg["producer"] is None:
+                self.flow = (self.UNTHROTTLED, 0.6)
+            else:
+                consumer = msg["consumer"] or 100.0
+                self.flow = (msg["rate"] * min(msg["producer"], consumer) / 100,
+                             0.95 if consumer < msg["producer"] else 0.0)
+            return [{"ok": True}] * self.num_tasks
+        assert msg["cmd"] == "sample"
+        return [{"t_ns": int(self.now * 1e9), "out": int(self.records),
+                 "in": int(self.records), "bp_ns": int(self.bp_seconds * 1e9),
+                 "bp": self._window(), "out_pool": 1.0 if self.flow[1] else 0.4,
+                 "in_pool": 0.5} for _ in range(self.num_tasks)]
+
+
+def test_spark_demo_levels_are_those_of_their_intervals():
+    """The first interval (nothing slowed) and the first after each release
+    read OK, every slowed one HIGH: the back-pressured time of exactly each
+    interval, not a 1 s window that still holds the calibration or the
+    slowed phase before."""
+    lines = []
+    rows, unthrottled, full_rate = _steer(_SimulatedTasks(), _Job(), 0.4, 0.1,
+                                          DEFAULT_SCHEDULE, 0.25, lines.append)
+    assert unthrottled == pytest.approx(2 * _SimulatedTasks.UNTHROTTLED, rel=0.05)
+    assert len(rows) == 20
+    levels = [r["backpressure_level"] for r in rows]
+    slowed = [r["consumer_limit_pct"] < r["producer_limit_pct"] for r in rows]
+    assert levels == ["HIGH" if s else "OK" for s in slowed], levels
+    assert rows[0]["producer_back_pressured_ms_per_s"] == pytest.approx(0, abs=5)
+    for r in (rows[8], rows[16]):                   # the first intervals after a release
+        assert r["producer_back_pressured_ms_per_s"] == pytest.approx(0, abs=5), r
+    for r, s in zip(rows, slowed):
+        if s:
+            assert r["producer_back_pressured_ms_per_s"] == pytest.approx(950, abs=5), r
+    assert [r["producer_pct"] for r in rows[:4]] == pytest.approx([60] * 4, abs=1)
+    live = [ln for ln in lines if re.match(r"^ *\d+\.\d ", ln)]
+    assert [ln.split()[-3] for ln in live] == levels
+
+
+def test_spark_demo_interval_row():
+    before = (10.0, [{"t_ns": 0, "out": 0, "in": 0, "bp_ns": 0, "out_pool": 0.4, "in_pool": 0},
+                     {"t_ns": 5, "out": 0, "in": 0, "bp_ns": 0, "out_pool": 0.4, "in_pool": 0}])
+    after = (10.5, [{"t_ns": 500_000_000, "out": 300, "in": 250, "bp_ns": 40_000_000,
+                     "out_pool": 0.6, "in_pool": 0.2},
+                    {"t_ns": 500_000_005, "out": 200, "in": 250, "bp_ns": 300_000_000,
+                     "out_pool": 1.0, "in_pool": 0.5}])
+    row = interval_row(0.5, (60, 30), before, after, 2000.0)
+    assert row == {"t_seconds": 0.5, "producer_limit_pct": 60, "consumer_limit_pct": 30,
+                   "producer_pct": 50.0, "consumer_pct": 50.0, "backpressure_level": "HIGH",
+                   "producer_records_per_s": 1000, "consumer_records_per_s": 1000,
+                   "producer_back_pressured_ms_per_s": 600.0, "out_pool_usage": 1.0,
+                   "in_pool_usage": 0.5}
