@@ -2,21 +2,31 @@
 ``flinkbuf experiment backpressure`` and ``flinkbuf experiment slow-subpartition``,
 and ``flinkbuf spark-demo`` (the backpressure schedule on PySpark tasks).
 
-Every argument is checked before anything runs: a bad one is reported on
+Every argument is checked before anything runs: a bad one (or a missing
+requirement, such as PySpark or Java for the Spark demo) is reported on
 one line of standard error, with exit status 2, and nothing is written.
-An experiment exits with 1 if one of its expectations does not hold.
+A command exits with 1 if one of its expectations does not hold, or if the
+run fails (one line saying why, not a traceback), and with 130, after the
+one line ``flinkbuf: interrupted``, on Ctrl-C.
 """
 
 import argparse
+import contextlib
+import os
 import re
+import signal
 import sys
+import threading
 
 import flinkbuf
+from flinkbuf import demo as _demo
 from flinkbuf.experiments import ExperimentArgumentError
 from flinkbuf.experiments import backpressure as _bp
 from flinkbuf.experiments import slow_subpartition as _ss
-from flinkbuf.experiments._args import MAX_SECONDS
-from flinkbuf.experiments._output import PLOT_HINT, prepare_out_dir
+from flinkbuf.experiments._args import MAX_SECONDS, MissingRequirementError
+from flinkbuf.experiments._failures import one_line
+from flinkbuf.experiments._output import PLOT_HINT, prepare_out_dir, remove_empty
+from flinkbuf.experiments._remote import TRANSPORTS
 
 # Parameter names of the library functions -> the options that set them.
 _OPTION_NAMES = {
@@ -33,6 +43,9 @@ _OPTION_NAMES = {
     "modes": "--modes",
     "tasks": "--tasks",
     "records": "--records",
+    "master": "--master",
+    "transport": "--transport",
+    "remote": "--remote",
 }
 _DEMO_NAMES = {"phase_seconds": "--seconds", "segment_size": "--segment-size"}
 
@@ -78,7 +91,8 @@ def build_parser():
     parser = _Parser(
         prog="flinkbuf", description="Flink's network buffers and backpressure for Python.",
         epilog="Bad arguments are reported on one line with exit status 2, before anything "
-               "runs; an experiment whose expectations do not hold exits with 1.")
+               "runs or is written; a command whose expectations do not hold, or whose run "
+               "fails, exits with 1; Ctrl-C exits with 130.")
     parser.add_argument("--version", action="version", version=f"flinkbuf {flinkbuf.__version__}")
     sub = parser.add_subparsers(dest="command", required=True,
                                 metavar="{demo,experiment,spark-demo}")
@@ -109,28 +123,35 @@ def _add_spark_demo(sub):
             "tasks) and the producers' backpressure level. Then a table of each task's "
             "metrics, and the keyed job (--records records counted per key) through flinkbuf "
             "and through Spark's shuffle, side by side. Writes DIR/spark-backpressure.csv, "
-            ".json and, with matplotlib, .png; exits with 1 if an expectation fails. Needs "
-            "PySpark (pip install 'flinkbuf[spark]') and a Java runtime; the executors run "
-            "this Python (PYSPARK_PYTHON, set to it unless already set)."))
+            ".json, with matplotlib .png, and .log (what Spark's JVM and its Python workers "
+            "print, kept off the terminal); exits with 1 if an expectation fails or the run "
+            "fails (one line with the cause). Needs PySpark (pip install 'flinkbuf[spark]') "
+            "and a Java runtime ($JAVA_HOME/bin/java, else java on PATH; Java 17 or later for "
+            "Spark 4), checked before Spark starts; the executors run this Python "
+            "(PYSPARK_PYTHON, set to it unless already set)."))
     sd.add_argument("--out", default="out", metavar="DIR",
                     help="output directory, created if missing (default: out)")
     sd.add_argument("--phase-seconds", type=_number, default=4.0, metavar="S",
-                    help=f"length of each of the 5 phases, in [--interval, {MAX_SECONDS:g}] "
-                         "(default: 4)")
+                    help=f"length of each of the 5 phases, up to {MAX_SECONDS:g}, and at least "
+                         f"{_bp.SETTLE_SECONDS:g} s (left out of the checks after each change) "
+                         "and an interval more (default: 4)")
     sd.add_argument("--interval", type=_number, default=0.5, metavar="S",
                     help="sampling interval, in [0.05, 10] (default: 0.5)")
     sd.add_argument("--tasks", type=_integer, default=2, metavar="N",
-                    help="Spark tasks, each a producer and a consumer, in [1, 64]; the master "
-                         "needs N slots (default: 2)")
+                    help="Spark tasks, each a producer and a consumer, in [1, 64]; they run as "
+                         "one barrier stage, so the master needs N slots at once (default: 2)")
     sd.add_argument("--records", type=_integer, default=1_000_000, metavar="N",
                     help="records of the keyed job run through flinkbuf and through Spark's "
-                         "shuffle (default: 1000000)")
+                         "shuffle, in [1, 1000000000] (default: 1000000)")
     sd.add_argument("--segment-size", type=_integer, default=4096, metavar="BYTES",
                     help="buffer size during the schedule, in [64, 1048576] (default: 4096)")
     sd.add_argument("--full-speed-fraction", type=_number, default=0.25, metavar="F",
                     help="full speed = F x the unthrottled rate, F in [0.01, 1] (default: 0.25)")
     sd.add_argument("--master", default="local[2]", metavar="URL",
-                    help="Spark master URL (default: local[2])")
+                    help="Spark master URL: local (1 slot), local[N] (N), local[*] (a slot per "
+                         "CPU), local[N,F], local-cluster[W,C,M] (W x C), spark://HOST:PORT, "
+                         "yarn or k8s://URL; where the URL gives the slots, --tasks is checked "
+                         "against them before Spark starts (default: local[2])")
     sd.add_argument("--no-plot", action="store_true", help="skip the PNG")
     sd.set_defaults(func=_run_spark_demo, parser=sd)
 
@@ -139,13 +160,21 @@ def _add_demo(sub):
     demo = sub.add_parser(
         "demo", help="backpressure between two threads through a pool of 2 buffers",
         description="The buffer core alone: a producer thread fills buffers from a pool of 2 "
-                    "and a consumer thread recycles them; when the consumer slows down, the "
-                    "producer's blocking buffer request makes it follow.")
+                    "and a consumer thread recycles them; the consumer runs at full speed, "
+                    f"slowed ({_demo.SLOW_DELAY * 1e3:g} ms per buffer) and released, a line "
+                    "per phase. The verdict comes from the measured rates: whether the "
+                    "producer followed the slowed consumer because its buffer requests "
+                    "blocked, or what the measurement could not show. Exits with 1 unless it "
+                    "showed that.")
     demo.add_argument("--seconds", type=_number, default=1.0, metavar="S",
-                      help=f"length of each of the 3 phases, in (0, {MAX_SECONDS:g}] "
-                           "(default: 1)")
+                      help=f"length of each of the 3 phases, in [{_demo.MIN_PHASE_SECONDS:g}, "
+                           f"{MAX_SECONDS:g}]: a shorter phase holds too few buffers of the "
+                           f"slowed consumer (at most {1 / _demo.SLOW_DELAY:,.0f} per second) "
+                           "for a rate (default: 1)")
     demo.add_argument("--segment-size", type=_integer, default=4096, metavar="BYTES",
-                      help="buffer size, >= 1 (default: 4096)")
+                      help=f"buffer size, in [1, {_demo.MAX_SEGMENT_SIZE}]: filling a larger "
+                           "buffer takes about as long as the slowed consumer's delay "
+                           "(default: 4096)")
     demo.set_defaults(func=_run_demo, parser=demo)
 
 
@@ -170,8 +199,9 @@ def _add_backpressure(which):
     bp.add_argument("--out", default="out", metavar="DIR",
                     help="output directory, created if missing (default: out)")
     bp.add_argument("--phase-seconds", type=_number, default=5.0, metavar="S",
-                    help=f"length of each of the 5 phases, in [--interval, {MAX_SECONDS:g}] "
-                         "(default: 5)")
+                    help=f"length of each of the 5 phases, up to {MAX_SECONDS:g}, and at least "
+                         f"{_bp.SETTLE_SECONDS:g} s (left out of the checks after each change) "
+                         "and an interval more (default: 5)")
     bp.add_argument("--interval", type=_number, default=0.5, metavar="S",
                     help=f"sampling interval, in [{_bp.MIN_INTERVAL:g}, --phase-seconds] "
                          "(default: 0.5)")
@@ -190,8 +220,14 @@ def _add_backpressure(which):
                     help=f"buffers of the producer's pool, >= {_bp.MIN_BUFFERS}: one being "
                          "filled, one in flight (default: 2)")
     bp.add_argument("--remote", action="store_true",
-                    help="run the consumer in another process, reading over TCP on loopback "
-                         "with credit-based flow control (--buffers exclusive buffers)")
+                    help="run the consumer in another process, reading over a local socket "
+                         "connection (a Unix socket, or TCP with --transport tcp) with "
+                         "credit-based flow control (--buffers exclusive buffers); the output "
+                         "says which transport the connection used")
+    bp.add_argument("--transport", choices=TRANSPORTS, default="auto",
+                    help="with --remote: auto (a Unix socket between processes on this host "
+                         "where there is one, else TCP) or tcp (TCP on loopback) "
+                         "(default: auto)")
     bp.add_argument("--no-plot", action="store_true", help="skip the PNG")
     bp.set_defaults(func=_run_backpressure, parser=bp)
 
@@ -235,70 +271,171 @@ def _add_slow_subpartition(which):
                     help=f"comma-separated modes to run, in order, or 'all' "
                          f"({','.join(_ss.MODES)}); default: {','.join(_ss.DEFAULT_MODES)}")
     ss.add_argument("--remote", action="store_true",
-                    help="run both consumers in another process, reading over TCP on loopback")
+                    help="run both consumers in another process, reading over a local socket "
+                         "connection (a Unix socket, or TCP with --transport tcp); the output "
+                         "says which transport the connection used")
+    ss.add_argument("--transport", choices=TRANSPORTS, default="auto",
+                    help="with --remote: auto (a Unix socket between processes on this host "
+                         "where there is one, else TCP) or tcp (TCP on loopback) "
+                         "(default: auto)")
     ss.add_argument("--no-plot", action="store_true", help="skip the PNG")
     ss.set_defaults(func=_run_slow_subpartition, parser=ss)
 
 
+# Each command checks everything it can (arguments, then what it needs
+# installed) before _out_dir creates or writes anything.
+
+@contextlib.contextmanager
+def _out_dir(path, filenames):
+    """``path`` made ready for ``filenames``; the directories made for it
+    are removed again if the run ends before writing anything there."""
+    created = []
+    prepare_out_dir(path, filenames, names=_OPTION_NAMES, created=created)
+    try:
+        yield
+    except BaseException:
+        remove_empty(created)
+        raise
+
+
 def _run_demo(args):
-    from flinkbuf.demo import check_arguments, run_demo
-    check_arguments(args.seconds, args.segment_size, names=_DEMO_NAMES)
-    run_demo(phase_seconds=args.seconds, segment_size=args.segment_size)
-    return 0
+    _demo.check_arguments(args.seconds, args.segment_size, names=_DEMO_NAMES)
+    result = _demo.run_demo(phase_seconds=args.seconds, segment_size=args.segment_size)
+    return 0 if result["followed"] else 1
 
 
 def _run_backpressure(args):
     _bp.check_arguments(args.phase_seconds, args.interval, _bp.DEFAULT_SCHEDULE,
                         args.segment_size, args.buffers, args.full_speed,
-                        args.full_speed_fraction, names=_OPTION_NAMES)
-    prepare_out_dir(args.out, _bp.OUTPUT_FILES, names=_OPTION_NAMES)
-    doc = _bp.run_backpressure(args.out, args.phase_seconds, interval=args.interval,
-                               segment_size=args.segment_size, buffers=args.buffers,
-                               full_speed=args.full_speed,
-                               full_speed_fraction=args.full_speed_fraction,
-                               remote=args.remote, plot=not args.no_plot)
+                        args.full_speed_fraction, remote=args.remote, transport=args.transport,
+                        names=_OPTION_NAMES)
+    with _out_dir(args.out, _bp.OUTPUT_FILES):
+        doc = _bp.run_backpressure(args.out, args.phase_seconds, interval=args.interval,
+                                   segment_size=args.segment_size, buffers=args.buffers,
+                                   full_speed=args.full_speed,
+                                   full_speed_fraction=args.full_speed_fraction,
+                                   remote=args.remote, transport=args.transport,
+                                   plot=not args.no_plot)
     return 0 if doc["checks"]["passed"] else 1
 
 
 def _run_slow_subpartition(args):
     _ss.check_arguments(args.phase_seconds, args.consumer_rate, args.segment_size,
-                        args.pool_buffers, args.cap, args.modes, names=_OPTION_NAMES)
-    prepare_out_dir(args.out, _ss.OUTPUT_FILES, names=_OPTION_NAMES)
-    doc = _ss.run_slow_subpartition(args.out, args.phase_seconds,
-                                    consumer_rate=args.consumer_rate,
-                                    pool_buffers=args.pool_buffers, cap=args.cap,
-                                    segment_size=args.segment_size, modes=args.modes,
-                                    remote=args.remote, plot=not args.no_plot)
+                        args.pool_buffers, args.cap, args.modes, remote=args.remote,
+                        transport=args.transport, names=_OPTION_NAMES)
+    with _out_dir(args.out, _ss.OUTPUT_FILES):
+        doc = _ss.run_slow_subpartition(args.out, args.phase_seconds,
+                                        consumer_rate=args.consumer_rate,
+                                        pool_buffers=args.pool_buffers, cap=args.cap,
+                                        segment_size=args.segment_size, modes=args.modes,
+                                        remote=args.remote, transport=args.transport,
+                                        plot=not args.no_plot)
     return 0 if doc["checks"]["passed"] else 1
 
 
 def _run_spark_demo(args):
     from flinkbuf.experiments import spark_demo as _sd
     _sd.check_arguments(args.phase_seconds, args.interval, args.tasks, args.records,
-                        args.segment_size, args.full_speed_fraction, names=_OPTION_NAMES)
-    prepare_out_dir(args.out, _sd.OUTPUT_FILES, names=_OPTION_NAMES)
-    try:
-        import pyspark  # noqa: F401
-    except ImportError:
-        args.parser.exit(2, f"{args.parser.prog}: error: PySpark is not installed: "
-                            "pip install 'flinkbuf[spark]'\n")
-    doc = _sd.run_spark_demo(args.out, args.phase_seconds, interval=args.interval,
-                             tasks=args.tasks, records=args.records,
-                             segment_size=args.segment_size,
-                             full_speed_fraction=args.full_speed_fraction, master=args.master,
-                             plot=not args.no_plot)
+                        args.segment_size, args.full_speed_fraction, args.master,
+                        names=_OPTION_NAMES)
+    _sd.check_environment(args.master, names=_OPTION_NAMES)
+    with _out_dir(args.out, _sd.OUTPUT_FILES):
+        doc = _sd.run_spark_demo(args.out, args.phase_seconds, interval=args.interval,
+                                 tasks=args.tasks, records=args.records,
+                                 segment_size=args.segment_size,
+                                 full_speed_fraction=args.full_speed_fraction,
+                                 master=args.master, plot=not args.no_plot)
     return 0 if doc["checks"]["passed"] else 1
 
 
-def main(argv=None):
-    args = build_parser().parse_args(argv)
+INTERRUPTED = "flinkbuf: interrupted"
+
+
+class _Interrupts:
+    """Ctrl-C while a command runs: the first prints ``flinkbuf:
+    interrupted``, silences standard error for the rest of the process (a
+    command stopping its threads, its child processes or Spark has nothing
+    more to say) and raises KeyboardInterrupt, so that the command cleans
+    up on its way out; a second one exits at once."""
+
+    def __init__(self):
+        self.fired = False
+        self._previous = None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+        return False
+
+    def _handler(self, signum, frame):
+        if self.fired:
+            try:
+                sys.stdout.flush()
+            finally:
+                os._exit(130)
+        self.announce()
+        raise KeyboardInterrupt
+
+    def announce(self):
+        """Say it once, then keep what follows off the terminal."""
+        if self.fired:
+            return
+        self.fired = True
+        try:
+            sys.stdout.flush()
+        except (OSError, ValueError):
+            pass
+        print(INTERRUPTED, file=sys.stderr, flush=True)
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stderr.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError):
+            sys.stderr = open(os.devnull, "w")
+
+
+def _quiet_stdout():
+    """Standard output to /dev/null: its reader has gone, and the flush at
+    exit would fail again."""
     try:
-        return args.func(args)
-    except ExperimentArgumentError as exc:
-        args.parser.error(str(exc))
-    except KeyboardInterrupt:
-        print(f"{args.parser.prog}: interrupted", file=sys.stderr)
-        return 130
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def main(argv=None):
+    """Run the command line ``argv`` (default: ``sys.argv[1:]``); returns
+    the exit status.  After Ctrl-C, standard error stays silent until the
+    process exits."""
+    parser = build_parser()
+    command = parser
+    with _Interrupts() as interrupts:
+        try:
+            args = parser.parse_args(argv)
+            command = args.parser
+            return args.func(args)
+        except ExperimentArgumentError as exc:
+            command.error(str(exc))
+        except MissingRequirementError as exc:
+            command.exit(2, f"{command.prog}: error: {exc}\n")
+        except KeyboardInterrupt:
+            interrupts.announce()
+            return 130
+        except BrokenPipeError:          # the reader of the output went away (| head)
+            _quiet_stdout()
+            return 141
+        except Exception as exc:         # noqa: BLE001 - one line instead of a traceback
+            if interrupts.fired:         # cleaning up after Ctrl-C failed
+                return 130
+            print(f"{command.prog}: failed: {one_line(exc)}", file=sys.stderr)
+            return 1
 
 
 if __name__ == "__main__":

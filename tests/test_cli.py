@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from cli_helpers import interrupt, marked_environment, none_left, processes_with
 
 import flinkbuf
 from flinkbuf.experiments import ExperimentArgumentError, run_backpressure, run_slow_subpartition
@@ -45,6 +46,11 @@ def _assert_refused(args, tmp_path, message):
 
 BP = ["experiment", "backpressure", "--out", "o"]
 SS = ["experiment", "slow-subpartition", "--out", "o"]
+SD = ["spark-demo", "--out", "o/deeper"]
+try:
+    CPUS = len(os.sched_getaffinity(0))
+except AttributeError:
+    CPUS = os.cpu_count()
 
 BAD_ARGUMENTS = [
     # top level
@@ -53,9 +59,11 @@ BAD_ARGUMENTS = [
     (["demo", "--bogus"], "unrecognized arguments"),
     (["experiment"], "required"),
     (["experiment", "fastest"], "invalid choice"),
-    # demo
-    (["demo", "--seconds", "-1"], "--seconds must be > 0"),
-    (["demo", "--seconds", "0"], "--seconds must be > 0"),
+    # demo: phases too short, or buffers too large, to show anything
+    (["demo", "--seconds", "-1"], "--seconds must be >= 0.1"),
+    (["demo", "--seconds", "0"], "--seconds must be >= 0.1"),
+    (["demo", "--seconds", "1e-9"], "--seconds must be >= 0.1, got 1e-09 (a shorter phase"),
+    (["demo", "--seconds", "0.05"], "--seconds must be >= 0.1"),
     (["demo", "--seconds", "inf"], "--seconds must be finite"),
     (["demo", "--seconds", "-inf"], "--seconds must be finite"),
     (["demo", "--seconds", "nan"], "--seconds must be finite"),
@@ -64,7 +72,8 @@ BAD_ARGUMENTS = [
     (["demo", "--segment-size", "0"], "--segment-size must be >= 1"),
     (["demo", "--segment-size", "-4096"], "--segment-size must be >= 1"),
     (["demo", "--segment-size", "1.5"], "must be an integer"),
-    (["demo", "--segment-size", TOO_BIG], "--segment-size must be <= 2147483647"),
+    (["demo", "--segment-size", "1048577"], "--segment-size must be <= 1048576, got 1048577 ("),
+    (["demo", "--segment-size", TOO_BIG], "--segment-size must be <= 1048576"),
     # experiment backpressure
     (BP + ["--phase-seconds", "inf"], "--phase-seconds must be finite"),
     (BP + ["--phase-seconds", "nan"], "--phase-seconds must be finite"),
@@ -74,6 +83,9 @@ BAD_ARGUMENTS = [
     (BP + ["--phase-seconds", "-.5"], "--phase-seconds must be > 0"),
     (BP + ["--phase-seconds", "1e9"], "--phase-seconds must be <= 3600"),
     (BP + ["--phase-seconds", "0.2"], "must be at least --interval"),
+    (BP + ["--interval", "0.4", "--phase-seconds", "0.9"],
+     "--phase-seconds (0.9) must be >= 1.2 with --interval 0.4: the checks leave out the first "
+     "0.5 s after each change"),
     (BP + ["--interval", "0"], "--interval must be >= 0.05"),
     (BP + ["--interval", "0.01"], "--interval must be >= 0.05"),
     (BP + ["--interval", "inf"], "--interval must be finite"),
@@ -97,6 +109,8 @@ BAD_ARGUMENTS = [
     (BP + ["--buffers", "two"], "must be an integer"),
     (BP + ["--buffers", TOO_BIG], "--buffers must be <= 2147483647"),
     (BP + ["--buffers", "1000", "--segment-size", "2147483647"], "memory"),
+    (BP + ["--transport", "tcp"], "--transport tcp needs --remote"),
+    (BP + ["--remote", "--transport", "udp"], "invalid choice: 'udp'"),
     # experiment slow-subpartition
     (SS + ["--phase-seconds", "inf"], "--phase-seconds must be finite"),
     (SS + ["--phase-seconds", "nan"], "--phase-seconds must be finite"),
@@ -121,6 +135,31 @@ BAD_ARGUMENTS = [
     (SS + ["--modes", "fastest"], "unknown modes ['fastest'] in --modes"),
     (SS + ["--modes", ","], "--modes must name at least one mode"),
     (SS + ["--modes", "unimpeded,unimpeded"], "--modes must not repeat a mode"),
+    (SS + ["--transport", "tcp"], "--transport tcp needs --remote"),
+    # spark-demo: refused before Spark starts (and before PySpark or Java are looked for)
+    (SD + ["--tasks", "3"],
+     "--tasks 3 needs 3 slots at once but --master local[2] has 2: use --master local[3] "
+     "or --tasks 2"),
+    (SD + ["--master", "local", "--tasks", "2"], "--master local has 1: use --master local[2]"),
+    *([(SD + ["--master", "local[*]", "--tasks", str(CPUS + 1)],
+        f"--master local[*] has {CPUS} (the CPUs of this machine): use --master "
+        f"local[{CPUS + 1}] or --tasks {CPUS}")] if CPUS < 64 else []),
+    (SD + ["--master", "local[2,3]", "--tasks", "4"], "use --master local[4,3] or --tasks 2"),
+    (SD + ["--master", "local-cluster[2,1,1024]", "--tasks", "3"],
+     "has 2 (2 workers x 1 core): use --master local-cluster[3,1,1024] or --tasks 2"),
+    (SD + ["--master", "local[0]"], "--master local[0] runs no task"),
+    (SD + ["--master", "bogus://x"], "--master must be a Spark master URL (local, local[N]"),
+    (SD + ["--master", "local[two]"], "--master must be a Spark master URL"),
+    (SD + ["--master", "yarn-client"], "--master must be a Spark master URL"),
+    (SD + ["--master", "spark://host"], "a standalone master is spark://HOST:PORT"),
+    (SD + ["--master", "spark://h:7077,h2:70777"], "a standalone master is spark://HOST:PORT"),
+    (SD + ["--master", "k8s://"], "the cluster's address is missing after k8s://"),
+    (SD + ["--master", "mesos://h:5050"], "has no Mesos support"),
+    (SD + ["--records", "0"], "--records must be >= 1, got 0"),
+    (SD + ["--interval", "0.25", "--phase-seconds", "0.5"],
+     "--phase-seconds (0.5) must be >= 0.75 with --interval 0.25"),
+    (SD + ["--records", str(10**9 + 1)], "--records must be <= 1000000000"),
+    (SD + ["--tasks", "65"], "--tasks must be <= 64"),
 ]
 
 
@@ -185,7 +224,7 @@ def test_version(tmp_path):
 
 
 @pytest.mark.parametrize("args", [[], ["demo"], ["experiment"], ["experiment", "backpressure"],
-                                  ["experiment", "slow-subpartition"]])
+                                  ["experiment", "slow-subpartition"], ["spark-demo"]])
 def test_help_of_every_command(tmp_path, args):
     proc = _cli([*args, "--help"], tmp_path)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
@@ -246,3 +285,140 @@ def test_per_channel_cap_only_mode_starves_the_fast_consumer_within_the_cap(tmp_
     assert checks["cap_bounds_blocked_subpartition"] is True
     assert checks["shared_pool_starves"] is None          # not run
     assert not (tmp_path / "o" / "slow-subpartition.png").exists()
+
+
+# ---- spark-demo: what it needs, checked before anything is written ----------------------
+
+_NO_PYSPARK = ("import sys; sys.modules['pyspark'] = None; "
+               "from flinkbuf.cli import main; sys.exit(main())")
+
+
+def test_spark_demo_without_pyspark_writes_nothing(tmp_path):
+    """The out directory (and its missing parents) is made only after every
+    check, PySpark's among them."""
+    before = _tree(tmp_path)
+    proc = _cli(["spark-demo", "--out", "newdir/deeper"], tmp_path,
+                python_args=["-c", _NO_PYSPARK])
+    assert (proc.returncode, proc.stdout) == (2, ""), proc.stderr
+    assert proc.stderr == ("flinkbuf spark-demo: error: PySpark is not installed: "
+                           "pip install 'flinkbuf[spark]'\n")
+    assert _tree(tmp_path) == before
+
+
+def _fake_java(tmp_path, version):
+    home = tmp_path / f"java-{version}"
+    (home / "bin").mkdir(parents=True)
+    java = home / "bin" / "java"
+    java.write_text(f'#!/bin/sh\necho \'openjdk version "{version}" 2020-01-01\' >&2\n')
+    java.chmod(0o755)
+    return home
+
+
+@pytest.mark.parametrize("case", ["no java", "JAVA_HOME without java", "Java 11", "Java 1.8"])
+def test_spark_demo_without_a_usable_java_says_what_to_install(tmp_path, case):
+    pytest.importorskip("pyspark")
+    env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
+    if case == "no java":
+        env["PATH"] = str(tmp_path)                  # nothing named java there
+        message = ("no Java runtime (no java on PATH, JAVA_HOME not set): Spark needs one; "
+                   "install Java 17 or later (on Debian and Ubuntu: apt-get install "
+                   "openjdk-17-jre-headless)")
+    elif case == "JAVA_HOME without java":
+        env["JAVA_HOME"] = str(tmp_path)
+        message = f"JAVA_HOME is set to {tmp_path}, which has no bin/java"
+    else:
+        version = "11.0.2" if case == "Java 11" else "1.8.0_292"
+        env["JAVA_HOME"] = str(_fake_java(tmp_path, version))
+        message = (f"needs Java 17 or later, but {env['JAVA_HOME']}/bin/java is Java "
+                   f"{case.split()[1].replace('1.8', '8')}: install Java 17 or later")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    env["PYTHONPATH"] = ROOT
+    env.pop("PYSPARK_GATEWAY_PORT", None)
+    proc = subprocess.run([sys.executable, "-m", "flinkbuf", "spark-demo", "--out", "o/deeper"],
+                          cwd=run_dir, env=env, capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stdout) == (2, ""), proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("flinkbuf spark-demo: error: ") and message in proc.stderr, \
+        proc.stderr
+    assert os.listdir(run_dir) == []
+
+
+# ---- demo: its verdict comes from the measured rates -------------------------------------
+
+def _phase(name, produced, consumed, blocked, seconds=1.0):
+    return {"name": name, "seconds": seconds, "produced": produced, "consumed": consumed,
+            "blocked_seconds": blocked * seconds}
+
+
+def test_demo_verdict_follows_the_data():
+    from flinkbuf.demo import verdict
+
+    full = _phase("consumer at full speed", 40_000, 40_000, 0.7)
+    released = _phase("consumer released", 42_000, 42_000, 0.7)
+    followed = verdict([full, _phase("consumer slowed", 3_450, 3_449, 0.99), released])
+    assert followed["followed"] is True
+    assert followed["lines"][-1].startswith("so the producer followed the consumer")
+    # a consumer that slowing did not slow: nothing shown either way
+    busy = verdict([full, _phase("consumer slowed", 30_000, 30_000, 0.9), released])
+    assert busy["followed"] is None and busy["lines"][0].startswith("inconclusive: slowing")
+    # the producer's rate followed, but its requests hardly blocked: not shown
+    held = verdict([full, _phase("consumer slowed", 3_000, 3_000, 0.1), released])
+    assert held["followed"] is None and "blocked only 10%" in held["lines"][-1]
+    # a producer well above the consumer: it did not follow
+    ahead = verdict([full, _phase("consumer slowed", 3_600, 3_000, 0.99), released])
+    assert ahead["followed"] is False and ahead["lines"][-1].startswith("NO: the producer")
+    # ... but two buffers ahead over the phase is only the pool in flight
+    assert verdict([full, _phase("consumer slowed", 302, 300, 0.99, 0.1),
+                    released])["followed"] is True
+    # released, the consumer stayed slow
+    stuck = verdict([full, _phase("consumer slowed", 3_000, 3_000, 0.99),
+                     _phase("consumer released", 3_100, 3_100, 0.9)])
+    assert stuck["followed"] is False and "did not speed up" in stuck["lines"][-1]
+    # no buffer at all in a phase (1e-9 s used to print zeros and the conclusion)
+    empty = verdict([_phase("consumer at full speed", 0, 0, 0, 1e-9),
+                     _phase("consumer slowed", 0, 0, 0, 1e-9),
+                     _phase("consumer released", 0, 0, 0, 1e-9)])
+    assert empty["followed"] is None and empty["lines"][0].startswith("inconclusive: no buffer")
+    for v in (busy, held, ahead, stuck, empty):
+        assert not any("followed the consumer" in line for line in v["lines"])
+
+
+def test_demo_prints_the_verdict_of_its_own_measurement(tmp_path):
+    proc = _cli(["demo", "--seconds", "0.2"], tmp_path)
+    assert proc.stderr == ""
+    lines = proc.stdout.splitlines()
+    rows = {ln[:24].strip(): ln[24:].split() for ln in lines[2:5]}
+    assert list(rows) == ["consumer at full speed", "consumer slowed", "consumer released"]
+    conclusion = "so the producer followed the consumer"
+    if proc.returncode == 0:
+        assert lines[-1].startswith(conclusion), proc.stdout
+        # what it concludes from: the slowed phase's rates, as printed
+        produced, consumed = (float(x.replace(",", "")) for x in rows["consumer slowed"][:2])
+        assert abs(produced - consumed) <= max(0.05 * consumed, 2 / 0.2)
+    else:
+        assert proc.returncode == 1
+        assert not any(ln.startswith(conclusion) for ln in lines), proc.stdout
+        assert lines[-1].startswith(("inconclusive", "NO")), proc.stdout
+    assert _tree(tmp_path) == []
+
+
+# ---- Ctrl-C: one line, exit status 130 ----------------------------------------------------
+
+@pytest.mark.parametrize("args, ready", [
+    (["demo", "--seconds", "5"], "phase"),
+    (["experiment", "backpressure", "--out", "o", "--phase-seconds", "5", "--no-plot"],
+     "limits P/C"),
+    (["experiment", "backpressure", "--out", "o", "--phase-seconds", "5", "--no-plot",
+      "--remote"], "limits P/C"),
+    (["experiment", "slow-subpartition", "--out", "o", "--phase-seconds", "5", "--no-plot",
+      "--remote"], "fast rec/s"),
+], ids=["demo", "backpressure", "backpressure-remote", "slow-subpartition-remote"])
+def test_ctrl_c_is_one_line_and_status_130(tmp_path, args, ready):
+    """Also the consumers' process of --remote, which gets the terminal's
+    Ctrl-C too: it prints nothing and is gone."""
+    env, marker = marked_environment()
+    status, out, err = interrupt(args, tmp_path, ready, env=env)
+    assert (status, err) == (130, "flinkbuf: interrupted\n"), out
+    assert none_left(marker), processes_with(marker)
+    assert os.listdir(tmp_path) == []      # the out directory made for the run is gone again

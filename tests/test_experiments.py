@@ -1,11 +1,12 @@
-"""The seeds' experiments, run with short phases: the outputs' contract and
-the behaviour the issue expects of them (the only timed expectations in the
-suite, as the issue asks)."""
+"""The experiments, run with short phases: the outputs' contract and the
+behaviour expected of them (the only timed expectations in the suite), and
+the rows of the Spark demo computed from its tasks' counters."""
 
 import csv
 import json
 import re
 import statistics
+import time
 
 import pytest
 
@@ -15,6 +16,7 @@ from flinkbuf.experiments.backpressure import CSV_COLUMNS as BP_COLUMNS
 from flinkbuf.experiments.backpressure import check_backpressure
 from flinkbuf.experiments.slow_subpartition import CSV_COLUMNS as SS_COLUMNS
 from flinkbuf.experiments.slow_subpartition import check_slow_subpartition
+from flinkbuf.experiments.spark_demo import DEFAULT_SCHEDULE, _steer, interval_row
 
 
 def _read_csv(path):
@@ -26,7 +28,8 @@ def _read_csv(path):
 @pytest.mark.parametrize("where", ["local", "remote"])
 def test_backpressure_experiment(tmp_path, capsys, where):
     """In one process, and (``--remote``) with the consumer in another one
-    reading over TCP: the same schedule, outputs and expectations."""
+    reading over a Unix socket: the same schedule, outputs and
+    expectations."""
     rc = main(["experiment", "backpressure", "--out", str(tmp_path), "--phase-seconds", "3"]
               + (["--remote"] if where == "remote" else []))
     out = capsys.readouterr().out
@@ -43,7 +46,10 @@ def test_backpressure_experiment(tmp_path, capsys, where):
     assert doc["config"]["schedule"] == [[60, 100], [60, 30], [100, 100], [100, 30], [100, 100]]
     assert doc["config"]["buffers_per_task"] == 2 and doc["config"]["segment_size"] == 4096
     assert doc["config"]["exchange"].startswith(where)
-    assert ("over TCP" in out) == (where == "remote")
+    # the transport the connection used (on Linux, a Unix socket by default)
+    assert ("over a Unix socket" in out) == (where == "remote"), out
+    assert "TCP" not in out
+    assert doc["config"]["transport"] == ("unix" if where == "remote" else None)
     assert 0 < doc["full_speed_records_per_s"] < doc["unthrottled_records_per_s"]
     assert len(rows) == 30                       # 5 phases x 6 intervals of 0.5 s
     assert [float(r["t_seconds"]) for r in rows] == [0.5 * (i + 1) for i in range(30)]
@@ -65,6 +71,14 @@ def test_backpressure_experiment(tmp_path, capsys, where):
         assert abs(pct(r, "producer") - pct(r, "consumer")) <= 0.10 * pct(r, "producer"), r
     assert median(phases[0], lambda r: extra[float(r["t_seconds"])][
         "producer_back_pressured_ms_per_s"]) <= 500
+    # the level of each interval is that interval's own: OK in the first one
+    # (nothing slowed yet) and in the first one after each release
+    # (in one process: the consumer in another one may wait for the CPU)
+    if where == "local":
+        first_released = [extra[t] for t in (6.5, 12.5)]
+        assert extra[0.5]["backpressure_level"] == "OK", extra[0.5]
+        assert [r["backpressure_level"] for r in first_released] == ["OK", "OK"], \
+            first_released
     # slowed consumer: the producer tracks it within 10 %, blocked (HIGH)
     for phase in (phases[1], phases[3]):
         for r in phase:
@@ -121,6 +135,13 @@ def test_backpressure_checks_fail_when_the_producer_does_not_follow():
     assert checks["returns_to_full_speed"] is False
     assert checks["released_producer_median_pct"] == 80
     assert checks["tracks_consumer"] is None                  # no slowed phase
+
+    # a consumer that was not slowed shows nothing about the producer following it
+    unslowed = [(60, 30, [(60, 58), (60, 59), (60, 60), (60, 60)])]
+    checks = check_backpressure(_rows(unslowed), 0.5, 4)
+    assert checks["consumer_slowed"] is False and checks["tracks_consumer"] is None
+    assert checks["max_tracking_error_pct"] == pytest.approx(1.69, abs=0.01)   # (60, 59)
+    assert check_backpressure(_rows(good), 0.5, 4)["consumer_slowed"] is True
 
     # with 0.25 s intervals the first two intervals after a change are not checked
     settling = [(60, 30, [(50, 30), (40, 30), (30, 30), (30, 30)])]
@@ -201,6 +222,13 @@ def test_slow_subpartition_checks():
     assert checks["backlog_aware_restores"] is None
     not_restored = [result("unimpeded", 1000), result("backlog-aware", 850)]
     assert check_slow_subpartition(not_restored)["passed"] is False
+    # an unimpeded run that read nothing is no reference: nothing passes on it
+    no_reference = [result("unimpeded", 0), result("shared-pool", 0),
+                    result("backlog-aware", 900)]
+    checks = check_slow_subpartition(no_reference)
+    assert checks["reference_measured"] is False and checks["passed"] is False
+    assert checks["shared_pool_starves"] is None and checks["backlog_aware_restores"] is None
+    assert check_slow_subpartition([result("shared-pool", 50)])["reference_measured"] is None
 
 
 def test_slow_subpartition_rejects_bad_arguments(tmp_path):
@@ -208,3 +236,132 @@ def test_slow_subpartition_rejects_bad_arguments(tmp_path):
         run_slow_subpartition(tmp_path, 1, modes=("unimpeded", "fastest"))
     with pytest.raises(ValueError, match="cap must be >= 1"):
         run_slow_subpartition(tmp_path, 1, cap=0)
+
+
+def test_backpressure_remote_over_tcp_says_tcp(tmp_path):
+    lines = []
+    doc = run_backpressure(tmp_path, 0.75, interval=0.25, remote=True, transport="tcp",
+                           plot=False, printer=lines.append)
+    assert doc["config"]["transport"] == "tcp" and doc["config"]["transport_asked"] == "tcp"
+    assert "over TCP on loopback" in lines[0] and "Unix" not in "".join(lines), lines
+    assert "reads over TCP on loopback" in doc["config"]["exchange"]
+
+
+def test_transport_in_use_tells_tcp_from_a_unix_socket():
+    """What the experiments report is the connection's transport, seen from
+    the server's side: a peer with transport "tcp" comes over TCP even to a
+    server that also listens on a Unix socket."""
+    import sys
+
+    import flinkbuf as fb
+    from flinkbuf.experiments._remote import new_secret, transport_in_use
+    from flinkbuf.network import NetworkEnvironment
+
+    secret = new_secret()
+    expected = {"tcp": "tcp", "auto": "unix" if sys.platform.startswith("linux") else "tcp"}
+    for transport, used in expected.items():
+        with NetworkEnvironment(8, 4096, secret=secret) as server, \
+                NetworkEnvironment(8, 4096, secret=secret, transport=transport,
+                                   floating_buffers_per_gate=0) as client:
+            assert transport_in_use(server, "auto") is None         # no connection yet
+            partition = fb.create_partition(server.network_buffer_pool, 1, min_buffers=2)
+            server.register_partition("p", partition)
+            writer = fb.RecordWriter(partition, fb.ForwardSelector())
+            gate = client.create_input_gate([(server.address, "p", 0)])
+            writer.emit((1, 2))
+            writer.close()
+            assert list(gate) == [(1, 2)]
+            assert transport_in_use(server, "auto") == used, transport
+            gate.close()
+            partition.pool.destroy()
+
+
+# ---- the Spark demo's rows, from its tasks' cumulative counters ---------------------------
+
+class _Job:
+    error = None
+
+
+class _SimulatedTasks:
+    """The Spark demo's control connection, answered by simulated tasks:
+    records flow at the limits set; a producer whose consumer is slower is
+    back-pressured 950 ms per second, an unthrottled one (the calibration)
+    600.  Each task reports its cumulative counters, as the real ones do,
+    and ``bp``: the back-pressured ms/s of the last second, as a 1 s
+    sliding window of the task's metrics reads it."""
+
+    num_tasks = 2
+    UNTHROTTLED = 400_000             # records/s of each task
+
+    def __init__(self):
+        self.now = time.monotonic()
+        self.records = 0.0
+        self.bp_seconds = 0.0
+        self.flow = (self.UNTHROTTLED, 0.6)
+        self.history = [(self.now, 0.0)]
+
+    def _advance(self):
+        now = time.monotonic()
+        self.records += self.flow[0] * (now - self.now)
+        self.bp_seconds += self.flow[1] * (now - self.now)
+        self.now = now
+        self.history.append((now, self.bp_seconds))
+
+    def _window(self):
+        t0, bp0 = next(h for h in self.history if h[0] >= self.now - 1.0)
+        return (self.bp_seconds - bp0) / (self.now - t0) * 1000 if self.now > t0 else 0.0
+
+    def ask(self, msg):
+        self._advance()
+        if msg["cmd"] == "limits":
+            if msg["producer"] is None:
+                self.flow = (self.UNTHROTTLED, 0.6)
+            else:
+                consumer = msg["consumer"] or 100.0
+                self.flow = (msg["rate"] * min(msg["producer"], consumer) / 100,
+                             0.95 if consumer < msg["producer"] else 0.0)
+            return [{"ok": True}] * self.num_tasks
+        assert msg["cmd"] == "sample"
+        return [{"t_ns": int(self.now * 1e9), "out": int(self.records),
+                 "in": int(self.records), "bp_ns": int(self.bp_seconds * 1e9),
+                 "bp": self._window(), "out_pool": 1.0 if self.flow[1] else 0.4,
+                 "in_pool": 0.5} for _ in range(self.num_tasks)]
+
+
+def test_spark_demo_levels_are_those_of_their_intervals():
+    """The first interval (nothing slowed) and the first after each release
+    read OK, every slowed one HIGH: the back-pressured time of exactly each
+    interval, not a 1 s window that still holds the calibration or the
+    slowed phase before."""
+    lines = []
+    rows, unthrottled, full_rate = _steer(_SimulatedTasks(), _Job(), 0.4, 0.1,
+                                          DEFAULT_SCHEDULE, 0.25, lines.append)
+    assert unthrottled == pytest.approx(2 * _SimulatedTasks.UNTHROTTLED, rel=0.05)
+    assert len(rows) == 20
+    levels = [r["backpressure_level"] for r in rows]
+    slowed = [r["consumer_limit_pct"] < r["producer_limit_pct"] for r in rows]
+    assert levels == ["HIGH" if s else "OK" for s in slowed], levels
+    assert rows[0]["producer_back_pressured_ms_per_s"] == pytest.approx(0, abs=5)
+    for r in (rows[8], rows[16]):                   # the first intervals after a release
+        assert r["producer_back_pressured_ms_per_s"] == pytest.approx(0, abs=5), r
+    for r, s in zip(rows, slowed):
+        if s:
+            assert r["producer_back_pressured_ms_per_s"] == pytest.approx(950, abs=5), r
+    assert [r["producer_pct"] for r in rows[:4]] == pytest.approx([60] * 4, abs=1)
+    live = [ln for ln in lines if re.match(r"^ *\d+\.\d ", ln)]
+    assert [ln.split()[-3] for ln in live] == levels
+
+
+def test_spark_demo_interval_row():
+    before = (10.0, [{"t_ns": 0, "out": 0, "in": 0, "bp_ns": 0, "out_pool": 0.4, "in_pool": 0},
+                     {"t_ns": 5, "out": 0, "in": 0, "bp_ns": 0, "out_pool": 0.4, "in_pool": 0}])
+    after = (10.5, [{"t_ns": 500_000_000, "out": 300, "in": 250, "bp_ns": 40_000_000,
+                     "out_pool": 0.6, "in_pool": 0.2},
+                    {"t_ns": 500_000_005, "out": 200, "in": 250, "bp_ns": 300_000_000,
+                     "out_pool": 1.0, "in_pool": 0.5}])
+    row = interval_row(0.5, (60, 30), before, after, 2000.0)
+    assert row == {"t_seconds": 0.5, "producer_limit_pct": 60, "consumer_limit_pct": 30,
+                   "producer_pct": 50.0, "consumer_pct": 50.0, "backpressure_level": "HIGH",
+                   "producer_records_per_s": 1000, "consumer_records_per_s": 1000,
+                   "producer_back_pressured_ms_per_s": 600.0, "out_pool_usage": 1.0,
+                   "in_pool_usage": 0.5}

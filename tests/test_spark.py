@@ -608,7 +608,7 @@ def test_spark_demo_with_short_phases(spark, tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--tasks", "0"], "--tasks must be >= 1"),
-    (["--records", "-1"], "--records must be >= 0"),
+    (["--records", "-1"], "--records must be >= 1"),
     (["--interval", "0.01"], "--interval must be >= 0.05"),
     (["--phase-seconds", "0.1"], "--phase-seconds (0.1) must be >= --interval"),
     (["--segment-size", "8"], "--segment-size must be >= 64"),

@@ -19,6 +19,11 @@ class ExperimentArgumentError(ValueError):
     """An argument is out of range: nothing ran and nothing was written."""
 
 
+class MissingRequirementError(RuntimeError):
+    """Something a command needs is missing (a package, a Java runtime): the
+    message says what to install; nothing ran and nothing was written."""
+
+
 def _name(names, param):
     return (names or {}).get(param, param)
 

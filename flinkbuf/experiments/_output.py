@@ -14,9 +14,10 @@ VERDICT = {True: "yes", False: "NO", None: "n/a"}
 PLOT_HINT = "pip install 'flinkbuf[plot]'"
 
 
-def prepare_out_dir(out_dir, filenames, *, names=None, param="out_dir"):
+def prepare_out_dir(out_dir, filenames, *, names=None, param="out_dir", created=None):
     """Make ``out_dir`` a directory that ``filenames`` can be written to,
-    creating it (and missing parents) if needed, before anything runs.
+    creating it (and missing parents) if needed, before anything runs; the
+    directories it creates are appended to the list ``created`` if given.
 
     Raises :class:`ExperimentArgumentError` if it is a file, lies under a
     file, cannot be created or written, or one of ``filenames`` in it is a
@@ -34,29 +35,41 @@ def prepare_out_dir(out_dir, filenames, *, names=None, param="out_dir"):
         parent = os.path.dirname(parent)
     if not os.path.isdir(parent):
         fail(f"{name} {path!r} cannot be a directory: {parent!r} is a file")
-    created = []
+    made = []
     try:
         for d in reversed(missing):
             os.mkdir(d)
-            created.append(d)
+            made.append(d)
         fd, probe = tempfile.mkstemp(prefix=".flinkbuf-probe-", dir=path)
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:
-        for d in reversed(created):
-            try:
-                os.rmdir(d)
-            except OSError:
-                pass
+        remove_empty(made)
         fail(f"{name} {path!r} cannot be {'created' if missing else 'written'}: "
              f"{exc.strerror or exc}")
     for filename in filenames:
         target = os.path.join(path, filename)
+        problem = None
         if os.path.lexists(target) and not os.path.isfile(target):
-            fail(f"{name} {path!r}: {filename} in it is not a file")
-        if os.path.isfile(target) and not os.access(target, os.W_OK):
-            fail(f"{name} {path!r}: {filename} in it cannot be written")
+            problem = "is not a file"
+        elif os.path.isfile(target) and not os.access(target, os.W_OK):
+            problem = "cannot be written"
+        if problem:
+            remove_empty(made)
+            fail(f"{name} {path!r}: {filename} in it {problem}")
+    if created is not None:
+        created.extend(made)
     return path
+
+
+def remove_empty(directories):
+    """Remove those of ``directories`` (made in this order, parents first)
+    that are still empty."""
+    for d in reversed(directories):
+        try:
+            os.rmdir(d)
+        except OSError:
+            pass
 
 
 def write_table_and_doc(out_dir, name, columns, rows, doc):

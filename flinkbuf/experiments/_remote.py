@@ -1,19 +1,33 @@
 """Consumer tasks in another process, for the experiments' ``--remote``:
-the child reads this process's partitions over a NetworkEnvironment (TCP on
-loopback, authenticated), with the same throttles as the local consumers,
-and answers the experiment's questions (counts, metrics) through a pipe."""
+the child reads this process's partitions over a NetworkEnvironment (a
+local socket connection, authenticated: a Unix socket with transport
+``"auto"`` where the network layer has one, TCP on loopback with
+``"tcp"``), with the same throttles as the local consumers, and answers the
+experiment's questions (counts, metrics) through a pipe.  The child ignores
+Ctrl-C: the experiment stops it."""
 
 import multiprocessing
 import secrets
+import signal
+import sys
 import threading
 import time
 
 _BATCH = 64
 
+# NetworkEnvironment's transports: "auto" (peers on this host over a Unix
+# socket where there is one, else TCP) and "tcp".
+TRANSPORTS = ("auto", "tcp")
+_TRANSPORT_NAMES = {"tcp": "TCP on loopback", "unix": "a Unix socket",
+                    None: "a local socket connection"}
+
 
 def _child(conn, producer_address, secret, specs, segment_size, exclusive, floating,
-           blocked, full_rates):
+           blocked, full_rates, transport="auto"):
     """The child process: one consumer task per spec, then a command loop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)      # a terminal's Ctrl-C: the parent's
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
     import flinkbuf as fb
     from flinkbuf.experiments._throttle import Throttle
     from flinkbuf.network import NetworkEnvironment
@@ -21,7 +35,7 @@ def _child(conn, producer_address, secret, specs, segment_size, exclusive, float
     num_segments = len(specs) * exclusive + floating + 1
     env = NetworkEnvironment(num_segments, segment_size, secret=secret,
                              exclusive_buffers_per_channel=exclusive,
-                             floating_buffers_per_gate=floating)
+                             floating_buffers_per_gate=floating, transport=transport)
     gates = [env.create_input_gate([(producer_address, pid, sub)], name=f"consumer-{k}")
              for k, (pid, sub) in enumerate(specs)]
     throttles = [Throttle(rate) for rate in full_rates]
@@ -93,7 +107,7 @@ class RemoteConsumers:
     if ``blocked[k]``, stops after its first record until :meth:`release`."""
 
     def __init__(self, env, secret, specs, *, segment_size, exclusive=2, floating=0,
-                 blocked=None, full_rates=None, start_timeout=60.0):
+                 blocked=None, full_rates=None, start_timeout=60.0, transport="auto"):
         n = len(specs)
         blocked = list(blocked or [False] * n)
         full_rates = list(full_rates or [None] * n)
@@ -103,8 +117,18 @@ class RemoteConsumers:
         self._process = ctx.Process(
             target=_child, daemon=True, name="flinkbuf-remote-consumers",
             args=(child_conn, env.address, secret, specs, segment_size, exclusive, floating,
-                  blocked, full_rates))
-        self._process.start()
+                  blocked, full_rates, transport))
+        # SIGINT blocked while the child starts: it inherits the mask, so a
+        # terminal's Ctrl-C cannot interrupt it before it ignores SIGINT
+        # (this process gets its own when the mask is restored).
+        if hasattr(signal, "pthread_sigmask"):
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])
+            try:
+                self._process.start()
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        else:
+            self._process.start()
         child_conn.close()
         if not self._conn.poll(start_timeout):
             self._process.kill()
@@ -160,6 +184,47 @@ class MetricsProxy:
 
 def new_secret():
     return secrets.token_bytes(32)
+
+
+def describe_transport(transport):
+    """Words for a transport of :func:`transport_in_use`."""
+    return _TRANSPORT_NAMES[transport]
+
+
+def _tcp_connections_at(port):
+    """Established TCP connections whose local end is ``port`` on this host,
+    from the kernel's tables (Linux), or None where they cannot be read."""
+    found, read = 0, False
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                lines = f.readlines()[1:]
+        except OSError:
+            continue
+        read = True
+        for line in lines:
+            fields = line.split()
+            # sl local_address rem_address st ...; st 01 is ESTABLISHED
+            if len(fields) > 3 and fields[3] == "01" and \
+                    int(fields[1].rpartition(":")[2], 16) == port:
+                found += 1
+    return found if read else None
+
+
+def transport_in_use(env, asked="auto"):
+    """How the connections to ``env``'s server run: ``"tcp"``, ``"unix"``
+    or None (unknown).  Asked for ``"tcp"``, TCP; with ``"auto"``, the
+    kernel's table of TCP connections tells (Linux, the only platform where
+    the network layer has Unix sockets): an open connection to the server
+    that is not in it is a Unix socket's."""
+    if asked == "tcp":
+        return "tcp"
+    if not env.connections():
+        return None
+    tcp = _tcp_connections_at(env.address[1])
+    if tcp is None:
+        return None if sys.platform.startswith("linux") else "tcp"
+    return "tcp" if tcp else "unix"
 
 
 def wait_for(predicate, timeout, interval=0.01):

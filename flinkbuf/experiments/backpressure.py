@@ -10,7 +10,9 @@ the schedule of (producer, consumer) percentages is by default
 (60, 100) -> (60, 30) -> (100, 100) -> (100, 30) -> (100, 100).  Every
 ``interval`` seconds both tasks' throughput is recorded as a percentage of
 full speed, with the producer's back-pressure level from its
-``backPressuredTimeMsPerSecond``.
+back-pressured milliseconds per second over exactly that interval (the
+difference of the writer's cumulative ``back_pressured_time_ns``, read with
+the record counts).
 
 Full speed, the 100 % of the figure, is the producer's rate at 100 %: like
 a source, it generates records at most that fast.  The consumer at 100 % is
@@ -31,10 +33,13 @@ consumer is slow: it tracks the consumer, and both return to full speed
 when the consumer is released.
 
 With ``remote=True`` (``--remote``) the consumer runs in another process
-and reads the producer's partition over TCP on loopback (an authenticated
-connection with Flink's credit-based flow control, ``buffers`` exclusive
-buffers and no floating ones): the same schedule, outputs and expectations,
-the backpressure now travelling back across the connection.
+and reads the producer's partition over a local socket connection (an
+authenticated connection with Flink's credit-based flow control,
+``buffers`` exclusive buffers and no floating ones): a Unix socket with
+``transport="auto"`` where the network layer has one, TCP on loopback
+with ``transport="tcp"``.  The same schedule, outputs and expectations, the
+backpressure now travelling back across the connection; the outputs say
+which transport the connection used.
 
 Outputs in ``out_dir``: ``backpressure.csv`` (one row per interval:
 ``t_seconds,producer_limit_pct,consumer_limit_pct,producer_pct,consumer_pct,
@@ -59,15 +64,23 @@ from flinkbuf.experiments._args import (
     check_seconds,
     fail,
 )
+from flinkbuf.experiments._failures import RunFailed
 from flinkbuf.experiments._output import (
     VERDICT,
     load_plotting,
     prepare_out_dir,
     write_table_and_doc,
 )
-from flinkbuf.experiments._remote import MetricsProxy, RemoteConsumers, new_secret
+from flinkbuf.experiments._remote import (
+    TRANSPORTS,
+    MetricsProxy,
+    RemoteConsumers,
+    describe_transport,
+    new_secret,
+    transport_in_use,
+)
 from flinkbuf.experiments._throttle import Throttle
-from flinkbuf.io.metrics import TaskMetrics
+from flinkbuf.io.metrics import TaskMetrics, backpressure_level
 
 DEFAULT_SCHEDULE = ((60, 100), (60, 30), (100, 100), (100, 30), (100, 100))
 CSV_COLUMNS = ("t_seconds", "producer_limit_pct", "consumer_limit_pct", "producer_pct",
@@ -83,6 +96,14 @@ MIN_FULL_SPEED_FRACTION = 0.01
 OUTPUT_FILES = ("backpressure.csv", "backpressure.json", "backpressure.png")
 
 
+def ms_per_second(delta_ns, dt_ns):
+    """Milliseconds per second of ``delta_ns`` nanoseconds (of a cumulative
+    time counter) over ``dt_ns``, in [0, 1000]."""
+    if not dt_ns > 0:
+        return 0.0
+    return min(1000.0, max(0.0, delta_ns / dt_ns * 1000.0))
+
+
 def _rss_mb():
     try:
         with open("/proc/self/statm") as f:
@@ -94,6 +115,8 @@ def _rss_mb():
 class _Pipeline:
     """The two tasks, unthrottled until :meth:`set_limits`, running until
     :meth:`shutdown`."""
+
+    transport = None
 
     def __init__(self, segment_size, buffers, buffer_timeout):
         self.buffers = buffers
@@ -147,7 +170,10 @@ class _Pipeline:
             t.start()
 
     def counts(self):
-        return time.perf_counter(), self.writer.num_records_out, self.gate.num_records_in
+        """(now, records out, records in, the producer's back-pressured ns so
+        far, now in ns): cumulative, read together."""
+        return (time.perf_counter(), self.writer.num_records_out, self.gate.num_records_in,
+                self.writer.back_pressured_time_ns, time.monotonic_ns())
 
     def wait_until(self, deadline):
         """Sleep until ``deadline`` (perf_counter), watching the pool's
@@ -155,7 +181,7 @@ class _Pipeline:
         pool = self.partition.pool
         while True:
             if self.errors:
-                raise RuntimeError("a task of the experiment failed") from self.errors[0]
+                raise RunFailed.because("a task of the experiment failed", self.errors[0])
             now = time.perf_counter()
             if now >= deadline:
                 return
@@ -189,13 +215,15 @@ class _Pipeline:
 
 class _RemotePipeline(_Pipeline):
     """The same two tasks with the consumer in another process, reading the
-    producer's partition over TCP (:mod:`flinkbuf.network`)."""
+    producer's partition over a connection of ``transport``
+    (:mod:`flinkbuf.network`)."""
 
-    def __init__(self, segment_size, buffers, buffer_timeout):
+    def __init__(self, segment_size, buffers, buffer_timeout, transport="auto"):
         from flinkbuf.network import NetworkEnvironment
         secret = new_secret()
         self.buffers = buffers
-        self.env = NetworkEnvironment(buffers, segment_size, secret=secret)
+        self.transport = transport
+        self.env = NetworkEnvironment(buffers, segment_size, secret=secret, transport=transport)
         self.nbp = self.env.network_buffer_pool
         self.partition = fb.create_partition(self.nbp, 1, min_buffers=buffers, name="producer")
         self.env.register_partition("producer", self.partition)
@@ -209,7 +237,8 @@ class _RemotePipeline(_Pipeline):
         self.threads = [threading.Thread(target=self._produce, name="bp-producer", daemon=True)]
         try:
             self.consumers = RemoteConsumers(self.env, secret, [("producer", 0)],
-                                             segment_size=segment_size, exclusive=buffers)
+                                             segment_size=segment_size, exclusive=buffers,
+                                             transport=transport)
         except BaseException:
             self.writer.fail()
             self.env.close()
@@ -218,7 +247,8 @@ class _RemotePipeline(_Pipeline):
 
     def counts(self):
         consumed = self.consumers.counts()[0]
-        return time.perf_counter(), self.writer.num_records_out, consumed
+        return (time.perf_counter(), self.writer.num_records_out, consumed,
+                self.writer.back_pressured_time_ns, time.monotonic_ns())
 
     def wait_until(self, deadline):
         self.consumers.counts()          # raises a remote consumer's error
@@ -240,7 +270,7 @@ class _RemotePipeline(_Pipeline):
             self.env.close()
             raise RuntimeError(f"tasks did not stop within {timeout} s")
         if errors:
-            self.errors.append(RuntimeError(f"the remote consumer failed: {errors[0]}"))
+            self.errors.append(RunFailed(f"the remote consumer failed: {errors[0]}"))
         pool = self.partition.pool
         leaked = pool.num_requested - pool.num_available
         self.env.close()
@@ -250,7 +280,7 @@ class _RemotePipeline(_Pipeline):
 # Argument names of run_backpressure (the command line names its options instead).
 def check_arguments(phase_seconds, interval=0.5, schedule=DEFAULT_SCHEDULE, segment_size=4096,
                     buffers=2, full_speed=None, full_speed_fraction=0.25,
-                    calibration_intervals=4, *, names=None):
+                    calibration_intervals=4, remote=False, transport="auto", *, names=None):
     """Raise :class:`ExperimentArgumentError` (a ``ValueError``) unless every
     argument of :func:`run_backpressure` is in range; ``names`` maps
     parameter names to the names to report (say, command-line options)."""
@@ -262,6 +292,7 @@ def check_arguments(phase_seconds, interval=0.5, schedule=DEFAULT_SCHEDULE, segm
         fail(f"{n('phase_seconds', 'phase_seconds')} ({phase_seconds:g}) must be >= "
              f"{n('interval', 'interval')} ({interval:g}): each phase must be at least "
              f"{n('interval', 'interval')} long")
+    check_settles(phase_seconds, interval, names=names)
     if not schedule:
         fail("schedule must have at least one phase")
     for phase in schedule:
@@ -286,6 +317,37 @@ def check_arguments(phase_seconds, interval=0.5, schedule=DEFAULT_SCHEDULE, segm
         fail(f"{n('full_speed_fraction', 'full_speed_fraction')} must be in "
              f"[{MIN_FULL_SPEED_FRACTION:g}, 1], got {full_speed_fraction!r}")
     check_int("calibration_intervals", calibration_intervals, ge=1, le=10_000, names=names)
+    check_transport(transport, remote, names=names)
+
+
+def check_transport(transport, remote, *, names=None):
+    """``transport`` is one of :data:`TRANSPORTS`; other than ``"auto"``
+    only with ``remote`` (nothing else has a connection)."""
+    n = (names or {}).get
+    if transport not in TRANSPORTS:
+        fail(f"{n('transport', 'transport')} must be one of {', '.join(TRANSPORTS)}, got "
+             f"{transport!r}")
+    if transport != "auto" and not remote:
+        fail(f"{n('transport', 'transport')} {transport} needs {n('remote', 'remote')}: "
+             "only the consumer in another process reads over a connection")
+
+
+def settle_intervals(interval):
+    """The intervals after each change that the checks leave out: those
+    that begin less than ``SETTLE_SECONDS`` after it."""
+    return math.ceil(SETTLE_SECONDS / interval - 1e-9)
+
+
+def check_settles(phase_seconds, interval, *, names=None):
+    """A phase lasts the intervals the checks leave out and one more: else
+    they would judge only the moments right after a change."""
+    n = (names or {}).get
+    shortest = (settle_intervals(interval) + 1) * interval
+    if phase_seconds < shortest - 1e-9:
+        fail(f"{n('phase_seconds', 'phase_seconds')} ({phase_seconds:g}) must be >= "
+             f"{shortest:g} with {n('interval', 'interval')} {interval:g}: the checks leave out "
+             f"the first {SETTLE_SECONDS:g} s after each change, and need an interval after "
+             "that")
 
 
 def min_full_speed(interval, schedule=DEFAULT_SCHEDULE):
@@ -299,40 +361,48 @@ def min_full_speed(interval, schedule=DEFAULT_SCHEDULE):
 def run_backpressure(out_dir, phase_seconds=5.0, *, interval=0.5, schedule=DEFAULT_SCHEDULE,
                      segment_size=4096, buffers=2, buffer_timeout=0.1, full_speed=None,
                      full_speed_fraction=0.25, calibration_intervals=4, remote=False,
-                     plot=True, printer=print):
+                     transport="auto", plot=True, printer=print):
     """Run the experiment, write its outputs to ``out_dir`` and return the
     JSON document (a dict; ``doc["checks"]["passed"]`` says whether the
     expectations held).  ``full_speed`` (records/s) replaces the measured
     one.  Every argument is checked, and ``out_dir`` made, before anything
     runs (:class:`ExperimentArgumentError`, a ``ValueError``, otherwise).
     Without matplotlib the figure is skipped with a line saying how to get
-    it.  ``remote``: the consumer in another process, over TCP."""
+    it.  ``remote``: the consumer in another process, over a connection of
+    ``transport`` (``"auto"``: a Unix socket where the network layer has
+    one; ``"tcp"``)."""
     check_arguments(phase_seconds, interval, schedule, segment_size, buffers, full_speed,
-                    full_speed_fraction, calibration_intervals)
+                    full_speed_fraction, calibration_intervals, remote, transport)
     prepare_out_dir(out_dir, OUTPUT_FILES)
     ticks_per_phase = max(1, round(phase_seconds / interval))
-    pipe = (_RemotePipeline if remote else _Pipeline)(segment_size, buffers, buffer_timeout)
+    if remote:
+        pipe = _RemotePipeline(segment_size, buffers, buffer_timeout, transport)
+    else:
+        pipe = _Pipeline(segment_size, buffers, buffer_timeout)
     pipe.start()
     rss = [_rss_mb()]
+    used = None
     try:
         unthrottled, samples = _calibrate(pipe, interval, calibration_intervals)
         full_rate = _full_rate(unthrottled, full_speed, full_speed_fraction, interval, schedule)
+        if remote:
+            used = transport_in_use(pipe.env, transport)
         _print_calibration(printer, unthrottled, full_rate, full_speed, full_speed_fraction,
-                           calibration_intervals, interval, buffers, segment_size, remote)
+                           calibration_intervals, interval, buffers, segment_size, remote, used)
         rows = _run_schedule(pipe, schedule, ticks_per_phase, interval, full_rate, rss, printer)
     finally:
         leaked = pipe.shutdown()
     if pipe.errors:
-        raise RuntimeError("a task of the experiment failed") from pipe.errors[0]
+        raise RunFailed.because("a task of the experiment failed", pipe.errors[0])
     checks = check_backpressure(rows, interval, ticks_per_phase)
     checks.update(_memory_checks(pipe.max_in_use, leaked, rss, buffers))
     checks["passed"] = all(checks[k] is not False for k in (
-        "tracks_consumer", "returns_to_full_speed", "memory_bounded"))
+        "consumer_slowed", "tracks_consumer", "returns_to_full_speed", "memory_bounded"))
     doc = {
         "experiment": "backpressure",
         "config": _config(ticks_per_phase * interval, interval, schedule, segment_size, buffers,
                           buffer_timeout, full_speed, full_speed_fraction,
-                          calibration_intervals, remote),
+                          calibration_intervals, remote, transport, used),
         "unthrottled_records_per_s": round(unthrottled),
         "calibration_records_per_s": [round(s) for s in samples],
         "full_speed_records_per_s": round(full_rate),
@@ -365,28 +435,31 @@ def _calibrate(pipe, interval, calibration_intervals):
     # the lower quartile by rank: one stalled or one lucky interval does not decide
     unthrottled = sorted(samples)[len(samples) // 4]
     if not unthrottled > 0:
-        raise RuntimeError("no records flowed through the unthrottled pipeline")
+        raise RunFailed("no records flowed through the unthrottled pipeline")
     return unthrottled, samples
 
 
 def _full_rate(unthrottled, full_speed, full_speed_fraction, interval, schedule):
     """Full speed in records/s: as given, or the fraction of the unthrottled
-    rate, which must still be paceable (see :func:`min_full_speed`)."""
+    rate, which must still be paceable (see :func:`min_full_speed`;
+    :class:`RunFailed` otherwise: a measurement, not an argument, says so)."""
     if full_speed:
         return float(full_speed)
     full_rate = full_speed_fraction * unthrottled
     lowest = min_full_speed(interval, schedule)
     if full_rate < lowest:
-        fail(f"full speed would be {full_rate:,.0f} records/s ({full_speed_fraction:g} x the "
-             f"unthrottled {unthrottled:,.0f}), below the {lowest:,} records/s that intervals "
-             f"of {interval:g} s need: raise the full-speed fraction or the interval")
+        raise RunFailed(f"full speed would be {full_rate:,.0f} records/s "
+                        f"({full_speed_fraction:g} x the unthrottled {unthrottled:,.0f}), below "
+                        f"the {lowest:,} records/s that intervals of {interval:g} s need: raise "
+                        "the full-speed fraction or the interval")
     return full_rate
 
 
 def _print_calibration(printer, unthrottled, full_rate, full_speed, full_speed_fraction,
-                       calibration_intervals, interval, buffers, segment_size, remote):
-    exchange = ("the consumer in another process, over TCP" if remote
-                else "local exchange")
+                       calibration_intervals, interval, buffers, segment_size, remote,
+                       transport=None):
+    exchange = (f"the consumer in another process, over {describe_transport(transport)}"
+                if remote else "local exchange")
     printer(f"unthrottled pipeline: {unthrottled:,.0f} records/s (lower quartile of "
             f"{calibration_intervals} intervals of {interval:g} s; {buffers} buffers of "
             f"{segment_size} bytes, {exchange})")
@@ -406,7 +479,7 @@ def _run_schedule(pipe, schedule, ticks_per_phase, interval, full_rate, rss, pri
     """Run every phase of ``schedule``, a row (and a printed line) per
     interval; appends the process's RSS of each interval to ``rss``."""
     pipe.set_limits(*schedule[0], full_rate)
-    pipe.producer_metrics.snapshot()
+    pipe.producer_metrics.snapshot()        # the other metrics' window starts here
     pipe.consumer_metrics.snapshot()
     start = time.perf_counter()
     prev = pipe.counts()
@@ -427,23 +500,25 @@ def _run_schedule(pipe, schedule, ticks_per_phase, interval, full_rate, rss, pri
 
 
 def _interval_row(pipe, t_seconds, limits, prev, now, full_rate, rss_mb):
-    """One interval's row: both tasks' rates (between the counts ``prev``
-    and ``now``) and their metrics."""
+    """One interval's row: both tasks' rates and the producer's
+    back-pressured time over exactly the interval (between the counts
+    ``prev`` and ``now``), and their other metrics."""
     p_snap = pipe.producer_metrics.snapshot()
     c_snap = pipe.consumer_metrics.snapshot()
     dt = now[0] - prev[0]
     producer_rate = (now[1] - prev[1]) / dt
     consumer_rate = (now[2] - prev[2]) / dt
+    bp = ms_per_second(now[3] - prev[3], now[4] - prev[4])
     return {
         "t_seconds": round(t_seconds, 3),
         "producer_limit_pct": limits[0],
         "consumer_limit_pct": limits[1],
         "producer_pct": round(producer_rate / full_rate * 100, 2),
         "consumer_pct": round(consumer_rate / full_rate * 100, 2),
-        "backpressure_level": p_snap["backPressureLevel"],
+        "backpressure_level": backpressure_level(bp / 1000),
         "producer_records_per_s": round(producer_rate),
         "consumer_records_per_s": round(consumer_rate),
-        "producer_back_pressured_ms_per_s": round(p_snap["backPressuredTimeMsPerSecond"], 1),
+        "producer_back_pressured_ms_per_s": round(bp, 1),
         "producer_busy_ms_per_s": round(p_snap["busyTimeMsPerSecond"], 1),
         "consumer_idle_ms_per_s": round(c_snap["idleTimeMsPerSecond"], 1),
         "consumer_busy_ms_per_s": round(c_snap["busyTimeMsPerSecond"], 1),
@@ -472,7 +547,8 @@ def _memory_checks(max_in_use, leaked, rss, buffers):
 
 
 def _config(phase_seconds, interval, schedule, segment_size, buffers, buffer_timeout,
-            full_speed, full_speed_fraction, calibration_intervals, remote=False):
+            full_speed, full_speed_fraction, calibration_intervals, remote=False,
+            transport="auto", used=None):
     return {
         "phase_seconds": phase_seconds,
         "interval_seconds": interval,
@@ -485,9 +561,14 @@ def _config(phase_seconds, interval, schedule, segment_size, buffers, buffer_tim
         "calibration_intervals": calibration_intervals,
         "unthrottled_rate": "lower quartile (by rank) of the calibration intervals",
         "record": "(int, int), typed codec",
-        "exchange": (f"remote: the consumer in another process reads over TCP with "
-                     f"{buffers} exclusive buffers of credit" if remote
-                     else "local: the consumer reads the producer's buffers by reference"),
+        "exchange": (f"remote: the consumer in another process reads over "
+                     f"{describe_transport(used)} with {buffers} exclusive buffers of credit"
+                     if remote else "local: the consumer reads the producer's buffers by "
+                     "reference"),
+        "transport": used if remote else None,
+        "transport_asked": transport if remote else None,
+        "backpressure": "per interval: the producer's back-pressured time over exactly that "
+                        "interval",
     }
 
 
@@ -497,10 +578,16 @@ def _print_summary(doc, printer, *, tasks=1):
     c = doc["checks"]
     many = tasks > 1
     consumer, producer = ("consumers", "producers") if many else ("consumer", "producer")
-    if c["max_tracking_error_pct"] is not None:
+    if c.get("consumer_slowed") is False:
+        limit = "producers' limits" if many else "producer's limit"
+        printer(f"slowed {consumer}: NO, {'they' if many else 'it'} ran at "
+                f"{c['slowed_consumer_median_pct']:.0f} % of full speed (median), not below "
+                f"midway to the {limit}: whether the {producer} follow{'' if many else 's'} "
+                "is not shown")
+    elif c["tracks_consumer"] is not None:
         printer(f"slowed {consumer}: the {producer} track{'' if many else 's'} "
                 f"{'them' if many else 'it'} within "
-                f"{c['max_tracking_error_pct']:.1f} % from {SETTLE_SECONDS:g} s after each "
+                f"{c['max_tracking_error_pct']:.1f} % from {c['settle_seconds']:g} s after each "
                 f"change (<= {TRACKING_TOLERANCE_PCT:g} %: {VERDICT[c['tracks_consumer']]})")
     if c["released_producer_median_pct"] is not None:
         printer(f"released: {producer} {c['released_producer_median_pct']:.0f} %, {consumer} "
@@ -522,17 +609,23 @@ def _phases(rows, ticks_per_phase):
 
 def check_backpressure(rows, interval, ticks_per_phase):
     """The expectations, from the rows.  Slowed (consumer limit below the
-    producer's): from ``SETTLE_SECONDS`` after the change the producer is
-    within ``TRACKING_TOLERANCE_PCT`` % of the consumer in every interval.
-    Released (both limits >= 100): from then on, in every such phase, each
-    task's median interval is at least ``RELEASED_MIN_PCT`` % of full speed.
-    A check without such a phase is None (and does not fail)."""
-    settle = min(ticks_per_phase - 1, math.ceil(SETTLE_SECONDS / interval - 1e-9))
+    producer's): from ``SETTLE_SECONDS`` after the change the consumer's
+    median interval is below midway between the two limits (it was slowed:
+    else nothing is shown, ``consumer_slowed`` is False and tracking None),
+    and the producer is within ``TRACKING_TOLERANCE_PCT`` % of the consumer
+    in every interval.  Released (both limits >= 100): from then on, in
+    every such phase, each task's median interval is at least
+    ``RELEASED_MIN_PCT`` % of full speed.  A check without such a phase is
+    None (and does not fail)."""
+    settle = min(ticks_per_phase - 1, settle_intervals(interval))
     errors, slowed, released = [], [], []
+    consumer_slowed = None
     for phase in _phases(rows, ticks_per_phase):
         p_lim, c_lim = phase[0]["producer_limit_pct"], phase[0]["consumer_limit_pct"]
         settled = phase[settle:]
         if c_lim < p_lim:
+            median = statistics.median(r["consumer_pct"] for r in settled)
+            consumer_slowed = (consumer_slowed is not False) and median <= (c_lim + p_lim) / 2
             for r in settled:
                 errors.append(abs(r["producer_pct"] - r["consumer_pct"])
                               / max(r["consumer_pct"], 1e-9) * 100)
@@ -546,9 +639,11 @@ def check_backpressure(rows, interval, ticks_per_phase):
     p_med = min((r["producer_median_pct"] for r in released), default=None)
     c_med = min((r["consumer_median_pct"] for r in released), default=None)
     return {
-        "settle_seconds": settle * interval,
+        "settle_seconds": round(settle * interval, 6),
+        "consumer_slowed": consumer_slowed,
         "max_tracking_error_pct": max_err,
-        "tracks_consumer": None if max_err is None else max_err <= TRACKING_TOLERANCE_PCT,
+        "tracks_consumer": (None if max_err is None or not consumer_slowed
+                            else max_err <= TRACKING_TOLERANCE_PCT),
         "slowed_consumer_median_pct": round(statistics.median(slowed), 2) if slowed else None,
         "released_phases": released,
         "released_producer_median_pct": p_med,

@@ -11,6 +11,9 @@ CONSUMER_COLOR = "#3a9d3a"   # and green
 
 
 LEVEL_COLORS = {"OK": "#9bd49b", "LOW": "#f3d27a", "HIGH": "#e8837f"}
+# What each level means: the producer's back-pressured ms per second of the interval.
+LEVEL_LABELS = {"OK": "OK: blocked <= 100 ms per s of the interval", "LOW": "LOW: <= 500",
+                "HIGH": "HIGH: > 500"}
 
 
 def _phase_spans(rows, interval):
@@ -27,7 +30,9 @@ def _phase_spans(rows, interval):
 def plot_backpressure(rows, doc, path):
     """Throughput of producer and consumer over time in % of full speed, the
     phases shaded and labelled by their limits (the blog's figure), and the
-    producer's back-pressure level per interval in a strip below."""
+    producer's back-pressure level in a strip below: each interval's from
+    the back-pressured time within exactly that interval, so the strip
+    changes with the phases."""
     cfg = doc["config"]
     interval = cfg["interval_seconds"]
     fig, (ax, strip) = plt.subplots(
@@ -70,10 +75,11 @@ def plot_backpressure(rows, doc, path):
     strip.set_yticklabels(["producer\nbackpressure"], fontsize=8)
     strip.set_ylim(0, 1)
     handles = [plt.Rectangle((0, 0), 1, 1, color=col) for col in LEVEL_COLORS.values()]
-    strip.legend(handles, list(LEVEL_COLORS), ncol=3, fontsize=8, loc="upper right",
-                 bbox_to_anchor=(1.0, -0.35), frameon=False, handlelength=1)
+    strip.legend(handles, [LEVEL_LABELS[k] for k in LEVEL_COLORS], ncol=3, fontsize=8,
+                 loc="upper right", bbox_to_anchor=(1.0, -0.35), frameon=False,
+                 handlelength=1)
     strip.set_xlim(0, rows[-1]["t_seconds"] if rows else 1)
-    strip.set_xlabel("time [s]")
+    strip.set_xlabel("time [s]", loc="left")
     fig.subplots_adjust(left=0.09, right=0.97, top=0.93, bottom=0.1)
     fig.savefig(path)
     plt.close(fig)

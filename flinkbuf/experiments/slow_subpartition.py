@@ -28,8 +28,10 @@ Modes, and what each is expected to show:
   the pool size; expected: at least ``RESTORED_MIN``).
 
 With ``remote=True`` (``--remote``) both consumers run in another process
-and read over TCP on loopback (2 exclusive buffers of credit each, no
-floating ones): a blocked consumer stops granting credit, its
+and read over a local socket connection (2 exclusive buffers of credit
+each, no floating ones; a Unix socket with ``transport="auto"`` where the
+network layer has one, TCP on loopback with ``transport="tcp"``; the
+outputs say which): a blocked consumer stops granting credit, its
 subpartition's buffers pile up in the producer's pool the same way.
 
 Outputs in ``out_dir``: ``slow-subpartition.csv`` (columns
@@ -55,7 +57,13 @@ from flinkbuf.experiments._output import (
     prepare_out_dir,
     write_table_and_doc,
 )
-from flinkbuf.experiments._remote import RemoteConsumers, new_secret
+from flinkbuf.experiments._failures import RunFailed
+from flinkbuf.experiments._remote import (
+    RemoteConsumers,
+    describe_transport,
+    new_secret,
+    transport_in_use,
+)
 from flinkbuf.experiments._throttle import Throttle
 
 DEFAULT_MODES = ("unimpeded", "shared-pool", "per-channel-cap", "backlog-aware")
@@ -87,7 +95,7 @@ def min_consumer_rate(phase_seconds):
 
 
 def check_arguments(phase_seconds, consumer_rate=50_000, segment_size=4096, pool_buffers=16,
-                    cap=6, modes=DEFAULT_MODES, *, names=None):
+                    cap=6, modes=DEFAULT_MODES, remote=False, transport="auto", *, names=None):
     """Raise :class:`ExperimentArgumentError` (a ``ValueError``) unless every
     argument of :func:`run_slow_subpartition` is in range; ``names`` maps
     parameter names to the names to report (say, command-line options)."""
@@ -112,6 +120,8 @@ def check_arguments(phase_seconds, consumer_rate=50_000, segment_size=4096, pool
         fail(f"{name} must name at least one mode")
     if len(set(modes)) != len(modes):
         fail(f"{name} must not repeat a mode, got {modes}")
+    from flinkbuf.experiments.backpressure import check_transport
+    check_transport(transport, remote, names=names)
 
 
 class _ModeRun:
@@ -120,6 +130,7 @@ class _ModeRun:
 
     def __init__(self, mode, consumer_rate, segment_size, pool_buffers, cap):
         self.mode = mode
+        self.transport = None
         self.nbp = fb.NetworkBufferPool(pool_buffers, segment_size)
         self.partition = fb.create_partition(
             self.nbp, 2, min_buffers=pool_buffers,
@@ -189,6 +200,7 @@ class _ModeRun:
         time.sleep(measure_seconds)
         counts1 = self._counts()
         dt = time.perf_counter() - t0
+        self._seen_transport()
         return {
             "mode": self.mode,
             "fast_consumer_records_per_s": round((counts1[FAST] - counts0[FAST]) / dt, 1),
@@ -197,6 +209,9 @@ class _ModeRun:
             "records_steered": getattr(self.selector, "num_steered", 0),
             "producer_back_pressured_ms": round(self.writer.back_pressured_time_ns / 1e6, 1),
         }
+
+    def _seen_transport(self):
+        """Local: there is no connection."""
 
     def stop(self):
         """Release the blocked consumer, stop every task and destroy the
@@ -209,7 +224,7 @@ class _ModeRun:
             t.join(_STOP_TIMEOUT)
         alive = [t.name for t in self.threads if t.is_alive()]
         if alive:
-            raise RuntimeError(f"tasks did not stop: {alive}")
+            raise RunFailed(f"tasks did not stop: {alive}")
         if self.errors:
             raise self.errors[0]
         pool = self.partition.pool
@@ -220,13 +235,17 @@ class _ModeRun:
 
 class _RemoteModeRun(_ModeRun):
     """The same mode with both consumers in another process, reading the
-    producer's partition over TCP (:mod:`flinkbuf.network`)."""
+    producer's partition over a connection of ``transport``
+    (:mod:`flinkbuf.network`)."""
 
-    def __init__(self, mode, consumer_rate, segment_size, pool_buffers, cap):
+    def __init__(self, mode, consumer_rate, segment_size, pool_buffers, cap, transport="auto"):
         from flinkbuf.network import NetworkEnvironment
         secret = new_secret()
         self.mode = mode
-        self.env = NetworkEnvironment(pool_buffers, segment_size, secret=secret)
+        self.asked_transport = transport
+        self.transport = None
+        self.env = NetworkEnvironment(pool_buffers, segment_size, secret=secret,
+                                      transport=transport)
         self.nbp = self.env.network_buffer_pool
         self.partition = fb.create_partition(
             self.nbp, 2, min_buffers=pool_buffers,
@@ -245,7 +264,8 @@ class _RemoteModeRun(_ModeRun):
         try:
             self.consumers = RemoteConsumers(
                 self.env, secret, [(mode, SLOW), (mode, FAST)], segment_size=segment_size,
-                blocked=[self.blocked, False], full_rates=[consumer_rate, consumer_rate])
+                blocked=[self.blocked, False], full_rates=[consumer_rate, consumer_rate],
+                transport=transport)
         except BaseException:
             self.writer.fail()
             self.env.close()
@@ -253,6 +273,9 @@ class _RemoteModeRun(_ModeRun):
 
     def _counts(self):
         return self.consumers.counts()
+
+    def _seen_transport(self):
+        self.transport = transport_in_use(self.env, self.asked_transport)
 
     def stop(self):
         self.stopping.set()
@@ -265,11 +288,11 @@ class _RemoteModeRun(_ModeRun):
         if self.threads[0].is_alive() or alive:
             self.writer.fail(RuntimeError("experiment shut down"))
             self.env.close()
-            raise RuntimeError("tasks did not stop")
+            raise RunFailed("tasks did not stop")
         if self.errors:
             raise self.errors[0]
         if errors:
-            raise RuntimeError(f"a remote consumer failed: {errors[0]}")
+            raise RunFailed(f"a remote consumer failed: {errors[0]}")
         pool = self.partition.pool
         leaked = pool.num_requested - pool.num_available
         self.env.close()
@@ -277,15 +300,19 @@ class _RemoteModeRun(_ModeRun):
 
 
 def _run_mode(mode, measure_seconds, warmup, consumer_rate, segment_size, pool_buffers, cap,
-              remote=False):
-    run = (_RemoteModeRun if remote else _ModeRun)(mode, consumer_rate, segment_size,
-                                                   pool_buffers, cap)
+              remote=False, transport="auto"):
+    if remote:
+        run = _RemoteModeRun(mode, consumer_rate, segment_size, pool_buffers, cap, transport)
+    else:
+        run = _ModeRun(mode, consumer_rate, segment_size, pool_buffers, cap)
     run.start()
     try:
         result = run.measure(warmup, measure_seconds)
     finally:
         leaked = run.stop()
     result["buffers_leaked"] = leaked
+    if remote:
+        result["transport"] = run.transport
     return result
 
 
@@ -300,6 +327,9 @@ def check_slow_subpartition(results, cap=None):
     fast = {r["mode"]: r["fast_consumer_records_per_s"] for r in results}
     base = fast.get("unimpeded")
     ratios = {m: round(v / base, 3) for m, v in fast.items()} if base else {}
+    # the reference: None when unimpeded did not run; False when it read nothing
+    # (then no comparison can be made, and the run does not pass)
+    reference = None if base is None else base > 0
 
     capped = [r for r in results if r["mode"] in CAPPED_MODES]
 
@@ -307,6 +337,7 @@ def check_slow_subpartition(results, cap=None):
         return None if mode not in ratios else ok(ratios[mode])
 
     checks = {
+        "reference_measured": reference,
         "fast_vs_unimpeded": ratios,
         "shared_pool_starves": ratio_check("shared-pool", lambda x: x <= STARVED_MAX),
         "per_channel_cap_only_starves": ratio_check("per-channel-cap-only",
@@ -319,14 +350,15 @@ def check_slow_subpartition(results, cap=None):
         "thresholds": {"starved_max": STARVED_MAX, "restored_min": RESTORED_MIN},
     }
     checks["passed"] = all(checks[k] is not False for k in (
-        "shared_pool_starves", "per_channel_cap_only_starves", "per_channel_cap_restores",
-        "backlog_aware_restores", "cap_bounds_blocked_subpartition", "no_leaks"))
+        "reference_measured", "shared_pool_starves", "per_channel_cap_only_starves",
+        "per_channel_cap_restores", "backlog_aware_restores",
+        "cap_bounds_blocked_subpartition", "no_leaks"))
     return checks
 
 
 def run_slow_subpartition(out_dir, phase_seconds=3.0, *, consumer_rate=50_000,
                           segment_size=4096, pool_buffers=16, cap=6, modes=DEFAULT_MODES,
-                          remote=False, plot=True, printer=print):
+                          remote=False, transport="auto", plot=True, printer=print):
     """Run every mode of ``modes`` (see :data:`MODES`) for ``phase_seconds``
     (a quarter of it, at most 0.5 s, is warm-up), write the outputs to
     ``out_dir`` and return the JSON document (``doc["checks"]["passed"]``:
@@ -334,27 +366,33 @@ def run_slow_subpartition(out_dir, phase_seconds=3.0, *, consumer_rate=50_000,
     ``out_dir`` made, before anything runs (:class:`ExperimentArgumentError`,
     a ``ValueError``, otherwise).  Without matplotlib the figure is skipped
     with a line saying how to get it.  ``remote``: the consumers in another
-    process, over TCP."""
-    check_arguments(phase_seconds, consumer_rate, segment_size, pool_buffers, cap, modes)
+    process, over a connection of ``transport`` (``"auto"``: a Unix socket
+    where the network layer has one; ``"tcp"``)."""
+    check_arguments(phase_seconds, consumer_rate, segment_size, pool_buffers, cap, modes,
+                    remote, transport)
     prepare_out_dir(out_dir, OUTPUT_FILES)
     warmup = _warmup(phase_seconds)
     measure = phase_seconds - warmup
     printer(f"2 consumers at most {consumer_rate:,} records/s each; shared pool of "
             f"{pool_buffers} x {segment_size} bytes; cap {cap} buffers per subpartition "
             f"(per-channel-cap modes); consumer {SLOW} blocked except when unimpeded"
-            + ("; the consumers in another process, over TCP" if remote else ""))
+            + ("; the consumers in another process" if remote else ""))
     printer(f"{'mode':<20} {'fast rec/s':>12} {'blocked rec/s':>14} {'fast vs unimpeded':>18}")
     results = []
     base = None                 # the unimpeded fast consumer's rate, once measured
     for mode in modes:
         r = _run_mode(mode, measure, warmup, consumer_rate, segment_size, pool_buffers, cap,
-                      remote)
+                      remote, transport)
         results.append(r)
         if mode == "unimpeded":
-            base = r["fast_consumer_records_per_s"] or 1.0
+            base = r["fast_consumer_records_per_s"]
         vs = f"{r['fast_consumer_records_per_s'] / base:17.0%}" if base else f"{'n/a':>17}"
         printer(f"{mode:<20} {r['fast_consumer_records_per_s']:12,.0f} "
                 f"{r['slow_consumer_records_per_s']:14,.0f} {vs}")
+    used = sorted({r["transport"] or "" for r in results}) if remote else []
+    used = (used[0] or None) if len(used) == 1 else None
+    if remote:
+        printer(f"the consumers read over {describe_transport(used)}")
     checks = check_slow_subpartition(results, cap)
     doc = {
         "experiment": "slow-subpartition",
@@ -368,8 +406,10 @@ def run_slow_subpartition(out_dir, phase_seconds=3.0, *, consumer_rate=50_000,
             "modes": list(modes),
             "record": "(int, int), typed codec",
             "blocked_consumer": SLOW,
-            "exchange": "remote: the consumers in another process, over TCP" if remote
-                        else "local",
+            "exchange": (f"remote: the consumers in another process, over "
+                         f"{describe_transport(used)}" if remote else "local"),
+            "transport": used if remote else None,
+            "transport_asked": transport if remote else None,
         },
         "results": results,
         "checks": checks,
@@ -386,6 +426,12 @@ def run_slow_subpartition(out_dir, phase_seconds=3.0, *, consumer_rate=50_000,
 
 
 def _print_summary(checks, cap, printer):
+    if checks["reference_measured"] is None:
+        printer("no comparison: the expectations compare the fast consumer with the unimpeded "
+                "mode, which did not run")
+    elif not checks["reference_measured"]:
+        printer("inconclusive: the fast consumer read nothing in the unimpeded mode, so there "
+                "is no reference to compare with")
     line = (f"shared pool starves the fast consumer (<= {STARVED_MAX:.0%} of unimpeded): "
             f"{VERDICT[checks['shared_pool_starves']]}")
     if checks["per_channel_cap_only_starves"] is not None:
@@ -398,5 +444,9 @@ def _print_summary(checks, cap, printer):
     if checks["cap_bounds_blocked_subpartition"] is not None:
         printer(f"the blocked subpartition holds at most the cap of {cap} buffers in the "
                 f"per-channel-cap modes: {VERDICT[checks['cap_bounds_blocked_subpartition']]}")
+    if not checks["no_leaks"]:
+        printer("every buffer given back after each mode: NO")
     if not checks["passed"]:
-        printer("FAILED: the expectations above marked NO did not hold")
+        printer("FAILED: the expectations above marked NO did not hold"
+                if checks["reference_measured"] is not False else
+                "FAILED: nothing to compare with")

@@ -21,23 +21,40 @@ and through Spark's shuffle (``partitionBy(tasks).mapPartitions``), and
 both are printed side by side (records/s, time from the job's start to the
 consumer's first record) with a check that they counted the same.
 
+Each interval's backpressure level comes from the producers' back-pressured
+time over exactly that interval (the difference of each writer's
+cumulative counter between two samples; the highest over the tasks), so
+the levels change with the phases.
+
 Outputs in ``out_dir``: ``spark-backpressure.csv`` (a row per interval, the
 columns of the in-process experiment), ``spark-backpressure.json``
-(configuration, rows, per-task metrics, the comparison, the checks) and,
-with matplotlib, ``spark-backpressure.png``.
+(configuration, rows, per-task metrics, the comparison, the checks), with
+matplotlib ``spark-backpressure.png``, and, when the demo starts Spark
+itself, ``spark-backpressure.log``: what Spark's JVM and its Python workers
+print (Spark's log), kept off the terminal.
 """
 
 import collections
 import json
 import os
+import re
 import secrets
+import shutil
 import socket
+import subprocess
 import sys
 import threading
 import time
 
 from flinkbuf.experiments import backpressure as _bp
-from flinkbuf.experiments._args import check_int, check_real, check_seconds, fail
+from flinkbuf.experiments._args import (
+    MissingRequirementError,
+    check_int,
+    check_real,
+    check_seconds,
+    fail,
+)
+from flinkbuf.experiments._failures import RunFailed
 from flinkbuf.experiments._output import (
     VERDICT,
     load_plotting,
@@ -48,11 +65,17 @@ from flinkbuf.experiments._throttle import Throttle
 from flinkbuf.io.metrics import backpressure_level
 
 NAME = "spark-backpressure"
-OUTPUT_FILES = (f"{NAME}.csv", f"{NAME}.json", f"{NAME}.png")
+LOG_FILE = f"{NAME}.log"
+OUTPUT_FILES = (f"{NAME}.csv", f"{NAME}.json", f"{NAME}.png", LOG_FILE)
 DEFAULT_SCHEDULE = _bp.DEFAULT_SCHEDULE
+MAX_TASKS = 64
+MAX_RECORDS = 10**9
+MASTER_FORMS = ("local, local[N], local[*], local[N,F], local[*,F], local-cluster[W,C,M], "
+                "spark://HOST:PORT[,HOST:PORT...], yarn or k8s://URL")
 _BATCH = 128
 _KEYS = 10_000
 _CONTROL_TIMEOUT = 120.0        # seconds for the tasks to start and call in
+_EXECUTORS_TIMEOUT = 120.0      # seconds for local-cluster's executors to register
 
 
 # ---- in the tasks ----------------------------------------------------------------------
@@ -94,11 +117,15 @@ class _TaskControl:
                             throttle.set_limit(pct, msg["rate"])
                     self._send({"ok": True})
                 elif cmd == "sample":
+                    # cumulative counters and the time they were read at: the
+                    # driver takes differences over exactly its intervals
+                    writer = self.task.writer
                     snap = self.task.metrics.snapshot()
                     self.max_out_pool = max(self.max_out_pool, snap["outPoolUsage"])
-                    self._send({"out": self.task.writer.num_records_out,
+                    self._send({"t_ns": time.monotonic_ns(),
+                                "out": writer.num_records_out,
                                 "in": self.task.gate.num_records_in,
-                                "bp": snap["backPressuredTimeMsPerSecond"],
+                                "bp_ns": writer.back_pressured_time_ns,
                                 "out_pool": snap["outPoolUsage"],
                                 "in_pool": snap["inPoolUsage"]})
                 elif cmd == "stop":
@@ -210,25 +237,35 @@ class _Control:
     def accept(self, job, timeout=_CONTROL_TIMEOUT):
         deadline = time.monotonic() + timeout
         while len(self.tasks) < self.num_tasks:
+            alive = job.is_alive()
             if job.error is not None:
-                raise RuntimeError("the Spark job failed before its tasks started") \
-                    from job.error
+                raise RunFailed.because("the Spark job failed before its tasks started",
+                                        job.error)
+            if not alive:
+                raise RunFailed("the Spark job ended before its tasks started")
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the tasks did not start within {timeout:g} s")
+                raise RunFailed(f"the demo's {self.num_tasks} tasks did not start within "
+                                f"{timeout:g} s (they run as one barrier stage: each needs a "
+                                "slot at the same time)")
             try:
                 sock, _ = self.server.accept()
             except socket.timeout:
                 continue
-            sock.settimeout(_CONTROL_TIMEOUT)
+            sock.settimeout(10.0)
             f = sock.makefile("rw", encoding="utf-8", newline="\n")
-            hello = json.loads(f.readline())
-            if hello.get("hello") != self.token:
+            try:
+                hello = json.loads(f.readline())
+            except (OSError, ValueError):
+                hello = None
+            if not isinstance(hello, dict) or hello.get("hello") != self.token:
                 f.close()
                 sock.close()
                 continue
+            sock.settimeout(_CONTROL_TIMEOUT)
             self.tasks[hello["task"]] = (sock, f)
 
     def ask(self, msg):
+        """Send ``msg`` to every task; their answers, in task order."""
         out = []
         for index in sorted(self.tasks):
             _, f = self.tasks[index]
@@ -237,7 +274,7 @@ class _Control:
         for index in sorted(self.tasks):
             line = self.tasks[index][1].readline()
             if not line:
-                raise RuntimeError(f"task {index} of the demo went away")
+                raise RunFailed(f"task {index} of the demo went away")
             out.append(json.loads(line))
         return out
 
@@ -267,42 +304,335 @@ class _Job(threading.Thread):
             self.error = exc
 
 
-def spark_session(master="local[2]"):
-    """A SparkSession for the demo: loopback addresses, no UI, executors
-    running this interpreter, barrier settings that fail fast."""
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
+# ---- checks ---------------------------------------------------------------------------
 
-    host = os.environ["SPARK_LOCAL_IP"]
-    spark = (SparkSession.builder.master(master).appName("flinkbuf-spark-demo")
-             .config("spark.driver.host", host)
-             .config("spark.driver.bindAddress", host)
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures", "1")
-             .config("spark.scheduler.barrier.maxConcurrentTasksCheck.interval", "1s")
-             .config("spark.barrier.sync.timeout", "120s")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+_LOCAL_N = re.compile(r"local\[([0-9]+|\*)\]")
+_LOCAL_N_FAILURES = re.compile(r"local\[([0-9]+|\*)\s*,\s*([0-9]+)\]")
+_LOCAL_CLUSTER = re.compile(r"local-cluster\[\s*([0-9]+)\s*,\s*([0-9]+)\s*,\s*([0-9]+)\s*]")
+_HOST_PORT = re.compile(r"(?:\[[0-9A-Fa-f:.%\w]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})")
+
+
+def _cpus():
+    """The CPUs this process may run on (what ``local[*]`` gives)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def master_slots(master, *, names=None):
+    """The slots a Spark ``master`` URL gives a stage at once, where the URL
+    says it (``local`` 1, ``local[N]`` N, ``local[*]`` this machine's CPUs,
+    ``local[N,F]``, ``local-cluster[W,C,M]`` W x C), or None where the
+    cluster decides (``spark://``, ``yarn``, ``k8s://``, ``mesos://``).
+    Raises :class:`ExperimentArgumentError` for anything else."""
+    name = (names or {}).get("master", "master")
+    if not isinstance(master, str):
+        fail(f"{name} must be a Spark master URL, got {master!r}")
+    m = _LOCAL_N.fullmatch(master) or _LOCAL_N_FAILURES.fullmatch(master)
+    if master == "local":
+        return 1
+    if m:
+        if m.group(1) == "*":
+            return _cpus()
+        if int(m.group(1)) < 1:
+            fail(f"{name} {master} runs no task: N in local[N] must be >= 1")
+        return int(m.group(1))
+    m = _LOCAL_CLUSTER.fullmatch(master)
+    if m:
+        workers, cores, memory = (int(g) for g in m.groups())
+        if workers < 1 or cores < 1 or memory < 1:
+            fail(f"{name} {master}: W workers, C cores each and M MiB each must all be >= 1")
+        return workers * cores
+    if master.startswith("spark://"):
+        hosts = master[len("spark://"):].split(",")
+        if all(_HOST_PORT.fullmatch(h) and 0 < int(_HOST_PORT.fullmatch(h).group(1)) < 65536
+               for h in hosts):
+            return None
+        fail(f"{name} {master}: a standalone master is spark://HOST:PORT (several: "
+             "spark://HOST1:PORT1,HOST2:PORT2)")
+    if master == "yarn":
+        return None
+    for scheme in ("k8s://", "mesos://"):
+        if master.startswith(scheme):
+            if len(master) > len(scheme):
+                return None
+            fail(f"{name} {master}: the cluster's address is missing after {scheme}")
+    fail(f"{name} must be a Spark master URL ({MASTER_FORMS}), got {master!r}")
+
+
+def _with_slots(master, slots):
+    """``master`` of the same form, with ``slots`` slots."""
+    m = _LOCAL_N_FAILURES.fullmatch(master)
+    if m:
+        return f"local[{slots},{m.group(2)}]"
+    m = _LOCAL_CLUSTER.fullmatch(master)
+    if m:
+        cores = int(m.group(2))
+        return f"local-cluster[{-(-slots // cores)},{cores},{m.group(3)}]"
+    return f"local[{slots}]"
+
+
+def check_slots(tasks, master, *, names=None):
+    """``master`` has a slot for each of ``tasks`` tasks at once (the demo's
+    tasks are one barrier stage), where its URL tells; else the message
+    says what to set."""
+    slots = master_slots(master, names=names)
+    if slots is None or tasks <= slots:
+        return
+    n = (names or {}).get
+    why = ""
+    if _LOCAL_CLUSTER.fullmatch(master):
+        m = _LOCAL_CLUSTER.fullmatch(master)
+        workers, cores = int(m.group(1)), int(m.group(2))
+        why = (f" ({workers} worker{'s' if workers > 1 else ''} x {cores} "
+               f"core{'s' if cores > 1 else ''})")
+    elif "*" in master:
+        why = " (the CPUs of this machine)"
+    fail(f"{n('tasks', 'tasks')} {tasks} needs {tasks} slots at once but "
+         f"{n('master', 'master')} {master} has {slots}{why}: use {n('master', 'master')} "
+         f"{_with_slots(master, tasks)} or {n('tasks', 'tasks')} {slots}")
 
 
 def check_arguments(phase_seconds, interval=0.5, tasks=2, records=1_000_000, segment_size=4096,
-                    full_speed_fraction=0.25, *, names=None):
+                    full_speed_fraction=0.25, master=None, *, names=None):
     """Raise :class:`ExperimentArgumentError` (a ``ValueError``) unless every
-    argument of :func:`run_spark_demo` is in range."""
+    argument of :func:`run_spark_demo` is in range, and ``master`` (if
+    given) a Spark master URL with a slot for each task where it says."""
     check_real("interval", interval, ge=_bp.MIN_INTERVAL, le=10.0, names=names)
     check_seconds("phase_seconds", phase_seconds, names=names)
     if not phase_seconds >= interval:
         n = (names or {}).get
         fail(f"{n('phase_seconds', 'phase_seconds')} ({phase_seconds:g}) must be >= "
              f"{n('interval', 'interval')} ({interval:g})")
-    check_int("tasks", tasks, ge=1, le=64, names=names)
-    check_int("records", records, ge=0, le=10**9, names=names)
+    _bp.check_settles(phase_seconds, interval, names=names)
+    check_int("tasks", tasks, ge=1, le=MAX_TASKS, names=names)
+    check_int("records", records, ge=1, le=MAX_RECORDS, names=names,
+              why_low=" (the keyed job compares the counts of at least one record)")
     check_int("segment_size", segment_size, ge=64, le=1 << 20, names=names)
     check_real("full_speed_fraction", full_speed_fraction, ge=_bp.MIN_FULL_SPEED_FRACTION,
                le=1.0, names=names)
+    if master is not None:
+        check_slots(tasks, master, names=names)
+
+
+def _major(version):
+    m = re.match(r"(\d+)", version)
+    return int(m.group(1)) if m else 0
+
+
+def _install_java(need):
+    return (f"install Java {need} or later (on Debian and Ubuntu: apt-get install "
+            f"openjdk-{max(need, 17)}-jre-headless)")
+
+
+def java_command(need=17):
+    """The java Spark's launch scripts run: ``$JAVA_HOME/bin/java`` when
+    JAVA_HOME is set, else ``java`` on PATH.  Raises
+    :class:`MissingRequirementError` if it is not there (saying to install
+    Java ``need`` or later)."""
+    home = os.environ.get("JAVA_HOME")
+    if home:
+        java = os.path.join(home, "bin", "java")
+        if os.path.isfile(java) and os.access(java, os.X_OK):
+            return java
+        raise MissingRequirementError(
+            f"JAVA_HOME is set to {home}, which has no bin/java (Spark runs $JAVA_HOME/bin/java):"
+            " set JAVA_HOME to a Java runtime, or unset it to use the java on PATH")
+    java = shutil.which("java")
+    if java is None:
+        raise MissingRequirementError(
+            f"no Java runtime (no java on PATH, JAVA_HOME not set): Spark needs one; "
+            f"{_install_java(need)}")
+    return java
+
+
+def java_version(java, need=17):
+    """The major version ``java -version`` reports (8 for 1.8), or None if
+    it says none.  Raises :class:`MissingRequirementError` if it does not
+    run."""
+    try:
+        proc = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise MissingRequirementError(f"{java} does not run ({exc}): "
+                                      f"{_install_java(need)}") from None
+    m = re.search(r'version "(\d+)(?:\.(\d+))?', proc.stderr + proc.stdout)
+    if proc.returncode != 0 or m is None:
+        return None
+    major = int(m.group(1))
+    return int(m.group(2) or 0) if major == 1 else major
+
+
+def check_environment(master="local[2]", *, names=None):
+    """Before Spark starts: PySpark imports, a Java runtime recent enough for
+    it is there, and this Spark runs ``master``'s kind of cluster.  Raises
+    :class:`MissingRequirementError` (saying what to install) or
+    :class:`ExperimentArgumentError`."""
+    try:
+        import pyspark
+    except ImportError:
+        raise MissingRequirementError(
+            "PySpark is not installed: pip install 'flinkbuf[spark]'") from None
+    spark4 = _major(pyspark.__version__) >= 4
+    if master.startswith("mesos://") and spark4:
+        fail(f"{(names or {}).get('master', 'master')} {master}: Spark {pyspark.__version__} "
+             "has no Mesos support (Spark 4 removed it)")
+    if "PYSPARK_GATEWAY_PORT" in os.environ:
+        return                      # a JVM is running already (pyspark shell, spark-submit)
+    need = 17 if spark4 else 8
+    java = java_command(need)
+    have = java_version(java, need)
+    if have is not None and have < need:
+        raise MissingRequirementError(
+            f"Spark {pyspark.__version__} needs Java {need} or later, but {java} is Java {have}:"
+            f" {_install_java(need)} and set JAVA_HOME to it")
+
+
+# ---- on the driver --------------------------------------------------------------------
+
+def spark_session(master="local[2]", log_path=None):
+    """A SparkSession for the demo: loopback addresses, no UI, executors
+    running this interpreter, barrier settings that fail fast.  With
+    ``log_path``, a JVM started here writes what it prints (Spark's log and
+    its Python workers' output) to that file instead of the terminal.
+
+    The session starts in a thread of its own, so that PySpark keeps the
+    caller's SIGINT handler (in the main thread it installs one that calls
+    into the JVM from the signal handler); a KeyboardInterrupt while it
+    starts ends the JVM started here."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark import SparkConf, SparkContext
+    from pyspark.sql import SparkSession
+
+    host = os.environ["SPARK_LOCAL_IP"]
+    conf = (SparkConf().setMaster(master).setAppName("flinkbuf-spark-demo")
+            .set("spark.driver.host", host)
+            .set("spark.driver.bindAddress", host)
+            .set("spark.ui.enabled", "false")
+            .set("spark.ui.showConsoleProgress", "false")
+            .set("spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures", "1")
+            .set("spark.scheduler.barrier.maxConcurrentTasksCheck.interval", "1s")
+            .set("spark.barrier.sync.timeout", "120s"))
+    launch = _Launch()
+    if (log_path is not None and SparkContext._gateway is None
+            and "PYSPARK_GATEWAY_PORT" not in os.environ):
+        def start():
+            return _session_logging_to(conf, log_path, launch)
+    else:
+        def start():
+            return SparkSession.builder.config(conf=conf).getOrCreate()
+    try:
+        spark = _in_thread(start, "spark-demo-start")
+        spark.sparkContext.setLogLevel("WARN" if log_path is not None else "ERROR")
+    except BaseException:
+        launch.abandon()
+        raise
+    return spark
+
+
+def _in_thread(fn, name):
+    """``fn()`` run in a thread of its own; its result, or its exception
+    raised here.  This thread waits in slices, so Ctrl-C interrupts it."""
+    box = {}
+
+    def run():
+        try:
+            box["result"] = fn()
+        except BaseException as exc:    # noqa: BLE001 - raised in the caller
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.1)
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
+class _Launch:
+    """The JVM processes a session start launched: ended if the start is
+    abandoned (even one that is launched after that)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._procs = []
+        self._abandoned = False
+
+    def started(self, proc):
+        with self._lock:
+            self._procs.append(proc)
+            abandoned = self._abandoned
+        if abandoned:
+            _end_process(proc)
+
+    def abandon(self):
+        with self._lock:
+            self._abandoned = True
+            procs = list(self._procs)
+        for proc in procs:
+            _end_process(proc)
+
+
+def _end_process(proc, grace=10.0):
+    """Terminate ``proc`` (a JVM runs its shutdown hooks then: Spark removes
+    its temporary files), killing it after ``grace`` seconds."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _session_logging_to(conf, log_path, launch):
+    """A session on a JVM started here, its standard output and error in
+    ``log_path``; ``launch`` learns the JVM's process."""
+    from pyspark import SparkContext
+    from pyspark import java_gateway
+    from pyspark.sql import SparkSession
+
+    popen = java_gateway.Popen
+
+    class _Recorded(popen):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            launch.started(self)
+
+    java_gateway.Popen = _Recorded          # the only way to learn the process early
+    try:
+        with open(log_path, "wb") as log:
+            gateway = java_gateway.launch_gateway(conf, popen_kwargs={"stdout": log,
+                                                                      "stderr": log})
+    finally:
+        java_gateway.Popen = popen
+    try:
+        return SparkSession(SparkContext(conf=conf, gateway=gateway))
+    except BaseException:
+        if SparkContext._gateway is gateway:
+            SparkContext._gateway = SparkContext._jvm = None
+        try:
+            gateway.shutdown()
+        except Exception:           # noqa: BLE001 - the JVM may be gone already
+            pass
+        launch.abandon()
+        raise
+
+
+def _wait_for_executors(sc, count, timeout=_EXECUTORS_TIMEOUT):
+    """Until ``count`` executors registered (local-cluster starts them
+    after the session; a barrier stage needs their slots at once)."""
+    tracker = sc._jsc.sc().statusTracker()
+    deadline = time.monotonic() + timeout
+    while len(tracker.getExecutorInfos()) - 1 < count:     # the driver is listed too
+        if time.monotonic() > deadline:
+            raise RunFailed(f"the {count} executors of {sc.master} did not register within "
+                            f"{timeout:g} s")
+        time.sleep(0.2)
 
 
 def run_spark_demo(out_dir, phase_seconds=4.0, *, interval=0.5, tasks=2, records=1_000_000,
@@ -310,23 +640,42 @@ def run_spark_demo(out_dir, phase_seconds=4.0, *, interval=0.5, tasks=2, records
                    spark=None, master="local[2]", plot=True, printer=print):
     """Run the demo and return its JSON document (``doc["checks"]["passed"]``
     says whether the expectations held).  ``spark``: a running SparkSession
-    (its master needs ``tasks`` slots); else one is started on ``master``.
-    Arguments are checked and ``out_dir`` made before anything runs."""
-    check_arguments(phase_seconds, interval, tasks, records, segment_size, full_speed_fraction)
+    (its master needs ``tasks`` slots); else one is started on ``master``,
+    its JVM's output going to ``out_dir/spark-backpressure.log``.
+    Arguments, the master's slots, PySpark and Java are checked and
+    ``out_dir`` made before anything runs; a failure once Spark runs raises
+    :class:`~flinkbuf.experiments._failures.RunFailed`, its cause in one
+    line."""
+    own = spark is None
+    check_arguments(phase_seconds, interval, tasks, records, segment_size, full_speed_fraction,
+                    master if own else spark.sparkContext.master)
+    if own:
+        check_environment(master)
     prepare_out_dir(out_dir, OUTPUT_FILES)
     from flinkbuf.spark import pipelined_exchange
 
+    log_path = os.path.join(out_dir, LOG_FILE) if own else None
+    hint = f"Spark's log: {log_path}" if own else None
     started = time.monotonic()
-    own = spark is None
     if own:
-        printer(f"starting Spark ({master}) ...")
-        spark = spark_session(master)
+        printer(f"starting Spark ({master}; its log: {log_path}) ...")
+        try:
+            spark = spark_session(master, log_path)
+        except Exception as exc:
+            raise RunFailed.because("Spark did not start", exc, hint) from exc
     try:
         sc = spark.sparkContext
+        cluster = _LOCAL_CLUSTER.fullmatch(sc.master)
+        if own and cluster:
+            try:
+                _wait_for_executors(sc, int(cluster.group(1)))
+            except Exception as exc:
+                raise RunFailed.because("Spark did not start", exc, hint) from exc
         printer(f"Spark {spark.version}, {sc.master}: {tasks} tasks exchange records through "
                 f"flinkbuf ({tasks * 2 + 1} output buffers of {segment_size} bytes per task)")
         host = sc.getConf().get("spark.driver.host", "127.0.0.1")
         control = _Control(host, tasks)
+        job = None
         try:
             rdd = sc.parallelize(range(tasks), tasks).mapPartitionsWithIndex(_paced_source)
             exchanged = pipelined_exchange(
@@ -340,26 +689,32 @@ def run_spark_demo(out_dir, phase_seconds=4.0, *, interval=0.5, tasks=2, records
             control.ask({"cmd": "stop"})
             job.join(_CONTROL_TIMEOUT)
             if job.is_alive():
-                raise RuntimeError("the demo's Spark job did not end")
+                raise RunFailed("the demo's Spark job did not end")
             if job.error is not None:
-                raise RuntimeError("the demo's Spark job failed") from job.error
+                raise RunFailed.because("the demo's Spark job failed", job.error)
+        except Exception as exc:
+            raise _failure(exc, job, hint) from exc
         finally:
             control.close()
         per_task = sorted((r["stats"] for r in job.result), key=lambda s: s["task"])
         _print_tasks(per_task, printer)
-        comparison = compare_with_spark_shuffle(sc, records, tasks, segment_size, printer)
+        try:
+            comparison = compare_with_spark_shuffle(sc, records, tasks, segment_size, printer)
+        except Exception as exc:
+            raise RunFailed.because("the keyed job failed", exc, hint) from exc
+        spark_master = sc.master
     finally:
         if own:
-            spark.stop()
+            _stop(spark)
     ticks = max(1, round(phase_seconds / interval))
     checks = _bp.check_backpressure(rows, interval, ticks)
     checks["same_counts"] = comparison["same_counts"]
     checks["passed"] = all(checks[k] is not False for k in (
-        "tracks_consumer", "returns_to_full_speed", "same_counts"))
+        "consumer_slowed", "tracks_consumer", "returns_to_full_speed", "same_counts"))
     doc = {
         "experiment": NAME,
         "config": {
-            "master": sc.master if not own else master,
+            "master": spark_master,
             "tasks": tasks,
             "phase_seconds": ticks * interval,
             "interval_seconds": interval,
@@ -368,6 +723,8 @@ def run_spark_demo(out_dir, phase_seconds=4.0, *, interval=0.5, tasks=2, records
             "buffers_per_task": tasks * 2 + 1,
             "full_speed_fraction": full_speed_fraction,
             "record": "(int, int), hashed by the first field, typed codec",
+            "backpressure": "per interval: the producers' back-pressured time over exactly that "
+                            "interval, the highest of the tasks",
         },
         "unthrottled_records_per_s": round(unthrottled),
         "full_speed_records_per_s": round(full_rate),
@@ -389,14 +746,64 @@ def run_spark_demo(out_dir, phase_seconds=4.0, *, interval=0.5, tasks=2, records
     return doc
 
 
-def _sample(control, prev):
-    now = (time.perf_counter(), control.ask({"cmd": "sample"}))
-    if prev is None:
-        return now, None
-    dt = now[0] - prev[0]
-    produced = sum(s["out"] for s in now[1]) - sum(s["out"] for s in prev[1])
-    consumed = sum(s["in"] for s in now[1]) - sum(s["in"] for s in prev[1])
-    return now, (produced / dt, consumed / dt)
+def _stop(spark):
+    """Stop the session started here; a JVM that is gone already has
+    nothing to stop (and the run's own error, if any, is the one to tell)."""
+    try:
+        spark.stop()
+    except Exception:               # noqa: BLE001
+        pass
+
+
+def _failure(exc, job, hint, grace=5.0):
+    """The RunFailed for ``exc`` raised while steering the tasks: the Spark
+    job's own error when it has one (a task that fails drops its control
+    connection first; its error reaches the job a moment later)."""
+    if job is not None and job.error is None:
+        job.join(grace)
+    if job is not None and job.error is not None:
+        return RunFailed.because("the demo's Spark job failed", job.error, hint)
+    if isinstance(exc, RunFailed):
+        return RunFailed(f"{exc} ({hint})") if hint else exc
+    return RunFailed.because("the control connection to the demo's tasks failed", exc, hint)
+
+
+def _sample(control):
+    """(this moment, every task's counters)."""
+    return time.perf_counter(), control.ask({"cmd": "sample"})
+
+
+def _rates(prev, now):
+    """Records/s out and in, summed over the tasks, between two samples."""
+    (t0, before), (t1, after) = prev, now
+    dt = t1 - t0
+    produced = sum(s["out"] for s in after) - sum(s["out"] for s in before)
+    consumed = sum(s["in"] for s in after) - sum(s["in"] for s in before)
+    return produced / dt, consumed / dt
+
+
+def interval_row(t_seconds, limits, prev, now, full_rate):
+    """One interval's row from two samples of every task (``(time, [the
+    counters of each task])``, the tasks in the same order in both): both
+    throughputs summed over the tasks, and the producers' back-pressured
+    ms per second over exactly this interval, from each task's cumulative
+    back-pressured time (the highest of the tasks, whose level it gives)."""
+    produced, consumed = _rates(prev, now)
+    bp = max(_bp.ms_per_second(a["bp_ns"] - b["bp_ns"], a["t_ns"] - b["t_ns"])
+             for b, a in zip(prev[1], now[1]))
+    return {
+        "t_seconds": round(t_seconds, 3),
+        "producer_limit_pct": limits[0],
+        "consumer_limit_pct": limits[1],
+        "producer_pct": round(produced / full_rate * 100, 2),
+        "consumer_pct": round(consumed / full_rate * 100, 2),
+        "backpressure_level": backpressure_level(bp / 1000),
+        "producer_records_per_s": round(produced),
+        "consumer_records_per_s": round(consumed),
+        "producer_back_pressured_ms_per_s": round(bp, 1),
+        "out_pool_usage": round(max(s["out_pool"] for s in now[1]), 3),
+        "in_pool_usage": round(max(s["in_pool"] for s in now[1]), 3),
+    }
 
 
 def _steer(control, job, phase_seconds, interval, schedule, fraction, printer):
@@ -404,16 +811,17 @@ def _steer(control, job, phase_seconds, interval, schedule, fraction, printer):
     n = control.num_tasks
     control.ask({"cmd": "limits", "producer": None, "consumer": None, "rate": None})
     start = time.perf_counter()
-    time.sleep(interval)                  # warm-up
-    prev, _ = _sample(control, None)
+    _wait(job, start + interval)          # warm-up
+    prev = _sample(control)
     samples = []
     for k in range(1, 5):
         _wait(job, start + (k + 1) * interval)
-        prev, rates = _sample(control, prev)
-        samples.append(rates[1])
+        now = _sample(control)
+        samples.append(_rates(prev, now)[1])
+        prev = now
     unthrottled = sorted(samples)[len(samples) // 4]
     if not unthrottled > 0:
-        raise RuntimeError("no records flowed between the tasks")
+        raise RunFailed("no records flowed between the tasks")
     full_rate = fraction * unthrottled
     printer(f"unthrottled: {unthrottled:,.0f} records/s over {n} tasks; full speed (100 %): "
             f"{full_rate:,.0f} records/s = {fraction:g} x unthrottled")
@@ -427,32 +835,19 @@ def _steer(control, job, phase_seconds, interval, schedule, fraction, printer):
                      "rate": full_rate / n})
 
     limits(*schedule[0])
-    control.ask({"cmd": "sample"})         # the metrics' window starts here
     start = time.perf_counter()
-    prev, _ = _sample(control, None)
+    prev = _sample(control)
     for tick in range(1, ticks * len(schedule) + 1):
         phase = (tick - 1) // ticks
         _wait(job, start + tick * interval)
-        prev, (produced, consumed) = _sample(control, prev)
-        bp = max(s["bp"] for s in prev[1])
-        row = {
-            "t_seconds": round(tick * interval, 3),
-            "producer_limit_pct": schedule[phase][0],
-            "consumer_limit_pct": schedule[phase][1],
-            "producer_pct": round(produced / full_rate * 100, 2),
-            "consumer_pct": round(consumed / full_rate * 100, 2),
-            "backpressure_level": backpressure_level(min(1.0, bp / 1000)),
-            "producer_records_per_s": round(produced),
-            "consumer_records_per_s": round(consumed),
-            "producer_back_pressured_ms_per_s": round(bp, 1),
-            "out_pool_usage": round(max(s["out_pool"] for s in prev[1]), 3),
-            "in_pool_usage": round(max(s["in_pool"] for s in prev[1]), 3),
-        }
+        now = _sample(control)
+        row = interval_row(tick * interval, schedule[phase], prev, now, full_rate)
+        prev = now
         rows.append(row)
         printer(f"{row['t_seconds']:6.1f} {row['producer_limit_pct']:>7g}/"
                 f"{row['consumer_limit_pct']:<7g} {row['producer_pct']:9.1f}% "
                 f"{row['consumer_pct']:9.1f}% {row['backpressure_level']:>12} "
-                f"{bp:8.0f} {row['out_pool_usage']:7.2f}")
+                f"{row['producer_back_pressured_ms_per_s']:8.0f} {row['out_pool_usage']:7.2f}")
         if tick % ticks == 0 and tick < ticks * len(schedule):
             limits(*schedule[phase + 1])
     return rows, unthrottled, full_rate
@@ -461,7 +856,7 @@ def _steer(control, job, phase_seconds, interval, schedule, fraction, printer):
 def _wait(job, deadline):
     while True:
         if job.error is not None:
-            raise RuntimeError("the demo's Spark job failed") from job.error
+            raise RunFailed.because("the demo's Spark job failed", job.error)
         now = time.perf_counter()
         if now >= deadline:
             return
@@ -483,7 +878,8 @@ def compare_with_spark_shuffle(sc, records, tasks, segment_size=32768, printer=p
     """The keyed job (``records`` ``(key, i)`` records in ``tasks``
     partitions, counted per key in the consumer) through flinkbuf's
     pipelined exchange and through Spark's shuffle; prints both side by
-    side and returns them."""
+    side and returns them.  ``same_counts``: both counted every record,
+    and the same per key."""
     from flinkbuf.io import assign_key_to_operator
     from flinkbuf.spark import pipelined_exchange
 
@@ -510,19 +906,22 @@ def compare_with_spark_shuffle(sc, records, tasks, segment_size=32768, printer=p
             "records": sum(counts.values()),
             "counts": counts,
         }
-    same = runs["flinkbuf"]["counts"] == runs["Spark shuffle"]["counts"] and \
-        runs["flinkbuf"]["records"] == records
+    f, s = runs["flinkbuf"], runs["Spark shuffle"]
+    same = f["counts"] == s["counts"] and f["records"] == s["records"] == records > 0
     printer(f"the keyed job: {records:,} (int, int) records in {tasks} partitions, counted "
             f"per key in the consumer")
     printer(f"{'':>22} {'flinkbuf':>14} {'Spark shuffle':>14}")
-    f, s = runs["flinkbuf"], runs["Spark shuffle"]
-    printer(f"{'records/s':>22} {f['records_per_s'] or 0:>14,} {s['records_per_s'] or 0:>14,}")
-    printer(f"{'seconds':>22} {f['seconds']:>14.2f} {s['seconds']:>14.2f}")
+
+    def rate(r):
+        return "-" if r["records_per_s"] is None else f"{r['records_per_s']:,}"
 
     def first(r):
         return "-" if r["first_record_seconds"] is None else f"{r['first_record_seconds']:.3f}"
+    printer(f"{'records/s':>22} {rate(f):>14} {rate(s):>14}")
+    printer(f"{'seconds':>22} {f['seconds']:>14.2f} {s['seconds']:>14.2f}")
     printer(f"{'first record after s':>22} {first(f):>14} {first(s):>14}")
-    printer(f"same counts per key: {VERDICT[same]}")
+    printer(f"{'records counted':>22} {f['records']:>14,} {s['records']:>14,}")
+    printer(f"same counts per key, every record counted: {VERDICT[same]}")
     for r in runs.values():
         del r["counts"]
     return {"records": records, "tasks": tasks, "runs": runs, "same_counts": same}
