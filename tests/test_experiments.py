@@ -263,7 +263,7 @@ def test_transport_in_use_tells_tcp_from_a_unix_socket():
         with NetworkEnvironment(8, 4096, secret=secret) as server, \
                 NetworkEnvironment(8, 4096, secret=secret, transport=transport,
                                    floating_buffers_per_gate=0) as client:
-            assert transport_in_use(server, "auto") is None         # no connection yet
+            assert transport_in_use(server) is None         # no connection yet
             partition = fb.create_partition(server.network_buffer_pool, 1, min_buffers=2)
             server.register_partition("p", partition)
             writer = fb.RecordWriter(partition, fb.ForwardSelector())
@@ -271,7 +271,7 @@ def test_transport_in_use_tells_tcp_from_a_unix_socket():
             writer.emit((1, 2))
             writer.close()
             assert list(gate) == [(1, 2)]
-            assert transport_in_use(server, "auto") == used, transport
+            assert transport_in_use(server) == used, transport
             gate.close()
             partition.pool.destroy()
 

@@ -9,7 +9,6 @@ Ctrl-C: the experiment stops it."""
 import multiprocessing
 import secrets
 import signal
-import sys
 import threading
 import time
 
@@ -191,40 +190,13 @@ def describe_transport(transport):
     return _TRANSPORT_NAMES[transport]
 
 
-def _tcp_connections_at(port):
-    """Established TCP connections whose local end is ``port`` on this host,
-    from the kernel's tables (Linux), or None where they cannot be read."""
-    found, read = 0, False
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                lines = f.readlines()[1:]
-        except OSError:
-            continue
-        read = True
-        for line in lines:
-            fields = line.split()
-            # sl local_address rem_address st ...; st 01 is ESTABLISHED
-            if len(fields) > 3 and fields[3] == "01" and \
-                    int(fields[1].rpartition(":")[2], 16) == port:
-                found += 1
-    return found if read else None
-
-
-def transport_in_use(env, asked="auto"):
-    """How the connections to ``env``'s server run: ``"tcp"``, ``"unix"``
-    or None (unknown).  Asked for ``"tcp"``, TCP; with ``"auto"``, the
-    kernel's table of TCP connections tells (Linux, the only platform where
-    the network layer has Unix sockets): an open connection to the server
-    that is not in it is a Unix socket's."""
-    if asked == "tcp":
-        return "tcp"
-    if not env.connections():
-        return None
-    tcp = _tcp_connections_at(env.address[1])
-    if tcp is None:
-        return None if sys.platform.startswith("linux") else "tcp"
-    return "tcp" if tcp else "unix"
+def transport_in_use(env):
+    """How the connections to ``env``'s server run, as the first open one
+    says: ``"tcp"`` or ``"unix"``; None before any connection is open."""
+    for conn in env.connections():
+        if conn.is_open:
+            return conn.transport
+    return None
 
 
 def wait_for(predicate, timeout, interval=0.01):

@@ -386,7 +386,7 @@ def run_backpressure(out_dir, phase_seconds=5.0, *, interval=0.5, schedule=DEFAU
         unthrottled, samples = _calibrate(pipe, interval, calibration_intervals)
         full_rate = _full_rate(unthrottled, full_speed, full_speed_fraction, interval, schedule)
         if remote:
-            used = transport_in_use(pipe.env, transport)
+            used = transport_in_use(pipe.env)
         _print_calibration(printer, unthrottled, full_rate, full_speed, full_speed_fraction,
                            calibration_intervals, interval, buffers, segment_size, remote, used)
         rows = _run_schedule(pipe, schedule, ticks_per_phase, interval, full_rate, rss, printer)

@@ -242,7 +242,6 @@ class _RemoteModeRun(_ModeRun):
         from flinkbuf.network import NetworkEnvironment
         secret = new_secret()
         self.mode = mode
-        self.asked_transport = transport
         self.transport = None
         self.env = NetworkEnvironment(pool_buffers, segment_size, secret=secret,
                                       transport=transport)
@@ -275,7 +274,7 @@ class _RemoteModeRun(_ModeRun):
         return self.consumers.counts()
 
     def _seen_transport(self):
-        self.transport = transport_in_use(self.env, self.asked_transport)
+        self.transport = transport_in_use(self.env)
 
     def stop(self):
         self.stopping.set()
