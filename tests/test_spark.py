@@ -274,6 +274,90 @@ def test_errors_that_only_say_a_peer_went_away():
     assert not _is_consequence(ValueError("boom"))
 
 
+class _FakeBarrierContext:
+    """What _run_task asks of Spark's BarrierTaskContext, for tasks run as
+    threads of this process: their index and an allGather among them."""
+
+    def __init__(self, index, n, gather):
+        self.index, self.n, self.gather = index, n, gather
+
+    def partitionId(self):
+        return self.index
+
+    def getTaskInfos(self):
+        return [collections.namedtuple("Info", "address")("127.0.0.1:0")] * self.n
+
+    def allGather(self, message):
+        self.gather[self.index] = message
+        self.gather["barrier"].wait(10)
+        return [self.gather[i] for i in range(self.n)]
+
+
+def test_a_peer_gone_while_connecting_is_reported_after_the_peers_own_error(monkeypatch):
+    """Task 1's fn raises at once; task 0 connects only after task 1 has
+    closed, and meets "cannot connect".  That error only says a peer went
+    away: task 0 holds it back for the consequence delay, whatever phase
+    it came in, so that Spark hears of task 1's ValueError first."""
+    import threading
+
+    from pyspark import BarrierTaskContext
+
+    from flinkbuf.errors import RemoteConnectionError
+    from flinkbuf.network import NetworkEnvironment
+    from flinkbuf.spark import exchange
+
+    def fn(records):
+        if BarrierTaskContext.get().partitionId() == 1:
+            raise ValueError("fn-raised-at-once")
+        yield from records
+
+    spec = exchange._make_spec(2, fn, num_partitions=None, key=None, selector="hash",
+                               codec="typed", segment_size=4096, buffers_per_channel=2,
+                               floating_buffers=0, buffer_timeout=0.01, max_record_size=1 << 20,
+                               max_parallelism=None, host="127.0.0.1", timeout=10.0,
+                               monitor=None)
+    spec.rendezvous = None                             # allGather, faked above
+    contexts = threading.local()
+    monkeypatch.setattr(BarrierTaskContext, "get", staticmethod(lambda: contexts.ctx))
+    task1_done = threading.Event()
+    gate_failed_at = []
+    create_gate = NetworkEnvironment.create_input_gate
+
+    def late_gate(env, *args, **kwargs):               # task 0 connects after task 1 ended
+        if contexts.ctx.index == 0:
+            assert task1_done.wait(10)
+        try:
+            return create_gate(env, *args, **kwargs)
+        except RemoteConnectionError:
+            gate_failed_at.append(time.monotonic())
+            raise
+    monkeypatch.setattr(NetworkEnvironment, "create_input_gate", late_gate)
+    gather = {"barrier": threading.Barrier(2)}
+    raised = {}
+
+    def run(index):
+        contexts.ctx = _FakeBarrierContext(index, 2, gather)
+        try:
+            for _ in exchange._run_task(spec, iter([(index, i) for i in range(10)])):
+                pass
+        except BaseException as exc:   # noqa: BLE001 - what the task reports to Spark
+            raised[index] = (exc, time.monotonic())
+        finally:
+            if index == 1:
+                task1_done.set()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert isinstance(raised[1][0], ValueError)
+    assert isinstance(raised[0][0], RemoteConnectionError), raised[0]
+    assert gate_failed_at, "task 0 did not meet the closed peer while connecting"
+    assert raised[0][1] - gate_failed_at[0] >= exchange._CONSEQUENCE_DELAY * 0.9
+    assert raised[0][1] > raised[1][1]
+
+
 def test_a_task_that_raises_fails_the_job_with_its_error(sc):
     rdd = sc.parallelize([(i, i) for i in range(200_000)], 2)
     message, took = _job_error(lambda: pipelined_exchange(rdd, _raise_mid_stream).count())

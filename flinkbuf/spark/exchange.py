@@ -292,17 +292,22 @@ def _run_task(spec, iterator):
             for _ in records:          # fn stopped early: the rest is still read
                 pass
         except BaseException as exc:
-            error = _root_error(exc, producer.error, spec.timeout)
+            error = _root_error(exc, producer.error)
             if error is not exc:
                 raise error from None
             raise
         _join(producer, spec.timeout)
         if producer.error is not None:
-            raise _root_error(None, producer.error, spec.timeout)
+            raise _root_error(None, producer.error)
         gate.close()
         _wait_until_served(env, partition, spec.timeout)
     except BaseException as exc:
         failed = exc
+        if _is_consequence(exc):
+            # It only says that a peer went away, whenever it came (connecting,
+            # reading, writing): wait a moment, so that Spark hears of the
+            # peer's own failure, the cause, before this one.
+            time.sleep(min(spec.timeout, _CONSEQUENCE_DELAY))
         raise
     finally:
         _CURRENT.task = None
@@ -311,16 +316,14 @@ def _run_task(spec, iterator):
             done()
 
 
-def _root_error(consumer_error, producer_error, timeout):
+def _root_error(consumer_error, producer_error):
     """The error a failing task raises: its own (its input's, its
     ``fn``'s, a peer's error that its gate carries) before one that only
     says that a peer went away (a released subpartition, a dropped
-    connection).  For the latter it waits a moment first, so that Spark
-    hears of the peer's own failure, the cause, before this one."""
+    connection)."""
     for error in (producer_error, consumer_error):
         if error is not None and not _is_consequence(error):
             return error
-    time.sleep(min(timeout, _CONSEQUENCE_DELAY))
     return consumer_error if consumer_error is not None else producer_error
 
 
