@@ -9,17 +9,19 @@ name their parameters (``phase_seconds``); the command line passes
 import math
 import os
 
+from flinkbuf.errors import FlinkbufError
+
 MAX_SECONDS = 3600.0        # a phase (or a demo step) lasts at most an hour
 MAX_COUNT = 2**31 - 1       # counts and sizes are C int32 in the buffer core
 CACHE_LINE = 64             # segments sit at a stride rounded up to this
 SEGMENT_OVERHEAD = 9        # bytes of bookkeeping per segment (links, state)
 
 
-class ExperimentArgumentError(ValueError):
+class ExperimentArgumentError(FlinkbufError, ValueError):
     """An argument is out of range: nothing ran and nothing was written."""
 
 
-class MissingRequirementError(RuntimeError):
+class MissingRequirementError(FlinkbufError, RuntimeError):
     """Something a command needs is missing (a package, a Java runtime): the
     message says what to install; nothing ran and nothing was written."""
 

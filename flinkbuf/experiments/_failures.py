@@ -3,12 +3,14 @@ instead of a traceback."""
 
 import re
 
+from flinkbuf.errors import FlinkbufError
+
 _TRACEBACK = "Traceback (most recent call last):"
 _JAVA_CLASS = re.compile(r"^(?:[a-z_$][\w$]*\.)+([A-Z][\w$]*)(?=:|$)")
 _CHAIN_LINES = ("During handling of the above exception", "The above exception was the direct")
 
 
-class RunFailed(RuntimeError):
+class RunFailed(FlinkbufError, RuntimeError):
     """A run could not go on (a task failed, Spark did not start): the
     message says why in one line, its cause included; the cause itself is
     chained (:meth:`because`)."""
