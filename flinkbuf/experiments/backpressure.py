@@ -499,6 +499,23 @@ def _run_schedule(pipe, schedule, ticks_per_phase, interval, full_rate, rss, pri
     return rows
 
 
+def schedule_row(t_seconds, limits, producer_rate, consumer_rate, bp_ms, full_rate):
+    """The columns of an interval that every run of the schedule has: the
+    limits in force, both rates (records/s and % of ``full_rate``), and the
+    producer's back-pressured ms per second ``bp_ms`` with its level."""
+    return {
+        "t_seconds": round(t_seconds, 3),
+        "producer_limit_pct": limits[0],
+        "consumer_limit_pct": limits[1],
+        "producer_pct": round(producer_rate / full_rate * 100, 2),
+        "consumer_pct": round(consumer_rate / full_rate * 100, 2),
+        "backpressure_level": backpressure_level(bp_ms / 1000),
+        "producer_records_per_s": round(producer_rate),
+        "consumer_records_per_s": round(consumer_rate),
+        "producer_back_pressured_ms_per_s": round(bp_ms, 1),
+    }
+
+
 def _interval_row(pipe, t_seconds, limits, prev, now, full_rate, rss_mb):
     """One interval's row: both tasks' rates and the producer's
     back-pressured time over exactly the interval (between the counts
@@ -510,15 +527,7 @@ def _interval_row(pipe, t_seconds, limits, prev, now, full_rate, rss_mb):
     consumer_rate = (now[2] - prev[2]) / dt
     bp = ms_per_second(now[3] - prev[3], now[4] - prev[4])
     return {
-        "t_seconds": round(t_seconds, 3),
-        "producer_limit_pct": limits[0],
-        "consumer_limit_pct": limits[1],
-        "producer_pct": round(producer_rate / full_rate * 100, 2),
-        "consumer_pct": round(consumer_rate / full_rate * 100, 2),
-        "backpressure_level": backpressure_level(bp / 1000),
-        "producer_records_per_s": round(producer_rate),
-        "consumer_records_per_s": round(consumer_rate),
-        "producer_back_pressured_ms_per_s": round(bp, 1),
+        **schedule_row(t_seconds, limits, producer_rate, consumer_rate, bp, full_rate),
         "producer_busy_ms_per_s": round(p_snap["busyTimeMsPerSecond"], 1),
         "consumer_idle_ms_per_s": round(c_snap["idleTimeMsPerSecond"], 1),
         "consumer_busy_ms_per_s": round(c_snap["busyTimeMsPerSecond"], 1),

@@ -62,7 +62,6 @@ from flinkbuf.experiments._output import (
     write_table_and_doc,
 )
 from flinkbuf.experiments._throttle import Throttle
-from flinkbuf.io.metrics import backpressure_level
 
 NAME = "spark-backpressure"
 LOG_FILE = f"{NAME}.log"
@@ -792,15 +791,7 @@ def interval_row(t_seconds, limits, prev, now, full_rate):
     bp = max(_bp.ms_per_second(a["bp_ns"] - b["bp_ns"], a["t_ns"] - b["t_ns"])
              for b, a in zip(prev[1], now[1]))
     return {
-        "t_seconds": round(t_seconds, 3),
-        "producer_limit_pct": limits[0],
-        "consumer_limit_pct": limits[1],
-        "producer_pct": round(produced / full_rate * 100, 2),
-        "consumer_pct": round(consumed / full_rate * 100, 2),
-        "backpressure_level": backpressure_level(bp / 1000),
-        "producer_records_per_s": round(produced),
-        "consumer_records_per_s": round(consumed),
-        "producer_back_pressured_ms_per_s": round(bp, 1),
+        **_bp.schedule_row(t_seconds, limits, produced, consumed, bp, full_rate),
         "out_pool_usage": round(max(s["out_pool"] for s in now[1]), 3),
         "in_pool_usage": round(max(s["in_pool"] for s in now[1]), 3),
     }
