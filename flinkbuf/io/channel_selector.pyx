@@ -208,12 +208,13 @@ cdef class HashSelector(ChannelSelector):
         cdef object key
         cdef int32_t h
         cdef Py_ssize_t index = self._key_index
-        cdef type t
+        cdef type t = type(record)
+        if index == _KEY_FIRST_FIELD:       # pairs: field 0 of a sequence, else the record
+            index = 0 if t is tuple or isinstance(record, (tuple, list)) else -1
         if index >= 0:
             # Exact tuples and lists inline: the length is compared and the
             # item taken with no Python code in between; the rest, and every
             # error, in _field.
-            t = type(record)
             if t is tuple and index < PyTuple_GET_SIZE(record):
                 key = <object>PyTuple_GET_ITEM(record, index)
             elif t is list and index < PyList_GET_SIZE(record):
@@ -222,9 +223,6 @@ cdef class HashSelector(ChannelSelector):
                 key = _field(record, index)
         elif self._key is not None:
             key = self._key(record)
-        elif self._key_index == _KEY_FIRST_FIELD and (
-                type(record) is tuple or isinstance(record, (tuple, list))):
-            key = _field(record, 0)
         else:
             key = record
         _java_hash(key, &h, 0)
@@ -236,16 +234,11 @@ cdef class HashSelector(ChannelSelector):
         return self._max_parallelism
 
 
-
 cdef object _field(object record, Py_ssize_t index):
-    """``record[index]`` for a key index (>= 0).  A tuple's or list's
-    length is compared first, as it is now (another thread may have
-    shrunk a list); every failure names the key and the record."""
+    """``record[index]`` for a key index (>= 0), through the record's own
+    item lookup (bounds-checked for lists and tuples); every failure names
+    the key and the record."""
     cdef type t = type(record)
-    if t is tuple or t is list:
-        if index >= len(record):
-            raise _key_out_of_range(record, index, None)
-        return record[index]
     try:
         return record[index]
     except (IndexError, KeyError) as exc:
