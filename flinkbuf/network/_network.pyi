@@ -5,17 +5,7 @@ from typing import Literal, TypedDict, final
 
 from flinkbuf.buffer._buffer import LocalBufferPool
 from flinkbuf.io._io import InputChannel, ResultPartition
-
-class _ConnectionStats(TypedDict):
-    transport: Literal["unix", "tcp"]
-    bytes_in: int
-    bytes_out: int
-    frames_in: int
-    frames_out: int
-    buffers_in: int
-    buffers_out: int
-    # Of frames_in, those a consumer's thread waiting on its gate read itself.
-    frames_in_direct: int
+from flinkbuf.network.environment import ConnectionCounters
 
 class _ChannelStats(TypedDict):
     exclusive_available: int
@@ -51,7 +41,7 @@ class Connection:
     def transport(self) -> Literal["unix", "tcp"]: ...
     @property
     def error(self) -> ConnectionError | None: ...
-    def stats(self) -> _ConnectionStats: ...
+    def stats(self) -> ConnectionCounters: ...
     @property
     def num_channels(self) -> int: ...
 

@@ -46,10 +46,12 @@ Address = Union[tuple[str, int], str]
 ChannelSpec = tuple[Address, str, int]
 
 
-class ConnectionStats(TypedDict):
-    """One connection of :meth:`NetworkEnvironment.connection_stats`."""
+class ConnectionCounters(TypedDict):
+    """What :meth:`Connection.stats` returns: the transport and the bytes,
+    frames and buffers in and out so far (``frames_in_direct``: of
+    ``frames_in``, those a consumer's thread waiting on its gate read
+    itself)."""
 
-    peer: str
     transport: Literal["unix", "tcp"]
     bytes_in: int
     bytes_out: int
@@ -58,6 +60,13 @@ class ConnectionStats(TypedDict):
     buffers_in: int
     buffers_out: int
     frames_in_direct: int
+
+
+class ConnectionStats(ConnectionCounters):
+    """One connection of :meth:`NetworkEnvironment.connection_stats`."""
+
+    peer: str
+
 
 log = logging.getLogger("flinkbuf.network")
 
