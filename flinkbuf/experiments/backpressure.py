@@ -72,9 +72,9 @@ from flinkbuf.experiments._output import (
     write_table_and_doc,
 )
 from flinkbuf.experiments._remote import (
-    TRANSPORTS,
     MetricsProxy,
     RemoteConsumers,
+    check_transport,
     describe_transport,
     new_secret,
     transport_in_use,
@@ -318,18 +318,6 @@ def check_arguments(phase_seconds, interval=0.5, schedule=DEFAULT_SCHEDULE, segm
              f"[{MIN_FULL_SPEED_FRACTION:g}, 1], got {full_speed_fraction!r}")
     check_int("calibration_intervals", calibration_intervals, ge=1, le=10_000, names=names)
     check_transport(transport, remote, names=names)
-
-
-def check_transport(transport, remote, *, names=None):
-    """``transport`` is one of :data:`TRANSPORTS`; other than ``"auto"``
-    only with ``remote`` (nothing else has a connection)."""
-    n = (names or {}).get
-    if transport not in TRANSPORTS:
-        fail(f"{n('transport', 'transport')} must be one of {', '.join(TRANSPORTS)}, got "
-             f"{transport!r}")
-    if transport != "auto" and not remote:
-        fail(f"{n('transport', 'transport')} {transport} needs {n('remote', 'remote')}: "
-             "only the consumer in another process reads over a connection")
 
 
 def settle_intervals(interval):

@@ -60,6 +60,7 @@ from flinkbuf.experiments._output import (
 from flinkbuf.experiments._failures import RunFailed
 from flinkbuf.experiments._remote import (
     RemoteConsumers,
+    check_transport,
     describe_transport,
     new_secret,
     transport_in_use,
@@ -120,7 +121,6 @@ def check_arguments(phase_seconds, consumer_rate=50_000, segment_size=4096, pool
         fail(f"{name} must name at least one mode")
     if len(set(modes)) != len(modes):
         fail(f"{name} must not repeat a mode, got {modes}")
-    from flinkbuf.experiments.backpressure import check_transport
     check_transport(transport, remote, names=names)
 
 

@@ -43,8 +43,6 @@ and :class:`BacklogAwareRebalanceSelector`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from flinkbuf.io._io import (
     END_OF_PARTITION,
     MAX_QUEUED_EVENTS,
@@ -74,9 +72,6 @@ from flinkbuf.io._io import (
 )
 from flinkbuf.buffer import NetworkBufferPool
 from flinkbuf.errors import PartitionReleasedError, ProducerFailedError
-
-if TYPE_CHECKING:
-    from flinkbuf.buffer import NetworkBufferPool
 
 __all__ = [
     "END_OF_PARTITION",

@@ -12,7 +12,7 @@ which, like every record, was copied once out of the network buffers).
 
 import numpy as np
 
-from flinkbuf.io import default_max_parallelism
+from flinkbuf.io import default_max_parallelism, java_hash_code
 from flinkbuf.spark.exchange import (
     _check_int,
     _check_slots,
@@ -122,8 +122,6 @@ def _numpy_partitions(values, table, max_parallelism):
     if kind == "O":
         # One by one: Python's equality would merge keys that Java hashes
         # apart (1, 1.0 and True; 0.0 and -0.0).
-        from flinkbuf.io import java_hash_code
-
         nulls = np.fromiter((v is None for v in values), dtype=bool, count=len(values))
         codes = np.fromiter((0 if v is None else java_hash_code(v) & 0xFFFFFFFF
                              for v in values), dtype=np.uint32, count=len(values))
@@ -142,8 +140,6 @@ def _numpy_partitions(values, table, max_parallelism):
 
 def _distinct_partitions(distinct, table, max_parallelism):
     """The partition of each key of a list of distinct keys."""
-    from flinkbuf.io import java_hash_code
-
     codes = np.array([java_hash_code(u) & 0xFFFFFFFF for u in distinct], dtype=np.uint32)
     return _hashed(codes, table, max_parallelism)
 

@@ -564,8 +564,9 @@ def pipelined_exchange(rdd, fn=None, *, num_partitions=None, key=None, selector=
     at once: this call checks that the master has them (waiting up to
     ``timeout`` for executors to register on a cluster master) and raises
     :class:`~flinkbuf.errors.InsufficientSlotsError` saying what to set
-    otherwise, instead of letting Spark retry its own check for minutes.  Each task writes its input partition and reads partition
-    ``index``; records of one producer to one consumer keep their order.
+    otherwise, instead of letting Spark retry its own check for minutes.
+    Each task writes its input partition and reads partition ``index``;
+    records of one producer to one consumer keep their order.
 
     selector: ``"hash"`` (by ``key``, Flink's key groups, as
     :class:`~flinkbuf.HashSelector`: every record of a key reaches one
@@ -578,8 +579,9 @@ def pipelined_exchange(rdd, fn=None, *, num_partitions=None, key=None, selector=
     IndexError naming the key and the record's length) or a callable
     ``record -> key``; None (the default) keys a tuple or list record by
     its first field, as for a pair RDD, and any other record (a str, an
-    int) by the whole record.  Keys are hashed as Java's ``hashCode()`` (str, int,
-    float, bytes, tuples of them), never with Python's salted ``hash()``.
+    int) by the whole record.  Keys are hashed as Java's ``hashCode()``
+    (str, int, float, bytes, tuples of them), never with Python's salted
+    ``hash()``.
     codec: ``"typed"`` (records are None, bool, int, float, str, bytes,
     tuples, lists, dicts, numpy arrays), ``"bytes"`` or ``"pickle"``.
 
