@@ -4,8 +4,10 @@ the rows of the Spark demo computed from its tasks' counters."""
 
 import csv
 import json
+import os
 import re
 import statistics
+import sys
 import time
 
 import pytest
@@ -245,6 +247,57 @@ def test_backpressure_remote_over_tcp_says_tcp(tmp_path):
     assert doc["config"]["transport"] == "tcp" and doc["config"]["transport_asked"] == "tcp"
     assert "over TCP on loopback" in lines[0] and "Unix" not in "".join(lines), lines
     assert "reads over TCP on loopback" in doc["config"]["exchange"]
+
+
+def _is_devnull(fd):
+    st, null = os.fstat(fd), os.stat(os.devnull)
+    return (st.st_dev, st.st_ino) == (null.st_dev, null.st_ino)
+
+
+def test_a_ctrl_c_while_the_consumers_spawn_waits_until_stderr_is_back():
+    """The remote consumers are spawned with fd 2 on /dev/null (what the
+    child prints before its target runs, a Ctrl-C's traceback while it
+    imports, goes nowhere); a Ctrl-C of those moments reaches this
+    process's handler afterwards, with its standard error restored."""
+    import signal
+
+    from flinkbuf.experiments._remote import _quiet_spawn
+
+    before = os.fstat(2)
+    seen = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: seen.append(
+        _is_devnull(2)))
+    try:
+        with _quiet_spawn():
+            assert _is_devnull(2)
+            signal.raise_signal(signal.SIGINT)
+            assert seen == []                   # held back
+        assert seen == [False]                  # then handled, stderr back
+        after = os.fstat(2)
+        assert (after.st_dev, after.st_ino) == (before.st_dev, before.st_ino)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _write_to_stderr(stderr, text):
+    os.dup2(stderr.fd, 2)
+    os.close(stderr.fd)
+    sys.stderr.write(text)
+    sys.stderr.flush()
+
+
+def test_a_child_spawned_quietly_takes_the_real_stderr_back(capfd):
+    import multiprocessing
+
+    from flinkbuf.experiments._remote import _quiet_spawn
+
+    ctx = multiprocessing.get_context("spawn")
+    with _quiet_spawn() as stderr:
+        child = ctx.Process(target=_write_to_stderr, args=(stderr, "from the child\n"))
+        child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    assert "from the child" in capfd.readouterr().err
 
 
 def test_transport_in_use_tells_tcp_from_a_unix_socket():

@@ -6,11 +6,18 @@ local socket connection, authenticated: a Unix socket with transport
 experiment's questions (counts, metrics) through a pipe.  The child ignores
 Ctrl-C: the experiment stops it."""
 
+import contextlib
 import multiprocessing
+import os
 import secrets
 import signal
+import sys
 import threading
 import time
+from multiprocessing import reduction
+
+from flinkbuf.experiments._args import fail
+from flinkbuf.experiments._failures import RunFailed
 
 _BATCH = 64
 
@@ -21,12 +28,12 @@ _TRANSPORT_NAMES = {"tcp": "TCP on loopback", "unix": "a Unix socket",
                     None: "a local socket connection"}
 
 
-def _child(conn, producer_address, secret, specs, segment_size, exclusive, floating,
+def _child(stderr, conn, producer_address, secret, specs, segment_size, exclusive, floating,
            blocked, full_rates, transport="auto"):
     """The child process: one consumer task per spec, then a command loop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)      # a terminal's Ctrl-C: the parent's
-    if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+    os.dup2(stderr.fd, 2)                             # see _quiet_spawn
+    os.close(stderr.fd)
     import flinkbuf as fb
     from flinkbuf.experiments._throttle import Throttle
     from flinkbuf.network import NetworkEnvironment
@@ -113,25 +120,16 @@ class RemoteConsumers:
         ctx = multiprocessing.get_context("spawn")
         self._conn, child_conn = ctx.Pipe()
         self._lock = threading.Lock()
-        self._process = ctx.Process(
-            target=_child, daemon=True, name="flinkbuf-remote-consumers",
-            args=(child_conn, env.address, secret, specs, segment_size, exclusive, floating,
-                  blocked, full_rates, transport))
-        # SIGINT blocked while the child starts: it inherits the mask, so a
-        # terminal's Ctrl-C cannot interrupt it before it ignores SIGINT
-        # (this process gets its own when the mask is restored).
-        if hasattr(signal, "pthread_sigmask"):
-            mask = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])
-            try:
-                self._process.start()
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        else:
+        with _quiet_spawn() as stderr:
+            self._process = ctx.Process(
+                target=_child, daemon=True, name="flinkbuf-remote-consumers",
+                args=(stderr, child_conn, env.address, secret, specs, segment_size, exclusive,
+                      floating, blocked, full_rates, transport))
             self._process.start()
         child_conn.close()
         if not self._conn.poll(start_timeout):
             self._process.kill()
-            raise RuntimeError("the consumer process did not start")
+            raise RunFailed("the consumer process did not start")
         self._conn.recv()
 
     def _ask(self, cmd, arg=None):
@@ -143,7 +141,7 @@ class RemoteConsumers:
         """Records each consumer read so far; raises a consumer's error."""
         counts, errors = self._ask("counts")
         if errors:
-            raise RuntimeError(f"a remote consumer failed: {errors[0]}")
+            raise RunFailed(f"a remote consumer failed: {errors[0]}")
         return counts
 
     def snapshot(self, k=0):
@@ -183,6 +181,62 @@ class MetricsProxy:
 
 def new_secret():
     return secrets.token_bytes(32)
+
+
+def check_transport(transport, remote, *, names=None):
+    """``transport`` is one of :data:`TRANSPORTS`; other than ``"auto"``
+    only with ``remote`` (nothing else has a connection)."""
+    n = (names or {}).get
+    if transport not in TRANSPORTS:
+        fail(f"{n('transport', 'transport')} must be one of {', '.join(TRANSPORTS)}, got "
+             f"{transport!r}")
+    if transport != "auto" and not remote:
+        fail(f"{n('transport', 'transport')} {transport} needs {n('remote', 'remote')}: "
+             "only the consumer in another process reads over a connection")
+
+
+class _Stderr:
+    """This process's standard error as a descriptor, for a spawned child to
+    take back (pickled as a descriptor the child inherits)."""
+
+    def __init__(self, fd):
+        self.fd = fd
+
+    def __reduce__(self):
+        return (_Stderr._inherited, (reduction.DupFd(self.fd),))
+
+    @staticmethod
+    def _inherited(dup):
+        return _Stderr(dup.detach())
+
+
+@contextlib.contextmanager
+def _quiet_spawn():
+    """While a child is spawned inside, fd 2 is ``/dev/null``: the child
+    starts with it, so what it prints before its target runs (a traceback
+    of a Ctrl-C that reaches it while it imports: the terminal sends it to
+    the whole process group) goes nowhere; its target takes the real
+    standard error back (yielded as a :class:`_Stderr` to pass to it).  A
+    Ctrl-C of those moments reaches this process's handler afterwards,
+    with fd 2 restored (in the main thread: only it may change handlers)."""
+    deferred = []
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: deferred.append(signum))
+    sys.stderr.flush()
+    real = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+    try:
+        yield _Stderr(real)
+    finally:
+        os.dup2(real, 2)
+        os.close(real)
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+            if deferred:
+                signal.raise_signal(signal.SIGINT)
 
 
 def describe_transport(transport):
