@@ -1,7 +1,7 @@
 """Type stubs for flinkbuf.buffer._buffer, the buffer core."""
 
 import enum
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import final
 
 from typing_extensions import Buffer as _BufferProtocol

@@ -1,6 +1,6 @@
 """Type stubs for flinkbuf.serialization._serialization: records across buffers and their codecs."""
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any, ClassVar, Literal, final
 
 from typing_extensions import Buffer as _BufferProtocol
