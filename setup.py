@@ -142,9 +142,10 @@ if SANITIZE:
 # Each layer is one extension module: its .pyx includes the layer's files
 # (as uvloop, asyncpg's pgproto and msgpack do) and links the plain C it owns.
 CSRC = {
-    "buffer": ["csrc/clock.c", "csrc/arena.c", "csrc/redistribution.c", "csrc/pool.c"],
-    "io": ["csrc/clock.c", "csrc/exchange.c", "csrc/keygroup.c"],
-    "network": ["csrc/clock.c", "csrc/exchange.c", "csrc/connection.c"],
+    "buffer": ["csrc/common/clock.c", "csrc/buffer/arena.c", "csrc/buffer/redistribution.c",
+               "csrc/buffer/pool.c"],
+    "io": ["csrc/common/clock.c", "csrc/io/exchange.c", "csrc/io/keygroup.c"],
+    "network": ["csrc/common/clock.c", "csrc/io/exchange.c", "csrc/network/connection.c"],
 }
 
 
@@ -165,7 +166,7 @@ extensions = [
     ext("flinkbuf.serialization._serialization"),
     ext("flinkbuf.io._io", CSRC["io"]),
     ext("flinkbuf.network._network", CSRC["network"]),
-    ext("flinkbuf._testing", ["csrc/clock.c"]),      # test and benchmark hooks
+    ext("flinkbuf._testing", ["csrc/common/clock.c"]),      # test and benchmark hooks
 ]
 
 class BuildExt(build_ext):

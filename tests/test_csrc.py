@@ -10,8 +10,8 @@ import time
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SOURCES = ["tests/csrc/stress_pool.c", "csrc/pool.c", "csrc/clock.c", "csrc/arena.c",
-           "csrc/redistribution.c"]
+SOURCES = ["tests/csrc/stress_pool.c", "csrc/buffer/pool.c", "csrc/common/clock.c", "csrc/buffer/arena.c",
+           "csrc/buffer/redistribution.c"]
 
 
 @pytest.mark.parametrize("sanitizer", ["thread", "address,undefined"])
@@ -34,7 +34,7 @@ def test_clock_deadlines_and_timed_waits(tmp_path, sanitizer):
     cc = os.environ.get("CC", "gcc")
     exe = tmp_path / "clock_check"
     subprocess.run([cc, "-O1", "-g", f"-fsanitize={sanitizer}", "-fno-sanitize-recover=all",
-                    "-Icsrc", "tests/csrc/clock_check.c", "csrc/clock.c", "-lpthread", "-lm",
+                    "-Icsrc", "tests/csrc/clock_check.c", "csrc/common/clock.c", "-lpthread", "-lm",
                     "-o", str(exe)], cwd=ROOT, check=True, capture_output=True, text=True)
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60, env=env)
@@ -43,7 +43,7 @@ def test_clock_deadlines_and_timed_waits(tmp_path, sanitizer):
 
 @pytest.mark.parametrize("module", ["flinkbuf.buffer._buffer", "flinkbuf.io._io"])
 def test_both_extensions_share_one_clock_semantics(module):
-    """csrc/clock.c is linked into both extension modules (the exchange once
+    """csrc/common/clock.c is linked into both extension modules (the exchange once
     had its own copy, where a negative timeout meant "forever"): a timeout
     <= 0 or NaN is a deadline of now, +inf or a huge one is forever."""
     import ctypes
@@ -55,7 +55,7 @@ def test_both_extensions_share_one_clock_semantics(module):
     lib.fb_monotonic_ns.restype = ctypes.c_int64
     forever = (1 << 63) - 1
     for timeout in (0.0, -1.0, -1e-9, float("-inf"), float("nan")):
-        before = time.monotonic_ns()        # CLOCK_MONOTONIC, as csrc/clock.c
+        before = time.monotonic_ns()        # CLOCK_MONOTONIC, as csrc/common/clock.c
         deadline = lib.fb_deadline_after(timeout)
         assert before <= deadline <= time.monotonic_ns(), timeout
     assert lib.fb_deadline_after(float("inf")) == forever

@@ -78,8 +78,8 @@ SETUP = textwrap.dedent(f"""
     from setuptools import Extension, setup
     setup(ext_modules=cythonize(
         [Extension("list_channel", ["list_channel.pyx",     # the gate's C calls are linked in
-                                    {os.path.join(ROOT, "csrc", "exchange.c")!r},
-                                    {os.path.join(ROOT, "csrc", "clock.c")!r}],
+                                    {os.path.join(ROOT, "csrc", "io", "exchange.c")!r},
+                                    {os.path.join(ROOT, "csrc", "common", "clock.c")!r}],
                    include_dirs=[{os.path.join(ROOT, "csrc")!r}, numpy.get_include()])],
         include_path=[{ROOT!r}],
         compiler_directives={{"language_level": 3}}, quiet=True))

@@ -1,4 +1,4 @@
-"""csrc/exchange.c on its own: a C program over the subpartition queue, built
+"""csrc/io/exchange.c on its own: a C program over the subpartition queue, built
 with AddressSanitizer + UBSan and with malloc wrapped so that a test can make
 every allocation fail."""
 
@@ -14,7 +14,7 @@ TERMINATE_CHECK = textwrap.dedent(r"""
     #include <stdio.h>
     #include <stdlib.h>
     #include <string.h>
-    #include "exchange.h"
+    #include "io/exchange.h"
 
     /* -Wl,--wrap=malloc: exchange.c's allocations come here. */
     void *__real_malloc(size_t n);
@@ -112,7 +112,7 @@ def test_terminating_a_subpartition_never_allocates(tmp_path):
     src.write_text(TERMINATE_CHECK)
     build = subprocess.run(
         [cc, "-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
-         "-Icsrc", str(src), "csrc/exchange.c", "csrc/clock.c", "-Wl,--wrap=malloc",
+         "-Icsrc", str(src), "csrc/io/exchange.c", "csrc/common/clock.c", "-Wl,--wrap=malloc",
          "-lpthread", "-lm", "-o", str(exe)],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stderr

@@ -4,6 +4,7 @@ the plain C in csrc/ has no Python API and includes downward too."""
 
 import os
 import re
+import sys
 
 import pytest
 
@@ -20,12 +21,10 @@ LAYERS = {
     "spark": 5,
 }
 TOP = 6          # __init__, cli, __main__, demo, experiments, _testing
-# csrc units by layer (their headers may include only their layer or below).
-C_LAYERS = {
-    "status": 0, "clock": 0, "byteorder": 0, "arena": 0, "redistribution": 0, "pool": 0,
-    "exchange": 3, "keygroup": 3,
-    "connection": 4,
-}
+# csrc/ mirrors the package: one folder per layer it serves, ordered as the
+# layers are (common/ holds what every layer uses).  A header or source may
+# include its own folder or a folder below it, never one above.
+C_FOLDERS = {"common": 0, "buffer": 1, "io": 3, "network": 4}
 
 IMPORT = re.compile(
     r"^\s*(?:from\s+flinkbuf\.(\w+)[\w.]*\s+c?import|import\s+flinkbuf\.(\w+)"
@@ -76,23 +75,49 @@ def test_the_checker_sees_an_upward_import(tmp_path):
 
 def _c_files():
     csrc = os.path.join(ROOT, "csrc")
-    return sorted(f for f in os.listdir(csrc) if f.endswith((".c", ".h")))
+    found = []
+    for dirpath, _, files in os.walk(csrc):
+        for name in files:
+            if name.endswith((".c", ".h")):
+                found.append(os.path.relpath(os.path.join(dirpath, name), csrc))
+    return sorted(found)
 
 
-@pytest.mark.parametrize("name", _c_files())
-def test_csrc_is_plain_c_and_includes_point_down(name):
-    unit = os.path.splitext(name)[0]
-    assert unit in C_LAYERS, f"csrc/{name}: give its unit a layer in C_LAYERS"
-    with open(os.path.join(ROOT, "csrc", name)) as f:
+@pytest.mark.parametrize("rel", _c_files())
+def test_csrc_is_plain_c_and_includes_point_down(rel):
+    folder = rel.split(os.sep)[0]
+    assert folder in C_FOLDERS and os.sep in rel, (
+        f"csrc/{rel}: C lives in a layer's folder, one of {sorted(C_FOLDERS)}")
+    with open(os.path.join(ROOT, "csrc", rel)) as f:
         text = f.read()
-    assert "Python.h" not in text and "PyObject" not in text, f"csrc/{name} uses the Python API"
-    for inc in re.findall(r'#include\s+"(\w+)\.h"', text):
-        assert C_LAYERS[inc] <= C_LAYERS[unit], f"csrc/{name} includes {inc}.h, a layer above"
+    assert "Python.h" not in text and "PyObject" not in text, f"csrc/{rel} uses the Python API"
+    for inc in re.findall(r'#include\s+"([^"]+)"', text):
+        assert inc.count("/") == 1, f"csrc/{rel}: include {inc!r} by its path under csrc/"
+        target = inc.split("/")[0]
+        assert target in C_FOLDERS, f"csrc/{rel} includes {inc}, not under a layer's folder"
+        assert os.path.exists(os.path.join(ROOT, "csrc", inc)), f"csrc/{rel}: no csrc/{inc}"
+        assert C_FOLDERS[target] <= C_FOLDERS[folder], (
+            f"csrc/{rel} includes {inc}, a layer above")
+
+
+def test_the_c_checker_sees_an_upward_include(tmp_path, monkeypatch):
+    """The C check is not vacuous: a buffer/ header that includes network/ fails."""
+    (tmp_path / "csrc" / "buffer").mkdir(parents=True)
+    (tmp_path / "csrc" / "network").mkdir()
+    (tmp_path / "csrc" / "network" / "x.h").write_text("")
+    (tmp_path / "csrc" / "buffer" / "y.h").write_text('#include "network/x.h"\n')
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", str(tmp_path))
+    with pytest.raises(AssertionError, match="a layer above"):
+        test_csrc_is_plain_c_and_includes_point_down(os.path.join("buffer", "y.h"))
 
 
 def test_every_csrc_header_has_its_declarations_file():
-    """One .pxd per C header, beside the package's other declarations."""
-    headers = {os.path.splitext(f)[0] for f in _c_files() if f.endswith(".h")}
+    """One .pxd per C header, named after its unit, beside the package's other
+    declarations, and it declares the header by its path."""
+    headers = {os.path.splitext(os.path.basename(f))[0]: f for f in _c_files() if f.endswith(".h")}
     declared = {os.path.splitext(f)[0] for f in os.listdir(os.path.join(PKG, "csrc"))
                 if f.endswith(".pxd")}
-    assert headers == declared
+    assert set(headers) == declared
+    for unit, rel in headers.items():
+        with open(os.path.join(PKG, "csrc", unit + ".pxd")) as f:
+            assert f'extern from "{rel}"' in f.read(), f"flinkbuf/csrc/{unit}.pxd"

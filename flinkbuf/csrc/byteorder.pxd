@@ -1,7 +1,7 @@
-# csrc/byteorder.h: loads and stores of either byte order.
+# csrc/common/byteorder.h: loads and stores of either byte order.
 from libc.stdint cimport uint16_t, uint32_t, uint64_t
 
-cdef extern from "byteorder.h" nogil:
+cdef extern from "common/byteorder.h" nogil:
     uint16_t fb_load_u16(const char *p, int big)
     uint32_t fb_load_u32(const char *p, int big)
     uint64_t fb_load_u64(const char *p, int big)

@@ -1,7 +1,7 @@
-# csrc/clock.h: the monotonic clock and deadlines of every blocking wait.
+# csrc/common/clock.h: the monotonic clock and deadlines of every blocking wait.
 from libc.stdint cimport int64_t
 
-cdef extern from "clock.h" nogil:
+cdef extern from "common/clock.h" nogil:
     int64_t FB_WAIT_FOREVER
     # Blocking waits that hold Python-visible state wake this often (seconds)
     # to look at signals (KeyboardInterrupt) and at the state they wait on.

@@ -1,4 +1,4 @@
-# csrc/connection.h: one connection between two processes (the network
+# csrc/network/connection.h: one connection between two processes (the network
 # layer's data path: frames, credit-based flow control, reader and writer
 # threads).  Locking notes there; docs/PROTOCOL.md is the wire format.
 from libc.stdint cimport int32_t, int64_t, uint32_t
@@ -6,7 +6,7 @@ from libc.stdint cimport int32_t, int64_t, uint32_t
 from flinkbuf.csrc.exchange cimport fb_gate_t, fb_subpart_t
 from flinkbuf.csrc.pool cimport fb_localpool_t
 
-cdef extern from "connection.h" nogil:
+cdef extern from "network/connection.h" nogil:
     enum:
         FB_NET_MAGIC
         FB_NET_HEADER

@@ -1,9 +1,9 @@
-# csrc/exchange.h: subpartition queues, gate readiness, consume signals.
+# csrc/io/exchange.h: subpartition queues, gate readiness, consume signals.
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 
 from flinkbuf.csrc.pool cimport fb_localpool_t
 
-cdef extern from "exchange.h" nogil:
+cdef extern from "io/exchange.h" nogil:
     enum:
         FB_ITEM_DATA
         FB_ITEM_EVENT

@@ -1,7 +1,7 @@
-# csrc/keygroup.h: Flink's key groups and Java's hashCode()s.
+# csrc/io/keygroup.h: Flink's key groups and Java's hashCode()s.
 from libc.stdint cimport int32_t, int64_t
 
-cdef extern from "keygroup.h" nogil:
+cdef extern from "io/keygroup.h" nogil:
     int32_t fb_murmur_hash(int32_t code)
     int32_t fb_key_group(int32_t hash_code, int32_t max_parallelism)
     int32_t fb_operator_index(int32_t key_group, int32_t parallelism, int32_t max_parallelism)

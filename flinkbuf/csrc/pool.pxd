@@ -1,7 +1,7 @@
-# csrc/pool.h: the network pool and its local pools (locking notes there).
+# csrc/buffer/pool.h: the network pool and its local pools (locking notes there).
 from libc.stdint cimport int32_t, int64_t
 
-cdef extern from "pool.h" nogil:
+cdef extern from "buffer/pool.h" nogil:
     enum:
         FB_UNBOUNDED
         FB_NO_CHANNEL

@@ -1,5 +1,5 @@
-# csrc/status.h: the result codes of every csrc unit.
-cdef extern from "status.h" nogil:
+# csrc/common/status.h: the result codes of every csrc unit.
+cdef extern from "common/status.h" nogil:
     enum:
         FB_OK
         FB_EMPTY

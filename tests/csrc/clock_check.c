@@ -5,7 +5,7 @@
 #include <pthread.h>
 #include <stdio.h>
 
-#include "clock.h"
+#include "common/clock.h"
 
 #define CHECK(cond)                                                         \
     do {                                                                    \

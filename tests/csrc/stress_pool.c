@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pool.h"
+#include "buffer/pool.h"
 
 #define NUM_SEGMENTS 64
 #define SEGMENT_SIZE 100

@@ -13,9 +13,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "arena.h"
-#include "status.h"    /* FB_OK and the error codes */
-#include "clock.h"     /* fb_monotonic_ns, fb_deadline_after, FB_WAIT_FOREVER */
+#include "buffer/arena.h"
+#include "common/status.h"    /* FB_OK and the error codes */
+#include "common/clock.h"     /* fb_monotonic_ns, fb_deadline_after, FB_WAIT_FOREVER */
 
 /* Segment states. */
 enum { FB_SEG_GLOBAL = 0, FB_SEG_LOCAL = 1, FB_SEG_OUT = 2, FB_SEG_UNPOOLED = 3 };

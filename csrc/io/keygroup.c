@@ -1,4 +1,4 @@
-#include "keygroup.h"
+#include "io/keygroup.h"
 
 #include <math.h>
 #include <string.h>

@@ -22,9 +22,9 @@
 #include <pthread.h>
 #include <stdint.h>
 
-#include "status.h"    /* result codes */
-#include "clock.h"     /* deadlines: fb_deadline_after, FB_WAIT_FOREVER */
-#include "pool.h"      /* fb_localpool_t: where a segment item returns (through its ops) */
+#include "common/status.h"    /* result codes */
+#include "common/clock.h"     /* deadlines: fb_deadline_after, FB_WAIT_FOREVER */
+#include "buffer/pool.h"      /* fb_localpool_t: where a segment item returns (through its ops) */
 
 /* Item kinds. */
 enum { FB_ITEM_DATA = 0, FB_ITEM_EVENT = 1 };

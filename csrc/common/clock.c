@@ -1,5 +1,5 @@
 #define _GNU_SOURCE
-#include "clock.h"
+#include "common/clock.h"
 
 #include <errno.h>
 #include <math.h>

@@ -1,5 +1,5 @@
 #define _GNU_SOURCE
-#include "connection.h"
+#include "network/connection.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -12,8 +12,8 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "byteorder.h"
-#include "clock.h"
+#include "common/byteorder.h"
+#include "common/clock.h"
 
 #define RD_CAP 65536                /* the reader's staging buffer */
 #define READ_AHEAD 2048             /* staged past what is needed: small frames share a recv,

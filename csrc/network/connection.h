@@ -29,9 +29,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "exchange.h"
-#include "pool.h"
-#include "status.h"
+#include "io/exchange.h"
+#include "buffer/pool.h"
+#include "common/status.h"
 
 /* ---- wire format (docs/PROTOCOL.md) ------------------------------------ */
 

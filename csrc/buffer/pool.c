@@ -1,6 +1,6 @@
 #define _GNU_SOURCE
-#include "pool.h"
-#include "redistribution.h"
+#include "buffer/pool.h"
+#include "buffer/redistribution.h"
 
 #include <stdlib.h>
 #include <string.h>

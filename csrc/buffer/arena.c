@@ -1,4 +1,4 @@
-#include "arena.h"
+#include "buffer/arena.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -1,5 +1,5 @@
 #define _GNU_SOURCE
-#include "exchange.h"
+#include "io/exchange.h"
 
 #include <stdlib.h>
 #include <string.h>

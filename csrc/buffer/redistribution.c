@@ -1,4 +1,4 @@
-#include "redistribution.h"
+#include "buffer/redistribution.h"
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
