@@ -145,7 +145,8 @@ CSRC = {
     "buffer": ["csrc/common/clock.c", "csrc/buffer/arena.c", "csrc/buffer/redistribution.c",
                "csrc/buffer/pool.c"],
     "io": ["csrc/common/clock.c", "csrc/io/exchange.c", "csrc/io/keygroup.c"],
-    "network": ["csrc/common/clock.c", "csrc/io/exchange.c", "csrc/network/connection.c"],
+    "network": ["csrc/common/clock.c", "csrc/io/exchange.c", "csrc/network/wire.c",
+                "csrc/network/connection.c"],
 }
 
 
@@ -166,7 +167,7 @@ extensions = [
     ext("flinkbuf.serialization._serialization"),
     ext("flinkbuf.io._io", CSRC["io"]),
     ext("flinkbuf.network._network", CSRC["network"]),
-    ext("flinkbuf._testing", ["csrc/common/clock.c"]),      # test and benchmark hooks
+    ext("flinkbuf._testing", ["csrc/common/clock.c", "csrc/network/wire.c"]),  # test hooks
 ]
 
 class BuildExt(build_ext):

@@ -2,12 +2,13 @@
 # shipped module needs it.  One extension that cimports the layers' contracts
 # (their .pxd files) like any other module would.
 
-from libc.stdint cimport int32_t, int64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t
 
 from flinkbuf.buffer._buffer cimport Buffer, LocalBufferPool, NetworkBufferPool
 from flinkbuf.csrc.clock cimport fb_monotonic_ns
 from flinkbuf.csrc.pool cimport FB_NO_CHANNEL
 from flinkbuf.csrc.status cimport FB_OK
+from flinkbuf.csrc.wire cimport *
 from flinkbuf.serialization._serialization cimport (FULL_BUFFER, FULL_RECORD, RecordDeserializer,
                                                   RecordSerializer, is_no_record)
 from flinkbuf.serialization.codecs.dict_shadow cimport *
@@ -136,3 +137,94 @@ def c_round_trip(RecordSerializer ser not None, RecordDeserializer des not None,
         if buf is not None:
             buf._release()
     return out if keep else count
+
+
+# ---- layer 4: the wire format ------------------------------------------------------
+
+_MSG_NAMES = {FB_MSG_BUFFER: "buffer", FB_MSG_ERROR: "error",
+              FB_MSG_PARTITION_REQUEST: "request", FB_MSG_CANCEL: "cancel",
+              FB_MSG_CLOSE: "close", FB_MSG_ADD_CREDIT: "credit",
+              FB_MSG_ADD_EVENT_CREDIT: "event_credit"}
+
+
+cdef tuple _frame_tuple(const fb_wire_frame_t *f, const char *frame, size_t used):
+    cdef uint8_t msg = f.msg
+    if msg == FB_MSG_BUFFER:
+        return ("buffer", f.receiver_id, f.u.buffer.sequence, f.u.buffer.backlog,
+                f.u.buffer.type, frame[used - f.u.buffer.size:used])
+    if msg == FB_MSG_ERROR:
+        return ("error", f.receiver_id, f.u.error.code,
+                f.u.error.type[:f.u.error.type_len], f.u.error.message[:f.u.error.message_len])
+    if msg == FB_MSG_PARTITION_REQUEST:
+        return ("request", f.receiver_id, f.u.request.subpartition, f.u.request.credit,
+                f.u.request.partition_id[:f.u.request.id_len])
+    if msg == FB_MSG_CANCEL:
+        return ("cancel", f.receiver_id)
+    if msg == FB_MSG_CLOSE:
+        return ("close",)
+    return (_MSG_NAMES[msg], f.receiver_id, f.u.credit)
+
+
+def wire_decode(bytes data not None, int32_t segment_size):
+    """Decode the frames at the start of ``data`` with the connection's
+    decoder (no socket): ``(frames, used)``, each frame a tuple as
+    :func:`wire_encode` takes; ``used`` bytes were whole frames, the rest is
+    a frame's start.  A protocol violation raises ValueError with the reason
+    a connection would give."""
+    cdef const char *p = data
+    cdef size_t n = <size_t>len(data), off = 0, used = 0
+    cdef fb_wire_frame_t f
+    cdef char err[256]
+    cdef int rc
+    cdef list frames = []
+    while True:
+        rc = fb_wire_decode(p + off, n - off, segment_size, &f, &used, err, sizeof(err))
+        if rc == FB_WIRE_MORE:
+            return frames, off
+        if rc != FB_WIRE_OK:
+            raise ValueError(err.decode("utf-8", "replace"))
+        frames.append(_frame_tuple(&f, p + off, used))
+        off += used
+
+
+def wire_encode(tuple frame):
+    """One frame as the connection's encoders write it, from a tuple:
+    ``("buffer", receiver, sequence, backlog, type, payload)``,
+    ``("error", receiver, code, type_name, message)``,
+    ``("request", receiver, subpartition, credit, partition_id)``,
+    ``("cancel", receiver)``, ``("credit" | "event_credit", receiver, n)``,
+    ``("close",)``."""
+    cdef bytearray out
+    cdef char *p
+    cdef char *end
+    cdef bytes a, b
+    kind = frame[0]
+    if kind == "buffer":
+        a = bytes(frame[5])
+        out = bytearray(FB_NET_HEADER + FB_NET_BUFFER_FIELDS + len(a))
+        p = out
+        end = fb_wire_put_buffer(p, frame[1], frame[2], frame[3], frame[4], len(a))
+        out[FB_NET_HEADER + FB_NET_BUFFER_FIELDS:] = a
+        return bytes(out)
+    out = bytearray(FB_NET_HEADER + FB_NET_MAX_ERROR_BODY + FB_NET_MAX_CONTROL_FRAME)
+    p = out
+    if kind == "error":
+        a = bytes(frame[3])
+        b = bytes(frame[4])
+        end = fb_wire_put_error_body(p + FB_NET_HEADER, frame[1], frame[2], a, len(a), b, len(b))
+        fb_wire_put_header(p, end - (p + FB_NET_HEADER), FB_MSG_ERROR)
+    elif kind == "request":
+        a = bytes(frame[4])
+        if len(a) > FB_NET_MAX_PARTITION_ID:
+            raise ValueError("partition id too long")
+        end = fb_wire_put_request(p, frame[1], frame[2], frame[3], a, len(a))
+    elif kind == "cancel":
+        end = fb_wire_put_cancel(p, frame[1])
+    elif kind in ("credit", "event_credit"):
+        end = fb_wire_put_credit(p, FB_MSG_ADD_CREDIT if kind == "credit"
+                                 else FB_MSG_ADD_EVENT_CREDIT, frame[1], frame[2])
+    elif kind == "close":
+        end = fb_wire_put_close(p)
+    else:
+        raise ValueError(f"unknown frame kind {kind!r}")
+    return bytes(out[:end - p])

@@ -9,53 +9,24 @@ CorruptRecordError; anything else (another exception, a crash, a hang, a
 sanitizer report) is a finding.  Every value decoded is re-encoded and must
 decode to the same bytes again.
 
-Coverage: the harness and flinkbuf's Python code are instrumented by
-atheris.  The Cython/C code gives coverage feedback only when it is compiled
-with clang's ``-fsanitize-coverage``: fuzz/run.sh builds such a copy of
-the extensions and points FLINKBUF_FUZZ_NATIVE at it (else it says so and
-fuzzes with Python-level coverage only).
+Loading, seeding and coverage: fuzz/harness.py.
 
 Usage: python fuzz/fuzz_deserializer.py [CORPUS_DIR...] [-runs=N] [libFuzzer flags]
 (fuzz/run.sh seeds a corpus and runs the CI budget.)
 """
 
-import os
-import sys
-
 import atheris
 
-NATIVE = os.environ.get("FLINKBUF_FUZZ_NATIVE")
-SEEDING = "--write-seeds" in sys.argv
-if NATIVE and not SEEDING:
-    sys.path.insert(0, NATIVE)
-
+import harness
 
 fb = decode = encode = None
 
 
-def export_libfuzzer():
-    """atheris loads its libFuzzer (when fuzzing starts) with local symbols;
-    make them global so that the instrumented extensions find its coverage
-    hooks when they are imported."""
-    import ctypes
-    import glob
-    for lib in glob.glob(os.path.join(os.path.dirname(atheris.__file__), "core_*libfuzzer*.so")):
-        try:
-            ctypes.CDLL(lib, mode=os.RTLD_NOW | os.RTLD_GLOBAL | os.RTLD_NOLOAD)
-        except OSError:
-            pass                                     # that one is not loaded
-
-
 def import_flinkbuf():
     global fb, decode, encode
-    with atheris.instrument_imports(include=["flinkbuf"]):
-        import flinkbuf
-        from flinkbuf import serialization as _serialization
-    fb, decode, encode = flinkbuf, _serialization.decode, _serialization.encode
-    if NATIVE and not SEEDING and not os.path.abspath(fb.__file__).startswith(
-            os.path.abspath(NATIVE)):
-        raise SystemExit(f"fuzz: expected the instrumented flinkbuf in {NATIVE}, "
-                         f"got {fb.__file__}")
+    fb = harness.import_flinkbuf()
+    decode, encode = fb.serialization.decode, fb.serialization.encode
+
 
 MAX_RECORD = 1 << 16
 
@@ -76,7 +47,6 @@ def check_round_trip(value):
 @atheris.instrument_func
 def one_input(data: bytes):
     if fb is None:
-        export_libfuzzer()
         import_flinkbuf()
     if not data:
         return
@@ -139,23 +109,10 @@ def seeds():
     return out
 
 
-def main():
-    if SEEDING:
-        import_flinkbuf()
-        d = sys.argv[sys.argv.index("--write-seeds") + 1]
-        os.makedirs(d, exist_ok=True)
-        for i, s in enumerate(seeds()):
-            with open(os.path.join(d, f"seed-{i:03d}"), "wb") as f:
-                f.write(s)
-        return
-    if not NATIVE:
-        import_flinkbuf()
-    # With native coverage, flinkbuf is imported by the first input: only then
-    # is atheris' libFuzzer loaded, whose coverage hooks the instrumented
-    # extensions link to.
-    atheris.Setup(sys.argv, one_input)
-    atheris.Fuzz()
+def seeds_with_flinkbuf():
+    import_flinkbuf()
+    return seeds()
 
 
 if __name__ == "__main__":
-    main()
+    harness.main(one_input, seeds_with_flinkbuf)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Bounded coverage-guided fuzzing of the record deserializer (the CI budget).
-# Usage: fuzz/run.sh [RUNS]     (default 100000 inputs)
+# Bounded coverage-guided fuzzing (the CI budget) of each target: the record
+# deserializer and the wire decoder of connections.
+# Usage: fuzz/run.sh [RUNS]     (default 100000 inputs per target)
 #
 # atheris ships libFuzzer in its wheels, so pip is all it needs.  Coverage of
 # the Cython/C code needs the extensions compiled by clang with
@@ -42,24 +43,29 @@ else
     echo "fuzz: clang is not available; Python-level coverage only" >&2
 fi
 
-CORPUS=fuzz/corpus
-rm -rf "$CORPUS"
-"$PY" fuzz/fuzz_deserializer.py --write-seeds "$CORPUS"
-cp fuzz/regressions/* "$CORPUS"/        # inputs that once found a bug
 ARTIFACTS=build/fuzz-artifacts/
 mkdir -p "$ARTIFACTS"
-LOG=$(mktemp)
-start=$(date +%s)
-# -rss_limit_mb: decoding may never need much memory; -timeout: no input may hang
-FLINKBUF_FUZZ_NATIVE="$native" "$PY" fuzz/fuzz_deserializer.py "$CORPUS" -runs="$RUNS" \
-    -seed=1 -max_len=4096 -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \
-    -artifact_prefix="$ARTIFACTS" 2>"$LOG" || {
-    tail -n 60 "$LOG" >&2
-    echo "fuzz: FAILED (see above; the input is in $ARTIFACTS; replay it with" \
-         "python fuzz/fuzz_deserializer.py FILE)" >&2
-    exit 1
-}
-runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$LOG" | grep -o '[0-9]*$' || echo "?")
-cov=$(grep -o '#[0-9]*.*DONE.*cov: [0-9]*' "$LOG" | grep -o 'cov: [0-9]*' | tail -1 || true)
-echo "fuzz: $runs inputs run in $(( $(date +%s) - start ))s (${native:+native+}python coverage; ${cov:-cov: n/a}, corpus $(ls "$CORPUS" | wc -l) files), no finding"
-rm -f "$LOG"
+for target in deserializer wire; do
+    CORPUS=fuzz/corpus-$target
+    rm -rf "$CORPUS"
+    "$PY" fuzz/fuzz_$target.py --write-seeds "$CORPUS"
+    if [ -d "fuzz/regressions/$target" ]; then
+        cp "fuzz/regressions/$target"/* "$CORPUS"/     # inputs that once found a bug
+    fi
+    LOG=$(mktemp)
+    start=$(date +%s)
+    # -rss_limit_mb: decoding may never need much memory; -timeout: no input may hang
+    FLINKBUF_FUZZ_NATIVE="$native" "$PY" fuzz/fuzz_$target.py "$CORPUS" -runs="$RUNS" \
+        -seed=1 -max_len=4096 -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \
+        -artifact_prefix="$ARTIFACTS$target-" 2>"$LOG" || {
+        tail -n 60 "$LOG" >&2
+        echo "fuzz $target: FAILED (see above; the input is in $ARTIFACTS; replay it with" \
+             "python fuzz/fuzz_$target.py FILE)" >&2
+        exit 1
+    }
+    runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$LOG" | grep -o '[0-9]*$' || echo "?")
+    cov=$(grep -o '#[0-9]*.*DONE.*cov: [0-9]*' "$LOG" | grep -o 'cov: [0-9]*' | tail -1 || true)
+    echo "fuzz $target: $runs inputs run in $(( $(date +%s) - start ))s" \
+         "(${native:+native+}python coverage; ${cov:-cov: n/a}, corpus $(ls "$CORPUS" | wc -l) files), no finding"
+    rm -f "$LOG"
+done

@@ -124,11 +124,12 @@ def test_huge_counts_allocate_nothing():
     assert peak < 1 << 20
 
 
-def test_atheris_target_runs_a_few_inputs():
-    """The coverage-guided target under fuzz/ (CI runs it for >= 100,000
+@pytest.mark.parametrize("name", ["deserializer", "wire"])
+def test_atheris_target_runs_a_few_inputs(name):
+    """The coverage-guided targets under fuzz/ (CI runs each for >= 100,000
     inputs through fuzz/run.sh); here only a short smoke run."""
     pytest.importorskip("atheris")
-    target = os.path.join(HERE, "..", "fuzz", "fuzz_deserializer.py")
+    target = os.path.join(HERE, "..", "fuzz", f"fuzz_{name}.py")
     proc = subprocess.run([sys.executable, target, "-runs=300", "-seed=1"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -172,12 +173,12 @@ def test_growing_assembly_of_large_records(codec):
     assert same(records, read_stream([b"".join(chunks)], codec))
 
 
-REGRESSIONS = os.path.join(HERE, "..", "fuzz", "regressions")
+REGRESSIONS = os.path.join(HERE, "..", "fuzz", "regressions", "deserializer")
 
 
 @pytest.mark.parametrize("name", sorted(os.listdir(REGRESSIONS)))
 def test_fuzz_regressions_decode_or_raise_corrupt(name):
-    """The inputs under fuzz/regressions, as fuzz/fuzz_deserializer.py reads
+    """The inputs under fuzz/regressions/deserializer, as fuzz/fuzz_deserializer.py reads
     them (a mode byte, then the bytes: one payload, and a stream fed in
     chunks), without atheris."""
     with open(os.path.join(REGRESSIONS, name), "rb") as f:

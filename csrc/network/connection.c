@@ -14,6 +14,7 @@
 
 #include "common/byteorder.h"
 #include "common/clock.h"
+#include "network/wire.h"
 
 #define RD_CAP 65536                /* the reader's staging buffer */
 #define READ_AHEAD 2048             /* staged past what is needed: small frames share a recv,
@@ -165,7 +166,7 @@ struct fb_inchan {
     int state;
     int64_t request_deadline, retry_at, backoff_ns;
     int err_code;
-    char err_type[128];
+    char err_type[FB_NET_MAX_ERROR_TYPE];
     char err_msg[FB_NET_MAX_MESSAGE];
     fb_item_t *failed_items;    /* what the queue held when the channel failed */
     int32_t nfailed_items;
@@ -378,20 +379,10 @@ static ctl_t *ctl_forget(fb_conn_t *c, fb_inchan_t *chan)
 static int ctl_error(fb_conn_t *c, uint32_t receiver_id, int code, const char *type,
                      const char *msg)
 {
-    size_t tl = strlen(type), ml = strlen(msg);
-    char body[4 + 1 + 2 + 128 + 4 + FB_NET_MAX_MESSAGE];
-    char *p = body;
-    if (tl > 127)
-        tl = 127;
-    if (ml > FB_NET_MAX_MESSAGE - 1)
-        ml = FB_NET_MAX_MESSAGE - 1;
-    fb_store_u32(p, receiver_id, 1);
-    p[4] = (char)code;
-    fb_store_u16(p + 5, (uint16_t)tl, 1);
-    memcpy(p + 7, type, tl);
-    fb_store_u32(p + 7 + tl, (uint32_t)ml, 1);
-    memcpy(p + 11 + tl, msg, ml);
-    return ctl_push(c, FB_MSG_ERROR, receiver_id, NULL, body, (uint32_t)(11 + tl + ml));
+    char body[FB_NET_MAX_ERROR_BODY];
+    char *end = fb_wire_put_error_body(body, receiver_id, (uint8_t)code, type, strlen(type), msg,
+                                       strlen(msg));
+    return ctl_push(c, FB_MSG_ERROR, receiver_id, NULL, body, (uint32_t)(end - body));
 }
 
 /* ---- in-channel credit ---------------------------------------------------------------- */
@@ -1025,33 +1016,16 @@ static void buffer_deliver(fb_conn_t *c, fb_inchan_t *ch, fb_item_t *item, int r
     pthread_mutex_unlock(&c->mu);
 }
 
-static int read_buffer(fb_conn_t *c, uint32_t body_len)
+static int read_buffer(fb_conn_t *c, const fb_wire_frame_t *f)
 {
-    char *f;
-    uint32_t id, seq, size;
-    int32_t backlog;
-    uint8_t type;
+    uint32_t size = f->u.buffer.size;
+    int32_t backlog = f->u.buffer.backlog;
+    uint8_t type = f->u.buffer.type;
     int rc;
     size_t left = 0;
     fb_inchan_t *ch;
     fb_item_t item;
-    if (rd_fill(c, FB_NET_BUFFER_FIELDS, 1) < 0)
-        return -1;
-    f = c->rd + c->rd_pos;
-    id = fb_load_u32(f, 1);
-    seq = fb_load_u32(f + 4, 1);
-    backlog = (int32_t)(fb_load_u32(f + 8, 1) & INT32_MAX);
-    type = (uint8_t)f[12];
-    size = fb_load_u32(f + 13, 1);
-    c->rd_pos += FB_NET_BUFFER_FIELDS;
-    if (size != body_len - FB_NET_BUFFER_FIELDS)
-        return protocol_error(c, "buffer response of %u bytes in a frame for %u", size,
-                              body_len - FB_NET_BUFFER_FIELDS);
-    if (type > 1)
-        return protocol_error(c, "unknown buffer data type %u", type);
-    if (type == 0 && size == 0)
-        return protocol_error(c, "an empty data buffer");
-    ch = buffer_target(c, id, seq, type, size, &item, &rc);
+    ch = buffer_target(c, f->receiver_id, f->u.buffer.sequence, type, size, &item, &rc);
     if (ch == NULL)
         return rc < 0 ? rc : rd_body(c, NULL, size, 0, NULL);   /* a channel that ended */
     rc = 0;
@@ -1086,29 +1060,15 @@ static int read_buffer(fb_conn_t *c, uint32_t body_len)
     return rc;
 }
 
-static int read_error(fb_conn_t *c, uint32_t body_len)
+static int read_error(fb_conn_t *c, const fb_wire_frame_t *f)
 {
-    char *f;
-    uint32_t id, ml;
-    uint16_t tl;
-    int code;
+    uint32_t id = f->receiver_id;
+    int code = f->u.error.code;
     int32_t slot;
     fb_inchan_t *ch;
-    char type[128], msg[FB_NET_MAX_MESSAGE];
-    if (rd_fill(c, body_len, 1) < 0)     /* body_len <= 64 KiB = RD_CAP */
-        return -1;
-    f = c->rd + c->rd_pos;
-    id = fb_load_u32(f, 1);
-    code = (uint8_t)f[4];
-    tl = fb_load_u16(f + 5, 1);
-    if (11u + tl > body_len)
-        return protocol_error(c, "malformed error response");
-    ml = fb_load_u32(f + 7 + tl, 1);
-    if (11u + tl + ml != body_len)
-        return protocol_error(c, "malformed error response");
-    copy_text(type, sizeof(type), f + 7, tl);
-    copy_text(msg, sizeof(msg), f + 11 + tl, ml);
-    c->rd_pos += body_len;
+    char type[FB_NET_MAX_ERROR_TYPE], msg[FB_NET_MAX_MESSAGE];
+    copy_text(type, sizeof(type), f->u.error.type, f->u.error.type_len);
+    copy_text(msg, sizeof(msg), f->u.error.message, f->u.error.message_len);
     if (id == FB_NET_ALL) {
         conn_fail(c, code == FB_NET_ERR_PROTOCOL ? FB_NET_ERR_PROTOCOL : FB_NET_ERR_CONNECTION,
                   "the peer ended the connection: %s", msg);
@@ -1136,11 +1096,11 @@ static int read_error(fb_conn_t *c, uint32_t body_len)
     return 0;
 }
 
-static int read_partition_request(fb_conn_t *c, uint32_t body_len)
+static int read_partition_request(fb_conn_t *c, const fb_wire_frame_t *f)
 {
-    char *f;
-    uint32_t id, sub, credit;
-    uint16_t idl;
+    uint32_t id = f->receiver_id, sub = f->u.request.subpartition;
+    int32_t credit = f->u.request.credit;
+    uint16_t idl = f->u.request.id_len;
     int rc;
     int32_t slot;
     fb_subpart_t *sp = NULL;
@@ -1148,21 +1108,7 @@ static int read_partition_request(fb_conn_t *c, uint32_t body_len)
     fb_localpool_t *pool = NULL;
     outchan_t *oc;
     char pid[FB_NET_MAX_PARTITION_ID], err[512];
-    if (rd_fill(c, body_len, 1) < 0)
-        return -1;
-    f = c->rd + c->rd_pos;
-    id = fb_load_u32(f, 1);
-    sub = fb_load_u32(f + 4, 1);
-    credit = fb_load_u32(f + 8, 1);
-    idl = fb_load_u16(f + 12, 1);
-    if (14u + idl != body_len)
-        return protocol_error(c, "malformed partition request");
-    memcpy(pid, f + 14, idl);
-    c->rd_pos += body_len;
-    if (id == FB_NET_ALL)
-        return protocol_error(c, "receiver id 0x%08x is reserved", id);
-    if (credit > INT32_MAX)
-        return protocol_error(c, "initial credit %u", credit);
+    memcpy(pid, f->u.request.partition_id, idl);
     pthread_mutex_lock(&c->mu);
     while (c->nctl >= CTL_MAX && c->state == CONN_OPEN)
         pthread_cond_wait(&c->cv, &c->mu);     /* the peer does not read our answers */
@@ -1189,7 +1135,7 @@ static int read_partition_request(fb_conn_t *c, uint32_t body_len)
         oc->sp = sp;
         oc->owner = owner;
         oc->pool = pool;
-        oc->credit = (int32_t)credit;
+        oc->credit = credit;
         oc->event_credit = FB_NET_EVENT_WINDOW;
         if (fb_subpart_connect(sp, &c->out, slot) == FB_OK) {
             /* The producer waiting for a buffer of this pool reads this
@@ -1221,95 +1167,78 @@ static int read_partition_request(fb_conn_t *c, uint32_t body_len)
     return 0;
 }
 
+/* A credit grant or a cancel for a served channel. */
+static int read_credit(fb_conn_t *c, const fb_wire_frame_t *f)
+{
+    uint8_t msg = f->msg;
+    uint32_t id = f->receiver_id;
+    int32_t n = f->u.credit, slot;
+    int wake = 0;
+        pthread_mutex_lock(&c->mu);
+    slot = idmap_get(&c->out_ids, id);
+    if (slot >= 0) {
+        outchan_t *oc = c->outs[slot];
+        /* The writer parks a channel only for want of credit: a grant
+         * on top of credit it still had changes nothing for it. */
+        wake = msg == FB_MSG_CANCEL
+               || ((msg == FB_MSG_ADD_CREDIT ? oc->credit : oc->event_credit) <= 0
+                   && fb_subpart_size(oc->sp) > 0);
+        if (msg == FB_MSG_CANCEL) {
+            oc->cancelled = 1;
+        } else if (msg == FB_MSG_ADD_EVENT_CREDIT) {
+            if ((int64_t)oc->event_credit + n > FB_NET_EVENT_WINDOW) {
+                pthread_mutex_unlock(&c->mu);
+                return protocol_error(c, "event credit beyond the window on receiver id %u",
+                                      id);
+            }
+            oc->event_credit += n;
+        } else if ((int64_t)oc->credit + n > INT32_MAX) {
+            pthread_mutex_unlock(&c->mu);
+            return protocol_error(c, "credit overflow on receiver id %u", id);
+        } else {
+            oc->credit += n;
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (wake && c->caller_sends == 1
+            && __atomic_load_n(&c->rd_owner, __ATOMIC_RELAXED) == RD_DIRECT) {
+        fb_gate_mark(&c->out, slot);   /* a thread reading for itself sends too */
+        conn_ready(c);
+    } else if (wake) {
+        notify_writer(c, slot);
+    }
+    stat_add(&c->stats.frames_in, 1);
+    return 0;
+}
+
+/* Read one frame and act on it: 0, or -1 the connection failed. */
 static int read_frame(fb_conn_t *c)
 {
-    char *f;
-    uint32_t len, magic, body, id, n;
-    uint8_t msg;
-    int32_t slot;
-    int wake = 0;
+    fb_wire_head_t h;
+    fb_wire_frame_t f;
+    char err[256];
     if (rd_fill(c, FB_NET_HEADER, 0) < 0)
         return -1;
-    f = c->rd + c->rd_pos;
-    len = fb_load_u32(f, 1);
-    magic = fb_load_u32(f + 4, 1);
-    msg = (uint8_t)f[8];
+    if (fb_wire_decode_header(c->rd + c->rd_pos, c->segment_size, &h, err, sizeof(err)) < 0)
+        return protocol_error(c, "%s", err);
     c->rd_pos += FB_NET_HEADER;
-    if (magic != FB_NET_MAGIC)
-        return protocol_error(c, "wrong magic number 0x%08x", magic);
-    if (len < FB_NET_HEADER)
-        return protocol_error(c, "frame length %u", len);
-    body = len - FB_NET_HEADER;
-    switch (msg) {
+    if (rd_fill(c, h.staged, 1) < 0)      /* at most 64 KiB = RD_CAP */
+        return -1;
+    if (fb_wire_decode_body(&h, c->rd + c->rd_pos, &f, err, sizeof(err)) < 0)
+        return protocol_error(c, "%s", err);
+    c->rd_pos += h.staged;              /* f points into the staging buffer until a fill */
+    switch (f.msg) {
     case FB_MSG_BUFFER:
-        if (body < FB_NET_BUFFER_FIELDS
-                || body > FB_NET_BUFFER_FIELDS + (uint32_t)c->segment_size)
-            return protocol_error(c, "buffer response frame of %u bytes (segment size %d)",
-                                  len, c->segment_size);
-        return read_buffer(c, body);
+        return read_buffer(c, &f);
     case FB_MSG_ERROR:
-        if (body < 11 || len > FB_NET_MAX_ERROR_FRAME)
-            return protocol_error(c, "error response frame of %u bytes", len);
-        return read_error(c, body);
+        return read_error(c, &f);
     case FB_MSG_PARTITION_REQUEST:
-        if (body < 14 || body > 14 + FB_NET_MAX_PARTITION_ID)
-            return protocol_error(c, "partition request frame of %u bytes", len);
-        return read_partition_request(c, body);
-    case FB_MSG_ADD_CREDIT:
-    case FB_MSG_ADD_EVENT_CREDIT:
-    case FB_MSG_CANCEL:
-        if (body != (msg == FB_MSG_CANCEL ? 4u : 8u))
-            return protocol_error(c, "frame of %u bytes for message %u", len, msg);
-        if (rd_fill(c, body, 1) < 0)
-            return -1;
-        f = c->rd + c->rd_pos;
-        id = fb_load_u32(f, 1);
-        n = msg == FB_MSG_CANCEL ? 0 : fb_load_u32(f + 4, 1);
-        c->rd_pos += body;
-        if (msg != FB_MSG_CANCEL && (n == 0 || n > INT32_MAX))
-            return protocol_error(c, "credit of %u", n);
-        pthread_mutex_lock(&c->mu);
-        slot = idmap_get(&c->out_ids, id);
-        if (slot >= 0) {
-            outchan_t *oc = c->outs[slot];
-            /* The writer parks a channel only for want of credit: a grant
-             * on top of credit it still had changes nothing for it. */
-            wake = msg == FB_MSG_CANCEL
-                   || ((msg == FB_MSG_ADD_CREDIT ? oc->credit : oc->event_credit) <= 0
-                       && fb_subpart_size(oc->sp) > 0);
-            if (msg == FB_MSG_CANCEL) {
-                oc->cancelled = 1;
-            } else if (msg == FB_MSG_ADD_EVENT_CREDIT) {
-                if ((int64_t)oc->event_credit + n > FB_NET_EVENT_WINDOW) {
-                    pthread_mutex_unlock(&c->mu);
-                    return protocol_error(c, "event credit beyond the window on receiver id %u",
-                                          id);
-                }
-                oc->event_credit += (int32_t)n;
-            } else if ((int64_t)oc->credit + n > INT32_MAX) {
-                pthread_mutex_unlock(&c->mu);
-                return protocol_error(c, "credit overflow on receiver id %u", id);
-            } else {
-                oc->credit += (int32_t)n;
-            }
-        }
-        pthread_mutex_unlock(&c->mu);
-        if (wake && c->caller_sends == 1
-                && __atomic_load_n(&c->rd_owner, __ATOMIC_RELAXED) == RD_DIRECT) {
-            fb_gate_mark(&c->out, slot);   /* a thread reading for itself sends too */
-            conn_ready(c);
-        } else if (wake) {
-            notify_writer(c, slot);
-        }
-        stat_add(&c->stats.frames_in, 1);
-        return 0;
+        return read_partition_request(c, &f);
     case FB_MSG_CLOSE:
-        if (body != 0)
-            return protocol_error(c, "close request of %u bytes", len);
         conn_fail(c, FB_NET_ERR_CONNECTION, "the peer closed the connection");
         return -1;
     default:
-        return protocol_error(c, "unknown message id %u", msg);
+        return read_credit(c, &f);
     }
 }
 
@@ -1596,14 +1525,6 @@ static int send_all(fb_conn_t *c, struct iovec *iov, int iovcnt)
     return send_iov(c, &iov, &iovcnt, 0);
 }
 
-static char *put_header(char *p, uint32_t body_len, uint8_t msg)
-{
-    fb_store_u32(p, body_len + FB_NET_HEADER, 1);
-    fb_store_u32(p + 4, FB_NET_MAGIC, 1);
-    p[8] = (char)msg;
-    return p + FB_NET_HEADER;
-}
-
 #define BATCH_FRAMES 16
 #define BATCH_BYTES (256 * 1024)
 
@@ -1644,10 +1565,7 @@ static char *put_control(ctl_t *m, char *p, int *close_now)
     switch (m->type) {
     case FB_MSG_ADD_CREDIT:
         if (ch->unannounced > 0 && ch->state == CH_REQUESTED) {
-            p = put_header(p, 8, FB_MSG_ADD_CREDIT);
-            fb_store_u32(p, ch->receiver_id, 1);
-            fb_store_u32(p + 4, (uint32_t)ch->unannounced, 1);
-            p += 8;
+            p = fb_wire_put_credit(p, FB_MSG_ADD_CREDIT, ch->receiver_id, ch->unannounced);
             ch->unannounced = 0;
         }
         ch->credit_queued = 0;
@@ -1655,10 +1573,8 @@ static char *put_control(ctl_t *m, char *p, int *close_now)
         return p;
     case FB_MSG_ADD_EVENT_CREDIT:
         if (ch->events_taken > 0 && ch->state == CH_REQUESTED) {
-            p = put_header(p, 8, FB_MSG_ADD_EVENT_CREDIT);
-            fb_store_u32(p, ch->receiver_id, 1);
-            fb_store_u32(p + 4, (uint32_t)ch->events_taken, 1);
-            p += 8;
+            p = fb_wire_put_credit(p, FB_MSG_ADD_EVENT_CREDIT, ch->receiver_id,
+                                   ch->events_taken);
             ch->events_granted += (uint32_t)ch->events_taken;
         }
         ch->events_taken = 0;
@@ -1666,25 +1582,19 @@ static char *put_control(ctl_t *m, char *p, int *close_now)
         return p;
     case FB_MSG_PARTITION_REQUEST:
         if (ch->state == CH_REQUESTED) {
-            p = put_header(p, 14u + ch->id_len, FB_MSG_PARTITION_REQUEST);
-            fb_store_u32(p, ch->receiver_id, 1);
-            fb_store_u32(p + 4, ch->subpartition, 1);
-            fb_store_u32(p + 8, (uint32_t)ch->navail, 1);     /* every buffer held: credit */
-            fb_store_u16(p + 12, ch->id_len, 1);
-            memcpy(p + 14, ch->partition_id, ch->id_len);
-            p += 14 + ch->id_len;
+            /* every buffer held: credit */
+            p = fb_wire_put_request(p, ch->receiver_id, ch->subpartition, ch->navail,
+                                    ch->partition_id, ch->id_len);
             ch->unannounced = 0;
         }
         return p;
     case FB_MSG_CANCEL:
-        p = put_header(p, 4, FB_MSG_CANCEL);
-        fb_store_u32(p, m->receiver_id, 1);
-        return p + 4;
+        return fb_wire_put_cancel(p, m->receiver_id);
     case FB_MSG_CLOSE:
         *close_now = 1;
-        return put_header(p, 0, FB_MSG_CLOSE);
+        return fb_wire_put_close(p);
     default:                        /* a prebuilt body */
-        p = put_header(p, m->len, m->type);
+        p = fb_wire_put_header(p, m->len, m->type);
         memcpy(p, m->body, m->len);
         return p + m->len;
     }
@@ -1698,8 +1608,7 @@ static ctl_t *take_control_locked(fb_conn_t *c, batch_t *b)
     ctl_t *m, *taken = NULL, **tail = &taken;
     char *p = c->ctlbuf + b->ctl_used, *end;
     while ((m = c->ctl_head) != NULL) {
-        if ((size_t)(p - c->ctlbuf) + FB_NET_HEADER + 14 + FB_NET_MAX_PARTITION_ID + m->len
-                > CTL_CAP) {
+        if ((size_t)(p - c->ctlbuf) + FB_NET_MAX_CONTROL_FRAME + m->len > CTL_CAP) {
             notify_writer(c, 0);             /* the rest in the next batch */
             b->ctl_full = 1;
             break;
@@ -1730,7 +1639,6 @@ static void take_buffer(fb_conn_t *c, batch_t *b, int32_t slot)
     outchan_t *oc;
     frame_t *fr;
     int rc, last = 0;
-    char *p;
     pthread_mutex_lock(&c->mu);
     oc = c->outs[slot];
     if (oc == NULL) {
@@ -1752,7 +1660,7 @@ static void take_buffer(fb_conn_t *c, batch_t *b, int32_t slot)
     if (rc != FB_OK) {
         /* The producer failed, or released its partition: tell the reader
          * (after what this batch sends for it: the error is queued). */
-        char type[128] = "", msg[FB_NET_MAX_MESSAGE] = "the partition was released";
+        char type[FB_NET_MAX_ERROR_TYPE] = "", msg[FB_NET_MAX_MESSAGE] = "the partition was released";
         uint32_t id = oc->receiver_id;
         outchan_free_slot(c, oc);
         pthread_mutex_unlock(&c->mu);
@@ -1770,12 +1678,9 @@ static void take_buffer(fb_conn_t *c, batch_t *b, int32_t slot)
         oc->credit--;
     else
         oc->event_credit--;
-    p = put_header(fr->hdr, FB_NET_BUFFER_FIELDS + (uint32_t)fr->item.size, FB_MSG_BUFFER);
-    fb_store_u32(p, oc->receiver_id, 1);
-    fb_store_u32(p + 4, oc->seq++, 1);
-    fb_store_u32(p + 8, (uint32_t)fb_subpart_backlog(oc->sp), 1);
-    p[12] = fr->item.kind == FB_ITEM_DATA ? 0 : 1;
-    fb_store_u32(p + 13, (uint32_t)fr->item.size, 1);
+    fb_wire_put_buffer(fr->hdr, oc->receiver_id, oc->seq++, fb_subpart_backlog(oc->sp),
+                       fr->item.kind == FB_ITEM_DATA ? FB_WIRE_DATA : FB_WIRE_EVENT,
+                       (uint32_t)fr->item.size);
     fr->ended = NULL;
     if (last) {                      /* its last item: the channel ends once it is sent */
         outchan_free_slot(c, oc);

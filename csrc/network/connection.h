@@ -32,43 +32,11 @@
 #include "io/exchange.h"
 #include "buffer/pool.h"
 #include "common/status.h"
-
-/* ---- wire format (docs/PROTOCOL.md) ------------------------------------ */
-
-#define FB_NET_MAGIC 0x46425546u          /* "FBUF" */
-#define FB_NET_HEADER 9                   /* length u32, magic u32, id u8 */
-#define FB_NET_BUFFER_FIELDS 17           /* receiver, sequence, backlog u32; type u8; size u32 */
-#define FB_NET_MAX_CHANNELS 4096          /* per connection and direction */
-#define FB_NET_MAX_PARTITION_ID 1024
-#define FB_NET_MAX_ERROR_FRAME 65536
-#define FB_NET_MAX_MESSAGE 4096           /* error text this side keeps */
-#define FB_NET_ALL 0xFFFFFFFFu            /* receiver id of a connection-wide error */
-
-enum {
-    FB_MSG_BUFFER = 0,
-    FB_MSG_ERROR = 1,
-    FB_MSG_PARTITION_REQUEST = 2,
-    FB_MSG_CANCEL = 4,
-    FB_MSG_CLOSE = 5,
-    FB_MSG_ADD_CREDIT = 6,
-    FB_MSG_ADD_EVENT_CREDIT = 7
-};
+#include "network/wire.h"   /* frame constants, FB_NET_ERR_* codes */
 
 /* Events a reader may have outstanding per channel (sent and not taken by
  * its consumer): events need no buffer, but their own window bounds them. */
 #define FB_NET_EVENT_WINDOW 16
-
-/* ERROR_RESPONSE codes, and why a channel or connection failed. */
-enum {
-    FB_NET_ERR_PRODUCER_FAILED = 1,
-    FB_NET_ERR_NOT_FOUND = 2,
-    FB_NET_ERR_RELEASED = 3,
-    FB_NET_ERR_PROTOCOL = 4,
-    FB_NET_ERR_REFUSED = 5,
-    /* not on the wire: */
-    FB_NET_ERR_CONNECTION = 16,   /* the connection dropped or stalled */
-    FB_NET_ERR_CLOSED = 17        /* this side closed it */
-};
 
 typedef struct fb_conn fb_conn_t;
 typedef struct fb_inchan fb_inchan_t;

@@ -1,6 +1,6 @@
 # csrc/network/connection.h: one connection between two processes (the network
 # layer's data path: frames, credit-based flow control, reader and writer
-# threads).  Locking notes there; docs/PROTOCOL.md is the wire format.
+# threads).  Locking notes there; the wire format is wire.pxd's.
 from libc.stdint cimport int32_t, int64_t, uint32_t
 
 from flinkbuf.csrc.exchange cimport fb_gate_t, fb_subpart_t
@@ -8,19 +8,7 @@ from flinkbuf.csrc.pool cimport fb_localpool_t
 
 cdef extern from "network/connection.h" nogil:
     enum:
-        FB_NET_MAGIC
-        FB_NET_HEADER
-        FB_NET_MAX_CHANNELS
-        FB_NET_MAX_PARTITION_ID
-        FB_NET_MAX_MESSAGE
         FB_NET_EVENT_WINDOW
-        FB_NET_ERR_PRODUCER_FAILED
-        FB_NET_ERR_NOT_FOUND
-        FB_NET_ERR_RELEASED
-        FB_NET_ERR_PROTOCOL
-        FB_NET_ERR_REFUSED
-        FB_NET_ERR_CONNECTION
-        FB_NET_ERR_CLOSED
 
     ctypedef struct fb_conn_t
     ctypedef struct fb_inchan_t

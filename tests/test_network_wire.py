@@ -1,0 +1,189 @@
+"""The wire format's decoder and encoders on their own, without sockets
+(docs/PROTOCOL.md): every message, every class of malformed input, and
+round trips of arbitrary frames and byte streams."""
+
+import struct
+
+import pytest
+from hypothesis import given, strategies as st
+
+from flinkbuf import _testing as t
+
+MAGIC = 0x46425546
+SEGMENT = 256
+U32 = st.integers(0, 2**32 - 1)
+ID = st.integers(0, 2**32 - 2)            # 0xFFFFFFFF is the connection-wide id
+POSITIVE = st.integers(1, 2**31 - 1)
+
+
+def frame(msg, body, length=None, magic=MAGIC):
+    """A frame built by hand (not by the encoders under test)."""
+    return struct.pack(">IIB", 9 + len(body) if length is None else length, magic, msg) + body
+
+
+def buffer_body(rid, seq, backlog, kind, payload, size=None):
+    return struct.pack(">IIIBI", rid, seq, backlog, kind,
+                       len(payload) if size is None else size) + payload
+
+
+def error_body(rid, code, type_name, message):
+    return (struct.pack(">IBH", rid, code, len(type_name)) + type_name
+            + struct.pack(">I", len(message)) + message)
+
+
+def request_body(rid, sub, credit, pid):
+    return struct.pack(">IIIH", rid, sub, credit, len(pid)) + pid
+
+
+# Each message as a tuple, and its bytes built by hand.
+MESSAGES = [
+    (("buffer", 3, 7, 2, 0, b"payload"), frame(0, buffer_body(3, 7, 2, 0, b"payload"))),
+    (("buffer", 3, 8, 0, 1, b"\x00"), frame(0, buffer_body(3, 8, 0, 1, b"\x00"))),
+    (("buffer", 3, 9, 0, 1, b""), frame(0, buffer_body(3, 9, 0, 1, b""))),
+    (("error", 4, 2, b"PartitionNotFoundError", b"no such partition"),
+     frame(1, error_body(4, 2, b"PartitionNotFoundError", b"no such partition"))),
+    (("error", 0xFFFFFFFF, 4, b"", b""), frame(1, error_body(0xFFFFFFFF, 4, b"", b""))),
+    (("request", 5, 1, 2, b"part-1"), frame(2, request_body(5, 1, 2, b"part-1"))),
+    (("request", 0, 0, 0, b""), frame(2, request_body(0, 0, 0, b""))),
+    (("cancel", 6), frame(4, struct.pack(">I", 6))),
+    (("close",), frame(5, b"")),
+    (("credit", 7, 3), frame(6, struct.pack(">II", 7, 3))),
+    (("event_credit", 8, 16), frame(7, struct.pack(">II", 8, 16))),
+]
+
+
+@pytest.mark.parametrize("message, wire", MESSAGES, ids=[m[0] for m, _ in MESSAGES])
+def test_every_message_encodes_to_its_bytes_and_decodes_back(message, wire):
+    assert t.wire_encode(message) == wire
+    assert t.wire_decode(wire, SEGMENT) == ([message], len(wire))
+
+
+def test_a_stream_of_every_message_decodes_in_order():
+    stream = b"".join(w for _, w in MESSAGES)
+    assert t.wire_decode(stream, SEGMENT) == ([m for m, _ in MESSAGES], len(stream))
+
+
+def test_a_buffer_as_large_as_a_segment_passes_and_one_byte_more_does_not():
+    full = frame(0, buffer_body(1, 0, 0, 0, b"x" * SEGMENT))
+    assert t.wire_decode(full, SEGMENT)[1] == len(full)
+    with pytest.raises(ValueError, match=r"buffer response frame of 283 bytes \(segment size 256\)"):
+        t.wire_decode(frame(0, buffer_body(1, 0, 0, 0, b"x" * (SEGMENT + 1))), SEGMENT)
+
+
+# Every class of malformed input, with the reason a connection gives.
+MALFORMED = {
+    "wrong magic": (frame(6, struct.pack(">II", 1, 1), magic=0x46425547),
+                    "wrong magic number 0x46425547"),
+    "length below the header": (frame(5, b"", length=8), "frame length 8"),
+    "length zero": (frame(5, b"", length=0), "frame length 0"),
+    "unknown message id": (frame(3, b""), "unknown message id 3"),
+    "message id 255": (frame(255, b"abcd"), "unknown message id 255"),
+    "buffer shorter than its fields": (frame(0, b"\x00" * 16),
+                                      "buffer response frame of 25 bytes"),
+    "buffer size field too large": (frame(0, buffer_body(1, 0, 0, 0, b"ab", size=3)),
+                                    "buffer response of 3 bytes in a frame for 2"),
+    "buffer size field too small": (frame(0, buffer_body(1, 0, 0, 0, b"ab", size=1)),
+                                    "buffer response of 1 bytes in a frame for 2"),
+    "buffer of unknown data type": (frame(0, buffer_body(1, 0, 0, 2, b"ab")),
+                                    "unknown buffer data type 2"),
+    "empty data buffer": (frame(0, buffer_body(1, 0, 0, 0, b"")), "an empty data buffer"),
+    "error shorter than its fields": (frame(1, b"\x00" * 10), "error response frame of 19 bytes"),
+    "error frame over 64 KiB": (frame(1, error_body(1, 1, b"", b"m" * 65517)),
+                                "error response frame of 65537 bytes"),
+    "error type name past the frame": (frame(1, struct.pack(">IBH", 1, 1, 200) + b"\x00" * 4),
+                                       "malformed error response"),
+    "error message past the frame": (frame(1, struct.pack(">IBH", 1, 1, 0)
+                                           + struct.pack(">I", 5) + b"abc"),
+                                     "malformed error response"),
+    "error with bytes after the message": (frame(1, error_body(1, 1, b"T", b"m") + b"x"),
+                                           "malformed error response"),
+    "request shorter than its fields": (frame(2, b"\x00" * 13),
+                                        "partition request frame of 22 bytes"),
+    "request id over the cap": (frame(2, request_body(1, 0, 1, b"p" * 1025)),
+                                "partition request frame of 1048 bytes"),
+    "request id length past the frame": (frame(2, struct.pack(">IIIH", 1, 0, 1, 5) + b"abc"),
+                                         "malformed partition request"),
+    "request with the connection-wide id": (frame(2, request_body(0xFFFFFFFF, 0, 1, b"p")),
+                                            "receiver id 0xffffffff is reserved"),
+    "request with credit over 2**31-1": (frame(2, request_body(1, 0, 2**31, b"p")),
+                                         "initial credit 2147483648"),
+    "cancel of 8 bytes": (frame(4, b"\x00" * 8), "frame of 17 bytes for message 4"),
+    "credit of 4 bytes": (frame(6, b"\x00" * 4), "frame of 13 bytes for message 6"),
+    "event credit of 9 bytes": (frame(7, b"\x00" * 9), "frame of 18 bytes for message 7"),
+    "credit of zero": (frame(6, struct.pack(">II", 1, 0)), "credit of 0"),
+    "credit over 2**31-1": (frame(6, struct.pack(">II", 1, 2**31)), "credit of 2147483648"),
+    "event credit of zero": (frame(7, struct.pack(">II", 1, 0)), "credit of 0"),
+    "close with a body": (frame(5, b"x"), "close request of 10 bytes"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_every_malformed_frame_is_refused_with_its_reason(case):
+    wire, reason = MALFORMED[case]
+    with pytest.raises(ValueError) as info:
+        t.wire_decode(wire, SEGMENT)
+    assert str(info.value).startswith(reason)
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_a_malformed_frame_after_good_ones_is_refused_too(case):
+    wire, reason = MALFORMED[case]
+    with pytest.raises(ValueError, match="^" + reason.replace("(", r"\(").replace(")", r"\)")):
+        t.wire_decode(MESSAGES[0][1] + MESSAGES[-1][1] + wire, SEGMENT)
+
+
+def test_a_header_is_judged_before_its_body_arrives():
+    """A frame too long for its message is refused from its header alone: a
+    peer cannot make the receiver wait for (or stage) a body it would refuse."""
+    for wire, _ in (MALFORMED["error frame over 64 KiB"], MALFORMED["request id over the cap"],
+                    MALFORMED["wrong magic"], MALFORMED["unknown message id"]):
+        with pytest.raises(ValueError):
+            t.wire_decode(wire[:9], SEGMENT)
+
+
+frames = st.one_of(
+    st.tuples(st.just("buffer"), ID, U32, st.integers(0, 2**31 - 1), st.just(0),
+              st.binary(min_size=1, max_size=SEGMENT)),
+    st.tuples(st.just("buffer"), ID, U32, st.integers(0, 2**31 - 1), st.just(1),
+              st.binary(max_size=SEGMENT)),
+    st.tuples(st.just("error"), U32, st.integers(0, 255), st.binary(max_size=127),
+              st.binary(max_size=4095)),
+    st.tuples(st.just("request"), ID, U32, st.integers(0, 2**31 - 1), st.binary(max_size=1024)),
+    st.tuples(st.just("cancel"), U32),
+    st.tuples(st.sampled_from(["credit", "event_credit"]), U32, POSITIVE),
+    st.just(("close",)),
+)
+
+
+@given(st.lists(frames, max_size=8))
+def test_any_frames_round_trip_through_the_encoders_and_the_decoder(messages):
+    stream = b"".join(t.wire_encode(m) for m in messages)
+    assert t.wire_decode(stream, SEGMENT) == (messages, len(stream))
+
+
+@given(st.lists(frames, min_size=1, max_size=4), st.data())
+def test_a_cut_stream_gives_its_whole_frames_and_waits_for_the_rest(messages, data):
+    wires = [t.wire_encode(m) for m in messages]
+    stream = b"".join(wires)
+    cut = data.draw(st.integers(0, len(stream) - 1))
+    got, used = t.wire_decode(stream[:cut], SEGMENT)
+    whole = 0
+    ends = 0
+    for w in wires:
+        if ends + len(w) > cut:
+            break
+        ends += len(w)
+        whole += 1
+    assert got == messages[:whole] and used == ends
+
+
+@given(st.binary(max_size=300), st.integers(1, 1 << 20))
+def test_any_bytes_give_frames_or_a_reason_and_the_frames_encode_back(data, segment_size):
+    try:
+        got, used = t.wire_decode(data, segment_size)
+    except ValueError as e:
+        assert str(e)                                   # a reason, never empty
+        return
+    assert 0 <= used <= len(data)
+    again = b"".join(t.wire_encode(m) for m in got)
+    assert t.wire_decode(again, segment_size) == (got, len(again))
