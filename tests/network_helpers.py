@@ -526,7 +526,7 @@ def role_producer(cfg, cmds):
     ``{"id", "n", "tag", "plan", "min_buffers"?, "mode"?}``.  mode "plan"
     (default) writes the plan and finishes; "fail" writes it and then fails
     with ValueError("boom"); "endless" writes records of ``size`` to
-    subpartition 0..n-1 round robin until a write raises (progress is
+    subpartition 0..n-1 round robin (or as ``selector`` says) until a write raises (progress is
     reported every 50 ms); "tolerant" writes the plan, skipping
     subpartitions whose consumers left; "idle" writes nothing (and does
     not finish).  Holds the environment until "close"."""
@@ -558,7 +558,8 @@ def role_producer(cfg, cmds):
         try:
             if mode == "endless":
                 from flinkbuf.io import RecordWriter   # noqa: PLC0415
-                w = RecordWriter(part, "round_robin", codec=codec, buffer_timeout=bt)
+                w = RecordWriter(part, p.get("selector", "round_robin"), codec=codec,
+                                 buffer_timeout=bt)
                 stop = threading.Event()
                 count = [0]
 

@@ -24,7 +24,9 @@
 #define NO_ID 0xFFFFFFFFu
 #define RETRY_FIRST_NS 50000000LL   /* not-found requests: 50 ms, doubling ... */
 #define RETRY_MAX_NS 1000000000LL   /* ... up to 1 s */
-#define RECV_ABORTED (-2)           /* a closing channel took its segment back */
+#define RX_YIELD 2                  /* read_step: left to the reader thread */
+/* Where the frame being read is (c->rx_phase). */
+enum { RX_FRAME, RX_BODY, RX_SKIP };
 /* Control messages queued for the writer; past this the reader reads no more
  * requests until the writer sent some (a peer that floods us with requests
  * and does not read the answers is held back by TCP, not by our memory). */
@@ -36,7 +38,7 @@ enum { CH_NEW, CH_REQUESTED, CH_RETRY, CH_FINISHED, CH_FAILED, CH_CLOSED };
 enum { CONN_OPEN, CONN_ENDED };
 /* Who reads the socket: nobody, the reader thread, or a consumer's thread
  * waiting on its gate (a direct read). */
-enum { RD_NONE, RD_THREAD, RD_DIRECT };
+enum { RD_NONE, RD_THREAD, RD_DIRECT, RD_CLEANUP };
 /* After a direct read the reader thread leaves the socket alone this long:
  * the consumer is likely back for its next buffer by then. */
 #define RD_LEND_NS 500000
@@ -199,7 +201,6 @@ struct fb_conn {
     int close_queued, close_sent;
     fb_inchan_t *recv_busy;      /* the reader receives into this channel's segment */
     int recv_abort;              /* atomic: that channel closes, let go of the segment */
-    int wake_fd;                 /* an eventfd that wakes the reader's waits */
     pthread_t reader, writer;
     int started;
     /* Who writes to the socket: the writer thread, or (caller_sends) a
@@ -218,6 +219,14 @@ struct fb_conn {
     /* the reader's staging buffer */
     char *rd;
     size_t rd_pos, rd_end;
+    /* The frame being read, which belongs to the connection, not to the
+     * thread that started it (whoever holds the read right goes on). */
+    int rx_phase;                /* RX_FRAME: at a frame's start or in its staged part */
+    fb_inchan_t *rx_ch;          /* RX_BODY: the channel received into (a reference) ... */
+    fb_item_t rx_item;           /* ... and where its body goes */
+    int32_t rx_backlog;
+    size_t rx_left;              /* RX_BODY, RX_SKIP: body bytes still to come */
+    int64_t rx_since;            /* when the last byte came */
     /* The right to read the socket (rd_mu): the reader thread takes it when
      * the socket is readable and nobody has it; a consumer's thread waiting
      * on its gate takes it when it is free, receives what comes itself
@@ -742,83 +751,40 @@ static void end_served_channels(fb_conn_t *c)
 
 /* ---- the reader -------------------------------------------------------------------- */
 
-/* Wait for input in the middle of a frame: 0; -1 once the peer stalled for
- * the I/O timeout (the connection failed); RECV_ABORTED when `abortable`
- * and the channel being received into is closing. */
-static int wait_readable(fb_conn_t *c, int abortable)
+/* Every receive is non-blocking: a thread that would wait for input waits in
+ * its own poll (reader_main, read_until), beside its own wake-up, and a frame
+ * half read stays with the connection (c->rx, the staging buffer) for
+ * whoever reads next. */
+
+static inline int mid_frame(const fb_conn_t *c)
 {
-    struct pollfd p[2] = {{c->fd, POLLIN, 0}, {c->wake_fd, POLLIN, 0}};
-    int64_t deadline = fb_monotonic_ns() + (int64_t)c->io_timeout_ms * 1000000;
-    int64_t left;
-    uint64_t drained;
-    int rc;
-    for (;;) {
-        if (abortable && __atomic_load_n(&c->recv_abort, __ATOMIC_ACQUIRE))
-            return RECV_ABORTED;
-        left = (deadline - fb_monotonic_ns()) / 1000000;
-        if (left <= 0)
-            break;
-        rc = poll(p, 2, left > INT32_MAX ? INT32_MAX : (int)left);
-        if (rc < 0 && errno == EINTR)
-            continue;
-        if (p[1].revents & POLLIN)
-            (void)!read(c->wake_fd, &drained, sizeof(drained));
-        if (p[0].revents)
-            return 0;
-        if (rc == 0)
-            break;
-    }
-    conn_fail(c, FB_NET_ERR_CONNECTION,
-              "the peer stalled in the middle of a frame for %d ms", c->io_timeout_ms);
-    return -1;
+    return c->rx_phase != RX_FRAME || c->rd_end > c->rd_pos;
 }
 
-static int recv_some2(fb_conn_t *c, char *dst, size_t n, char *more, size_t nmore,
-                      int abortable);
-
-static int recv_some(fb_conn_t *c, char *dst, size_t n, int mid_frame, int abortable)
-{
-    if (mid_frame)
-        return recv_some2(c, dst, n, NULL, 0, abortable);
-    return recv_some2(c, dst, n, NULL, 0, -1);
-}
-
-/* Receive into dst (n bytes at most) and, past them, into more (nmore bytes,
- * or none): the bytes received (> 0), or -1 (the connection failed),
- * RECV_ABORTED.  abortable -1: at a frame's start (no stall timeout). */
-static int recv_some2(fb_conn_t *c, char *dst, size_t n, char *more, size_t nmore,
-                      int abortable)
+/* Receive what the socket has now into dst (n bytes at most) and, past
+ * them, into more (nmore bytes, or none): the bytes (> 0), 0 none now, or
+ * -1 the connection failed. */
+static ssize_t rx_recv(fb_conn_t *c, char *dst, size_t n, char *more, size_t nmore)
 {
     ssize_t r;
-    int w, waited = 0, mid_frame = abortable >= 0;
     struct iovec iov[2] = {{dst, n}, {more, nmore}};
     struct msghdr mh;
     memset(&mh, 0, sizeof(mh));
     mh.msg_iov = iov;
     mh.msg_iovlen = more != NULL && nmore > 0 ? 2 : 1;
-    if (abortable < 0)
-        abortable = 0;
     for (;;) {
-        /* In the middle of a frame: what is there already is taken without
-         * a poll first (one system call per receive while data streams);
-         * only an empty socket is waited on, with the stall timeout. */
-        if (mid_frame && abortable && __atomic_load_n(&c->recv_abort, __ATOMIC_ACQUIRE))
-            return RECV_ABORTED;
-        if (mid_frame && waited && (w = wait_readable(c, abortable)) < 0)
-            return w;
-        r = recvmsg(c->fd, &mh, mid_frame && !waited ? MSG_DONTWAIT : 0);
+        r = recvmsg(c->fd, &mh, MSG_DONTWAIT);
         if (r > 0) {
             stat_add(&c->stats.bytes_in, r);
-            return (int)r;
+            c->rx_since = fb_monotonic_ns();
+            return r;
         }
         if (r < 0 && errno == EINTR)
             continue;
-        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && mid_frame && !waited) {
-            waited = 1;
-            continue;
-        }
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return 0;
         if (r == 0)
-            conn_fail_peer_closed(c, mid_frame);
+            conn_fail_peer_closed(c, mid_frame(c));
         else
             conn_fail(c, FB_NET_ERR_CONNECTION, "reading from the connection failed: %s",
                       strerror(errno));
@@ -826,68 +792,25 @@ static int recv_some2(fb_conn_t *c, char *dst, size_t n, char *more, size_t nmor
     }
 }
 
-/* At least n (<= RD_CAP) bytes staged. */
-static int rd_fill(fb_conn_t *c, size_t n, int mid_frame)
+/* At least n (<= RD_CAP) bytes staged: 1; 0 not yet; -1 the connection failed. */
+static int rx_stage(fb_conn_t *c, size_t n)
 {
-    int r;
+    ssize_t r;
+    size_t want;
     if (c->rd_end - c->rd_pos >= n)
-        return 0;
+        return 1;
     if (c->rd_pos > 0) {
         memmove(c->rd, c->rd + c->rd_pos, c->rd_end - c->rd_pos);
         c->rd_end -= c->rd_pos;
         c->rd_pos = 0;
     }
     while (c->rd_end < n) {
-        size_t want = (n > READ_AHEAD ? n : READ_AHEAD) - c->rd_end;
-        r = recv_some(c, c->rd + c->rd_end, want, mid_frame || c->rd_end > 0, 0);
-        if (r < 0)
-            return -1;
+        want = (n > READ_AHEAD ? n : READ_AHEAD) - c->rd_end;
+        if ((r = rx_recv(c, c->rd + c->rd_end, want, NULL, 0)) <= 0)
+            return (int)r;
         c->rd_end += (size_t)r;
     }
-    return 0;
-}
-
-/* n body bytes into dst (or dropped, dst NULL): what is staged, then the
- * rest straight from the socket.  Into a channel's segment (abortable), it
- * returns RECV_ABORTED with the bytes still to come in *left when the
- * channel closes meanwhile. */
-static int rd_body(fb_conn_t *c, char *dst, size_t n, int abortable, size_t *left)
-{
-    size_t have = c->rd_end - c->rd_pos;
-    int r;
-    if (have > n)
-        have = n;
-    if (dst)
-        memcpy(dst, c->rd + c->rd_pos, have);
-    c->rd_pos += have;
-    n -= have;
-    if (dst)
-        dst += have;
-    while (n > 0) {
-        if (dst == NULL) {
-            size_t chunk = n < RD_CAP ? n : RD_CAP;
-            r = recv_some(c, c->rd, chunk, 1, 0);
-            c->rd_pos = c->rd_end = 0;
-        } else {
-            /* The rest of the body into the segment, and in the same call
-             * what follows it (the next frame's header) into the staging
-             * buffer, which is empty by now: one system call per frame
-             * while data streams. */
-            c->rd_pos = c->rd_end = 0;
-            r = recv_some2(c, dst, n, c->rd, READ_AHEAD, abortable);
-            if (r > 0 && (size_t)r > n) {
-                c->rd_end = (size_t)r - n;
-                r = (int)n;
-            }
-            dst += r > 0 ? r : 0;
-        }
-        if (r == RECV_ABORTED)
-            *left = n;
-        if (r < 0)
-            return r;
-        n -= (size_t)r;
-    }
-    return 0;
+    return 1;
 }
 
 static int protocol_error(fb_conn_t *c, const char *fmt, ...)
@@ -1016,48 +939,130 @@ static void buffer_deliver(fb_conn_t *c, fb_inchan_t *ch, fb_item_t *item, int r
     pthread_mutex_unlock(&c->mu);
 }
 
-static int read_buffer(fb_conn_t *c, const fb_wire_frame_t *f)
+/* Drop the rest of a body (a channel that ended): 1 done, 0 not yet, -1. */
+static int rx_skip(fb_conn_t *c)
 {
-    uint32_t size = f->u.buffer.size;
-    int32_t backlog = f->u.buffer.backlog;
-    uint8_t type = f->u.buffer.type;
-    int rc;
-    size_t left = 0;
-    fb_inchan_t *ch;
-    fb_item_t item;
-    ch = buffer_target(c, f->receiver_id, f->u.buffer.sequence, type, size, &item, &rc);
-    if (ch == NULL)
-        return rc < 0 ? rc : rd_body(c, NULL, size, 0, NULL);   /* a channel that ended */
-    rc = 0;
-    if (type == 1) {
-        item.data = malloc(size ? size : 1);
-        if (item.data == NULL) {
-            conn_fail(c, FB_NET_ERR_CONNECTION, "out of memory for an event of %u bytes", size);
-            rc = -1;
-        }
+    size_t have = c->rd_end - c->rd_pos;
+    ssize_t r;
+    if (have > c->rx_left)
+        have = c->rx_left;
+    c->rd_pos += have;
+    c->rx_left -= have;
+    while (c->rx_left > 0) {
+        c->rd_pos = c->rd_end = 0;
+        r = rx_recv(c, c->rd, c->rx_left < RD_CAP ? c->rx_left : RD_CAP, NULL, 0);
+        if (r <= 0)
+            return (int)r;
+        c->rx_left -= (size_t)r;
     }
-    if (rc == 0)
-        rc = rd_body(c, item.data, size, type == 0, &left);
-    if (rc == RECV_ABORTED) {
-        /* The channel closes: its segment goes back now, while the closing
-         * thread waits (the pool is alive); the rest of the body is dropped. */
-        fb_item_dispose(&item);
-        item.data = NULL;
-        pthread_mutex_lock(&c->mu);
-        c->recv_busy = NULL;
-        __atomic_store_n(&c->recv_abort, 0, __ATOMIC_RELEASE);
-        pthread_cond_broadcast(&c->cv);
-        pthread_mutex_unlock(&c->mu);
-        rc = rd_body(c, NULL, left, 0, NULL);
-    }
-    if (rc == 0) {
+    c->rx_phase = RX_FRAME;
+    return 1;
+}
+
+/* The body being received ends: delivered (received 0) or not (-1). */
+static void rx_finish(fb_conn_t *c, int received)
+{
+    fb_inchan_t *ch = c->rx_ch;
+    if (received == 0) {
         stat_add(&c->stats.frames_in, 1);
-        if (type == 0)
+        if (c->rx_item.kind == FB_ITEM_DATA)
             stat_add(&c->stats.buffers_in, 1);
     }
-    buffer_deliver(c, ch, &item, rc, backlog);
+    c->rx_ch = NULL;
+    c->rx_phase = RX_FRAME;
+    buffer_deliver(c, ch, &c->rx_item, received, c->rx_backlog);
     fb_inchan_decref(ch);
-    return rc;
+}
+
+/* A closing channel takes its segment back: the rest of the body is dropped. */
+static void rx_abort(fb_conn_t *c)
+{
+    fb_inchan_t *ch = c->rx_ch;
+    fb_item_dispose(&c->rx_item);
+    c->rx_item.data = NULL;
+    pthread_mutex_lock(&c->mu);
+    c->recv_busy = NULL;
+    __atomic_store_n(&c->recv_abort, 0, __ATOMIC_RELEASE);
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    c->rx_ch = NULL;
+    c->rx_phase = RX_SKIP;
+    fb_inchan_decref(ch);
+}
+
+/* Receive the rest of a body into its item: 1 done, 0 not yet, -1.  The
+ * rest goes straight into the segment and, in the same call, what follows
+ * it (the next frame's header) into the staging buffer, which is empty by
+ * now: one system call per frame while data streams. */
+static int rx_body(fb_conn_t *c)
+{
+    ssize_t r;
+    while (c->rx_left > 0) {
+        if (c->rx_item.kind == FB_ITEM_DATA
+                && __atomic_load_n(&c->recv_abort, __ATOMIC_ACQUIRE)) {
+            rx_abort(c);
+            return rx_skip(c);
+        }
+        c->rd_pos = c->rd_end = 0;
+        r = rx_recv(c, c->rx_item.data + (c->rx_item.size - (int32_t)c->rx_left), c->rx_left,
+                    c->rd, READ_AHEAD);
+        if (r < 0)
+            rx_finish(c, -1);
+        if (r <= 0)
+            return (int)r;
+        if ((size_t)r > c->rx_left) {
+            c->rd_end = (size_t)r - c->rx_left;
+            r = (ssize_t)c->rx_left;
+        }
+        c->rx_left -= (size_t)r;
+    }
+    rx_finish(c, 0);
+    return 1;
+}
+
+/* A BUFFER_RESPONSE's fields were read: its body goes to its channel (what
+ * is staged now, the rest as it comes), or is dropped.  As rx_body. */
+static int rx_buffer(fb_conn_t *c, const fb_wire_frame_t *f)
+{
+    uint32_t size = f->u.buffer.size;
+    size_t have;
+    int rc;
+    fb_item_t item;
+    fb_inchan_t *ch = buffer_target(c, f->receiver_id, f->u.buffer.sequence, f->u.buffer.type,
+                                    size, &item, &rc);
+    if (ch == NULL) {
+        if (rc < 0)
+            return -1;
+        c->rx_left = size;                  /* a channel that ended */
+        c->rx_phase = RX_SKIP;
+        return rx_skip(c);
+    }
+    c->rx_ch = ch;
+    c->rx_item = item;
+    c->rx_backlog = f->u.buffer.backlog;
+    c->rx_left = size;
+    c->rx_phase = RX_BODY;
+    if (item.kind == FB_ITEM_EVENT && (c->rx_item.data = malloc(size ? size : 1)) == NULL) {
+        conn_fail(c, FB_NET_ERR_CONNECTION, "out of memory for an event of %u bytes", size);
+        rx_finish(c, -1);
+        return -1;
+    }
+    have = c->rd_end - c->rd_pos;
+    if (have > size)
+        have = size;
+    memcpy(c->rx_item.data, c->rd + c->rd_pos, have);
+    c->rd_pos += have;
+    c->rx_left -= have;
+    return rx_body(c);
+}
+
+/* After the connection ended, the frame half read goes: its segment back. */
+static void rx_drop(fb_conn_t *c)
+{
+    if (c->rx_phase == RX_BODY)
+        rx_finish(c, -1);
+    c->rx_phase = RX_FRAME;
+    c->rd_pos = c->rd_end = 0;
 }
 
 static int read_error(fb_conn_t *c, const fb_wire_frame_t *f)
@@ -1110,8 +1115,10 @@ static int read_partition_request(fb_conn_t *c, const fb_wire_frame_t *f)
     char pid[FB_NET_MAX_PARTITION_ID], err[512];
     memcpy(pid, f->u.request.partition_id, idl);
     pthread_mutex_lock(&c->mu);
-    while (c->nctl >= CTL_MAX && c->state == CONN_OPEN)
-        pthread_cond_wait(&c->cv, &c->mu);     /* the peer does not read our answers */
+    /* The peer does not read our answers: the reader thread waits for room
+     * (a direct reader left such a request to it, read_step). */
+    while (c->nctl >= CTL_MAX && c->state == CONN_OPEN && c->rd_owner == RD_THREAD)
+        pthread_cond_wait(&c->cv, &c->mu);
     rc = c->state != CONN_OPEN ? -1
          : idmap_get(&c->out_ids, id) >= 0 ? 1
          : c->nfree_outs == 0 ? 2 : 0;
@@ -1211,89 +1218,121 @@ static int read_credit(fb_conn_t *c, const fb_wire_frame_t *f)
     return 0;
 }
 
-/* Read one frame and act on it: 0, or -1 the connection failed. */
-static int read_frame(fb_conn_t *c)
+/* Read and act on what the socket has now, as far as the frame at hand
+ * goes, without waiting: 1 a frame was handled; 0 the socket has nothing
+ * more now (in the middle of a frame, or at its start); RX_YIELD a thread
+ * reading on others' behalf (a direct reader) met a partition request it
+ * cannot take now (the control queue is full: it leaves it to the reader
+ * thread, which waits for room); -1 the connection failed. */
+static int read_step(fb_conn_t *c)
 {
     fb_wire_head_t h;
     fb_wire_frame_t f;
     char err[256];
-    if (rd_fill(c, FB_NET_HEADER, 0) < 0)
-        return -1;
+    int r;
+    if (c->rx_phase == RX_BODY)
+        return rx_body(c);
+    if (c->rx_phase == RX_SKIP)
+        return rx_skip(c);
+    if ((r = rx_stage(c, FB_NET_HEADER)) <= 0)
+        return r;
     if (fb_wire_decode_header(c->rd + c->rd_pos, c->segment_size, &h, err, sizeof(err)) < 0)
         return protocol_error(c, "%s", err);
-    c->rd_pos += FB_NET_HEADER;
-    if (rd_fill(c, h.staged, 1) < 0)      /* at most 64 KiB = RD_CAP */
-        return -1;
-    if (fb_wire_decode_body(&h, c->rd + c->rd_pos, &f, err, sizeof(err)) < 0)
+    if ((r = rx_stage(c, FB_NET_HEADER + (size_t)h.staged)) <= 0)   /* at most RD_CAP */
+        return r;
+    if (fb_wire_decode_body(&h, c->rd + c->rd_pos + FB_NET_HEADER, &f, err, sizeof(err)) < 0)
         return protocol_error(c, "%s", err);
-    c->rd_pos += h.staged;              /* f points into the staging buffer until a fill */
+    if (f.msg == FB_MSG_PARTITION_REQUEST && c->rd_owner == RD_DIRECT
+            && __atomic_load_n(&c->nctl, __ATOMIC_RELAXED) >= CTL_MAX)
+        return RX_YIELD;
+    c->rd_pos += FB_NET_HEADER + (size_t)h.staged;  /* f points into the staging buffer */
     switch (f.msg) {
     case FB_MSG_BUFFER:
-        return read_buffer(c, &f);
+        return rx_buffer(c, &f);
     case FB_MSG_ERROR:
-        return read_error(c, &f);
+        r = read_error(c, &f);
+        break;
     case FB_MSG_PARTITION_REQUEST:
-        return read_partition_request(c, &f);
+        r = read_partition_request(c, &f);
+        break;
     case FB_MSG_CLOSE:
         conn_fail(c, FB_NET_ERR_CONNECTION, "the peer closed the connection");
         return -1;
     default:
-        return read_credit(c, &f);
+        r = read_credit(c, &f);
+        break;
     }
+    return r < 0 ? -1 : 1;
 }
 
-/* Stage what the socket has now, without waiting (nothing is staged):
- * 1 some bytes, 0 none, -1 the connection failed. */
-static int rd_try_fill(fb_conn_t *c)
+/* Read frames while the socket has them: as read_step, never 1. */
+static int read_available(fb_conn_t *c)
 {
-    ssize_t r;
-    c->rd_pos = c->rd_end = 0;
-    for (;;) {
-        r = recv(c->fd, c->rd, READ_AHEAD, MSG_DONTWAIT);
-        if (r > 0) {
-            stat_add(&c->stats.bytes_in, r);
-            c->rd_end = (size_t)r;
-            return 1;
-        }
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-            return 0;
-        if (r == 0)
-            conn_fail_peer_closed(c, 0);
-        else
-            conn_fail(c, FB_NET_ERR_CONNECTION, "reading from the connection failed: %s",
-                      strerror(errno));
-        return -1;
-    }
+    int r;
+    while ((r = read_step(c)) == 1)
+        ;
+    return r;
 }
 
-/* A whole frame is staged (reading it waits for nothing). */
-static int rd_frame_staged(const fb_conn_t *c)
+/* How long a wait for input may last, in ms for poll (-1: no limit): up to
+ * `deadline` (FB_WAIT_FOREVER: none) and, in the middle of a frame, up to
+ * the I/O timeout since its last byte came.  0 when the peer stalled. */
+static int wait_ms(const fb_conn_t *c, int64_t deadline, int64_t now)
+{
+    int64_t left;
+    if (mid_frame(c)) {
+        int64_t stall = c->rx_since + (int64_t)c->io_timeout_ms * 1000000;
+        if (stall < deadline)
+            deadline = stall;
+    }
+    if (deadline == FB_WAIT_FOREVER)
+        return -1;
+    left = deadline - now;
+    if (left <= 0)
+        return 0;
+    return left >= (int64_t)INT32_MAX * 1000000 ? INT32_MAX : (int)((left + 999999) / 1000000);
+}
+
+/* In the middle of a frame, no byte came for the I/O timeout: 1 (the
+ * connection failed). */
+static int stalled(fb_conn_t *c, int64_t now)
+{
+    if (!mid_frame(c) || now - c->rx_since < (int64_t)c->io_timeout_ms * 1000000)
+        return 0;
+    conn_fail(c, FB_NET_ERR_CONNECTION,
+              "the peer stalled in the middle of a frame for %d ms", c->io_timeout_ms);
+    return 1;
+}
+
+/* A whole frame (or a header the decoder refuses) is staged. */
+static int frame_staged(const fb_conn_t *c)
 {
     size_t have = c->rd_end - c->rd_pos;
     uint32_t len;
     if (have < FB_NET_HEADER)
         return 0;
-    len = fb_load_u32(c->rd + c->rd_pos, 1);
-    return have >= len || len < FB_NET_HEADER;   /* a bad length: read_frame says so */
+    len = fb_wire_frame_length(c->rd + c->rd_pos);
+    return have >= len || len < FB_NET_HEADER;
 }
 
-/* Read frames while the socket has them: 0 it is empty (at a frame's
- * boundary), -1 the connection failed. */
-static int read_available(fb_conn_t *c)
+/* Give the socket's read right back (rd_mu held by the caller, and
+ * released here).  After the connection ended, the last holder drops the
+ * frame half read. */
+static void rd_give_back(fb_conn_t *c)
 {
-    int r;
-    for (;;) {
-        if (c->rd_end > c->rd_pos) {
-            if (read_frame(c) < 0)
-                return -1;
-            continue;
-        }
-        r = rd_try_fill(c);
-        if (r <= 0)
-            return r;
-    }
+    int drop = c->rd_stop;
+    if (drop)
+        __atomic_store_n(&c->rd_owner, RD_CLEANUP, __ATOMIC_RELAXED);
+    else
+        __atomic_store_n(&c->rd_owner, RD_NONE, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&c->rd_mu);
+    if (!drop)
+        return;
+    rx_drop(c);
+    pthread_mutex_lock(&c->rd_mu);
+    __atomic_store_n(&c->rd_owner, RD_NONE, __ATOMIC_RELAXED);
+    pthread_cond_broadcast(&c->rd_done_cv);
+    pthread_mutex_unlock(&c->rd_mu);
 }
 
 /* Wait up to ms (-1: no limit) for input on the socket or a wake-up on the
@@ -1311,11 +1350,18 @@ static int poll_input(fb_conn_t *c, int wake_fd, int ms)
 static void *reader_main(void *arg)
 {
     fb_conn_t *c = arg;
-    int64_t left;
+    int64_t now;
     int r, ms;
     for (;;) {
         pthread_mutex_lock(&c->rd_mu);
         for (;;) {
+            if (c->rd_stop && c->rd_owner == RD_NONE) {
+                /* The frame half read goes (a thread reading now drops it
+                 * itself as it gives the socket back). */
+                __atomic_store_n(&c->rd_owner, RD_THREAD, __ATOMIC_RELAXED);
+                rd_give_back(c);
+                return NULL;
+            }
             if (c->rd_stop) {
                 pthread_mutex_unlock(&c->rd_mu);
                 return NULL;
@@ -1330,22 +1376,21 @@ static void *reader_main(void *arg)
         if (__atomic_load_n(&c->nctl, __ATOMIC_RELAXED) > 0)
             notify_writer(c, 0);         /* credit a consumer left for its next read */
         r = read_available(c);
+        now = fb_monotonic_ns();
+        if (r == 0 && stalled(c, now))
+            r = -1;
+        /* Nothing more now: wait for input without the socket's read right,
+         * so that a consumer's thread can take it meanwhile (a shutdown
+         * wakes this).  While the socket is lent, no longer than the lend:
+         * credit the consumer deferred goes out when the reader thread
+         * takes over; in the middle of a frame, no longer than the I/O
+         * timeout since its last byte. */
         pthread_mutex_lock(&c->rd_mu);
-        __atomic_store_n(&c->rd_owner, RD_NONE, __ATOMIC_RELAXED);
-        if (c->rd_stop)
-            pthread_cond_broadcast(&c->rd_done_cv);
-        pthread_mutex_unlock(&c->rd_mu);
+        ms = wait_ms(c, c->rd_lent_until > now ? c->rd_lent_until : FB_WAIT_FOREVER, now);
+        c->rd_thread_polls = r == 0 && ms < 0;
+        rd_give_back(c);
         if (r < 0)
             return NULL;
-        /* Empty: wait for input without the socket's read right, so that a
-         * consumer's thread can take it meanwhile (a shutdown wakes this).
-         * While the socket is lent, no longer than the lend: credit the
-         * consumer deferred goes out when the reader thread takes over. */
-        pthread_mutex_lock(&c->rd_mu);
-        left = c->rd_lent_until - fb_monotonic_ns();
-        ms = left <= 0 ? -1 : (int)(left / 1000000 + 1);
-        c->rd_thread_polls = ms < 0;
-        pthread_mutex_unlock(&c->rd_mu);
         while (poll_input(c, c->thread_wake_fd, ms) < 0 && errno == EINTR)
             ;
         pthread_mutex_lock(&c->rd_mu);
@@ -1374,13 +1419,17 @@ typedef struct waiting {
  * `w` is ready or the deadline passes: every frame it reads is handled as
  * the reader thread would handle it (buffers for any channel, credit and
  * requests for served partitions, whose sends it makes itself), and adds
- * from other threads wake it through direct_wake_fd.  It leaves with no
- * complete frame staged and lends the socket for RD_LEND_NS.  1 if it
- * waited or read, 0 if the socket was not free. */
+ * from other threads wake it through direct_wake_fd.  It never waits on
+ * the connection past its own deadline: a frame half read when it leaves
+ * stays with the connection for the reader thread, and a request that
+ * would wait for room in the control queue is left to the reader thread
+ * too.  When it leaves with data it lends the socket for RD_LEND_NS.  1 if
+ * it waited or read, 0 if the socket was not free (or was handed back at
+ * once: the caller sleeps on its own condition then). */
 static int read_until(fb_conn_t *c, const waiting_t *w, int64_t deadline_ns)
 {
     int served = 0, r = 0, ms;
-    int64_t left;
+    int64_t now;
     pthread_mutex_lock(&c->rd_mu);
     if (c->rd_stop || c->rd_owner != RD_NONE || !c->direct_reads) {
         pthread_mutex_unlock(&c->rd_mu);
@@ -1391,27 +1440,22 @@ static int read_until(fb_conn_t *c, const waiting_t *w, int64_t deadline_ns)
     if (!w->begin(w->target, direct_wake, c)) {
         served = 1;
         for (;;) {
-            if (c->rd_end > c->rd_pos) {
-                if ((r = read_frame(c)) < 0)
-                    break;
+            if ((r = read_step(c)) == 1) {
                 stat_add(&c->stats.frames_in_direct, 1);
                 if (w->ready(w->target))
                     break;
                 continue;
             }
-            if ((r = rd_try_fill(c)) < 0)
+            if (r != 0)
                 break;
-            if (r > 0)
-                continue;
-            left = deadline_ns - fb_monotonic_ns();
-            if (left <= 0)
+            now = fb_monotonic_ns();
+            if (now >= deadline_ns || stalled(c, now))
                 break;
             if (__atomic_load_n(&c->nctl, __ATOMIC_RELAXED) > 0 && c->caller_sends == 1) {
                 fb_gate_mark(&c->out, 0);  /* deferred credit goes out before the wait */
                 conn_ready(c);
             }
-            ms = left >= (int64_t)INT32_MAX * 1000000 ? INT32_MAX
-                 : (int)((left + 999999) / 1000000);
+            ms = wait_ms(c, deadline_ns, now);
             if (poll_input(c, c->direct_wake_fd, ms) < 0 && errno != EINTR)
                 break;
             if (w->ready(w->target))
@@ -1419,24 +1463,24 @@ static int read_until(fb_conn_t *c, const waiting_t *w, int64_t deadline_ns)
         }
         /* A frame staged whole would wait for no input: the reader thread
          * would not see it.  What is staged now is a frame's start only. */
-        while (r >= 0 && rd_frame_staged(c))
-            if ((r = read_frame(c)) == 0)
+        while (r >= 0 && r != RX_YIELD && c->rx_phase == RX_FRAME && frame_staged(c))
+            if ((r = read_step(c)) == 1)
                 stat_add(&c->stats.frames_in_direct, 1);
     }
     w->end(w->target);
     pthread_mutex_lock(&c->rd_mu);
-    __atomic_store_n(&c->rd_owner, RD_NONE, __ATOMIC_RELAXED);
+    if (r == RX_YIELD)
+        served = 0;
     if (served)
         __atomic_store_n(&c->rd_lent_until, fb_monotonic_ns() + RD_LEND_NS, __ATOMIC_RELAXED);
-    if (c->rd_stop)
-        pthread_cond_broadcast(&c->rd_done_cv);
-    if (served && c->rd_thread_polls) {  /* with no time limit: let it see the lend */
+    if ((served || r == RX_YIELD) && c->rd_thread_polls) {
+        /* with no time limit: let it see the lend, or take over */
         uint64_t one = 1;
         c->rd_thread_polls = 0;
         /* under rd_mu: a close waits for it before the descriptor goes */
         (void)!write(c->thread_wake_fd, &one, sizeof(one));
     }
-    pthread_mutex_unlock(&c->rd_mu);
+    rd_give_back(c);
     return served;
 }
 
@@ -1924,10 +1968,9 @@ fb_conn_t *fb_conn_new(int fd, int32_t segment_size, const fb_conn_callbacks_t *
         return NULL;
     c->rd = malloc(RD_CAP);
     c->ctlbuf = malloc(CTL_CAP);
-    c->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     c->direct_wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     c->thread_wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (c->rd == NULL || c->ctlbuf == NULL || c->wake_fd < 0 || c->direct_wake_fd < 0
+    if (c->rd == NULL || c->ctlbuf == NULL || c->direct_wake_fd < 0
             || c->thread_wake_fd < 0
             || fb_gate_init(&c->out, FB_NET_MAX_CHANNELS + 1) != FB_OK)
         goto fail;
@@ -1972,8 +2015,6 @@ fail_gate:
     free(c->direct);
     fb_gate_free(&c->out);
 fail:
-    if (c->wake_fd >= 0)
-        close(c->wake_fd);
     if (c->direct_wake_fd >= 0)
         close(c->direct_wake_fd);
     if (c->thread_wake_fd >= 0)
@@ -2040,8 +2081,6 @@ void fb_conn_close(fb_conn_t *c)
     if (c->fd >= 0) {           /* the threads are gone: the descriptors go now */
         close(c->fd);
         c->fd = -1;
-        close(c->wake_fd);
-        c->wake_fd = -1;
         close(c->direct_wake_fd);
         c->direct_wake_fd = -1;
         close(c->thread_wake_fd);
@@ -2273,7 +2312,8 @@ void fb_inchan_close(fb_inchan_t *ch)
          * (a stalled peer must not hold this close up). */
         uint64_t one = 1;
         __atomic_store_n(&c->recv_abort, 1, __ATOMIC_RELEASE);
-        (void)!write(c->wake_fd, &one, sizeof(one));
+        (void)!write(c->thread_wake_fd, &one, sizeof(one));
+        (void)!write(c->direct_wake_fd, &one, sizeof(one));
         pthread_cond_wait(&c->cv, &c->mu);
     }
     held = ch->navail;          /* closed: nothing adds to avail any more */

@@ -122,6 +122,13 @@ int fb_wire_decode_body(const fb_wire_head_t *h, const char *p, fb_wire_frame_t 
 int fb_wire_decode(const char *p, size_t n, int32_t segment_size, fb_wire_frame_t *f,
                    size_t *used, char *err, size_t errlen);
 
+/* The length field of the header at p (checked by fb_wire_decode_header). */
+static inline uint32_t fb_wire_frame_length(const char *p)
+{
+    const unsigned char *u = (const unsigned char *)p;
+    return (uint32_t)u[0] << 24 | (uint32_t)u[1] << 16 | (uint32_t)u[2] << 8 | u[3];
+}
+
 /* ---- encoding (each returns the end of what it wrote) ------------------------------ */
 
 char *fb_wire_put_header(char *p, uint32_t body_len, uint8_t msg);
