@@ -4,8 +4,20 @@
  * network pool's mutex.  Segments are numbered 0..num_segments-1; the global
  * free list and every local free list are threaded through one link array,
  * since a segment sits on at most one list.  Blocking calls wait on a
- * condition variable and must be made without the GIL.  Nothing here calls
- * back into the caller, so no callback ever runs under the lock. */
+ * condition variable and must be made without the GIL.
+ *
+ * Calls out of this unit are the hooks a layer above sets, and no hook ever
+ * runs under the pool's lock:
+ *  - a recycle hook (fb_recycle_hook_t) runs in the recycling thread; it may
+ *    take its owner's locks and queue or send without waiting (credit), but
+ *    must not wait, nor set a hook;
+ *  - a waiter (fb_pool_waiter_t) runs in the requesting thread, with the
+ *    GIL released; it may read and write its owner's connection, but waits
+ *    only in its own poll beside the wake it registered (direct_begin), and
+ *    never past the request's deadline: whatever it started for others (a
+ *    frame half read) it leaves for its owner to finish;
+ *  - the wake a waiter registers is called under the pool's lock by other
+ *    threads' recycles and resizes: it writes an eventfd, nothing else. */
 #ifndef FLINKBUF_POOL_H
 #define FLINKBUF_POOL_H
 

@@ -14,8 +14,20 @@
  * Locking: each subpartition and each gate has its own mutex; the only nesting
  * is subpartition -> gate (a subpartition notifies its gate under its own lock,
  * which keeps the gate pointer valid: a gate disconnects under that same lock
- * before it is freed).  Blocking calls must be made without the GIL.  Nothing
- * here calls back into the caller.  No Python API. */
+ * before it is freed).  Blocking calls must be made without the GIL.  No
+ * Python API.
+ *
+ * Calls out of this unit are the hooks a layer above sets, under this
+ * contract (the pool's, pool.h):
+ *  - a gate hook's `ready` (fb_gate_hook_t) runs in the adding thread once
+ *    the subpartition's lock is released; it may send without waiting;
+ *  - a gate reader's `read` (fb_gate_reader_t) runs in the waiting thread
+ *    with no gate lock held and the GIL released; it may read and write its
+ *    connection, but waits only in its own poll beside the wake it
+ *    registered (fb_gate_direct_begin), never past the gate's deadline, and
+ *    leaves what it started for others (a frame half read) to its owner;
+ *  - that wake is called under the gate's mutex by other threads' adds: it
+ *    writes an eventfd, nothing else. */
 #ifndef FLINKBUF_EXCHANGE_H
 #define FLINKBUF_EXCHANGE_H
 

@@ -1376,6 +1376,14 @@ static void *reader_main(void *arg)
         if (__atomic_load_n(&c->nctl, __ATOMIC_RELAXED) > 0)
             notify_writer(c, 0);         /* credit a consumer left for its next read */
         r = read_available(c);
+        /* In the middle of a frame the rest is coming: wait for it holding
+         * the socket (a closing channel's abort and a shutdown wake this). */
+        while (r == 0 && mid_frame(c) && !stalled(c, now = fb_monotonic_ns())) {
+            if (poll_input(c, c->thread_wake_fd, wait_ms(c, FB_WAIT_FOREVER, now)) < 0
+                    && errno != EINTR)
+                break;
+            r = read_available(c);
+        }
         now = fb_monotonic_ns();
         if (r == 0 && stalled(c, now))
             r = -1;
