@@ -199,6 +199,7 @@ struct fb_conn {
     ctl_t *ctl_head, *ctl_tail;
     int32_t nctl;                /* messages queued */
     int close_queued, close_sent;
+    int close_on_send;           /* the socket closes once the CLOSE_REQUEST went */
     fb_inchan_t *recv_busy;      /* the reader receives into this channel's segment */
     int recv_abort;              /* atomic: that channel closes, let go of the segment */
     pthread_t reader, writer;
@@ -638,18 +639,26 @@ static void outchan_end(fb_conn_t *c, outchan_t *oc, int release)
 
 /* The connection ended (any thread, no lock held): every channel on it
  * fails or ends, the socket shuts down, the writer wakes. */
-static void conn_fail(fb_conn_t *c, int code, const char *fmt, ...)
+/* The socket goes: both directions shut, the writer stops.  Idempotent. */
+static void close_socket(fb_conn_t *c)
+{
+    shutdown(c->fd, SHUT_RDWR);
+    fb_gate_close(&c->out);
+}
+
+/* End the connection (if it is open) with why: every in-channel fails,
+ * nobody reads any more.  1 if this ended it and the socket stays open for
+ * the writer to send what is queued (close_on_send): it closes the socket
+ * once the CLOSE_REQUEST went (finish_batch). */
+static int conn_end(fb_conn_t *c, int code, const char *msg)
 {
     int32_t k;
-    char msg[FB_NET_MAX_MESSAGE];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
+    int deferred;
+    uint64_t one = 1;
     pthread_mutex_lock(&c->mu);
     if (c->state != CONN_OPEN) {
         pthread_mutex_unlock(&c->mu);
-        return;
+        return 0;
     }
     c->state = CONN_ENDED;
     c->err_code = code;
@@ -659,24 +668,43 @@ static void conn_fail(fb_conn_t *c, int code, const char *fmt, ...)
             inchan_fail_locked(c, c->ins[k], code, "", msg);
     /* The served channels end in the writer thread as it stops (it may be
      * sending their segments now: their owners must outlive that). */
+    deferred = c->close_on_send && !c->close_sent;
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
     pthread_mutex_lock(&c->rd_mu);
     c->rd_stop = 1;
     pthread_cond_broadcast(&c->rd_cv);
     pthread_cond_broadcast(&c->rd_done_cv);
+    if (deferred) {           /* no shutdown wakes the polls: these do */
+        (void)!write(c->thread_wake_fd, &one, sizeof(one));
+        (void)!write(c->direct_wake_fd, &one, sizeof(one));
+    }
     pthread_mutex_unlock(&c->rd_mu);
-    shutdown(c->fd, SHUT_RDWR);
-    fb_gate_close(&c->out);
+    return deferred;
 }
 
-/* Writing failed because the peer closed or reset the connection.  What it
- * sent before may still wait in the socket (a channel's last buffers and its
- * end of partition): the connection fails only when the reading side comes
- * to the end of the stream, so that those channels end as they should, not
- * with this error.  Until then sends are dropped at once (their segments go
- * back), and the reader thread reads now instead of after a lend.  Other
- * write errors fail the connection at once. */
+/* An error and a CLOSE_REQUEST are still to go before the socket closes
+ * (the writer closes it once they went, the reader thread a second later). */
+static int close_pending(fb_conn_t *c)
+{
+    int pending;
+    pthread_mutex_lock(&c->mu);
+    pending = c->close_on_send && !c->close_sent;
+    pthread_mutex_unlock(&c->mu);
+    return pending;
+}
+
+static void conn_fail(fb_conn_t *c, int code, const char *fmt, ...)
+{
+    char msg[FB_NET_MAX_MESSAGE];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    if (!conn_end(c, code, msg) && !close_pending(c))
+        close_socket(c);
+}
+
 static void conn_write_failed(fb_conn_t *c, int err)
 {
     uint64_t one = 1;
@@ -813,23 +841,28 @@ static int rx_stage(fb_conn_t *c, size_t n)
     return 1;
 }
 
+/* The peer broke the protocol: tell it why (an ERROR_RESPONSE, then a
+ * CLOSE_REQUEST, which the writer sends before it closes the socket), and
+ * end the connection here now.  -1. */
 static int protocol_error(fb_conn_t *c, const char *fmt, ...)
 {
-    char msg[512];
+    char msg[512], why[FB_NET_MAX_MESSAGE];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
-    /* Tell the peer why, best effort, then end. */
     pthread_mutex_lock(&c->mu);
-    if (c->state == CONN_OPEN)
-        ctl_error(c, FB_NET_ALL, FB_NET_ERR_PROTOCOL, "ProtocolError", msg);
-    pthread_mutex_unlock(&c->mu);
-    {
-        struct timespec ts = {0, 20000000};   /* let the writer send it */
-        nanosleep(&ts, NULL);
+    if (c->state == CONN_OPEN                    /* (a reader runs: so does the writer) */
+            && ctl_error(c, FB_NET_ALL, FB_NET_ERR_PROTOCOL, "ProtocolError", msg) == FB_OK
+            && (c->close_queued
+                || ctl_push(c, FB_MSG_CLOSE, 0, NULL, NULL, 0) == FB_OK)) {
+        c->close_queued = 1;
+        c->close_on_send = 1;
     }
-    conn_fail(c, FB_NET_ERR_PROTOCOL, "protocol error from the peer: %s", msg);
+    pthread_mutex_unlock(&c->mu);
+    snprintf(why, sizeof(why), "protocol error from the peer: %s", msg);
+    if (!conn_end(c, FB_NET_ERR_PROTOCOL, why))
+        close_socket(c);
     return -1;
 }
 
@@ -1347,9 +1380,9 @@ static int poll_input(fb_conn_t *c, int wake_fd, int ms)
     return rc;
 }
 
-static void *reader_main(void *arg)
+/* The reader thread's loop, until the connection ends. */
+static void reader_loop(fb_conn_t *c)
 {
-    fb_conn_t *c = arg;
     int64_t now;
     int r, ms;
     for (;;) {
@@ -1360,11 +1393,11 @@ static void *reader_main(void *arg)
                  * itself as it gives the socket back). */
                 __atomic_store_n(&c->rd_owner, RD_THREAD, __ATOMIC_RELAXED);
                 rd_give_back(c);
-                return NULL;
+                return;
             }
             if (c->rd_stop) {
                 pthread_mutex_unlock(&c->rd_mu);
-                return NULL;
+                return;
             }
             if (c->rd_owner == RD_NONE && fb_monotonic_ns() >= c->rd_lent_until)
                 break;
@@ -1398,13 +1431,36 @@ static void *reader_main(void *arg)
         c->rd_thread_polls = r == 0 && ms < 0;
         rd_give_back(c);
         if (r < 0)
-            return NULL;
+            return;
         while (poll_input(c, c->thread_wake_fd, ms) < 0 && errno == EINTR)
             ;
         pthread_mutex_lock(&c->rd_mu);
         c->rd_thread_polls = 0;
         pthread_mutex_unlock(&c->rd_mu);
     }
+}
+
+/* After a protocol error the writer sends the error and a CLOSE_REQUEST,
+ * then closes the socket; a peer that does not read gets a second for it. */
+static void await_close_sent(fb_conn_t *c)
+{
+    int64_t deadline = fb_deadline_after(1.0);
+    int pending;
+    pthread_mutex_lock(&c->mu);
+    while (c->close_on_send && !c->close_sent && fb_monotonic_ns() < deadline)
+        fb_cond_wait_until(&c->cv, &c->mu, deadline);
+    pending = c->close_on_send;
+    pthread_mutex_unlock(&c->mu);
+    if (pending)
+        close_socket(c);
+}
+
+static void *reader_main(void *arg)
+{
+    fb_conn_t *c = arg;
+    reader_loop(c);
+    await_close_sent(c);
+    return NULL;
 }
 
 static void direct_wake(void *arg)
@@ -1773,10 +1829,15 @@ static void finish_batch(fb_conn_t *c, batch_t *b, ctl_t *taken, int rc)
         stat_add(&c->stats.buffers_out, buffers);
     }
     if (b->close_now) {
+        int close_now;
         pthread_mutex_lock(&c->mu);
         c->close_sent = 1;
+        /* (still open: the protocol error is being recorded, and closes it) */
+        close_now = c->close_on_send && c->state != CONN_OPEN;
         pthread_cond_broadcast(&c->cv);
         pthread_mutex_unlock(&c->mu);
+        if (close_now)             /* the error before it went: the socket goes now */
+            close_socket(c);
     }
 }
 
