@@ -67,8 +67,7 @@ static void wake_pool_locked(fb_localpool_t *lp)
 {
     if (lp->waiters > 0)
         pthread_cond_broadcast(&lp->cv);
-    if (lp->direct_wake != NULL && !pthread_equal(pthread_self(), lp->direct_thread))
-        lp->direct_wake(lp->direct_wake_arg);
+    fb_waitpoint_wake(&lp->wp);
 }
 
 /* Segments came back to the global list: wake whoever may want them. */
@@ -79,7 +78,7 @@ static void notify_global_return(fb_netpool_t *np)
         pthread_cond_broadcast(&np->unpooled_cv);
     if (np->num_blocked > 0 || np->num_direct > 0)
         for (i = 0; i < np->num_pools; i++)
-            if (np->pools[i]->waiters > 0 || np->pools[i]->direct_wake != NULL)
+            if (np->pools[i]->waiters > 0 || fb_waitpoint_serving(&np->pools[i]->wp))
                 wake_pool_locked(np->pools[i]);
     release_arena_if_idle(np);
 }
@@ -192,8 +191,7 @@ static void localpool_destroy_locked(fb_localpool_t *lp)
         return_to_global(lp, local_pop(lp));
     }
     pthread_cond_broadcast(&lp->cv);
-    if (lp->direct_wake != NULL && !pthread_equal(pthread_self(), lp->direct_thread))
-        lp->direct_wake(lp->direct_wake_arg);
+    fb_waitpoint_wake(&lp->wp);
 }
 
 int32_t fb_netpool_destroy(fb_netpool_t *np)
@@ -336,14 +334,12 @@ done:
 
 /* ---- local pools ----------------------------------------------------- */
 
-static int localpool_set_waiter(fb_localpool_t *lp, const fb_pool_waiter_t *w)
+static int localpool_set_waiter(fb_localpool_t *lp, const fb_lender_t *w)
 {
     int taken = 0;
     pthread_mutex_lock(&lp->net->mu);
-    if (lp->waiter.wait == NULL && !lp->destroyed) {
-        lp->waiter = *w;
-        taken = 1;
-    }
+    if (!lp->destroyed)
+        taken = fb_waitpoint_offer(&lp->wp, w);
     pthread_mutex_unlock(&lp->net->mu);
     return taken;
 }
@@ -351,8 +347,7 @@ static int localpool_set_waiter(fb_localpool_t *lp, const fb_pool_waiter_t *w)
 static void localpool_clear_waiter(fb_localpool_t *lp, void *arg)
 {
     pthread_mutex_lock(&lp->net->mu);
-    if (lp->waiter.wait != NULL && lp->waiter.arg == arg)
-        memset(&lp->waiter, 0, sizeof(lp->waiter));
+    fb_waitpoint_withdraw(&lp->wp, arg);
     pthread_mutex_unlock(&lp->net->mu);
 }
 
@@ -368,11 +363,8 @@ static int localpool_direct_begin(fb_localpool_t *lp, void (*wake)(void *), void
 {
     int ready;
     pthread_mutex_lock(&lp->net->mu);
-    if (lp->direct_wake == NULL)
+    if (fb_waitpoint_begin(&lp->wp, wake, arg))
         lp->net->num_direct++;
-    lp->direct_wake = wake;
-    lp->direct_wake_arg = arg;
-    lp->direct_thread = pthread_self();
     ready = localpool_ready_locked(lp);
     pthread_mutex_unlock(&lp->net->mu);
     return ready;
@@ -381,10 +373,8 @@ static int localpool_direct_begin(fb_localpool_t *lp, void (*wake)(void *), void
 static void localpool_direct_end(fb_localpool_t *lp)
 {
     pthread_mutex_lock(&lp->net->mu);
-    if (lp->direct_wake != NULL)
+    if (fb_waitpoint_end(&lp->wp))
         lp->net->num_direct--;
-    lp->direct_wake = NULL;
-    lp->direct_wake_arg = NULL;
     pthread_mutex_unlock(&lp->net->mu);
 }
 
@@ -518,26 +508,6 @@ static inline int try_take(fb_localpool_t *lp, int32_t channel, int32_t *index)
     return FB_OK;
 }
 
-/* Let the pool's waiter serve this wait (lock held, released meanwhile):
- * 1 if it did (the caller re-checks at once), 0 if the caller must sleep. */
-static int wait_through_waiter(fb_localpool_t *lp, int64_t deadline_ns)
-{
-    fb_netpool_t *np = lp->net;
-    fb_pool_waiter_t w;
-    int served;
-    if (lp->waiter.wait == NULL || lp->waiter_busy)
-        return 0;
-    w = lp->waiter;
-    lp->waiter_busy = 1;
-    w.hold(w.arg);
-    pthread_mutex_unlock(&np->mu);
-    served = w.wait(w.arg, lp, deadline_ns);
-    w.release(w.arg);
-    pthread_mutex_lock(&np->mu);
-    lp->waiter_busy = 0;
-    return served;
-}
-
 /* Sleep on the pool's condition variable (lock held); the caller re-checks. */
 static void wait_on_pool(fb_localpool_t *lp, int64_t deadline_ns)
 {
@@ -585,7 +555,7 @@ int fb_localpool_request_blocking(fb_localpool_t *lp, int32_t channel, int64_t d
             break;
         }
         if (!tried) {                /* what came meanwhile woke nobody: re-check */
-            tried = !wait_through_waiter(lp, deadline_ns);
+            tried = !fb_waitpoint_serve(&lp->wp, &np->mu, lp, deadline_ns);
             continue;
         }
         wait_on_pool(lp, deadline_ns);
@@ -730,7 +700,7 @@ int fb_localpool_wait_available(fb_localpool_t *lp, int64_t deadline_ns)
             break;
         }
         if (!tried) {
-            tried = !wait_through_waiter(lp, deadline_ns);
+            tried = !fb_waitpoint_serve(&lp->wp, &np->mu, lp, deadline_ns);
             continue;
         }
         wait_on_pool(lp, deadline_ns);

@@ -11,13 +11,11 @@
  *  - a recycle hook (fb_recycle_hook_t) runs in the recycling thread; it may
  *    take its owner's locks and queue or send without waiting (credit), but
  *    must not wait, nor set a hook;
- *  - a waiter (fb_pool_waiter_t) runs in the requesting thread, with the
- *    GIL released; it may read and write its owner's connection, but waits
- *    only in its own poll beside the wake it registered (direct_begin), and
- *    never past the request's deadline: whatever it started for others (a
- *    frame half read) it leaves for its owner to finish;
- *  - the wake a waiter registers is called under the pool's lock by other
- *    threads' recycles and resizes: it writes an eventfd, nothing else. */
+ *  - a lender (common/waiter.h, under that contract) serves a thread whose
+ *    request would wait: a producer reads the connection that serves its
+ *    partition, so that credit arrives and buffers go out in its own
+ *    thread; its wake is called by other threads' recycles, resizes and
+ *    destroys. */
 #ifndef FLINKBUF_POOL_H
 #define FLINKBUF_POOL_H
 
@@ -28,6 +26,7 @@
 #include "buffer/arena.h"
 #include "common/status.h"    /* FB_OK and the error codes */
 #include "common/clock.h"     /* fb_monotonic_ns, fb_deadline_after, FB_WAIT_FOREVER */
+#include "common/waiter.h"    /* the lender a waiting request may serve */
 
 /* Segment states. */
 enum { FB_SEG_GLOBAL = 0, FB_SEG_LOCAL = 1, FB_SEG_OUT = 2, FB_SEG_UNPOOLED = 3 };
@@ -47,31 +46,16 @@ typedef struct fb_localpool fb_localpool_t;
  * the pool take it.  It must not block, nor set a hook. */
 typedef int (*fb_recycle_hook_t)(void *arg, fb_localpool_t *lp, int32_t index);
 
-/* What a thread waiting for a buffer of a pool may do instead of sleeping
- * (the network layer: a producer reads the connection that serves its
- * partition, so that credit arrives and buffers go out in its own thread,
- * with no hand-off to the connection's threads).  `wait` runs with no lock
- * held (hold/release keep `arg` alive around it) until the pool may have a
- * buffer, the deadline passes, or it stops serving: 1 if it waited or did
- * work, 0 if it could not serve now (the waiter sleeps as usual).  While it
- * waits it registers a wake (direct_begin) that recycles and resizes from
- * other threads call, under the pool's lock. */
-typedef struct fb_pool_waiter {
-    int (*wait)(void *arg, fb_localpool_t *lp, int64_t deadline_ns);
-    void (*hold)(void *arg);
-    void (*release)(void *arg);
-    void *arg;
-} fb_pool_waiter_t;
 
 typedef struct fb_pool_ops {
     int (*request)(fb_localpool_t *lp, int32_t channel, int32_t *index);
     int (*recycle)(fb_localpool_t *lp, int32_t index);
     void (*set_recycle_hook)(fb_localpool_t *lp, fb_recycle_hook_t hook, void *arg);
-    /* Offer a waiter (none yet: 1, taken; else 0); withdraw it (if arg's). */
-    int (*set_waiter)(fb_localpool_t *lp, const fb_pool_waiter_t *w);
+    /* Offer a lender (none yet: 1, taken; else 0); withdraw it (if arg's). */
+    int (*set_waiter)(fb_localpool_t *lp, const fb_lender_t *w);
     void (*clear_waiter)(fb_localpool_t *lp, void *arg);
-    /* A waiter starts waiting in this thread: 1 if a buffer may be free
-     * already (do not wait); direct_end when it stops. */
+    /* A lender starts serving in this thread (its wake registered): 1 if a
+     * buffer may be free already (do not wait); direct_end when it stops. */
     int (*direct_begin)(fb_localpool_t *lp, void (*wake)(void *), void *arg);
     void (*direct_end)(fb_localpool_t *lp);
     /* A buffer may be free, or the pool was destroyed (a racy look). */
@@ -95,7 +79,7 @@ typedef struct fb_netpool {
     int32_t num_unpooled;   /* unpooled segments handed out */
     int32_t unpooled_waiters;
     int32_t num_blocked;    /* threads blocked in any local pool */
-    int32_t num_direct;     /* local pools whose waiter waits through their hook */
+    int32_t num_direct;     /* local pools a thread serves the lender of (its wake registered) */
     fb_localpool_t **pools; /* live pools, creation order */
     size_t num_pools, cap_pools;
     int64_t *scratch;       /* 3 * cap_pools int64 for redistribution */
@@ -123,11 +107,7 @@ struct fb_localpool {
     void *hook_arg;
     int32_t hook_calls;      /* hooks running now (outside the lock) */
     int destroyed;
-    fb_pool_waiter_t waiter; /* waiter.wait NULL: none */
-    int waiter_busy;
-    void (*direct_wake)(void *);   /* set while a waiter reads for itself */
-    void *direct_wake_arg;
-    pthread_t direct_thread;
+    fb_waitpoint_t wp;       /* the lender a waiting request may serve */
 };
 
 /* Network pool lifecycle. init: 0, FB_EINVAL or FB_ENOMEM. */

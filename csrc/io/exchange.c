@@ -78,8 +78,8 @@ static void gate_mark(fb_gate_t *g, int32_t channel, int wake)
         g->ready[(g->head + g->count) % g->num_channels] = channel;
         g->count++;
         signal = wake && g->waiters > 0;
-        if (wake && g->direct_wake != NULL && !pthread_equal(pthread_self(), g->direct_thread))
-            g->direct_wake(g->direct_wake_arg);
+        if (wake)
+            fb_waitpoint_wake(&g->wp);
     }
     pthread_mutex_unlock(&g->mu);
     if (signal)
@@ -101,9 +101,8 @@ void fb_gate_wake(fb_gate_t *g)
     int signal;
     pthread_mutex_lock(&g->mu);
     signal = g->count > 0 && g->waiters > 0;
-    if (g->count > 0 && g->direct_wake != NULL
-            && !pthread_equal(pthread_self(), g->direct_thread))
-        g->direct_wake(g->direct_wake_arg);
+    if (g->count > 0)
+        fb_waitpoint_wake(&g->wp);
     pthread_mutex_unlock(&g->mu);
     if (signal)
         pthread_cond_signal(&g->cv);
@@ -130,18 +129,9 @@ int fb_gate_wait(fb_gate_t *g, int64_t deadline_ns, int32_t *channel)
             rc = FB_ETIMEDOUT;
             break;
         }
-        if (g->reader.read != NULL && !g->reader_busy && !tried) {
-            fb_gate_reader_t r = g->reader;
-            int served;
-            g->reader_busy = 1;
-            r.hold(r.arg);
-            pthread_mutex_unlock(&g->mu);
-            served = r.read(r.arg, g, deadline_ns);
-            r.release(r.arg);
-            pthread_mutex_lock(&g->mu);
-            g->reader_busy = 0;
-            tried = !served;
-            continue;                /* what came meanwhile signalled nobody */
+        if (!tried) {                /* what came meanwhile signalled nobody: re-check */
+            tried = !fb_waitpoint_serve(&g->wp, &g->mu, g, deadline_ns);
+            continue;
         }
         g->waiters++;
         fb_cond_wait_until(&g->cv, &g->mu, deadline_ns);
@@ -157,19 +147,15 @@ void fb_gate_close(fb_gate_t *g)
     pthread_mutex_lock(&g->mu);
     g->closed = 1;
     pthread_cond_broadcast(&g->cv);
-    if (g->direct_wake != NULL && !pthread_equal(pthread_self(), g->direct_thread))
-        g->direct_wake(g->direct_wake_arg);
+    fb_waitpoint_wake(&g->wp);
     pthread_mutex_unlock(&g->mu);
 }
 
-int fb_gate_set_reader(fb_gate_t *g, const fb_gate_reader_t *r)
+int fb_gate_set_reader(fb_gate_t *g, const fb_lender_t *r)
 {
-    int taken = 0;
+    int taken;
     pthread_mutex_lock(&g->mu);
-    if (g->reader.read == NULL) {
-        g->reader = *r;
-        taken = 1;
-    }
+    taken = fb_waitpoint_offer(&g->wp, r);
     pthread_mutex_unlock(&g->mu);
     return taken;
 }
@@ -177,8 +163,7 @@ int fb_gate_set_reader(fb_gate_t *g, const fb_gate_reader_t *r)
 void fb_gate_clear_reader(fb_gate_t *g, void *arg)
 {
     pthread_mutex_lock(&g->mu);
-    if (g->reader.read != NULL && g->reader.arg == arg)
-        memset(&g->reader, 0, sizeof(g->reader));
+    fb_waitpoint_withdraw(&g->wp, arg);
     pthread_mutex_unlock(&g->mu);
 }
 
@@ -186,9 +171,7 @@ int fb_gate_direct_begin(fb_gate_t *g, void (*wake)(void *), void *arg)
 {
     int ready;
     pthread_mutex_lock(&g->mu);
-    g->direct_wake = wake;
-    g->direct_wake_arg = arg;
-    g->direct_thread = pthread_self();
+    fb_waitpoint_begin(&g->wp, wake, arg);
     ready = g->count > 0 || g->closed;
     pthread_mutex_unlock(&g->mu);
     return ready;
@@ -197,8 +180,7 @@ int fb_gate_direct_begin(fb_gate_t *g, void (*wake)(void *), void *arg)
 void fb_gate_direct_end(fb_gate_t *g)
 {
     pthread_mutex_lock(&g->mu);
-    g->direct_wake = NULL;
-    g->direct_wake_arg = NULL;
+    fb_waitpoint_end(&g->wp);
     pthread_mutex_unlock(&g->mu);
 }
 

@@ -21,13 +21,10 @@
  * contract (the pool's, pool.h):
  *  - a gate hook's `ready` (fb_gate_hook_t) runs in the adding thread once
  *    the subpartition's lock is released; it may send without waiting;
- *  - a gate reader's `read` (fb_gate_reader_t) runs in the waiting thread
- *    with no gate lock held and the GIL released; it may read and write its
- *    connection, but waits only in its own poll beside the wake it
- *    registered (fb_gate_direct_begin), never past the gate's deadline, and
- *    leaves what it started for others (a frame half read) to its owner;
- *  - that wake is called under the gate's mutex by other threads' adds: it
- *    writes an eventfd, nothing else. */
+ *  - a lender (common/waiter.h, under that contract) serves a thread whose
+ *    gate wait would sleep: the consumer reads the connection of the gate's
+ *    first remote channel itself; its wake is called by other threads' adds
+ *    and by a close. */
 #ifndef FLINKBUF_EXCHANGE_H
 #define FLINKBUF_EXCHANGE_H
 
@@ -37,6 +34,7 @@
 #include "common/status.h"    /* result codes */
 #include "common/clock.h"     /* deadlines: fb_deadline_after, FB_WAIT_FOREVER */
 #include "buffer/pool.h"      /* fb_localpool_t: where a segment item returns (through its ops) */
+#include "common/waiter.h"    /* the lender a waiting consumer may serve */
 
 /* Item kinds. */
 enum { FB_ITEM_DATA = 0, FB_ITEM_EVENT = 1 };
@@ -70,21 +68,6 @@ typedef struct fb_gate_hook {
     void *arg;
 } fb_gate_hook_t;
 
-/* A source the gate's waiter may read itself instead of sleeping (the
- * network layer: the consumer's thread receives from the socket, with no
- * hand-off from the connection's reader thread).  `read` runs with no gate
- * lock held (hold/release keep `arg` alive around it) until the gate has
- * data or is closed, the deadline passes, or it stops serving: it returns 1
- * if it waited or read, 0 if it could not serve now (the waiter then sleeps
- * as usual).  While it waits it registers a wake (fb_gate_direct_begin) that
- * adds from other threads call. */
-struct fb_gate;
-typedef struct fb_gate_reader {
-    int (*read)(void *arg, struct fb_gate *g, int64_t deadline_ns);
-    void (*hold)(void *arg);
-    void (*release)(void *arg);
-    void *arg;
-} fb_gate_reader_t;
 
 typedef struct fb_gate {
     pthread_mutex_t mu;
@@ -97,11 +80,7 @@ typedef struct fb_gate {
     int closed;
     int initialized;
     const fb_gate_hook_t *hook;   /* NULL: adds wake the waiter (set before connecting) */
-    fb_gate_reader_t reader;      /* reader.read NULL: none */
-    int reader_busy;              /* the waiter is in reader.read */
-    void (*direct_wake)(void *);  /* set while the waiter reads itself: adds from */
-    void *direct_wake_arg;        /* other threads call it (under mu) */
-    pthread_t direct_thread;
+    fb_waitpoint_t wp;            /* the lender a waiting consumer may serve */
 } fb_gate_t;
 
 /* A counter that consumers bump and a producer can sleep on: "something was
@@ -145,7 +124,7 @@ int fb_gate_wait(fb_gate_t *g, int64_t deadline_ns, int32_t *channel);
 /* Wake every waiter with FB_ECLOSED, now and later. */
 void fb_gate_close(fb_gate_t *g);
 /* Offer a reader (none yet: 1, taken; else 0); withdraw it (if arg's). */
-int fb_gate_set_reader(fb_gate_t *g, const fb_gate_reader_t *r);
+int fb_gate_set_reader(fb_gate_t *g, const fb_lender_t *r);
 void fb_gate_clear_reader(fb_gate_t *g, void *arg);
 /* A reader starts waiting in this thread: adds from other threads call
  * wake(arg) until fb_gate_direct_end.  1: the gate has data or is closed

@@ -298,7 +298,7 @@ static void notify_writer(fb_conn_t *c, int32_t slot)
 static void conn_ready(void *arg);
 static void conn_hold(void *arg);
 static void conn_release(void *arg);
-static int pool_wait(void *arg, fb_localpool_t *lp, int64_t deadline_ns);
+static int pool_wait(void *arg, void *lp, int64_t deadline_ns);
 
 /* Control messages were queued (no lock held): with caller_sends (and `how`
  * 1) this thread sends them now if the writer thread is idle (conn_ready),
@@ -1181,7 +1181,7 @@ static int read_partition_request(fb_conn_t *c, const fb_wire_frame_t *f)
             /* The producer waiting for a buffer of this pool reads this
              * connection itself (pool_wait), if no other connection does. */
             if (pool != NULL && c->direct_reads && c->caller_sends == 1) {
-                fb_pool_waiter_t w = {pool_wait, conn_hold, conn_release, c};
+                fb_lender_t w = {pool_wait, conn_hold, conn_release, c};
                 oc->pool_waiter = pool->ops->set_waiter(pool, &w);
             }
             c->outs[slot] = oc;
@@ -1563,10 +1563,10 @@ static int gate_ready(void *g)
     return fb_gate_ready(g);
 }
 
-/* The gate reader of a remote channel (fb_gate_reader_t.read): the
+/* The lender of a remote channel's gate (fb_lender_t.serve): the
  * consumer's thread, waiting for its gate, receives from the connection
  * itself (read_until). */
-static int direct_read(void *arg, fb_gate_t *g, int64_t deadline_ns)
+static int direct_read(void *arg, void *g, int64_t deadline_ns)
 {
     fb_inchan_t *ch = arg;
     waiting_t w = {gate_begin, gate_end, gate_ready, g};
@@ -1588,11 +1588,10 @@ static int pool_ready(void *lp)
     return ((fb_localpool_t *)lp)->ops->ready(lp);
 }
 
-/* The pool waiter of a served partition's pool (fb_pool_waiter_t.wait): a
- * producer waiting for a buffer reads the connection itself (read_until),
- * so that credit arrives, and the buffers go out and come back, in its own
- * thread. */
-static int pool_wait(void *arg, fb_localpool_t *lp, int64_t deadline_ns)
+/* The lender of a served partition's pool (fb_lender_t.serve): a producer
+ * waiting for a buffer reads the connection itself (read_until), so that
+ * credit arrives, and the buffers go out and come back, in its own thread. */
+static int pool_wait(void *arg, void *lp, int64_t deadline_ns)
 {
     waiting_t w = {pool_begin, pool_end, pool_ready, lp};
     return read_until(arg, &w, deadline_ns);
@@ -2427,7 +2426,7 @@ static void inchan_release(void *arg)
 
 int fb_inchan_attach_reader(fb_inchan_t *ch, fb_gate_t *g)
 {
-    fb_gate_reader_t r = {direct_read, inchan_hold, inchan_release, ch};
+    fb_lender_t r = {direct_read, inchan_hold, inchan_release, ch};
     return fb_gate_set_reader(g, &r);
 }
 

@@ -128,7 +128,7 @@ fb_subpart_t *fb_inchan_queue(fb_inchan_t *ch);
  * channel holds goes back to its pool.  Waits (no GIL!) for a receive into
  * one of its segments in progress.  Idempotent. */
 void fb_inchan_close(fb_inchan_t *ch);
-/* Offer the channel's connection as the gate's reader (fb_gate_reader_t:
+/* Offer the channel's connection as the gate's reader (a lender, common/waiter.h:
  * its consumer receives from the socket itself while waiting): 1 if taken
  * (a gate has one), 0 if the gate has a reader already.  Detach before the
  * channel leaves the gate. */
