@@ -87,6 +87,34 @@ def test_bit_exact_with_flink_key_group_assignment(key, hash_code, murmur, key_g
         sel = fb.HashSelector()
         sel.setup(p)
         assert sel.select_channel(key) == want
+    # the vectorized assignment (one key of its own dtype) is as bit-exact
+    one = _as_array(key)
+    if one is not None:
+        got = [_assign_one(one, p) for p in PARALLELISMS]
+        assert got == indexes
+
+
+def _as_array(key):
+    """``key`` as the arguments of assign_keys_to_operators, or None for a
+    key it does not take (tuples)."""
+    if isinstance(key, bool):
+        return {"keys": np.array([key])}
+    if isinstance(key, int) and -2**63 <= key < 2**63:
+        return {"keys": np.array([key], dtype=np.int64)}
+    if isinstance(key, float):
+        return {"keys": np.array([key])}
+    if isinstance(key, (str, bytes)):
+        data = key.encode() if isinstance(key, str) else key
+        return {"keys": data, "offsets": np.array([0, len(data)], dtype=np.int32),
+                "utf8": isinstance(key, str)}
+    return None
+
+
+def _assign_one(args, parallelism):
+    args = dict(args)
+    out = np.empty(1, dtype=np.int32)
+    io.assign_keys_to_operators(args.pop("keys"), out, parallelism, 128, **args)
+    return int(out[0])
 
 
 @pytest.mark.parametrize("key", sorted(JAVA_KEY_GROUPS_256_32768, key=repr))

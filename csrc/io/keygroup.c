@@ -1,5 +1,7 @@
 #include "io/keygroup.h"
 
+#include "common/status.h"
+
 #include <math.h>
 #include <string.h>
 
@@ -82,4 +84,165 @@ int32_t fb_java_string_hash(const void *data, int width, size_t len)
         }
     }
     return (int32_t)h;
+}
+
+int32_t fb_java_int64_hash(int64_t v)
+{
+    if (v >= INT32_MIN && v <= INT32_MAX)
+        return (int32_t)v;
+    return fb_java_long_hash(v);
+}
+
+int32_t fb_java_uint64_hash(uint64_t v)
+{
+    if (v <= (uint64_t)INT64_MAX)
+        return fb_java_int64_hash((int64_t)v);
+    /* BigInteger.hashCode of a positive magnitude of two 32-bit words:
+     * 31 * high + low, in int arithmetic. */
+    return (int32_t)(31u * (uint32_t)(v >> 32) + (uint32_t)v);
+}
+
+int fb_java_utf8_hash(const unsigned char *p, size_t n, int32_t *out)
+{
+    uint32_t h = 0, c;
+    size_t i = 0;
+    while (i < n) {
+        unsigned char b = p[i];
+        if (b < 0x80) {
+            c = b;
+            i += 1;
+        } else if (b >= 0xc2 && b <= 0xdf) {
+            if (n - i < 2 || (p[i + 1] & 0xc0) != 0x80)
+                return FB_EINVAL;
+            c = ((uint32_t)(b & 0x1f) << 6) | (p[i + 1] & 0x3f);
+            i += 2;
+        } else if (b >= 0xe0 && b <= 0xef) {
+            if (n - i < 3 || (p[i + 1] & 0xc0) != 0x80 || (p[i + 2] & 0xc0) != 0x80)
+                return FB_EINVAL;
+            c = ((uint32_t)(b & 0x0f) << 12) | ((uint32_t)(p[i + 1] & 0x3f) << 6)
+                | (p[i + 2] & 0x3f);
+            if (c < 0x800 || (c >= 0xd800 && c <= 0xdfff))   /* overlong, a surrogate */
+                return FB_EINVAL;
+            i += 3;
+        } else if (b >= 0xf0 && b <= 0xf4) {
+            if (n - i < 4 || (p[i + 1] & 0xc0) != 0x80 || (p[i + 2] & 0xc0) != 0x80
+                    || (p[i + 3] & 0xc0) != 0x80)
+                return FB_EINVAL;
+            c = ((uint32_t)(b & 0x07) << 18) | ((uint32_t)(p[i + 1] & 0x3f) << 12)
+                | ((uint32_t)(p[i + 2] & 0x3f) << 6) | (p[i + 3] & 0x3f);
+            if (c < 0x10000 || c > 0x10ffff)
+                return FB_EINVAL;
+            i += 4;
+        } else {
+            return FB_EINVAL;      /* a continuation byte, an overlong lead, or > U+10FFFF */
+        }
+        if (c >= 0x10000u) {       /* a surrogate pair in UTF-16 */
+            c -= 0x10000u;
+            h = 31u * h + (0xd800u + (c >> 10));
+            h = 31u * h + (0xdc00u + (c & 0x3ffu));
+        } else {
+            h = 31u * h + c;
+        }
+    }
+    *out = (int32_t)h;
+    return FB_OK;
+}
+
+static inline int32_t channel_of(int32_t hash_code, int32_t parallelism, int32_t max_parallelism)
+{
+    return fb_operator_index(fb_key_group(hash_code, max_parallelism), parallelism,
+                             max_parallelism);
+}
+
+static inline void store(void *out, int out_width, size_t i, int32_t v)
+{
+    switch (out_width) {
+    case 1: ((int8_t *)out)[i] = (int8_t)v; break;
+    case 2: ((int16_t *)out)[i] = (int16_t)v; break;
+    case 4: ((int32_t *)out)[i] = v; break;
+    default: ((int64_t *)out)[i] = v; break;
+    }
+}
+
+static int check_assignment(int32_t parallelism, int32_t max_parallelism, int out_width)
+{
+    if (max_parallelism < 1 || max_parallelism > 32768)
+        return FB_EINVAL;
+    if (parallelism < 1 || parallelism > max_parallelism)
+        return FB_EINVAL;
+    if (out_width != 1 && out_width != 2 && out_width != 4 && out_width != 8)
+        return FB_EINVAL;
+    /* every channel, at most parallelism - 1, fits the output's integers */
+    if ((out_width == 1 && parallelism > 128) || (out_width == 2 && parallelism > 32768))
+        return FB_EINVAL;
+    return FB_OK;
+}
+
+/* One loop per key type: the hash of element i of an array of T. */
+#define ASSIGN_LOOP(T, HASH)                                                        \
+    do {                                                                             \
+        const T *k = (const T *)keys;                                                \
+        for (i = 0; i < n; i++)                                                      \
+            store(out, out_width, i, channel_of(HASH(k[i]), parallelism, max_parallelism)); \
+    } while (0)
+#define AS_INT(v) ((int32_t)(v))
+#define AS_BOOL(v) ((v) ? 1231 : 1237)
+
+int fb_assign_keys(const void *keys, int kind, int width, size_t n, int32_t parallelism,
+                   int32_t max_parallelism, void *out, int out_width)
+{
+    size_t i;
+    if (check_assignment(parallelism, max_parallelism, out_width) != FB_OK)
+        return FB_EINVAL;
+    switch (kind * 16 + width) {
+    case FB_KEYS_SIGNED * 16 + 1: ASSIGN_LOOP(int8_t, AS_INT); break;
+    case FB_KEYS_SIGNED * 16 + 2: ASSIGN_LOOP(int16_t, AS_INT); break;
+    case FB_KEYS_SIGNED * 16 + 4: ASSIGN_LOOP(int32_t, AS_INT); break;
+    case FB_KEYS_SIGNED * 16 + 8: ASSIGN_LOOP(int64_t, fb_java_int64_hash); break;
+    case FB_KEYS_UNSIGNED * 16 + 1: ASSIGN_LOOP(uint8_t, AS_INT); break;
+    case FB_KEYS_UNSIGNED * 16 + 2: ASSIGN_LOOP(uint16_t, AS_INT); break;
+    case FB_KEYS_UNSIGNED * 16 + 4: ASSIGN_LOOP(uint32_t, fb_java_int64_hash); break;
+    case FB_KEYS_UNSIGNED * 16 + 8: ASSIGN_LOOP(uint64_t, fb_java_uint64_hash); break;
+    case FB_KEYS_BOOL * 16 + 1: ASSIGN_LOOP(uint8_t, AS_BOOL); break;
+    case FB_KEYS_FLOAT * 16 + 4: ASSIGN_LOOP(float, fb_java_double_hash); break;
+    case FB_KEYS_FLOAT * 16 + 8: ASSIGN_LOOP(double, fb_java_double_hash); break;
+    default: return FB_EINVAL;
+    }
+    return FB_OK;
+}
+
+int fb_assign_varlen_keys(const unsigned char *data, size_t data_len, const void *offsets,
+                          int offset_width, size_t n, int utf8, int32_t parallelism,
+                          int32_t max_parallelism, void *out, int out_width, size_t *bad)
+{
+    size_t i;
+    int64_t start, end;
+    int32_t h;
+    if (check_assignment(parallelism, max_parallelism, out_width) != FB_OK
+            || (offset_width != 4 && offset_width != 8))
+        return FB_EINVAL;
+    if (n == 0)
+        return FB_OK;
+    start = offset_width == 4 ? ((const int32_t *)offsets)[0] : ((const int64_t *)offsets)[0];
+    for (i = 0; i < n; i++) {
+        end = offset_width == 4 ? ((const int32_t *)offsets)[i + 1]
+                                : ((const int64_t *)offsets)[i + 1];
+        if (start < 0 || end < start || (uint64_t)end > (uint64_t)data_len) {
+            if (bad != NULL)
+                *bad = i;
+            return FB_EINVAL;
+        }
+        if (utf8) {
+            if (fb_java_utf8_hash(data + start, (size_t)(end - start), &h) != FB_OK) {
+                if (bad != NULL)
+                    *bad = i;
+                return FB_EINVAL;
+            }
+        } else {
+            h = fb_java_bytes_hash(data + start, (size_t)(end - start));
+        }
+        store(out, out_width, i, channel_of(h, parallelism, max_parallelism));
+        start = end;
+    }
+    return FB_OK;
 }
