@@ -57,7 +57,7 @@ def check_real(value: object, name: str, *, gt: float | None = None, ge: float |
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number{of}, got {_shown(value)}")
     if not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number{of}, got {value}")
+        raise ValueError(f"{name} must be finite, got {value}")
     if gt is not None and not value > gt:
         raise ValueError(f"{name} must be > {gt:g}{unit}, got {value:g}{why_low}")
     if ge is not None and not value >= ge:
