@@ -38,7 +38,13 @@ with Python's per-process salted ``hash()``: ints in the int32 range as
 ``Integer`` (``v``), larger ones as ``Long`` (``(int) (v ^ (v >>> 32))``),
 ``str`` as ``String``; see :func:`java_hash_code`), :class:`BroadcastSelector`,
 :class:`ForwardSelector`, :class:`GlobalSelector`, :class:`CustomSelector`
-and :class:`BacklogAwareRebalanceSelector`.
+and :class:`BacklogAwareRebalanceSelector` (the backlog-aware round robin,
+``"backlog_aware"``; the name ``"rebalance"`` is round robin, as in Flink).
+:func:`assign_keys_to_operators` assigns a whole array of keys at once.
+
+A task's buffers: :func:`task_segments` (how many its pool needs) and
+:func:`create_partition`; :func:`local_pipeline` runs a task's stages in
+threads joined by local channels.
 """
 
 from __future__ import annotations
