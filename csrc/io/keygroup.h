@@ -55,9 +55,10 @@ enum {
  * key group among `max_parallelism` (with parallelism == max_parallelism,
  * the key group itself), stored at `out` as a signed integer of
  * `out_width` (1, 2, 4 or 8) bytes.  Touches no memory beyond
- * `n * width` bytes of keys and `n * out_width` of out.  Returns FB_OK, or
+ * `n * width` bytes of keys and `n * out_width` of out.  Returns FB_OK,
  * FB_EINVAL for an unknown kind or width, max_parallelism outside
- * [1, 32768] or parallelism outside [1, max_parallelism]. */
+ * [1, 32768] or parallelism outside [1, max_parallelism], or FB_ENOMEM (its
+ * table of max_parallelism channels, 2 bytes each, could not be had). */
 int fb_assign_keys(const void *keys, int kind, int width, size_t n, int32_t parallelism,
                    int32_t max_parallelism, void *out, int out_width);
 

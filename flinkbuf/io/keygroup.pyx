@@ -317,6 +317,8 @@ def assign_keys_to_operators(keys, out, parallelism, max_parallelism=128, *, off
                 PyBuffer_Release(&kv)
     finally:
         PyBuffer_Release(&outv)
+    if rc == FB_ENOMEM:
+        raise MemoryError("no memory for the table of key groups")
     if rc != FB_OK:
         if varlen:
             raise ValueError(f"key {bad}: its offsets lie outside the {data_len} bytes of keys "
