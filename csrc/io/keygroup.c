@@ -67,6 +67,18 @@ int32_t fb_java_bytes_hash(const unsigned char *p, size_t n)
     return (int32_t)h;
 }
 
+/* String.hashCode's step over code point c: its UTF-16 code units, a
+ * surrogate pair beyond the BMP. */
+static inline uint32_t string_hash_step(uint32_t h, uint32_t c)
+{
+    if (c >= 0x10000u) {
+        c -= 0x10000u;
+        h = 31u * h + (0xd800u + (c >> 10));
+        return 31u * h + (0xdc00u + (c & 0x3ffu));
+    }
+    return 31u * h + c;
+}
+
 int32_t fb_java_string_hash(const void *data, int width, size_t len)
 {
     uint32_t h = 0, c;
@@ -78,13 +90,7 @@ int32_t fb_java_string_hash(const void *data, int width, size_t len)
             c = ((const uint16_t *)data)[i];
         else
             c = ((const uint32_t *)data)[i];
-        if (c >= 0x10000u) { /* a surrogate pair in UTF-16 */
-            c -= 0x10000u;
-            h = 31u * h + (0xd800u + (c >> 10));
-            h = 31u * h + (0xdc00u + (c & 0x3ffu));
-        } else {
-            h = 31u * h + c;
-        }
+        h = string_hash_step(h, c);
     }
     return (int32_t)h;
 }
@@ -138,13 +144,7 @@ int fb_java_utf8_hash(const unsigned char *p, size_t n, int32_t *out)
         } else {
             return FB_EINVAL;      /* a continuation byte, an overlong lead, or > U+10FFFF */
         }
-        if (c >= 0x10000u) {       /* a surrogate pair in UTF-16 */
-            c -= 0x10000u;
-            h = 31u * h + (0xd800u + (c >> 10));
-            h = 31u * h + (0xdc00u + (c & 0x3ffu));
-        } else {
-            h = 31u * h + c;
-        }
+        h = string_hash_step(h, c);
     }
     *out = (int32_t)h;
     return FB_OK;
