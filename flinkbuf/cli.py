@@ -236,7 +236,7 @@ def _add_slow_subpartition(which):
     ss = which.add_parser(
         "slow-subpartition",
         help="one slow subpartition: a blocked consumer starves its round-robin sibling "
-             "through a shared pool, unless the backlog-aware rebalance steps in",
+             "through a shared pool, unless the backlog-aware round robin steps in",
         description=(
             "A producer feeds two consumers through one shared output pool; consumer 0 is "
             "blocked. Modes (--modes): unimpeded (round robin, nobody blocked: the "
@@ -245,9 +245,9 @@ def _add_slow_subpartition(which):
             "with the per-channel cap: the blocked subpartition holds at most --cap buffers, "
             "but round robin still waits for it, so the fast consumer still starves; not run "
             "by default); per-channel-cap (the cap together with the backlog-aware "
-            "rebalance, which keeps the blocked subpartition under its cap: throughput "
+            "round robin, which keeps the blocked subpartition under its cap: throughput "
             f"restored, expected at least {_ss.RESTORED_MIN:.0%}); backlog-aware (the "
-            f"backlog-aware rebalance alone: restored, at least {_ss.RESTORED_MIN:.0%}). "
+            f"backlog-aware round robin alone: restored, at least {_ss.RESTORED_MIN:.0%}). "
             "Writes DIR/slow-subpartition.csv, .json and, with matplotlib, .png; exits with "
             "1 if an expectation fails."))
     ss.add_argument("--out", default="out", metavar="DIR",

@@ -433,7 +433,9 @@ GROUPS = {
         [(f"io.{name}", False, (lambda f: lambda w: f)(getattr(fio, name)))
          for name in ("create_partition", "ResultPartition", "RecordWriter", "InputGate",
                       "LocalInputChannel", "UserEvent", "pointwise_connections",
-                      "assign_key_to_operator", "java_hash_code", "key_group_for_hash",
+                      "assign_key_to_operator", "assign_keys_to_operators",
+                      "java_hash_code", "key_group_for_hash", "partition_buffers",
+                      "task_segments",
                       "murmur_hash", "operator_index_for_key_group",
                       "default_max_parallelism", "monotonic_ns", "ChannelSelector",
                       "Event", "InputChannel")]

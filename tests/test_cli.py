@@ -91,11 +91,11 @@ BAD_ARGUMENTS = [
     (BP + ["--interval", "inf"], "--interval must be finite"),
     (BP + ["--interval", "nan"], "--interval must be finite"),
     (BP + ["--interval", "-0.5"], "--interval must be >= 0.05"),
-    (BP + ["--full-speed-fraction", "0"], "--full-speed-fraction must be in [0.01, 1]"),
-    (BP + ["--full-speed-fraction", "0.001"], "--full-speed-fraction must be in [0.01, 1]"),
-    (BP + ["--full-speed-fraction", "1.5"], "--full-speed-fraction must be in [0.01, 1]"),
-    (BP + ["--full-speed-fraction", "nan"], "--full-speed-fraction must be in [0.01, 1]"),
-    (BP + ["--full-speed-fraction", "inf"], "--full-speed-fraction must be in [0.01, 1]"),
+    (BP + ["--full-speed-fraction", "0"], "--full-speed-fraction must be >= 0.01, got 0"),
+    (BP + ["--full-speed-fraction", "0.001"], "--full-speed-fraction must be >= 0.01, got 0.001"),
+    (BP + ["--full-speed-fraction", "1.5"], "--full-speed-fraction must be <= 1, got 1.5"),
+    (BP + ["--full-speed-fraction", "nan"], "--full-speed-fraction must be finite"),
+    (BP + ["--full-speed-fraction", "inf"], "--full-speed-fraction must be finite"),
     (BP + ["--full-speed", "0"], "--full-speed must be >= 854"),
     (BP + ["--full-speed", "-1"], "--full-speed must be >= 854"),
     (BP + ["--full-speed", "100"], "--full-speed must be >= 854"),
@@ -280,7 +280,7 @@ def test_per_channel_cap_only_mode_starves_the_fast_consumer_within_the_cap(tmp_
     assert by_mode["per-channel-cap-only"]["buffers_held_by_blocked_subpartition"] <= 6
     assert by_mode["per-channel-cap-only"]["records_steered"] == 0
     assert checks["per_channel_cap_only_starves"] is True
-    # the cap with the backlog-aware rebalance restores it
+    # the cap with the backlog-aware round robin restores it
     assert checks["per_channel_cap_restores"] is True
     assert checks["cap_bounds_blocked_subpartition"] is True
     assert checks["shared_pool_starves"] is None          # not run

@@ -165,7 +165,7 @@ def test_backpressure_cli_rejects_bad_arguments(capsys):
     for argv, message in ((["--phase-seconds", "0"], "must be > 0"),
                           (["--phase-seconds", "0.2"], "must be at least --interval"),
                           (["--buffers", "two"], "must be an integer"),
-                          (["--full-speed-fraction", "2"], "must be in")):
+                          (["--full-speed-fraction", "2"], "must be <= 1")):
         with pytest.raises(SystemExit) as exc:
             main(["experiment", "backpressure", *argv])
         assert exc.value.code == 2

@@ -87,6 +87,34 @@ def test_bit_exact_with_flink_key_group_assignment(key, hash_code, murmur, key_g
         sel = fb.HashSelector()
         sel.setup(p)
         assert sel.select_channel(key) == want
+    # the vectorized assignment (one key of its own dtype) is as bit-exact
+    one = _as_array(key)
+    if one is not None:
+        got = [_assign_one(one, p) for p in PARALLELISMS]
+        assert got == indexes
+
+
+def _as_array(key):
+    """``key`` as the arguments of assign_keys_to_operators, or None for a
+    key it does not take (tuples)."""
+    if isinstance(key, bool):
+        return {"keys": np.array([key])}
+    if isinstance(key, int) and -2**63 <= key < 2**63:
+        return {"keys": np.array([key], dtype=np.int64)}
+    if isinstance(key, float):
+        return {"keys": np.array([key])}
+    if isinstance(key, (str, bytes)):
+        data = key.encode() if isinstance(key, str) else key
+        return {"keys": data, "offsets": np.array([0, len(data)], dtype=np.int32),
+                "utf8": isinstance(key, str)}
+    return None
+
+
+def _assign_one(args, parallelism):
+    args = dict(args)
+    out = np.empty(1, dtype=np.int32)
+    io.assign_keys_to_operators(args.pop("keys"), out, parallelism, 128, **args)
+    return int(out[0])
 
 
 @pytest.mark.parametrize("key", sorted(JAVA_KEY_GROUPS_256_32768, key=repr))
@@ -647,3 +675,48 @@ def test_the_java_reference_still_agrees(tmp_path):
         assert row == [h, m, kg, *idx], key
         assert [io.java_hash_code(key), io.murmur_hash(h), io.key_group_for_hash(h),
                 *[io.assign_key_to_operator(key, p) for p in PARALLELISMS]] == row
+
+
+# Each selector name and the selector it stands for, in RecordWriter and in
+# pipelined_exchange alike: "rebalance" is Flink's, plain round robin.
+SELECTOR_NAMES = {
+    "round_robin": fb.RoundRobinSelector,
+    "round-robin": fb.RoundRobinSelector,
+    "rebalance": fb.RoundRobinSelector,
+    "backlog_aware": fb.BacklogAwareRebalanceSelector,
+    "backlog-aware": fb.BacklogAwareRebalanceSelector,
+    "broadcast": fb.BroadcastSelector,
+}
+
+
+def _spark_selector(name):
+    """What a task of pipelined_exchange gives its RecordWriter for
+    ``selector=name`` (checked and made as on the driver, then in the task)."""
+    from flinkbuf.spark import _task
+    spec = _task.make_spec(2, None, num_partitions=None, key=None, selector=name,
+                           codec="typed", segment_size=4096, buffers_per_channel=2,
+                           floating_buffers=0, buffer_timeout=0.1, max_record_size=1 << 20,
+                           max_parallelism=None, host=None, timeout=10.0, monitor=None)
+    return _task._make_selector(spec.selector, spec.key, spec.max_parallelism)
+
+
+@pytest.mark.parametrize("name", sorted(SELECTOR_NAMES))
+def test_a_selector_name_means_one_selector_in_every_api(name):
+    nbp = fb.NetworkBufferPool(16, 256)
+    try:
+        for selector in (name, _spark_selector(name)):
+            partition = fb.create_partition(nbp, 2)
+            writer = fb.RecordWriter(partition, selector, buffer_timeout=None)
+            assert type(writer.selector) is SELECTOR_NAMES[name]
+            writer.fail(None)
+    finally:
+        nbp.destroy()
+
+
+def test_the_exchanges_selector_names_are_the_writers():
+    from flinkbuf.spark import SELECTORS
+    assert "rebalance" in SELECTORS and "backlog_aware" in SELECTORS
+    assert {n for n in SELECTORS if n != "hash"} <= set(SELECTOR_NAMES)
+    with pytest.raises(ValueError, match="selector must be one of hash, round_robin, rebalance, "
+                                         "backlog_aware, broadcast or a callable"):
+        _spark_selector("backlog")

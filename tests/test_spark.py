@@ -258,7 +258,7 @@ def test_errors_that_only_say_a_peer_went_away():
         RemoteConnectionError,
         RemoteError,
     )
-    from flinkbuf.spark.exchange import _is_consequence
+    from flinkbuf.spark._task import _is_consequence
 
     def failed(cause):
         err = ProducerFailedError("the producer failed")
@@ -275,7 +275,7 @@ def test_errors_that_only_say_a_peer_went_away():
 
 
 class _FakeBarrierContext:
-    """What _run_task asks of Spark's BarrierTaskContext, for tasks run as
+    """What run_task asks of Spark's BarrierTaskContext, for tasks run as
     threads of this process: their index and an allGather among them."""
 
     def __init__(self, index, n, gather):
@@ -304,18 +304,18 @@ def test_a_peer_gone_while_connecting_is_reported_after_the_peers_own_error(monk
 
     from flinkbuf.errors import RemoteConnectionError
     from flinkbuf.network import NetworkEnvironment
-    from flinkbuf.spark import exchange
+    from flinkbuf.spark import _task
 
     def fn(records):
         if BarrierTaskContext.get().partitionId() == 1:
             raise ValueError("fn-raised-at-once")
         yield from records
 
-    spec = exchange._make_spec(2, fn, num_partitions=None, key=None, selector="hash",
-                               codec="typed", segment_size=4096, buffers_per_channel=2,
-                               floating_buffers=0, buffer_timeout=0.01, max_record_size=1 << 20,
-                               max_parallelism=None, host="127.0.0.1", timeout=10.0,
-                               monitor=None)
+    spec = _task.make_spec(2, fn, num_partitions=None, key=None, selector="hash",
+                           codec="typed", segment_size=4096, buffers_per_channel=2,
+                           floating_buffers=0, buffer_timeout=0.01, max_record_size=1 << 20,
+                           max_parallelism=None, host="127.0.0.1", timeout=10.0,
+                           monitor=None)
     spec.rendezvous = None                             # allGather, faked above
     contexts = threading.local()
     monkeypatch.setattr(BarrierTaskContext, "get", staticmethod(lambda: contexts.ctx))
@@ -338,7 +338,7 @@ def test_a_peer_gone_while_connecting_is_reported_after_the_peers_own_error(monk
     def run(index):
         contexts.ctx = _FakeBarrierContext(index, 2, gather)
         try:
-            for _ in exchange._run_task(spec, iter([(index, i) for i in range(10)])):
+            for _ in _task.run_task(spec, iter([(index, i) for i in range(10)])):
                 pass
         except BaseException as exc:   # noqa: BLE001 - what the task reports to Spark
             raised[index] = (exc, time.monotonic())
@@ -354,7 +354,7 @@ def test_a_peer_gone_while_connecting_is_reported_after_the_peers_own_error(monk
     assert isinstance(raised[1][0], ValueError)
     assert isinstance(raised[0][0], RemoteConnectionError), raised[0]
     assert gate_failed_at, "task 0 did not meet the closed peer while connecting"
-    assert raised[0][1] - gate_failed_at[0] >= exchange._CONSEQUENCE_DELAY * 0.9
+    assert raised[0][1] - gate_failed_at[0] >= _task._CONSEQUENCE_DELAY * 0.9
     assert raised[0][1] > raised[1][1]
 
 

@@ -132,13 +132,14 @@ def test_boolean_keys_hash_as_java_booleans():
 
 
 @pytest.mark.parametrize("args, error, message", [
-    ((np.arange(3), 0), ValueError, "num_partitions must be in"),
+    ((np.arange(3), 0), ValueError, "num_partitions must be >= 1, got 0"),
     ((np.arange(3), -1), ValueError, "num_partitions"),
     ((np.arange(3), 2.0), TypeError, "num_partitions must be an int"),
     ((np.arange(3), True), TypeError, "num_partitions must be an int"),
-    ((np.arange(3), 4, 0), ValueError, "max_parallelism must be in \\[4, 32768\\]"),
-    ((np.arange(3), 4, 2), ValueError, "max_parallelism must be in \\[4, 32768\\]"),
-    ((np.arange(3), 40000), ValueError, "num_partitions"),
+    ((np.arange(3), 4, 0), ValueError, "max_parallelism must be >= 4, got 0"),
+    ((np.arange(3), 4, 2), ValueError, "max_parallelism must be >= 4, got 2"),
+    ((np.arange(3), 4, 40000), ValueError, "max_parallelism must be <= 32768, got 40000"),
+    ((np.arange(3), 40000), ValueError, "num_partitions must be <= 32768, got 40000"),
     ((np.zeros((2, 2)), 2), ValueError, "one-dimensional"),
     (("abc", 2), TypeError, "keys must be"),
     ((7, 2), TypeError, "keys must be"),

@@ -225,14 +225,14 @@ def test_close_does_not_wait_for_the_accept_slice():
 
 
 def test_a_server_closes_when_its_owner_goes():
-    from flinkbuf.spark.exchange import _serve_while
+    from flinkbuf.spark._task import serve_while
 
     class Owner:
         pass
 
     owner = Owner()
     server = RendezvousServer(SECRET, 2, timeout=1.0)
-    _serve_while(server, owner)
+    serve_while(server, owner)
     time.sleep(1.5)
     assert not server.closed and _threads()               # held by its owner
     del owner

@@ -30,4 +30,46 @@ int32_t fb_java_double_hash(double v);
 int32_t fb_java_bytes_hash(const unsigned char *p, size_t n);
 int32_t fb_java_string_hash(const void *data, int width, size_t len);
 
+/* flinkbuf's hash code of an integer key (as for a Python int): Integer's
+ * (the value) in the int32 range, Long's beyond it, and for a uint64 of
+ * 2**63 and more BigInteger's. */
+int32_t fb_java_int64_hash(int64_t v);
+int32_t fb_java_uint64_hash(uint64_t v);
+
+/* Java's String.hashCode of the `n` bytes of UTF-8 at `p` (over its UTF-16
+ * code units) in *out: FB_OK, or FB_EINVAL for bytes that are not
+ * well-formed UTF-8 (then *out is unset). */
+int fb_java_utf8_hash(const unsigned char *p, size_t n, int32_t *out);
+
+/* The kinds of fixed-width keys fb_assign_keys reads. */
+enum {
+    FB_KEYS_SIGNED = 0,    /* two's-complement integers of 1, 2, 4 or 8 bytes */
+    FB_KEYS_UNSIGNED = 1,  /* unsigned integers of 1, 2, 4 or 8 bytes */
+    FB_KEYS_BOOL = 2,      /* one byte: zero is false, anything else true (Boolean) */
+    FB_KEYS_FLOAT = 3      /* IEEE floats of 4 or 8 bytes, hashed as Double */
+};
+
+/* Vectorized key-group assignment, bit-exact with the scalar functions
+ * above: for each of the `n` keys at `keys` (native byte order, `width`
+ * bytes each, of `kind`), the operator index among `parallelism` of its
+ * key group among `max_parallelism` (with parallelism == max_parallelism,
+ * the key group itself), stored at `out` as a signed integer of
+ * `out_width` (1, 2, 4 or 8) bytes.  Touches no memory beyond
+ * `n * width` bytes of keys and `n * out_width` of out.  Returns FB_OK,
+ * FB_EINVAL for an unknown kind or width, max_parallelism outside
+ * [1, 32768] or parallelism outside [1, max_parallelism], or FB_ENOMEM (its
+ * table of max_parallelism channels, 2 bytes each, could not be had). */
+int fb_assign_keys(const void *keys, int kind, int width, size_t n, int32_t parallelism,
+                   int32_t max_parallelism, void *out, int out_width);
+
+/* The same for `n` keys of variable length: key i is the bytes
+ * data[offsets[i], offsets[i + 1]) (`n + 1` offsets of `offset_width`, 4 or
+ * 8, bytes; each is read once and checked to lie in [0, data_len] and not
+ * below the one before), hashed as String over its UTF-8 (`utf8` != 0) or
+ * as byte[].  FB_EINVAL also for a bad offset or ill-formed UTF-8; then
+ * *bad (if not NULL) is the key's index and `out` is partly written. */
+int fb_assign_varlen_keys(const unsigned char *data, size_t data_len, const void *offsets,
+                          int offset_width, size_t n, int utf8, int32_t parallelism,
+                          int32_t max_parallelism, void *out, int out_width, size_t *bad);
+
 #endif

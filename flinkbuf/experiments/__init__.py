@@ -6,7 +6,7 @@
   consumer is slowed and released twice, the producer follows.
 * :func:`run_slow_subpartition` -- one slow subpartition: a blocked
   consumer of a round-robin producer starves the other through a shared
-  output pool, unless the backlog-aware rebalance (alone, or with the
+  output pool, unless the backlog-aware round robin (alone, or with the
   per-channel cap) steers records around it.
 
 Both check every argument before anything runs and raise

@@ -6,13 +6,13 @@ name their parameters (``phase_seconds``); the command line passes
 ``names`` to name its options instead (``--phase-seconds``).
 """
 
-import math
 import os
 
+from flinkbuf import checks
 from flinkbuf.errors import FlinkbufError
 
 MAX_SECONDS = 3600.0        # a phase (or a demo step) lasts at most an hour
-MAX_COUNT = 2**31 - 1       # counts and sizes are C int32 in the buffer core
+MAX_COUNT = checks.INT32_MAX   # counts and sizes are C int32 in the buffer core
 CACHE_LINE = 64             # segments sit at a stride rounded up to this
 SEGMENT_OVERHEAD = 9        # bytes of bookkeeping per segment (links, state)
 
@@ -34,39 +34,39 @@ def fail(message):
     raise ExperimentArgumentError(" ".join(str(message).split()))
 
 
+def _checked(check, value, param, names, **bounds):
+    """``check`` (one of :mod:`flinkbuf.checks`) of ``value`` under the
+    name to report, its TypeError or ValueError as
+    :class:`ExperimentArgumentError`."""
+    try:
+        return check(value, _name(names, param), **bounds)
+    except (TypeError, ValueError) as exc:
+        error = exc
+    fail(error)
+
+
 def check_int(param, value, *, ge, le=MAX_COUNT, names=None, why_low="", why_high=""):
     """``value`` is an int (not a bool) in ``[ge, le]``; ``why_low`` and
     ``why_high`` explain the bounds in the message."""
-    name = _name(names, param)
-    if isinstance(value, bool) or not isinstance(value, int):
-        fail(f"{name} must be an integer, got {value!r}")
-    if value < ge:
-        fail(f"{name} must be >= {ge}, got {value}{why_low}")
-    if value > le:
-        fail(f"{name} must be <= {le}, got {value}{why_high}")
-    return value
+    return _checked(checks.check_int, value, param, names, minimum=ge, maximum=le,
+                    why_low=why_low, why_high=why_high)
 
 
 def check_real(param, value, *, gt=None, ge=None, le=None, names=None, why_low=""):
     """``value`` is a finite real number within the given bounds;
     ``why_low`` explains the lower one in the message."""
-    name = _name(names, param)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        fail(f"{name} must be a number, got {value!r}")
-    if not math.isfinite(value):
-        fail(f"{name} must be finite, got {value}")
-    if gt is not None and not value > gt:
-        fail(f"{name} must be > {gt:g}, got {value:g}{why_low}")
-    if ge is not None and not value >= ge:
-        fail(f"{name} must be >= {ge:g}, got {value:g}{why_low}")
-    if le is not None and not value <= le:
-        fail(f"{name} must be <= {le:g}, got {value:g}")
-    return value
+    return _checked(checks.check_real, value, param, names, gt=gt, ge=ge, le=le,
+                    why_low=why_low)
+
+
+def check_choice(param, value, choices, *, names=None):
+    """``value`` is one of ``choices``."""
+    return _checked(checks.check_choice, value, param, names, choices=choices)
 
 
 def check_seconds(param, value, *, names=None):
     """A duration: finite, > 0 and at most ``MAX_SECONDS`` (an hour)."""
-    return check_real(param, value, gt=0, le=MAX_SECONDS, names=names)
+    return _checked(checks.check_seconds, value, param, names, maximum=MAX_SECONDS)
 
 
 def physical_memory():

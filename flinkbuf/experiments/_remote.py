@@ -16,7 +16,7 @@ import threading
 import time
 from multiprocessing import reduction
 
-from flinkbuf.experiments._args import fail
+from flinkbuf.experiments._args import check_choice, fail
 from flinkbuf.experiments._failures import RunFailed
 
 _BATCH = 64
@@ -36,9 +36,12 @@ def _child(stderr, conn, producer_address, secret, specs, segment_size, exclusiv
     os.close(stderr.fd)
     import flinkbuf as fb
     from flinkbuf.experiments._throttle import Throttle
+    from flinkbuf.io import task_segments
     from flinkbuf.network import NetworkEnvironment
 
-    num_segments = len(specs) * exclusive + floating + 1
+    num_segments = task_segments(remote_channels=[1] * len(specs),
+                                 exclusive_buffers_per_channel=exclusive,
+                                 floating_buffers_per_gate=floating)
     env = NetworkEnvironment(num_segments, segment_size, secret=secret,
                              exclusive_buffers_per_channel=exclusive,
                              floating_buffers_per_gate=floating, transport=transport)
@@ -187,9 +190,7 @@ def check_transport(transport, remote, *, names=None):
     """``transport`` is one of :data:`TRANSPORTS`; other than ``"auto"``
     only with ``remote`` (nothing else has a connection)."""
     n = (names or {}).get
-    if transport not in TRANSPORTS:
-        fail(f"{n('transport', 'transport')} must be one of {', '.join(TRANSPORTS)}, got "
-             f"{transport!r}")
+    check_choice("transport", transport, TRANSPORTS, names=names)
     if transport != "auto" and not remote:
         fail(f"{n('transport', 'transport')} {transport} needs {n('remote', 'remote')}: "
              "only the consumer in another process reads over a connection")

@@ -80,6 +80,7 @@ from flinkbuf.experiments._remote import (
     transport_in_use,
 )
 from flinkbuf.experiments._throttle import Throttle
+from flinkbuf.io import task_segments
 from flinkbuf.io.metrics import TaskMetrics, backpressure_level
 
 DEFAULT_SCHEDULE = ((60, 100), (60, 30), (100, 100), (100, 30), (100, 100))
@@ -120,7 +121,7 @@ class _Pipeline:
 
     def __init__(self, segment_size, buffers, buffer_timeout):
         self.buffers = buffers
-        self.nbp = fb.NetworkBufferPool(buffers, segment_size)
+        self.nbp = fb.NetworkBufferPool(task_segments([buffers]), segment_size)
         self.partition = fb.create_partition(self.nbp, 1, min_buffers=buffers, name="producer")
         self.writer = fb.RecordWriter(self.partition, fb.ForwardSelector(),
                                       buffer_timeout=buffer_timeout, name="producer")
@@ -223,7 +224,8 @@ class _RemotePipeline(_Pipeline):
         secret = new_secret()
         self.buffers = buffers
         self.transport = transport
-        self.env = NetworkEnvironment(buffers, segment_size, secret=secret, transport=transport)
+        self.env = NetworkEnvironment(task_segments([buffers]), segment_size, secret=secret,
+                                      transport=transport)
         self.nbp = self.env.network_buffer_pool
         self.partition = fb.create_partition(self.nbp, 1, min_buffers=buffers, name="producer")
         self.env.register_partition("producer", self.partition)
@@ -312,10 +314,8 @@ def check_arguments(phase_seconds, interval=0.5, schedule=DEFAULT_SCHEDULE, segm
         check_real("full_speed", full_speed, ge=lowest, names=names,
                    why_low=f" (records/s: each task paces batches of {_BATCH} records, and a "
                        "batch at the lowest limit must fit an interval)")
-    if (isinstance(full_speed_fraction, bool) or not isinstance(full_speed_fraction, (int, float))
-            or not MIN_FULL_SPEED_FRACTION <= full_speed_fraction <= 1):
-        fail(f"{n('full_speed_fraction', 'full_speed_fraction')} must be in "
-             f"[{MIN_FULL_SPEED_FRACTION:g}, 1], got {full_speed_fraction!r}")
+    check_real("full_speed_fraction", full_speed_fraction, ge=MIN_FULL_SPEED_FRACTION, le=1.0,
+               names=names)
     check_int("calibration_intervals", calibration_intervals, ge=1, le=10_000, names=names)
     check_transport(transport, remote, names=names)
 

@@ -20,10 +20,10 @@ Modes, and what each is expected to show:
   at most the cap, but round robin still waits for it: the fast consumer
   still starves (expected: at most ``STARVED_MAX``).  Not in the default
   modes; ask for it with ``modes``.
-* ``per-channel-cap``: the same cap *with* the backlog-aware rebalance,
+* ``per-channel-cap``: the same cap *with* the backlog-aware round robin,
   which keeps each subpartition under its cap by sending records
   elsewhere (expected: at least ``RESTORED_MIN`` of the reference).
-* ``backlog-aware``: no cap; the backlog-aware rebalance steers records away
+* ``backlog-aware``: no cap; the backlog-aware round robin steers records away
   from a subpartition whose backlog shows it is blocked (backlog against
   the pool size; expected: at least ``RESTORED_MIN``).
 
@@ -66,6 +66,7 @@ from flinkbuf.experiments._remote import (
     transport_in_use,
 )
 from flinkbuf.experiments._throttle import Throttle
+from flinkbuf.io import task_segments
 
 DEFAULT_MODES = ("unimpeded", "shared-pool", "per-channel-cap", "backlog-aware")
 MODES = ("unimpeded", "shared-pool", "per-channel-cap-only", "per-channel-cap", "backlog-aware")
@@ -131,7 +132,7 @@ class _ModeRun:
     def __init__(self, mode, consumer_rate, segment_size, pool_buffers, cap):
         self.mode = mode
         self.transport = None
-        self.nbp = fb.NetworkBufferPool(pool_buffers, segment_size)
+        self.nbp = fb.NetworkBufferPool(task_segments([pool_buffers]), segment_size)
         self.partition = fb.create_partition(
             self.nbp, 2, min_buffers=pool_buffers,
             max_buffers_per_channel=cap if mode in CAPPED_MODES else None, name=mode)
@@ -243,8 +244,8 @@ class _RemoteModeRun(_ModeRun):
         secret = new_secret()
         self.mode = mode
         self.transport = None
-        self.env = NetworkEnvironment(pool_buffers, segment_size, secret=secret,
-                                      transport=transport)
+        self.env = NetworkEnvironment(task_segments([pool_buffers]), segment_size,
+                                      secret=secret, transport=transport)
         self.nbp = self.env.network_buffer_pool
         self.partition = fb.create_partition(
             self.nbp, 2, min_buffers=pool_buffers,
@@ -319,7 +320,7 @@ def check_slow_subpartition(results, cap=None):
     """The expectations, from the results: with a plain shared pool, and
     with the per-channel cap alone, the fast consumer starves (at most
     ``STARVED_MAX`` of its unimpeded rate); with the cap and the
-    backlog-aware rebalance, and with the backlog-aware rebalance alone, it
+    backlog-aware round robin, and with the backlog-aware round robin alone, it
     gets at least ``RESTORED_MIN`` of it; given the ``cap``, the blocked
     subpartition holds at most that many buffers in the capped modes.  A
     check whose modes did not run is None (and does not fail)."""
@@ -438,8 +439,8 @@ def _print_summary(checks, cap, printer):
                  f"{VERDICT[checks['per_channel_cap_only_starves']]}")
     printer(line)
     printer(f"restored (>= {RESTORED_MIN:.0%}) by the per-channel cap with the backlog-aware "
-            f"rebalance: {VERDICT[checks['per_channel_cap_restores']]}, by the backlog-aware "
-            f"rebalance alone: {VERDICT[checks['backlog_aware_restores']]}")
+            f"round robin: {VERDICT[checks['per_channel_cap_restores']]}, by the backlog-aware "
+            f"round robin alone: {VERDICT[checks['backlog_aware_restores']]}")
     if checks["cap_bounds_blocked_subpartition"] is not None:
         printer(f"the blocked subpartition holds at most the cap of {cap} buffers in the "
                 f"per-channel-cap modes: {VERDICT[checks['cap_bounds_blocked_subpartition']]}")

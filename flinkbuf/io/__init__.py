@@ -38,7 +38,13 @@ with Python's per-process salted ``hash()``: ints in the int32 range as
 ``Integer`` (``v``), larger ones as ``Long`` (``(int) (v ^ (v >>> 32))``),
 ``str`` as ``String``; see :func:`java_hash_code`), :class:`BroadcastSelector`,
 :class:`ForwardSelector`, :class:`GlobalSelector`, :class:`CustomSelector`
-and :class:`BacklogAwareRebalanceSelector`.
+and :class:`BacklogAwareRebalanceSelector` (the backlog-aware round robin,
+``"backlog_aware"``; the name ``"rebalance"`` is round robin, as in Flink).
+:func:`assign_keys_to_operators` assigns a whole array of keys at once.
+
+A task's buffers: :func:`task_segments` (how many its pool needs) and
+:func:`create_partition`; :func:`local_pipeline` runs a task's stages in
+threads joined by local channels.
 """
 
 from __future__ import annotations
@@ -64,14 +70,17 @@ from flinkbuf.io._io import (
     RoundRobinSelector,
     UserEvent,
     assign_key_to_operator,
+    assign_keys_to_operators,
     java_hash_code,
     key_group_for_hash,
     monotonic_ns,
     murmur_hash,
     operator_index_for_key_group,
 )
-from flinkbuf.buffer import NetworkBufferPool
+from flinkbuf.checks import check_int
 from flinkbuf.errors import PartitionReleasedError, ProducerFailedError
+from flinkbuf.io.pipeline import LocalPipeline, local_pipeline
+from flinkbuf.io.pools import create_partition, partition_buffers, task_segments
 
 __all__ = [
     "END_OF_PARTITION",
@@ -87,6 +96,7 @@ __all__ = [
     "InputChannel",
     "InputGate",
     "LocalInputChannel",
+    "LocalPipeline",
     "PartitionReleasedError",
     "ProducerFailedError",
     "RecordWriter",
@@ -96,53 +106,25 @@ __all__ = [
     "RoundRobinSelector",
     "UserEvent",
     "assign_key_to_operator",
+    "assign_keys_to_operators",
     "create_partition",
     "default_max_parallelism",
     "java_hash_code",
     "key_group_for_hash",
+    "local_pipeline",
     "monotonic_ns",
     "murmur_hash",
     "operator_index_for_key_group",
+    "partition_buffers",
     "pointwise_connections",
+    "task_segments",
 ]
-
-
-def create_partition(network_pool: NetworkBufferPool, num_subpartitions: int, *,
-                     min_buffers: int | None = None, max_buffers: int | None = None,
-                     max_buffers_per_channel: int | None = None,
-                     max_overdraft_buffers: int = 0, name: str | None = None) -> ResultPartition:
-    """A :class:`ResultPartition` with a buffer pool made for it from
-    ``network_pool``: at least ``num_subpartitions + 1`` buffers (Flink's
-    minimum; more if ``min_buffers`` says so), growing up to ``max_buffers``
-    (default: the minimum, i.e. a fixed-size pool), counted per
-    subpartition so that ``max_buffers_per_channel`` applies."""
-    if not isinstance(network_pool, NetworkBufferPool):
-        raise TypeError(f"network_pool must be a NetworkBufferPool, got "
-                        f"{type(network_pool).__name__}")
-    if isinstance(num_subpartitions, bool) or not isinstance(num_subpartitions, int):
-        raise TypeError("num_subpartitions must be an int")
-    if num_subpartitions < 1:
-        raise ValueError(f"num_subpartitions must be >= 1, got {num_subpartitions}")
-    lo = num_subpartitions + 1 if min_buffers is None else min_buffers
-    hi = lo if max_buffers is None else max_buffers
-    pool = network_pool.create_buffer_pool(
-        lo, hi, num_subpartitions=num_subpartitions,
-        max_buffers_per_channel=max_buffers_per_channel,
-        max_overdraft_buffers=max_overdraft_buffers)
-    try:
-        return ResultPartition(pool, num_subpartitions, name=name)
-    except BaseException:
-        pool.destroy()
-        raise
 
 
 def default_max_parallelism(parallelism: int) -> int:
     """Flink's default max parallelism for an operator of ``parallelism``:
     ``parallelism * 1.5`` rounded up to a power of two, within [128, 32768]."""
-    if isinstance(parallelism, bool) or not isinstance(parallelism, int):
-        raise TypeError(f"parallelism must be an int, got {type(parallelism).__name__}")
-    if parallelism < 1:
-        raise ValueError(f"parallelism must be >= 1, got {parallelism}")
+    check_int(parallelism, "parallelism", 1)
     n = parallelism + parallelism // 2
     power = 1
     while power < n:
@@ -161,11 +143,8 @@ def pointwise_connections(
     as many producers as consumers each consumer reads a contiguous range of
     producers (one subpartition each); with fewer, each producer feeds a
     contiguous range of consumers."""
-    for name, v in (("num_producers", num_producers), ("num_consumers", num_consumers)):
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise TypeError(f"{name} must be an int, got {type(v).__name__}")
-        if v < 1:
-            raise ValueError(f"{name} must be >= 1, got {v}")
+    check_int(num_producers, "num_producers", 1)
+    check_int(num_consumers, "num_consumers", 1)
     p, c = num_producers, num_consumers
     inputs: list[list[tuple[int, int]]] = [[] for _ in range(c)]
     if p >= c:

@@ -67,6 +67,15 @@ def operator_index_for_key_group(
     key_group: int, parallelism: int, max_parallelism: int = 128
 ) -> int: ...
 def assign_key_to_operator(key: _JavaKey, parallelism: int, max_parallelism: int = 128) -> int: ...
+def assign_keys_to_operators(
+    keys: _BufferProtocol,
+    out: _BufferProtocol,
+    parallelism: int,
+    max_parallelism: int = 128,
+    *,
+    offsets: _BufferProtocol | None = None,
+    utf8: bool = False,
+) -> None: ...
 
 # ---- channel selectors ------------------------------------------------------
 

@@ -6,7 +6,8 @@
 
 cimport cython
 from cpython.bytes cimport PyBytes_FromStringAndSize
-from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_CheckBuffer, PyObject_GetBuffer
+from cpython.buffer cimport (PyBUF_FORMAT, PyBUF_SIMPLE, PyBUF_STRIDES, PyBUF_WRITABLE,
+                             PyBuffer_Release, PyObject_CheckBuffer, PyObject_GetBuffer)
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.long cimport PyLong_AsLongLongAndOverflow
@@ -34,9 +35,11 @@ import numbers
 import operator
 import random
 import reprlib as _reprlib
+import sys
 import threading
 import weakref
 
+from flinkbuf.checks import check_int
 from flinkbuf.serialization._serialization import decode as _typed_decode
 from flinkbuf.serialization._serialization import encode as _typed_encode
 from flinkbuf.errors import (

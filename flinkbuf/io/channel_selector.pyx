@@ -365,8 +365,10 @@ cdef object _channel_index(object ch):
 
 @cython.final
 cdef class BacklogAwareRebalanceSelector(ChannelSelector):
-    """Round robin that steers records away from blocked subpartitions,
-    so that one slow consumer cannot hog a shared output pool.
+    """Round robin (Flink's rebalance) that steers records away from
+    blocked subpartitions, so that one slow consumer cannot hog a shared
+    output pool: the backlog-aware round robin, by name ``"backlog_aware"``
+    (the name ``"rebalance"`` is plain round robin, as in Flink).
 
     A subpartition counts as blocked while its backlog (finished buffers its
     consumer has not taken yet) is at least ``max_backlog``.  By default that
@@ -520,6 +522,9 @@ cdef ChannelSelector _as_selector(object selector):
                     f"got {type(selector).__name__}")
 
 
+# The selectors by name, the one table of them ("-" may stand for "_"):
+# "rebalance" is Flink's rebalance, round robin; the backlog-aware round
+# robin is "backlog_aware".
 _SELECTORS = {
     "round_robin": RoundRobinSelector,
     "rebalance": RoundRobinSelector,

@@ -174,3 +174,154 @@ cdef int32_t _as_java_int32(object v) except? -1:
     if v < -2147483648 or v > 2147483647:
         raise ValueError(f"{v} is not a 32-bit int")
     return <int32_t>v
+
+
+# ---- vectorized -------------------------------------------------------------------
+
+# Buffer formats (the struct module's codes) of the keys the vectorized
+# assignment reads, by kind.
+_SIGNED_CODES = frozenset("bhilqn")
+_UNSIGNED_CODES = frozenset("BHILQN")
+_FLOAT_CODES = frozenset("fd")
+_FOREIGN_ORDER = ">!" if sys.byteorder == "little" else "<"
+
+
+cdef int _key_kind(str fmt, Py_ssize_t itemsize, str what) except -1:
+    """The FB_KEYS_* kind of a buffer of ``fmt`` (native byte order)."""
+    cdef str code = fmt[1:] if fmt[:1] in "@=<>!" else fmt
+    if fmt[:1] and fmt[:1] in _FOREIGN_ORDER:
+        raise ValueError(f"{what} must be in this machine's byte order, got format {fmt!r}")
+    if code in _SIGNED_CODES and itemsize in (1, 2, 4, 8):
+        return FB_KEYS_SIGNED
+    if code in _UNSIGNED_CODES and itemsize in (1, 2, 4, 8):
+        return FB_KEYS_UNSIGNED
+    if code == "?" and itemsize == 1:
+        return FB_KEYS_BOOL
+    if code in _FLOAT_CODES and itemsize in (4, 8):
+        return FB_KEYS_FLOAT
+    return -2
+
+
+cdef int _get_vector(object obj, Py_buffer *view, int flags, str what) except -1:
+    """A one-dimensional, contiguous buffer of ``obj`` in ``view``."""
+    if not PyObject_CheckBuffer(obj):
+        raise TypeError(f"{what} must be a one-dimensional array (an object with the buffer "
+                        f"protocol, such as a numpy array), got {type(obj).__name__}")
+    try:
+        PyObject_GetBuffer(obj, view, flags)
+    except BufferError as exc:
+        if flags & PyBUF_WRITABLE:
+            raise ValueError(f"{what} must be a writable array: {exc}") from None
+        raise ValueError(f"{what} cannot be read as an array: {exc}") from None
+    if view.ndim != 1 or (view.len > view.itemsize and view.strides != NULL
+                          and view.strides[0] != view.itemsize):
+        shape = "a one-dimensional" if view.ndim == 1 else f"a {view.ndim}-dimensional"
+        PyBuffer_Release(view)
+        raise ValueError(f"{what} must be a contiguous one-dimensional array, got "
+                         f"{shape} one" + (" with gaps between its items (a strided view: "
+                                           "pass a copy)" if view.ndim == 1 else ""))
+    return 0
+
+
+def assign_keys_to_operators(keys, out, parallelism, max_parallelism=128, *, offsets=None,
+                             utf8=False):
+    """:func:`assign_key_to_operator` of every key of ``keys`` at once,
+    bit-exact with it, written into ``out``: the operator index (channel)
+    among ``parallelism`` of each key's key group among
+    ``max_parallelism``; with ``parallelism == max_parallelism``, the key
+    group itself.  Runs in C without the GIL.
+
+    ``keys``: a one-dimensional, contiguous array (numpy, or anything with
+    the buffer protocol) of signed or unsigned integers of 8 to 64 bits
+    (hashed as Python ints of their value), bools or floats (as Python
+    floats: Java's ``Double``).  With ``offsets`` the keys are of variable
+    length instead: ``keys`` holds their bytes, key ``i`` is
+    ``keys[offsets[i]:offsets[i + 1]]`` (``offsets``: int32 or int64, one
+    more than the keys, as an Arrow string or binary array's), hashed as
+    ``str`` (decoded from UTF-8, with ``utf8=True``) or as ``bytes``.
+    ``out``: a writable, contiguous array of signed integers (int8 to
+    int64, wide enough for ``parallelism - 1``), one per key.
+
+    TypeError or ValueError, before anything is written, for keys of
+    another type, arrays that are not one-dimensional and contiguous, an
+    ``out`` of another length or type, or ``parallelism`` outside
+    ``[1, max_parallelism]`` (``max_parallelism`` at most 32768); for a
+    bad offset or ill-formed UTF-8, ValueError naming the key (``out`` is
+    then partly written)."""
+    cdef int32_t mp = check_int(max_parallelism, "max_parallelism", 1, 32768)
+    cdef int32_t p = check_int(parallelism, "parallelism", 1, mp, why_high=" (max_parallelism)")
+    if not isinstance(utf8, bool):
+        raise TypeError(f"utf8 must be a bool, got {type(utf8).__name__}")
+    if utf8 and offsets is None:
+        raise TypeError("utf8 applies to keys of variable length: pass their offsets too")
+    cdef Py_buffer kv, ov, outv
+    cdef int kind, rc
+    cdef size_t n, bad = 0
+    cdef Py_ssize_t data_len = 0
+    cdef int flags = PyBUF_FORMAT | PyBUF_STRIDES
+    cdef int varlen = offsets is not None
+    cdef int text = utf8
+    _get_vector(out, &outv, flags | PyBUF_WRITABLE, "out")
+    try:
+        if _key_kind(outv.format.decode("ascii"), outv.itemsize, "out") != FB_KEYS_SIGNED:
+            raise TypeError(f"out must be an array of signed integers (int8 to int64), got "
+                            f"format {outv.format.decode('ascii')!r}")
+        if outv.itemsize == 1 and p > 128:
+            raise ValueError(f"out holds 8-bit integers, too narrow for channels up to "
+                             f"{p - 1}: use int16 or wider")
+        n = <size_t>(outv.len // outv.itemsize)
+        if not varlen:
+            _get_vector(keys, &kv, flags, "keys")
+            try:
+                kind = _key_kind(kv.format.decode("ascii"), kv.itemsize, "keys")
+                if kind < 0:
+                    raise TypeError(
+                        f"keys must be integers (8 to 64 bits, signed or not), bools or "
+                        f"floats (32 or 64 bits), got format {kv.format.decode('ascii')!r}: "
+                        f"pass bytes or strings with their offsets")
+                if <size_t>(kv.len // kv.itemsize) != n:
+                    raise ValueError(f"out must hold one item per key: {kv.len // kv.itemsize} "
+                                     f"keys, {n} items in out")
+                with nogil:
+                    rc = fb_assign_keys(kv.buf, kind, <int>kv.itemsize, n, p, mp, outv.buf,
+                                        <int>outv.itemsize)
+            finally:
+                PyBuffer_Release(&kv)
+        else:
+            if not PyObject_CheckBuffer(keys):
+                raise TypeError(f"keys must be the keys' bytes (bytes, or an array with the "
+                                f"buffer protocol), got {type(keys).__name__}")
+            try:
+                PyObject_GetBuffer(keys, &kv, PyBUF_SIMPLE)
+            except BufferError as exc:
+                raise ValueError(f"keys must be contiguous bytes: {exc}") from None
+            data_len = kv.len
+            try:
+                _get_vector(offsets, &ov, flags, "offsets")
+                try:
+                    if (_key_kind(ov.format.decode("ascii"), ov.itemsize, "offsets")
+                            != FB_KEYS_SIGNED or ov.itemsize not in (4, 8)):
+                        raise TypeError(f"offsets must be int32 or int64, got format "
+                                        f"{ov.format.decode('ascii')!r}")
+                    if <size_t>(ov.len // ov.itemsize) != n + 1:
+                        raise ValueError(f"offsets must hold one more item than out: "
+                                         f"{ov.len // ov.itemsize} offsets, {n} items in out")
+                    with nogil:
+                        rc = fb_assign_varlen_keys(<const unsigned char *>kv.buf,
+                                                   <size_t>kv.len, ov.buf, <int>ov.itemsize,
+                                                   n, text, p, mp, outv.buf,
+                                                   <int>outv.itemsize, &bad)
+                finally:
+                    PyBuffer_Release(&ov)
+            finally:
+                PyBuffer_Release(&kv)
+    finally:
+        PyBuffer_Release(&outv)
+    if rc == FB_ENOMEM:
+        raise MemoryError("no memory for the table of key groups")
+    if rc != FB_OK:
+        if varlen:
+            raise ValueError(f"key {bad}: its offsets lie outside the {data_len} bytes of keys "
+                             f"or run backwards" + (", or its bytes are not UTF-8"
+                                                    if text else ""))
+        raise ValueError("internal error: the key assignment refused its arguments")

@@ -33,12 +33,12 @@ and the back-pressure level of Flink's web UI from the back-pressured ratio
 from __future__ import annotations
 
 import json
-import math
 import threading
 from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Final, Literal, TypedDict, TypeVar
 
+from flinkbuf.checks import check_seconds
 from flinkbuf.io._io import InputGate, RecordWriter, monotonic_ns
 
 if TYPE_CHECKING:
@@ -179,15 +179,11 @@ class TaskMetrics:
 
     def __init__(self, name: str, *, writers: Iterable[RecordWriter] = (),
                  gates: Iterable[InputGate] = (), window: float = 1.0) -> None:
-        if isinstance(window, bool) or not isinstance(window, (int, float)):
-            raise TypeError(f"window must be a number of seconds, got {type(window).__name__}")
-        if not (window > 0 and math.isfinite(window)):
-            raise ValueError(f"window must be a positive, finite number of seconds, got "
-                             f"{window!r}")
+        window = check_seconds(window, "window")
         self.name = name
         self.writers: list[RecordWriter] = _all_of(writers, RecordWriter, "writers")
         self.gates: list[InputGate] = _all_of(gates, InputGate, "gates")
-        self.window = float(window)
+        self.window = window
         self._lock = threading.Lock()
         self._samples: deque[_Sample] = deque()
         self._samples.append(self._sample())

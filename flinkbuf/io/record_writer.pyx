@@ -93,16 +93,19 @@ cdef class RecordWriter:
     flushed, a new one is needed, or a request for one was waiting);
     records already in the channel's buffer then are lost with it.  The
     writer stays usable for the other channels and ``close()`` ends them
-    normally.  The backlog-aware rebalance steers around released channels.  Broadcasts
+    normally.  The backlog-aware round robin steers around released channels.  Broadcasts
     (``broadcast_emit``, a broadcast selector, ``broadcast_event``) skip
     released channels, and raise only once every channel is released.  The
     output flusher drops the partly filled buffer of a released channel
     without an error.
 
-    selector: a :class:`ChannelSelector`, a name (``"round_robin"``,
+    selector: a :class:`ChannelSelector`, a name (``"round_robin"`` or
+    ``"rebalance"``, both Flink's rebalance, :class:`RoundRobinSelector`;
     ``"rescale"``, ``"hash"``, ``"broadcast"``, ``"forward"``, ``"global"``,
-    ``"backlog_aware"``) or a callable ``fn(record, num_channels)``.
-    codec: the record codec (``"typed"``, ``"bytes"``, ``"pickle"``).
+    ``"backlog_aware"``, :class:`BacklogAwareRebalanceSelector`; ``"-"`` may
+    stand for ``"_"``) or a callable ``fn(record, num_channels)``.
+    codec: the record codec (one of :data:`flinkbuf.serialization.CODECS`:
+    ``"typed"``, ``"bytes"``, ``"pickle"``).
     """
 
     def __cinit__(self):
@@ -354,7 +357,7 @@ record is written or emit raises."""
         return 0
 
     cdef int32_t _await_channel(self) except -1:
-        """Every channel is blocked (backlog-aware rebalance): wait until a
+        """Every channel is blocked (backlog-aware round robin): wait until a
         consumer takes a buffer.  Counted as back-pressured time."""
         cdef BacklogAwareRebalanceSelector sel = <BacklogAwareRebalanceSelector>self._selector
         cdef int32_t ch = _ALL_BLOCKED

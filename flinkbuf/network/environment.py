@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import math
 import os
 import selectors
 import socket
@@ -16,9 +15,10 @@ import time
 import weakref
 from collections.abc import Iterable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, TypedDict, Union, cast, overload
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, Union, cast
 
 from flinkbuf.buffer import NetworkBufferPool
+from flinkbuf.checks import check_int, check_seconds
 from flinkbuf.errors import (
     AuthenticationError,
     PartitionNotFoundError,
@@ -83,29 +83,6 @@ def _close_all() -> None:
             env.close()
         except Exception:           # noqa: BLE001 - exiting anyway
             log.exception("closing a network environment at exit")
-
-
-@overload
-def _seconds(value: object, name: str) -> float: ...
-@overload
-def _seconds(value: object, name: str, *, allow_none: bool) -> float | None: ...
-def _seconds(value: object, name: str, *, allow_none: bool = False) -> float | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
-    value = float(value)
-    if not (value > 0 and math.isfinite(value)):
-        raise ValueError(f"{name} must be a positive, finite number of seconds, got {value!r}")
-    return value
-
-
-def _count(value: object, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if not minimum <= value <= 2 ** 31 - 1:
-        raise ValueError(f"{name} must be in [{minimum}, {2 ** 31 - 1}], got {value}")
-    return value
 
 
 def format_address(address: Address) -> str:
@@ -219,14 +196,13 @@ class NetworkEnvironment:
             raise TypeError(f"host must be a str, got {type(host).__name__}")
         if transport not in ("auto", "tcp"):
             raise ValueError(f"transport must be 'auto' or 'tcp', got {transport!r}")
-        _count(port, "port", 0)
-        if port > 65535:
-            raise ValueError(f"port must be in [0, 65535], got {port}")
-        self._exclusive = _count(exclusive_buffers_per_channel, "exclusive_buffers_per_channel", 1)
-        self._floating = _count(floating_buffers_per_gate, "floating_buffers_per_gate", 0)
-        self._connect_timeout = _seconds(connect_timeout, "connect_timeout")
-        self._request_timeout = _seconds(request_timeout, "request_timeout")
-        self._io_timeout = _seconds(io_timeout, "io_timeout")
+        check_int(port, "port", 0, 65535)
+        self._exclusive = check_int(exclusive_buffers_per_channel,
+                                    "exclusive_buffers_per_channel", 1)
+        self._floating = check_int(floating_buffers_per_gate, "floating_buffers_per_gate", 0)
+        self._connect_timeout = check_seconds(connect_timeout, "connect_timeout")
+        self._request_timeout = check_seconds(request_timeout, "request_timeout")
+        self._io_timeout = check_seconds(io_timeout, "io_timeout")
         self._secret = secret
         # A producer's flush sends in its own thread when the connection's writer
         # thread is idle (docs/ARCHITECTURE.md, layer 4: Send); FLINKBUF_NET_CALLER_SENDS=0

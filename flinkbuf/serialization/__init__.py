@@ -5,12 +5,13 @@ payload, and records span buffers freely (docs/FORMAT.md).  A
 :class:`RecordSerializer` stages one record and copies it into as many
 buffers as it takes; a :class:`RecordDeserializer` reassembles records from
 buffers (or any bytes) fed in any chunks, validating lengths and contents
-before it allocates.  Codecs: ``typed`` (compact, written in Cython straight
-into segment memory), ``bytes`` and ``pickle`` (explicit opt-in: never
-unpickle what an unauthenticated peer sent).
+before it allocates.  Codecs (:data:`CODECS`): ``typed`` (compact, written
+in Cython straight into segment memory), ``bytes`` and ``pickle`` (explicit
+opt-in: never unpickle what an unauthenticated peer sent).
 """
 
 from flinkbuf.serialization._serialization import (
+    CODECS,
     MAX_DEPTH,
     MAX_NDIM,
     MAX_PROBES_PER_KEY,
@@ -24,6 +25,7 @@ from flinkbuf.serialization._serialization import (
 )
 
 __all__ = [
+    "CODECS",
     "MAX_DEPTH",
     "MAX_NDIM",
     "MAX_PROBES_PER_KEY",

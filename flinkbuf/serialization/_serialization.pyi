@@ -1,7 +1,7 @@
 """Type stubs for flinkbuf.serialization._serialization: records across buffers and their codecs."""
 
 from collections.abc import Iterator
-from typing import Any, ClassVar, Literal, final
+from typing import Any, ClassVar, Final, Literal, final
 
 from typing_extensions import Buffer as _BufferProtocol
 from typing_extensions import Self
@@ -9,6 +9,8 @@ from typing_extensions import Self
 from flinkbuf.buffer._buffer import Buffer
 
 _Codec = Literal["typed", "bytes", "pickle"]
+# The codecs by name (what every ``codec`` argument takes).
+CODECS: Final[tuple[_Codec, ...]]
 
 # NO_RECORD is its only instance: calling the class raises TypeError.
 @final

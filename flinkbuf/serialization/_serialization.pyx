@@ -28,6 +28,7 @@ import sys
 
 import numpy
 
+from flinkbuf.checks import check_choice
 from flinkbuf.errors import CorruptRecordError
 
 cnp.import_array()

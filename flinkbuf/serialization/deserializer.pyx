@@ -677,7 +677,7 @@ Append a :class:`Buffer` (its bytes ``[reader_index, size)``; the
 
     @property
     def codec(self):
-        return _CODEC_NAMES[self._codec]
+        return CODECS[self._codec]
 
     @property
     def max_record_size(self):

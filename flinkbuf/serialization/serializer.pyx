@@ -1,16 +1,18 @@
 # RecordSerializer: stages one length-prefixed record and copies it into
 # buffers of any size.  Included by _serialization.pyx.
 
-cdef dict _CODECS = {"typed": CODEC_TYPED, "bytes": CODEC_BYTES, "pickle": CODEC_PICKLE}
-cdef tuple _CODEC_NAMES = ("typed", "bytes", "pickle")
+# The record codecs by name, each at its number (CODEC_TYPED, CODEC_BYTES,
+# CODEC_PICKLE): the one table of codec names, which every layer imports.
+CODECS = ("typed", "bytes", "pickle")
+cdef dict _CODECS = {name: number for number, name in enumerate(CODECS)}
 
 
 cdef int _codec_arg(object codec) except -1:
     try:
         return _CODECS[codec]
     except (KeyError, TypeError):
-        raise ValueError(f"codec must be one of 'typed', 'bytes', 'pickle', got {codec!r}") \
-            from None
+        check_choice(codec, "codec", CODECS)
+        raise
 
 
 @cython.final
@@ -243,7 +245,7 @@ Copy the staged record, or what is left of it, into ``buf`` at its
     @property
     def codec(self):
         """The codec name."""
-        return _CODEC_NAMES[self._codec]
+        return CODECS[self._codec]
 
     def __repr__(self):
         return (f"<flinkbuf.RecordSerializer codec={self.codec!r} "

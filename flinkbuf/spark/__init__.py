@@ -8,7 +8,8 @@
   as Arrow RecordBatches (``mapInArrow(..., barrier=True)``), routed by a
   vectorized hash (:func:`key_partitions`).
 * :func:`local_pipeline` -- a partition's stages in threads joined by local
-  channels with a bounded pool, inside one task.
+  channels with a bounded pool, inside one task (it uses no Spark: it is
+  :func:`flinkbuf.io.local_pipeline`, here too for Spark jobs).
 
 PySpark is imported only when a function needs it (``pip install
 'flinkbuf[spark]'``).  Executors must import flinkbuf: set
@@ -16,6 +17,7 @@ PySpark is imported only when a function needs it (``pip install
 """
 
 from flinkbuf.errors import InsufficientSlotsError
+from flinkbuf.io import LocalPipeline, local_pipeline
 from flinkbuf.spark.exchange import (
     RENDEZVOUS,
     SELECTORS,
@@ -25,7 +27,6 @@ from flinkbuf.spark.exchange import (
     pipelined_exchange,
 )
 from flinkbuf.spark.arrow import arrow_exchange, key_partitions
-from flinkbuf.spark.local import LocalPipeline, local_pipeline
 
 __all__ = ["RENDEZVOUS", "SELECTORS", "ExchangeTask", "InsufficientSlotsError",
            "LocalPipeline", "arrow_exchange",

@@ -2,25 +2,20 @@
 tasks of ``df.mapInArrow(..., barrier=True)`` (:func:`arrow_exchange`).
 
 Each task splits its input batches by a vectorized hash of the key column
-(numpy, Flink's key groups, the same partition as
-:func:`flinkbuf.io.assign_key_to_operator` gives the key), and sends each
-piece as one record: an Arrow IPC message (the schema first, once per
-channel, then record batch messages).  The consumer reads a batch from its
-record without a further copy (the batch's buffers point into the record,
-which, like every record, was copied once out of the network buffers).
+(:func:`flinkbuf.io.assign_keys_to_operators`, in C: Flink's key groups, the
+same partition as :func:`flinkbuf.io.assign_key_to_operator` gives the key),
+and sends each piece as one record: an Arrow IPC message (the schema first,
+once per channel, then record batch messages).  The consumer reads a batch
+from its record without a further copy (the batch's buffers point into the
+record, which, like every record, was copied once out of the network
+buffers).
 """
 
 import numpy as np
 
-from flinkbuf.io import default_max_parallelism, java_hash_code
-from flinkbuf.spark.exchange import (
-    _check_int,
-    _check_slots,
-    _make_spec,
-    _run_task,
-    _serve_while,
-    _start_rendezvous,
-)
+from flinkbuf.checks import check_int
+from flinkbuf.io import assign_keys_to_operators, default_max_parallelism, java_hash_code
+from flinkbuf.spark._task import check_slots, make_spec, run_task, serve_while, start_rendezvous
 
 __all__ = ["arrow_exchange", "key_partitions"]
 
@@ -28,140 +23,91 @@ _SCHEMA, _BATCH = 0, 1
 # Spark's types of the key columns arrow_exchange hashes (as Java would).
 _KEY_TYPES = frozenset(("boolean", "byte", "short", "integer", "long", "float", "double",
                         "string", "binary"))
-_INT32_MIN = np.iinfo(np.int32).min
 
 
-def _murmur(codes):
-    """Flink's ``MathUtils.murmurHash`` over a uint32 array of int32 hash
-    codes (consumed: hashed in place), vectorized; returns the hashes as
-    non-negative values in a uint32 array."""
-    h = codes
-    with np.errstate(over="ignore"):
-        h *= np.uint32(0xCC9E2D51)
-        h[:] = (h << np.uint32(15)) | (h >> np.uint32(17))
-        h *= np.uint32(0x1B873593)
-        h[:] = (h << np.uint32(13)) | (h >> np.uint32(19))
-        h *= np.uint32(5)
-        h += np.uint32(0xE6546B64)
-        h ^= np.uint32(4)
-        h ^= h >> np.uint32(16)
-        h *= np.uint32(0x85EBCA6B)
-        h ^= h >> np.uint32(13)
-        h *= np.uint32(0xC2B2AE35)
-        h ^= h >> np.uint32(16)
-    signed = h.view(np.int32)
-    minimum = signed == _INT32_MIN        # Flink: murmurHash(MIN_VALUE) is 0
-    np.abs(signed, out=signed)
-    signed[minimum] = 0
-    return h
+def _partition_dtype(num_partitions):
+    """The narrowest integer type that holds every partition (a stable
+    sort of small integers is a radix sort)."""
+    return np.int8 if num_partitions <= 128 else np.int16
 
 
-def _java_int_codes(values, lo=None, hi=None):
-    """Java's ``hashCode()`` of int64 keys as flinkbuf hashes them, as a new
-    uint32 array: a value in the int32 range as ``Integer`` (itself), a
-    larger one as ``Long`` (``(int) (v ^ (v >>> 32))``).  ``lo``/``hi``: the
-    values' minimum and maximum, if known."""
-    if lo is None and len(values):
-        lo, hi = int(values.min()), int(values.max())
-    if not len(values) or (lo >= -2**31 and hi < 2**31):
-        return values.astype(np.uint32)               # the low 32 bits: the int itself
-    u = values.view(np.uint64)
-    folded = (u ^ (u >> np.uint64(32))).astype(np.uint32)
-    small = (values >= -2**31) & (values < 2**31)
-    return np.where(small, values.astype(np.uint32), folded)
+def _assign(keys, num_partitions, max_parallelism, dtype, **varlen):
+    """The partition of each key of a numpy array of numbers, or of the
+    bytes ``keys`` cut by ``varlen["offsets"]``, as a new array of
+    ``dtype``."""
+    n = len(keys) if not varlen else len(varlen["offsets"]) - 1
+    out = np.empty(n, dtype=dtype)
+    assign_keys_to_operators(keys, out, num_partitions, max_parallelism, **varlen)
+    return out
 
 
-def _partition_table(num_partitions, max_parallelism):
-    """The partition of each key group (Flink's operator index), in the
-    narrowest integer type that holds it."""
-    dtype = np.int8 if num_partitions <= 127 else (
-        np.int16 if num_partitions <= 32767 else np.int32)
-    groups = np.arange(max_parallelism, dtype=np.int64)
-    return (groups * num_partitions // max_parallelism).astype(dtype)
-
-
-def _int_partitions(values, table, max_parallelism):
-    """The partition (``table``'s type) of each int64 key of ``values``.
-    When the keys' range (maximum - minimum) is under half their number
-    (say ``i % 1000`` in a batch of 65536), each value of the range is
-    hashed once and the keys look their partition up (a gather instead of
-    some twenty passes over the keys); otherwise every key is hashed."""
-    if not len(values):
-        return table[:0].copy()
-    lo, hi = int(values.min()), int(values.max())
-    if hi - lo < len(values) // 2:
-        span = np.arange(hi - lo + 1, dtype=np.int64)
-        span += np.int64(lo)                      # the range itself: no overflow
-        per_value = _hashed(_java_int_codes(span, lo, hi), table, max_parallelism)
-        offsets = values - np.int64(lo)           # in [0, hi - lo]: no overflow
-        return per_value[offsets]
-    return _hashed(_java_int_codes(values, lo, hi), table, max_parallelism)
-
-
-def _hashed(codes, table, max_parallelism):
-    """The partition of each int32 hash code (a uint32 array, consumed)."""
-    return table[_murmur(codes) % np.uint32(max_parallelism)]
-
-
-def _numpy_partitions(values, table, max_parallelism):
-    """The partition of each key of a 1-D numpy array: booleans as Java's
-    ``Boolean``, integers vectorized (:func:`_int_partitions`), floats,
-    str, bytes and uint64 values of 2**63 and more once per distinct value,
-    the objects of an object array one by one (``None`` to partition 0, as
-    a null), all with :func:`~flinkbuf.io.java_hash_code`."""
+def _numpy_partitions(values, num_partitions, max_parallelism, dtype):
+    """The partition of each key of a 1-D numpy array: integers, booleans
+    (Java's ``Boolean``) and floats (``Double``) in C; str and bytes once
+    per distinct value and the objects of an object array one by one
+    (``None`` to partition 0, as a null), with
+    :func:`~flinkbuf.io.java_hash_code`."""
     kind = values.dtype.kind
-    if kind == "b":
-        return _hashed(np.where(values, np.uint32(1231), np.uint32(1237)), table,
-                       max_parallelism)
-    if kind == "i" or (kind == "u" and (values.dtype.itemsize < 8 or not len(values)
-                                        or int(values.max()) < 2**63)):
-        return _int_partitions(values.astype(np.int64, copy=False), table, max_parallelism)
+    if kind in "biuf":
+        if kind == "f" and values.dtype.itemsize not in (4, 8):
+            values = values.astype(np.float64)
+        values = np.ascontiguousarray(values, dtype=values.dtype.newbyteorder("="))
+        return _assign(values, num_partitions, max_parallelism, dtype)
     if kind in "mMcV":
         raise TypeError(f"cannot hash keys of dtype {values.dtype} as Java would: convert "
                         "them to int64, str or bytes first")
     if kind == "O":
         # One by one: Python's equality would merge keys that Java hashes
         # apart (1, 1.0 and True; 0.0 and -0.0).
-        nulls = np.fromiter((v is None for v in values), dtype=bool, count=len(values))
-        codes = np.fromiter((0 if v is None else java_hash_code(v) & 0xFFFFFFFF
-                             for v in values), dtype=np.uint32, count=len(values))
-        parts = _hashed(codes, table, max_parallelism)
-        parts[nulls] = 0
+        codes = np.fromiter((0 if v is None else java_hash_code(v) for v in values),
+                            dtype=np.int32, count=len(values))
+        parts = _assign(codes, num_partitions, max_parallelism, dtype)
+        parts[np.fromiter((v is None for v in values), dtype=bool, count=len(values))] = 0
         return parts
-    if kind == "f":       # by bit pattern: Java tells -0.0 from 0.0, and np.unique does not
-        uniques, inverse = np.unique(values.astype(np.float64).view(np.uint64),
-                                     return_inverse=True)
-        distinct = uniques.view(np.float64).tolist()
-    else:                                         # str, bytes, big uint64: sorted in numpy
-        uniques, inverse = np.unique(values, return_inverse=True)
-        distinct = uniques.tolist()
-    return _distinct_partitions(distinct, table, max_parallelism)[inverse]
+    uniques, inverse = np.unique(values, return_inverse=True)     # str, bytes: sorted in numpy
+    return _distinct_partitions(uniques.tolist(), num_partitions, max_parallelism,
+                                dtype)[inverse]
 
 
-def _distinct_partitions(distinct, table, max_parallelism):
+def _distinct_partitions(distinct, num_partitions, max_parallelism, dtype):
     """The partition of each key of a list of distinct keys."""
-    codes = np.array([java_hash_code(u) & 0xFFFFFFFF for u in distinct], dtype=np.uint32)
-    return _hashed(codes, table, max_parallelism)
+    codes = np.fromiter((java_hash_code(u) for u in distinct), dtype=np.int32,
+                        count=len(distinct))
+    return _assign(codes, num_partitions, max_parallelism, dtype)
 
 
-def _partitions(keys, max_parallelism, table):
+def _partitions(keys, num_partitions, max_parallelism, dtype):
     """:func:`key_partitions` for an Arrow array or chunked array ``keys``,
-    in ``table``'s type (:func:`_partition_table`)."""
+    as an array of ``dtype``: numbers, strings and bytes in C, other types
+    once per distinct value."""
     import pyarrow as pa
 
     if isinstance(keys, pa.ChunkedArray):
         keys = keys.combine_chunks()
+    t = keys.type
     null_mask = keys.is_null().to_numpy(zero_copy_only=False) if keys.null_count else None
-    if pa.types.is_integer(keys.type) or pa.types.is_boolean(keys.type):
+    if pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_floating(t):
+        if null_mask is not None and not pa.types.is_floating(t):
+            keys = keys.fill_null(False if pa.types.is_boolean(t) else 0)
+        parts = _numpy_partitions(keys.to_numpy(zero_copy_only=False), num_partitions,
+                                  max_parallelism, dtype)
+    elif (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+          or pa.types.is_large_binary(t)):
+        text = pa.types.is_string(t) or pa.types.is_large_string(t)
         if null_mask is not None:
-            keys = keys.fill_null(False if pa.types.is_boolean(keys.type) else 0)
-        parts = _numpy_partitions(keys.to_numpy(zero_copy_only=False), table, max_parallelism)
+            keys = keys.fill_null("" if text else b"")
+        _, offsets, data = keys.buffers()
+        wide = pa.types.is_large_string(t) or pa.types.is_large_binary(t)
+        offsets = np.frombuffer(offsets, dtype=np.int64 if wide else np.int32)
+        offsets = offsets[keys.offset:keys.offset + len(keys) + 1]
+        parts = _assign(b"" if data is None else data, num_partitions, max_parallelism,
+                        dtype, offsets=offsets, utf8=text)
     else:
         encoded = keys.dictionary_encode()
         uniques = encoded.dictionary.to_pylist()
         if not uniques:
-            return np.zeros(len(keys), dtype=table.dtype)
-        per_unique = _distinct_partitions(uniques, table, max_parallelism)
+            return np.zeros(len(keys), dtype=dtype)
+        per_unique = _distinct_partitions(uniques, num_partitions, max_parallelism, dtype)
         parts = per_unique[encoded.indices.fill_null(0).to_numpy(zero_copy_only=False)]
     if null_mask is not None:
         parts[null_mask] = 0
@@ -196,22 +142,20 @@ def key_partitions(keys, num_partitions, max_parallelism=None):
 
     ``keys``: an Arrow array or chunked array, a one-dimensional numpy
     array, or a sequence of keys (pyarrow is needed for Arrow input only).
-    Integer and boolean keys are hashed vectorized in numpy, other keys
-    (strings, bytes, floats, tuples, ...) once per distinct value.  Null
+    Integer, boolean and float keys, and Arrow strings and binaries, are
+    hashed vectorized in C (:func:`flinkbuf.io.assign_keys_to_operators`),
+    other keys (numpy strings, tuples, ...) once per distinct value.  Null
     keys (``None``) go to partition 0.  ``max_parallelism``: the number of
     key groups, at least ``num_partitions`` (default: as the exchanges
     choose it)."""
-    _check_int(num_partitions, "num_partitions", 1, 32768)
+    check_int(num_partitions, "num_partitions", 1, 32768)
     if max_parallelism is None:
         max_parallelism = default_max_parallelism(num_partitions)
     else:
-        _check_int(max_parallelism, "max_parallelism", num_partitions, 32768)
-    table = _partition_table(num_partitions, max_parallelism)
+        check_int(max_parallelism, "max_parallelism", num_partitions, 32768)
     if _is_arrow(keys):
-        parts = _partitions(keys, max_parallelism, table)
-    else:
-        parts = _numpy_partitions(_as_key_array(keys), table, max_parallelism)
-    return parts.astype(np.int64)
+        return _partitions(keys, num_partitions, max_parallelism, np.int64)
+    return _numpy_partitions(_as_key_array(keys), num_partitions, max_parallelism, np.int64)
 
 
 def _route(key, max_parallelism):
@@ -221,7 +165,7 @@ def _route(key, max_parallelism):
     def produce(writer, batches):
         n = writer.num_channels
         emit = writer.emit
-        table = _partition_table(n, max_parallelism)
+        dtype = _partition_dtype(n)
         sent_schema = [False] * n
         column = None
         for batch in batches:
@@ -233,7 +177,7 @@ def _route(key, max_parallelism):
             else:
                 if column is None:
                     column = batch.schema.get_field_index(key)
-                dest = _partitions(batch.column(column), max_parallelism, table)
+                dest = _partitions(batch.column(column), n, max_parallelism, dtype)
                 counts = np.bincount(dest, minlength=n)
                 if counts.max() == rows:          # the whole batch goes to one consumer
                     pieces = ((int(dest[0]), batch),)
@@ -323,7 +267,7 @@ def arrow_exchange(df, fn, key, schema, *, segment_size=32768, buffers_per_chann
     n = df.rdd.getNumPartitions()
     if max_parallelism is None:
         max_parallelism = default_max_parallelism(n)
-    spec = _make_spec(n, fn, num_partitions=None, key=None,
+    spec = make_spec(n, fn, num_partitions=None, key=None,
                       selector=_by_destination, codec="typed", segment_size=segment_size,
                       buffers_per_channel=buffers_per_channel,
                       floating_buffers=floating_buffers, buffer_timeout=buffer_timeout,
@@ -332,12 +276,12 @@ def arrow_exchange(df, fn, key, schema, *, segment_size=32768, buffers_per_chann
                       produce=_route(key, max_parallelism), read=_batches)
 
     sc = df.sparkSession.sparkContext
-    _check_slots(sc, n, spec.timeout)
+    check_slots(sc, n, spec.timeout)
 
     def task(batches):
-        return _run_task(spec, batches)
+        return run_task(spec, batches)
 
-    server = _start_rendezvous(sc, spec, n)
+    server = start_rendezvous(sc, spec, n)
     try:
         result = df.mapInArrow(task, schema, barrier=True)
     except BaseException:
@@ -347,7 +291,7 @@ def arrow_exchange(df, fn, key, schema, *, segment_size=32768, buffers_per_chann
     # A DataFrame made from the result holds only the JVM's plan: the
     # rendezvous serves while the returned DataFrame is referenced, then
     # until it has been idle for the timeout.
-    _serve_while(server, result)
+    serve_while(server, result)
     return result
 
 

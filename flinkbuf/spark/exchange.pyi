@@ -8,6 +8,7 @@ from pyspark import RDD
 from flinkbuf.io._io import InputGate, RecordWriter, ResultPartition, _JavaKey
 from flinkbuf.io.metrics import TaskMetrics
 from flinkbuf.network.environment import NetworkEnvironment
+from flinkbuf.serialization._serialization import _Codec
 
 __all__ = ["ExchangeTask", "RENDEZVOUS", "SELECTORS", "close_rendezvous", "current_task",
            "pipelined_exchange"]
@@ -59,9 +60,10 @@ def pipelined_exchange(
     *,
     num_partitions: int | None = None,
     key: int | Callable[[Any], _JavaKey] | None = None,
-    selector: Literal["hash", "round_robin", "rebalance", "broadcast"]
+    selector: Literal["hash", "round_robin", "round-robin", "rebalance", "backlog_aware",
+                      "backlog-aware", "broadcast"]
     | Callable[[Any, int], SupportsIndex] = "hash",
-    codec: Literal["typed", "bytes", "pickle"] = "typed",
+    codec: _Codec = "typed",
     segment_size: int = 32768,
     buffers_per_channel: int = 2,
     floating_buffers: int = 8,

@@ -1,4 +1,4 @@
-"""Type stubs for flinkbuf.spark.local: a task's stages in threads joined by local channels."""
+"""Type stubs for flinkbuf.io.pipeline: a task's stages in threads joined by local channels."""
 
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal, TypedDict
@@ -6,6 +6,7 @@ from typing import Any, Literal, TypedDict
 from typing_extensions import Self
 
 from flinkbuf.io.metrics import TaskMetrics
+from flinkbuf.serialization._serialization import _Codec
 
 __all__ = ["LocalPipeline", "local_pipeline"]
 
@@ -27,7 +28,7 @@ class LocalPipeline:
         stages: tuple[Callable[[Iterator[Any]], Iterable[Any]], ...],
         buffers: int,
         segment_size: int,
-        codec: str,
+        codec: _Codec,
         buffer_timeout: float | None,
         timeout: float | None,
     ) -> None: ...
@@ -44,7 +45,7 @@ def local_pipeline(
     *stages: Callable[[Iterator[Any]], Iterable[Any]],
     buffers: int = 4,
     segment_size: int = 32768,
-    codec: Literal["typed", "bytes", "pickle"] = "typed",
+    codec: _Codec = "typed",
     buffer_timeout: float | None = 0.1,
     timeout: float | None = 60.0,
 ) -> LocalPipeline: ...

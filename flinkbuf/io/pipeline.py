@@ -1,51 +1,35 @@
 """Exchange inside one task: a partition's stages in threads joined by local
 channels with a bounded pool (:func:`local_pipeline`).
 
-A Spark task runs its partition's code in one thread.  When one stage
-releases the GIL (decompression, file or socket I/O, numpy), running it in
-a thread of its own overlaps it with the next stage; a local channel with a
-fixed number of buffers between them keeps the memory bounded, and its
-blocking buffer request slows the upstream stage down to the speed of the
-downstream one (backpressure), exactly as between Flink tasks.
+A task (a Spark task, say) runs its partition's code in one thread.  When
+one stage releases the GIL (decompression, file or socket I/O, numpy),
+running it in a thread of its own overlaps it with the next stage; a local
+channel with a fixed number of buffers between them keeps the memory
+bounded, and its blocking buffer request slows the upstream stage down to
+the speed of the downstream one (backpressure), exactly as between Flink
+tasks.
 """
 
-import threading
 import time
 
 from flinkbuf.buffer import NetworkBufferPool
-from flinkbuf.io import ForwardSelector, InputGate, RecordWriter, create_partition
+from flinkbuf.checks import check_choice, check_int, check_seconds
+from flinkbuf.io._io import ForwardSelector, InputGate, RecordWriter
 from flinkbuf.io.metrics import TaskMetrics
+from flinkbuf.io.pools import create_partition, task_segments
+from flinkbuf.io.producer import ProducerThread, emit_all
+from flinkbuf.serialization import CODECS
 
 __all__ = ["LocalPipeline", "local_pipeline"]
 
-_CODECS = ("typed", "bytes", "pickle")
 
+def _stage(fn):
+    """What a stage's thread runs: ``fn`` over its input, each record it
+    yields emitted."""
 
-class _Stage(threading.Thread):
-    """Runs ``fn`` over its input and writes what it yields to ``writer``."""
-
-    def __init__(self, fn, source, writer, name):
-        super().__init__(name=name, daemon=True)
-        self._fn = fn
-        self._source = source
-        self.writer = writer
-        self.error = None
-
-    def run(self):
-        writer = self.writer
-        emit = writer.emit
-        try:
-            for record in (self._fn(self._source) if self._fn is not None else self._source):
-                emit(record)
-            writer.close()
-        except BaseException as exc:     # noqa: BLE001 - re-raised by the pipeline
-            self.error = exc
-            try:
-                writer.fail(exc)
-            except Exception:           # noqa: BLE001 - the consumer may be gone already
-                pass
-        finally:
-            self._fn = self._source = None
+    def produce(writer, source):
+        emit_all(writer, fn(source))
+    return produce
 
 
 class LocalPipeline:
@@ -59,7 +43,8 @@ class LocalPipeline:
 
     def __init__(self, source, stages, buffers, segment_size, codec, buffer_timeout, timeout):
         self._timeout = timeout
-        self._nbp = NetworkBufferPool(buffers * (len(stages) or 1), segment_size)
+        links = len(stages) or 1
+        self._nbp = NetworkBufferPool(task_segments([buffers] * links), segment_size)
         self._threads = []
         self._gates = []
         self._closed = False
@@ -77,9 +62,10 @@ class LocalPipeline:
                 gate = InputGate([(partition, 0)], codec=codec, name=f"stage-{k + 1}")
                 self._gates.append(gate)
                 if k == 0:
-                    thread = _Stage(None, iter(fn), writer, name="flinkbuf-stage-0")
+                    thread = ProducerThread(writer, iter(fn), name="flinkbuf-stage-0")
                 else:
-                    thread = _Stage(fn, feed, writer, name=f"flinkbuf-stage-{k}")
+                    thread = ProducerThread(writer, feed, produce=_stage(fn),
+                                            name=f"flinkbuf-stage-{k}")
                 self._threads.append(thread)
                 self.metrics.append(TaskMetrics(f"stage-{k}", writers=[writer], gates=[gate]))
                 feed = gate
@@ -198,8 +184,9 @@ def local_pipeline(source, *stages, buffers=4, segment_size=32768, codec="typed"
     two stages sit ``buffers`` buffers of ``segment_size`` bytes (at least
     2): a stage that gets ahead waits for a buffer of its channel (without
     the GIL) until the next stage has read one.  Records go through
-    ``codec`` (``"typed"``, ``"bytes"`` or ``"pickle"``) and keep their
-    order.  With no stages the source is read ahead in its thread.
+    ``codec`` (one of :data:`~flinkbuf.serialization.CODECS`: ``"typed"``,
+    ``"bytes"`` or ``"pickle"``) and keep their order.  With no stages the
+    source is read ahead in its thread.
 
     An error in the source or a stage ends the pipeline: the iteration
     raises it (the original exception), and every thread ends.  Closing the
@@ -219,17 +206,8 @@ def local_pipeline(source, *stages, buffers=4, segment_size=32768, codec="typed"
         if not callable(fn):
             raise TypeError(f"stage {k} must be callable (iterator -> iterable), got "
                             f"{type(fn).__name__}")
-    for name, value, lo in (("buffers", buffers, 2), ("segment_size", segment_size, 16)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-        if not lo <= value <= 1 << 30:
-            raise ValueError(f"{name} must be in [{lo}, {1 << 30}], got {value}")
-    if codec not in _CODECS:
-        raise ValueError(f"codec must be one of {', '.join(_CODECS)}, got {codec!r}")
-    if timeout is not None:
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-            raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")
-        if not 0 < timeout < float("inf"):
-            raise ValueError(f"timeout must be a positive, finite number of seconds, "
-                             f"got {timeout!r}")
+    check_int(buffers, "buffers", 2, 1 << 30)
+    check_int(segment_size, "segment_size", 16, 1 << 30)
+    check_choice(codec, "codec", CODECS)
+    check_seconds(timeout, "timeout", allow_none=True)
     return LocalPipeline(source, stages, buffers, segment_size, codec, buffer_timeout, timeout)

@@ -1,0 +1,481 @@
+"""What both exchanges of this package run (:func:`~flinkbuf.spark.pipelined_exchange`
+over an RDD, :func:`~flinkbuf.spark.arrow_exchange` over a DataFrame): on the
+driver, the checks of the arguments and the spec they make
+(:func:`make_spec`), the check of the slots (:func:`check_slots`) and the
+rendezvous (:func:`start_rendezvous`, :func:`serve_while`); in each barrier
+task, its body (:func:`run_task`: an environment, a partition, a producer
+thread and a gate, as :mod:`flinkbuf.spark.exchange` describes).
+"""
+
+import json
+import os
+import secrets
+import socket
+import threading
+import time
+import weakref
+
+from flinkbuf.checks import check_choice, check_int, check_seconds
+from flinkbuf.errors import (
+    InsufficientSlotsError,
+    PartitionReleasedError,
+    ProducerFailedError,
+    RemoteConnectionError,
+    RemoteError,
+)
+from flinkbuf.io import (
+    CustomSelector,
+    HashSelector,
+    RecordWriter,
+    create_partition,
+    default_max_parallelism,
+    partition_buffers,
+    task_segments,
+)
+from flinkbuf.io.metrics import TaskMetrics
+from flinkbuf.io.producer import ProducerThread, emit_all
+from flinkbuf.network import NetworkEnvironment, format_address
+from flinkbuf.serialization import CODECS
+from flinkbuf.spark import _rendezvous
+
+# How the tasks of an exchange learn each other's addresses.
+RENDEZVOUS = ("driver", "barrier")
+
+# The selectors by name: what pipelined_exchange accepts besides a callable.
+# Each but "hash" is the RecordWriter's selector of that name (Flink's
+# meanings: "rebalance" is round robin, as "round_robin"; "backlog_aware"
+# is the round robin that steers around a consumer whose backlog is full).
+SELECTORS = ("hash", "round_robin", "rebalance", "backlog_aware", "broadcast")
+_JOIN_SLICE = 0.05
+_ERROR_GRACE = 2.0     # seconds a failing task waits for its error to reach its peers
+# Errors that only say a peer went away, and how long a task that sees one
+# waits before it fails (the peer's own failure, the cause, is reported first).
+_CONSEQUENCES = (PartitionReleasedError, RemoteConnectionError)
+_CONSEQUENCE_NAMES = frozenset(("PartitionReleasedError", "RemoteConnectionError",
+                                "AuthenticationError"))
+_CONSEQUENCE_DELAY = 3.0
+
+
+class ExchangeTask:
+    """What one task of an exchange sees of itself, handed to the
+    ``monitor`` of :func:`pipelined_exchange` once the task is connected and
+    before any record flows.
+
+    ``index`` (the task's partition id, also the output partition it
+    consumes), ``num_tasks``, ``address`` (``"host:port"`` its peers read
+    from), ``writer`` (its :class:`~flinkbuf.RecordWriter`), ``gate`` (its
+    :class:`~flinkbuf.InputGate`), ``partition`` and ``environment``, and
+    ``metrics``: a :class:`~flinkbuf.TaskMetrics` over the writer and the
+    gate (Flink's task metrics; ``snapshot()`` may be called from any
+    thread).  :meth:`stats` sums it up in one dict.
+    """
+
+    # Documented, typed and exported by flinkbuf.spark.exchange.
+    __module__ = "flinkbuf.spark.exchange"
+
+    def __init__(self, index, num_tasks, address, environment, partition, writer, gate):
+        self.index = index
+        self.num_tasks = num_tasks
+        self.address = address
+        self.environment = environment
+        self.partition = partition
+        self.writer = writer
+        self.gate = gate
+        self.metrics = TaskMetrics(f"exchange-{index}", writers=[writer], gates=[gate],
+                                   window=1.0)
+        self.started = time.monotonic()
+        self.first_record_seconds = None
+
+    def stats(self):
+        """Totals so far: records and bytes out and in, back-pressured and
+        idle seconds, the output pool's buffers in use and its size, the
+        seconds from the start of data exchange to the first record read."""
+        pool = self.partition.pool
+        return {
+            "task": self.index,
+            "records_out": self.writer.num_records_out,
+            "bytes_out": self.writer.num_bytes_out,
+            "records_in": self.gate.num_records_in,
+            "bytes_in": self.gate.num_bytes_in,
+            "back_pressured_seconds": self.writer.back_pressured_time_ns / 1e9,
+            "idle_seconds": self.gate.idle_time_ns / 1e9,
+            "out_pool_in_use": pool.num_requested - pool.num_available,
+            "out_pool_size": pool.num_buffers,
+            "first_record_seconds": self.first_record_seconds,
+        }
+
+
+_CURRENT = threading.local()
+
+
+def current_task():
+    """The :class:`ExchangeTask` of the exchange whose ``fn`` is running in
+    this thread (read its ``metrics`` or :meth:`~ExchangeTask.stats` from
+    ``fn``), or None outside one."""
+    return getattr(_CURRENT, "task", None)
+
+
+current_task.__module__ = "flinkbuf.spark.exchange"
+
+
+def _make_selector(selector, key, max_parallelism):
+    """The channel selector a task's writer uses (made inside the task:
+    selectors are extension types that do not travel in closures): a
+    function's CustomSelector, the hash selector by ``key``, or the
+    RecordWriter's selector of that name."""
+    if callable(selector):
+        fn = selector
+        return CustomSelector(lambda record, n: fn(record, n))
+    if selector == "hash":
+        if key is None:
+            return HashSelector.by_first_field(max_parallelism=max_parallelism)
+        return HashSelector(key, max_parallelism=max_parallelism)
+    return selector
+
+
+def _bind_host(ctx, index, host):
+    """The address this task's server binds to and the one it publishes:
+    ``host`` if given, else the executor's host as Spark knows it (the task
+    infos), else ``SPARK_LOCAL_IP``, else this machine's name."""
+    if host:
+        bind = host
+    else:
+        try:
+            bind = ctx.getTaskInfos()[index].address.rpartition(":")[0]
+        except Exception:       # noqa: BLE001 - fall back below
+            bind = ""
+        bind = bind.strip("[]") or os.environ.get("SPARK_LOCAL_IP") or \
+            socket.gethostbyname(socket.gethostname())
+    advertised = bind
+    if bind in ("0.0.0.0", "::", ""):
+        advertised = (os.environ.get("SPARK_LOCAL_IP")
+                      or socket.gethostbyname(socket.gethostname()))
+    return bind, advertised
+
+
+def _records(task):
+    """The gate's records (no events: the exchange sends none of its own)."""
+    gate = task.gate
+    first = True
+    for record in gate:
+        if first:
+            task.first_record_seconds = time.monotonic() - task.started
+            first = False
+        yield record
+
+
+class _Spec:
+    """Everything a task needs, made on the driver (picklable)."""
+
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+def run_task(spec, iterator):
+    """The body of each barrier task: a generator of ``fn``'s output."""
+    from pyspark import BarrierTaskContext
+
+    ctx = BarrierTaskContext.get()
+    if ctx is None:
+        raise RuntimeError("pipelined_exchange's tasks must run in a barrier stage")
+    index = ctx.partitionId()
+    n = len(ctx.getTaskInfos())
+    bind, advertised = _bind_host(ctx, index, spec.host)
+    out_buffers = partition_buffers(n, spec.buffers_per_channel)
+    env = NetworkEnvironment(
+        task_segments([out_buffers], [n - 1],
+                      exclusive_buffers_per_channel=spec.buffers_per_channel,
+                      floating_buffers_per_gate=spec.floating_buffers),
+        spec.segment_size, host=bind, secret=spec.secret,
+        exclusive_buffers_per_channel=spec.buffers_per_channel,
+        floating_buffers_per_gate=spec.floating_buffers,
+        connect_timeout=spec.timeout, request_timeout=spec.timeout, io_timeout=spec.timeout)
+    producer = None
+    gate = None
+    writer = None
+    partition = None
+    done = None
+    failed = None
+    try:
+        partition = create_partition(env.network_buffer_pool, n, min_buffers=out_buffers,
+                                     name=f"{spec.exchange_id}-{index}")
+        env.register_partition(spec.exchange_id, partition)
+        own = format_address(env.address)
+        published = format_address((advertised, env.address[1]))
+        if spec.rendezvous is not None:
+            addresses = _rendezvous.register(
+                spec.rendezvous, spec.secret, stage=ctx.stageId(),
+                task_attempt_id=ctx.taskAttemptId(), index=index, num_tasks=n,
+                address=published, timeout=spec.timeout)
+        else:
+            gathered = ctx.allGather(json.dumps({"index": index, "address": published}))
+            addresses = [None] * n
+            for message in gathered:
+                entry = json.loads(message)
+                addresses[entry["index"]] = entry["address"]
+        addresses[index] = own
+        writer = RecordWriter(partition,
+                              _make_selector(spec.selector, spec.key, spec.max_parallelism),
+                              codec=spec.codec, buffer_timeout=spec.buffer_timeout,
+                              name=f"exchange-{index}")
+        gate = env.create_input_gate([(addresses[i], spec.exchange_id, index) for i in range(n)],
+                                     codec=spec.codec, max_record_size=spec.max_record_size,
+                                     name=f"exchange-{index}")
+        task = ExchangeTask(index, n, published, env, partition, writer, gate)
+        if spec.monitor is not None:
+            done = spec.monitor(task)
+        producer = ProducerThread(writer, iterator, produce=spec.produce,
+                                  name=f"flinkbuf-exchange-producer-{index}")
+        task.started = time.monotonic()
+        producer.start()
+        records = spec.read(task)
+        _CURRENT.task = task
+        try:
+            for out in (spec.fn(records) if spec.fn is not None else records):
+                yield out
+            for _ in records:          # fn stopped early: the rest is still read
+                pass
+        except BaseException as exc:
+            error = _root_error(exc, producer.error)
+            if error is not exc:
+                raise error from None
+            raise
+        _join(producer, spec.timeout)
+        if producer.error is not None:
+            raise _root_error(None, producer.error)
+        gate.close()
+        _wait_until_served(env, partition, spec.timeout)
+    except BaseException as exc:
+        failed = exc
+        if _is_consequence(exc):
+            # It only says that a peer went away, whenever it came (connecting,
+            # reading, writing): wait a moment, so that Spark hears of the
+            # peer's own failure, the cause, before this one.
+            time.sleep(min(spec.timeout, _CONSEQUENCE_DELAY))
+        raise
+    finally:
+        _CURRENT.task = None
+        _cleanup(env, partition, writer, gate, producer, failed, spec.timeout)
+        if done is not None:
+            done()
+
+
+def _root_error(consumer_error, producer_error):
+    """The error a failing task raises: its own (its input's, its
+    ``fn``'s, a peer's error that its gate carries) before one that only
+    says that a peer went away (a released subpartition, a dropped
+    connection)."""
+    for error in (producer_error, consumer_error):
+        if error is not None and not _is_consequence(error):
+            return error
+    return consumer_error if consumer_error is not None else producer_error
+
+
+def _is_consequence(error, depth=0):
+    """True for an error that only says a peer went away: a released
+    subpartition, a dropped connection, or a producer (this task's own, or
+    a peer's) that failed with one of those."""
+    if isinstance(error, _CONSEQUENCES):
+        return True
+    if isinstance(error, RemoteError):
+        return error.type_name in _CONSEQUENCE_NAMES
+    if isinstance(error, ProducerFailedError) and depth < 8:
+        return _is_consequence(error.__cause__, depth + 1)
+    return False
+
+
+def _wait_until_served(env, partition, timeout):
+    """Wait until every peer has taken its subpartition to its end: each
+    subpartition's queue is empty (EndOfPartition taken) or released, and no
+    connection serves a channel any more (EndOfPartition sent; a peer keeps
+    what it received when the connection closes).  A slow peer may take its
+    time: this fails only after ``timeout`` seconds without progress.
+    (Cheaper than a last ``barrier()``, which Spark answers on a 1 s poll.)"""
+    subs = [partition.subpartition(i) for i in range(partition.num_subpartitions)]
+    deadline = time.monotonic() + timeout
+    last = None
+    delay = 0.0005
+    while True:
+        queued = sum(s.num_queued for s in subs if not s.is_released)
+        conns = env.connections()
+        serving = sum(c.num_channels for c in conns)
+        if not queued and not serving:
+            return
+        progress = (queued, sum(c.stats().get("bytes_out", 0) for c in conns))
+        if progress != last:
+            last = progress
+            deadline = time.monotonic() + timeout
+        elif time.monotonic() > deadline:
+            raise TimeoutError(f"the peers took nothing more of this task's output for "
+                               f"{timeout:g} s")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.01)
+
+
+def _join(thread, timeout):
+    deadline = time.monotonic() + timeout
+    while thread.is_alive():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the producer thread of the exchange did not end within "
+                               f"{timeout:g} s")
+        thread.join(_JOIN_SLICE)
+
+
+def _cleanup(env, partition, writer, gate, producer, failed, timeout):
+    """Leave nothing behind: on a failure the partition fails (peers raise
+    the error) and the producer is aborted; the gate and the environment
+    close (its threads and sockets end)."""
+    if failed is not None:
+        if writer is not None:
+            try:
+                writer.fail(failed if isinstance(failed, Exception) else None)
+            except Exception:         # noqa: BLE001
+                pass
+        elif partition is not None:
+            try:
+                partition.fail(failed if isinstance(failed, Exception) else None)
+            except Exception:         # noqa: BLE001
+                pass
+    if gate is not None:
+        gate.close()
+    if producer is not None and producer.is_alive():
+        try:
+            _join(producer, timeout)
+        except TimeoutError:
+            pass                       # it is a daemon thread: blocked in the input
+    if failed is not None:
+        # The failure travels to the peers as an error frame on each channel
+        # they read from us; a served channel ends once it is sent.  Closing
+        # the connections before that would show them a dropped connection
+        # instead of the error.
+        deadline = time.monotonic() + min(timeout, _ERROR_GRACE)
+        while (time.monotonic() < deadline
+               and any(c.num_channels for c in env.connections())):
+            time.sleep(0.005)
+    env.close()
+
+
+def make_spec(n, fn, *, num_partitions, key, selector, codec, segment_size,
+               buffers_per_channel, floating_buffers, buffer_timeout, max_record_size,
+               max_parallelism, host, timeout, monitor, rendezvous="driver",
+               produce=emit_all, read=_records):
+    """Check the arguments of an exchange of ``n`` tasks (on the driver)
+    and make what its tasks need, the exchange's secret included."""
+    if fn is not None and not callable(fn):
+        raise TypeError(f"fn must be callable (iterator -> iterable) or None, got "
+                        f"{type(fn).__name__}")
+    if num_partitions is not None:
+        check_int(num_partitions, "num_partitions", 1)
+        if num_partitions != n:
+            raise ValueError(
+                f"num_partitions is {num_partitions} but the RDD has {n} partitions: a barrier "
+                f"stage runs one task per input partition (repartition the RDD first)")
+    if isinstance(selector, str):
+        selector = selector.replace("-", "_")
+    if not (callable(selector) or selector in SELECTORS):
+        raise ValueError(f"selector must be one of {', '.join(SELECTORS)} or a callable "
+                         f"(record, num_partitions) -> int, got {selector!r}")
+    if key is not None:
+        if selector != "hash":
+            raise ValueError(f"key applies to the hash selector only, not to {selector!r}")
+        if not callable(key):
+            check_int(key, "key", 0)
+    check_choice(codec, "codec", CODECS)
+    check_int(segment_size, "segment_size", 64, 1 << 30)
+    check_int(buffers_per_channel, "buffers_per_channel", 1, 1 << 16)
+    check_int(floating_buffers, "floating_buffers", 0, 1 << 16)
+    check_seconds(buffer_timeout, "buffer_timeout", allow_none=True)
+    check_int(max_record_size, "max_record_size", 1)
+    if max_parallelism is None:
+        max_parallelism = default_max_parallelism(n)
+    else:
+        check_int(max_parallelism, "max_parallelism", n, 32768)
+    if host is not None and not isinstance(host, str):
+        raise TypeError(f"host must be a str or None, got {type(host).__name__}")
+    timeout = check_seconds(timeout, "timeout")
+    if monitor is not None and not callable(monitor):
+        raise TypeError(f"monitor must be callable or None, got {type(monitor).__name__}")
+    check_choice(rendezvous, "rendezvous", RENDEZVOUS)
+    return _Spec(rendezvous=rendezvous, fn=fn, key=key, produce=produce, read=read, selector=selector, codec=codec,
+                 segment_size=segment_size, buffers_per_channel=buffers_per_channel, floating_buffers=floating_buffers,
+                 buffer_timeout=buffer_timeout, max_record_size=max_record_size,
+                 max_parallelism=max_parallelism, host=host, timeout=timeout, monitor=monitor,
+                 secret=secrets.token_bytes(32),
+                 exchange_id=f"flinkbuf-exchange-{secrets.token_hex(8)}")
+
+
+_SLOT_POLL = 0.1
+
+
+def check_slots(sc, num_tasks, timeout):
+    """Raise :class:`~flinkbuf.errors.InsufficientSlotsError` unless the
+    master of SparkContext ``sc`` can run ``num_tasks`` tasks at once, as a
+    barrier stage needs (Spark's own check of the same, at submission, is
+    retried for up to ten minutes by default).  A local master's slots are
+    fixed; on a cluster this waits up to ``timeout`` seconds for
+    executors to register.  Where Spark does not say, nothing is checked."""
+    jsc = sc._jsc.sc()
+    try:
+        profile = jsc.resourceProfileManager().defaultResourceProfile()
+        slots = jsc.maxNumConcurrentTasks(profile)
+    except Exception:                      # noqa: BLE001 - Spark's own check remains
+        return
+    master = sc.master
+    fixed = master.startswith("local") and not master.startswith("local-cluster")
+    deadline = time.monotonic() + timeout
+    while slots < num_tasks and not fixed and time.monotonic() < deadline:
+        time.sleep(_SLOT_POLL)
+        slots = jsc.maxNumConcurrentTasks(profile)
+    if slots >= num_tasks:
+        return
+    cpus = sc.getConf().get("spark.task.cpus", "1")
+    per_task = "" if cpus == "1" else f" (spark.task.cpus={cpus} cores per task)"
+    if fixed:
+        more = f"a master such as local[{num_tasks * int(cpus) if cpus.isdigit() else num_tasks}]"
+    else:
+        more = "more executor cores or executors"
+    fewer = "" if slots < 1 else \
+        f", or repartition the input to {slots} partition{'' if slots == 1 else 's'} or fewer"
+    raise InsufficientSlotsError(
+        f"the exchange runs {num_tasks} tasks at once (a barrier stage, one task per input "
+        f"partition) but master {master} has {slots} task slot{'' if slots == 1 else 's'}"
+        f"{per_task}{'' if fixed else f' after {timeout:g} s'}: use {more}{fewer}")
+
+
+def _driver_addresses(sc):
+    """(bind, advertised) host of the driver as Spark knows it:
+    ``spark.driver.bindAddress`` / ``spark.driver.host``, else the
+    SparkContext's host."""
+    conf = sc.getConf()
+    host = conf.get("spark.driver.host", None)
+    if not host:
+        try:
+            host = sc._jsc.sc().env().rpcEnv().address().host()
+        except Exception:                  # noqa: BLE001 - fall back below
+            host = None
+    host = host or os.environ.get("SPARK_LOCAL_IP") or \
+        socket.gethostbyname(socket.gethostname())
+    bind = conf.get("spark.driver.bindAddress", None) or host
+    return bind.strip("[]"), host.strip("[]")
+
+
+def start_rendezvous(sc, spec, n):
+    """Start the driver's rendezvous of an exchange whose spec says so (the
+    caller ties its lifetime to the result with :func:`serve_while`)."""
+    if spec.rendezvous != "driver":
+        spec.rendezvous = None
+        return None
+    bind, advertised = _driver_addresses(sc)
+    server = _rendezvous.RendezvousServer(spec.secret, n, host=bind, advertise=advertised,
+                                          timeout=spec.timeout)
+    spec.rendezvous = server.address
+    return server
+
+
+def serve_while(server, owner):
+    """Keep ``server`` up while ``owner`` lives; once it is garbage
+    collected, until no task has registered for the exchange's timeout.
+    :func:`~flinkbuf.spark.close_rendezvous` and the interpreter's exit close it at
+    once."""
+    if server is not None:
+        weakref.finalize(owner, server.release).atexit = False
