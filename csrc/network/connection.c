@@ -446,18 +446,17 @@ static inline int holds_buffers(const fb_inchan_t *ch)
     return ch->state == CH_NEW || ch->state == CH_REQUESTED || ch->state == CH_RETRY;
 }
 
-/* An exclusive segment recycled by the consumer: back to its channel as
- * credit while the channel still reads. */
-static int exclusive_hook(void *arg, fb_localpool_t *lp, int32_t index)
+/* A segment (exclusive, or floating) for `ch` to hold for its sender, as
+ * one more credit, while the channel still reads (no lock held): 1 if the
+ * channel took it. */
+static int hold_for_sender(fb_inchan_t *ch, int32_t index, int floating)
 {
-    fb_inchan_t *ch = arg;
     fb_conn_t *c = ch->conn;
     int kept = 0, wake = 0;
-    (void)lp;
     pthread_mutex_lock(&c->mu);
     if (holds_buffers(ch) && ch->navail < ch->cap_avail) {
         ch->avail[ch->navail] = index;
-        ch->avail_floating[ch->navail++] = 0;
+        ch->avail_floating[ch->navail++] = (uint8_t)floating;
         wake = add_credit_locked(c, ch, 1);
         kept = 1;
     }
@@ -467,22 +466,11 @@ static int exclusive_hook(void *arg, fb_localpool_t *lp, int32_t index)
     return kept;
 }
 
-/* A floating segment for `ch` (no lock held): 1 if the channel took it. */
-static int give_floating(fb_inchan_t *ch, int32_t index)
+/* An exclusive segment recycled by the consumer goes back to its channel. */
+static int exclusive_hook(void *arg, fb_localpool_t *lp, int32_t index)
 {
-    fb_conn_t *c = ch->conn;
-    int kept = 0, wake = 0;
-    pthread_mutex_lock(&c->mu);
-    if (holds_buffers(ch) && ch->navail < ch->cap_avail) {
-        ch->avail[ch->navail] = index;
-        ch->avail_floating[ch->navail++] = 1;
-        wake = add_credit_locked(c, ch, 1);
-        kept = 1;
-    }
-    pthread_mutex_unlock(&c->mu);
-    if (wake)
-        writer_kick(c, wake);
-    return kept;
+    (void)lp;
+    return hold_for_sender(arg, index, 0);
 }
 
 /* Take the oldest waiting channel of f off the list with one want fewer
@@ -527,7 +515,7 @@ static int floating_hook(void *arg, fb_localpool_t *lp, int32_t index)
         pthread_mutex_unlock(&f->mu);
         if (ch == NULL)
             return 0;
-        if (give_floating(ch, index)) {
+        if (hold_for_sender(ch, index, 1)) {
             fb_inchan_decref(ch);
             return 1;
         }
@@ -583,7 +571,7 @@ static void want_buffers(fb_inchan_t *ch, int32_t backlog)
         if (take && --ch->wants == 0)
             remove_waiter(f, ch);
         pthread_mutex_unlock(&f->mu);
-        if (!take || !give_floating(ch, index)) {
+        if (!take || !hold_for_sender(ch, index, 1)) {
             f->pool->ops->recycle(f->pool, index);     /* to whoever waits, or the pool */
             return;
         }
