@@ -452,8 +452,6 @@ class _Stdin:
 
 
 def _env(cfg):
-    if "direct_reads" in cfg:       # consumers' threads read sockets themselves (default on)
-        os.environ["FLINKBUF_NET_DIRECT_READS"] = "1" if cfg["direct_reads"] else "0"
     from flinkbuf.network import NetworkEnvironment   # noqa: PLC0415
     return NetworkEnvironment(
         cfg.get("num_segments", 256), cfg.get("segment_size", 32768),
@@ -462,7 +460,9 @@ def _env(cfg):
         floating_buffers_per_gate=cfg.get("floating", 8),
         connect_timeout=cfg.get("connect_timeout", 10.0),
         request_timeout=cfg.get("request_timeout", 30.0),
-        io_timeout=cfg.get("io_timeout", 60.0))
+        io_timeout=cfg.get("io_timeout", 60.0),
+        # consumers' threads read sockets themselves (default on)
+        direct_reads=cfg.get("direct_reads"))
 
 
 def _addr(env):

@@ -93,10 +93,11 @@ cdef class Connection:
 
     @staticmethod
     def _open(int fd, int32_t segment_size, lookup, str local, str peer, double io_timeout,
-              int caller_sends=0, int direct_reads=1):
+              bint caller_sends=True, bint direct_reads=True):
         """Start a connection over ``fd`` (connected, authenticated, owned
         from here on).  ``lookup(partition_id)`` finds a registered
-        partition or returns None."""
+        partition or returns None; ``caller_sends`` and ``direct_reads``
+        are the environment's (see NetworkEnvironment)."""
         cdef Connection conn = Connection.__new__(Connection, _MADE_HERE)
         cdef fb_conn_callbacks_t cb
         cb.ctx = <void *>conn           # borrowed: the threads end before conn does

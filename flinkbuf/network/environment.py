@@ -108,6 +108,20 @@ def _count(value: object, name: str, minimum: int) -> int:
     return value
 
 
+def _switch(value: object, name: str, variable: str) -> bool:
+    """An on/off keyword: True or False as given; None: the environment
+    variable ``variable`` if it is set (``0`` or ``1``), else on."""
+    if value is None:
+        setting = os.environ.get(variable, "")
+        if setting not in ("", "0", "1"):
+            raise ValueError(f"the environment variable {variable} must be 0 or 1 (or unset), "
+                             f"got {setting!r}")
+        return setting != "0"
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True, False or None, got {type(value).__name__}")
+    return value
+
+
 def format_address(address: Address) -> str:
     """``(host, port)`` or ``"host:port"`` as ``"host:port"``."""
     if isinstance(address, str):
@@ -203,13 +217,39 @@ class NetworkEnvironment:
     A dropped connection fails its channels at once (their consumers raise
     :class:`RemoteConnectionError`).  Use as a context manager, or call
     :meth:`close`.
+
+    Two ways of saving a thread switch per buffer, both on by default
+    (docs/ARCHITECTURE.md, "Across processes"):
+
+    ``caller_sends``: when the connection's writer thread is idle, a
+    producer's flush sends the buffer in the producer's own thread, and a
+    consumer's recycle sends the credit it grants in the consumer's;
+    never blocking (what the socket does not take at once is left to the
+    writer thread), but with the GIL held, as the calling thread holds it.
+    Off: every send goes through the writer thread, which holds no GIL.
+    ``direct_reads``: a consumer whose gate is empty receives from the
+    socket itself while nobody else reads it (without the GIL), instead
+    of waiting for the connection's reader thread to hand each buffer
+    over.  Off: every receive goes through the reader thread.  With both
+    on, a producer whose ``emit`` waits for a buffer also reads the
+    connection itself (the credit that frees one) and sends at once.
+    Records, order and flow control are the same either way; turn one
+    off to measure what it saves, or ``caller_sends`` off when other
+    Python threads of a busy process should not wait for the GIL while a
+    producer or consumer thread sends.  ``None`` (the default) is on,
+    unless the environment variable ``FLINKBUF_NET_CALLER_SENDS`` or
+    ``FLINKBUF_NET_DIRECT_READS`` is set (``0``: off, ``1``: on), which
+    lets a benchmark switch environments it does not construct itself
+    (the tasks of a Spark job); ``True`` or ``False`` here wins over the
+    variable.
     """
 
     def __init__(self, num_segments: int, segment_size: int = 32768, *,
                  host: str = "127.0.0.1", port: int = 0, secret: bytes | bytearray | memoryview,
                  exclusive_buffers_per_channel: int = 2, floating_buffers_per_gate: int = 8,
                  connect_timeout: float = 10.0, request_timeout: float = 30.0,
-                 io_timeout: float = 60.0, transport: Literal["auto", "tcp"] = "auto") -> None:
+                 io_timeout: float = 60.0, transport: Literal["auto", "tcp"] = "auto",
+                 caller_sends: bool | None = None, direct_reads: bool | None = None) -> None:
         if not isinstance(secret, (bytes, bytearray, memoryview)):
             raise TypeError(f"secret must be bytes, got {type(secret).__name__}")
         secret = bytes(secret)
@@ -228,15 +268,8 @@ class NetworkEnvironment:
         self._request_timeout = _seconds(request_timeout, "request_timeout")
         self._io_timeout = _seconds(io_timeout, "io_timeout")
         self._secret = secret
-        # A producer's flush sends in its own thread when the connection's writer
-        # thread is idle (docs/ARCHITECTURE.md, layer 4: Send); FLINKBUF_NET_CALLER_SENDS=0
-        # leaves every send to the writer thread (for measuring the two).
-        mode = os.environ.get("FLINKBUF_NET_CALLER_SENDS", "1")
-        self._caller_sends = int(mode) if mode in ("0", "1", "2") else 1
-        # A consumer's thread waiting on its gate receives from the socket itself
-        # when nobody else reads it (layer 4: Receive); FLINKBUF_NET_DIRECT_READS=0
-        # leaves every receive to the connection's reader thread.
-        self._direct_reads = 0 if os.environ.get("FLINKBUF_NET_DIRECT_READS") == "0" else 1
+        self._caller_sends = _switch(caller_sends, "caller_sends", "FLINKBUF_NET_CALLER_SENDS")
+        self._direct_reads = _switch(direct_reads, "direct_reads", "FLINKBUF_NET_DIRECT_READS")
         self._nbp = NetworkBufferPool(num_segments, segment_size)
         self._segment_size = segment_size
         self._lock = threading.Lock()
