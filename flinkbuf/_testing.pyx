@@ -8,6 +8,7 @@ from flinkbuf.buffer._buffer cimport Buffer, LocalBufferPool, NetworkBufferPool
 from flinkbuf.csrc.clock cimport fb_monotonic_ns
 from flinkbuf.csrc.pool cimport FB_NO_CHANNEL
 from flinkbuf.csrc.status cimport FB_OK
+from flinkbuf.io._io cimport _serialize_event
 from flinkbuf.serialization._serialization cimport (FULL_BUFFER, FULL_RECORD, RecordDeserializer,
                                                   RecordSerializer, is_no_record)
 from flinkbuf.serialization.codecs.dict_shadow cimport *
@@ -136,3 +137,10 @@ def c_round_trip(RecordSerializer ser not None, RecordDeserializer des not None,
         if buf is not None:
             buf._release()
     return out if keep else count
+
+
+# ---- layer 3 -------------------------------------------------------------------
+
+def serialize_event(event):
+    """The bytes a user event travels as (to build event buffers by hand)."""
+    return _serialize_event(event)

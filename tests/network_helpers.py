@@ -317,8 +317,9 @@ def cancel_frame(receiver, **kw):
 
 def event_bytes(payload):
     """A user event's bytes (kind 1 + the typed codec's encoding)."""
-    from flinkbuf.io import UserEvent, _io   # noqa: PLC0415
-    return _io._serialize_event_for_tests(UserEvent(payload))
+    from flinkbuf._testing import serialize_event   # noqa: PLC0415
+    from flinkbuf.io import UserEvent   # noqa: PLC0415
+    return serialize_event(UserEvent(payload))
 
 
 def recv_exact(sock, n, timeout):

@@ -380,11 +380,6 @@ class NetworkEnvironment:
                 raise ValueError(f"a partition {partition_id!r} is registered already")
             self._partitions[partition_id] = partition
 
-    def unregister_partition(self, partition_id: str) -> None:
-        """Stop serving ``partition_id`` to new readers (those reading it go on)."""
-        with self._lock:
-            self._partitions.pop(partition_id, None)
-
     def _lookup(self, partition_id: str) -> ResultPartition | None:
         with self._lock:
             return None if self._closed else self._partitions.get(partition_id)
