@@ -2,7 +2,8 @@
 process (so the no_leaks fixture checks every buffer): a partition served
 to another process is consumed once its connection has sent everything (or
 the error, or its reader left, or the connection dropped), and
-ResultPartition.wait_consumed wakes when that happens."""
+ResultPartition.wait_consumed wakes when that happens; an input gate over a
+partition of its own environment waits for its registration."""
 
 import threading
 import time
@@ -10,7 +11,7 @@ import time
 import pytest
 
 import flinkbuf as fb
-from flinkbuf.errors import ProducerFailedError, RemoteConnectionError
+from flinkbuf.errors import PartitionNotFoundError, ProducerFailedError, RemoteConnectionError
 from flinkbuf.network import NetworkEnvironment
 from helpers import run_in_thread, wait_until
 from network_helpers import SECRET
@@ -173,3 +174,50 @@ def test_a_slow_remote_reader_is_waited_for_while_it_reads(envs):
         next(it)
     assert part.wait_consumed(0.4, reset_on_progress=True) is False
     gate.close()
+
+
+# ---- a gate over a partition of its own environment -----------------------------------
+
+@pytest.mark.timeout(30)
+def test_a_local_channel_waits_for_its_partition_to_be_registered():
+    """create_input_gate over this environment's address waits for the
+    partition (as a remote request would) and returns as soon as another
+    thread registers it."""
+    with _env(request_timeout=20) as env:
+        part = fb.create_partition(env.network_buffer_pool, 1)
+        t, res = run_in_thread(env.create_input_gate, [(env.address, "later", 0)])
+        time.sleep(0.2)
+        assert t.is_alive()
+        registered = time.monotonic()
+        env.register_partition("later", part)
+        t.join(5)
+        assert time.monotonic() - registered < 1.0
+        gate = res["value"]
+        with fb.RecordWriter(part) as writer:
+            writer.emit("hello")
+        assert list(gate) == ["hello"]
+        gate.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_local_channel_gives_up_after_the_request_timeout():
+    with _env(request_timeout=0.3) as env:
+        t0 = time.monotonic()
+        with pytest.raises(PartitionNotFoundError, match="'never'.*0.3 s"):
+            env.create_input_gate([(env.address, "never", 0)])
+        assert 0.29 <= time.monotonic() - t0 < 5
+
+
+@pytest.mark.timeout(30)
+def test_closing_the_environment_ends_a_wait_for_a_local_partition():
+    env = _env(request_timeout=20)
+    try:
+        t, res = run_in_thread(env.create_input_gate, [(env.address, "never", 0)])
+        time.sleep(0.2)
+        assert t.is_alive()
+        env.close()
+        t.join(5)
+        assert isinstance(res.get("error"), RuntimeError), res
+        assert "closed" in str(res["error"])
+    finally:
+        env.close()

@@ -278,7 +278,8 @@ class NetworkEnvironment:
         self._all_connections: list[Connection] = []    # every Connection, to close
         self._connecting: dict[str, threading.Lock] = {}   # peer address -> lock while connecting
         self._dialing: set[str] = set()  # peer addresses this process is connecting to
-        self._registered = threading.Condition(self._lock)   # a connection was registered
+        # A partition or a connection was registered, or the environment closed.
+        self._changed = threading.Condition(self._lock)
         self._closed = False
         try:
             self._server = socket.create_server((host, port), backlog=128)
@@ -379,6 +380,7 @@ class NetworkEnvironment:
             if partition_id in self._partitions:
                 raise ValueError(f"a partition {partition_id!r} is registered already")
             self._partitions[partition_id] = partition
+            self._changed.notify_all()
 
     def _lookup(self, partition_id: str) -> ResultPartition | None:
         with self._lock:
@@ -429,17 +431,21 @@ class NetworkEnvironment:
             raise
 
     def _local_partition(self, partition_id: str) -> ResultPartition:
+        """The partition registered here as ``partition_id``, once it is
+        (waiting up to the request timeout, as a remote request would)."""
         deadline = time.monotonic() + self._request_timeout
-        while True:
-            part = self._lookup(partition_id)
-            if part is not None:
-                return part
-            if time.monotonic() > deadline:
-                raise PartitionNotFoundError(
-                    f"no partition {partition_id!r} was registered in this process within "
-                    f"{self._request_timeout} s")
-            self._check_open()
-            time.sleep(0.01)
+        with self._changed:
+            while True:
+                self._check_open()
+                part = self._partitions.get(partition_id)
+                if part is not None:
+                    return part
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise PartitionNotFoundError(
+                        f"no partition {partition_id!r} was registered in this process "
+                        f"within {self._request_timeout:g} s")
+                self._changed.wait(remaining)
 
     def _remote_channel(self, address: str, partition_id: str, sub: int,
                         floating: FloatingBuffers | None) -> RemoteInputChannel:
@@ -484,7 +490,7 @@ class NetworkEnvironment:
                         self._check_open()
                     self._connections[address] = conn
                     self._all_connections.append(conn)
-                    self._registered.notify_all()
+                    self._changed.notify_all()
                 return conn
 
     def _keep_incoming(self, peer: str) -> bool:
@@ -507,7 +513,7 @@ class NetworkEnvironment:
         ``peer``) made to this one, once its handshake registered it here;
         also registered as ``address``."""
         deadline = time.monotonic() + self._connect_timeout
-        with self._registered:
+        with self._changed:
             while True:
                 self._check_open()
                 conn = self._connections.get(peer)
@@ -519,7 +525,7 @@ class NetworkEnvironment:
                     raise RemoteConnectionError(
                         f"connecting to {address}: the peer keeps its own connection to this "
                         f"process, which did not arrive within {self._connect_timeout:g} s")
-                self._registered.wait(min(remaining, 0.1))
+                self._changed.wait(remaining)
 
     def _is_this_host(self, host: str) -> bool:
         return host.startswith(_LOCAL_HOSTS) or host == self._address[0]
@@ -671,7 +677,7 @@ class NetworkEnvironment:
             current = self._connections.get(advertised)
             if current is None or not current.is_open:
                 self._connections[advertised] = conn
-            self._registered.notify_all()
+            self._changed.notify_all()
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -691,6 +697,7 @@ class NetworkEnvironment:
             self._all_connections.clear()
             self._connections.clear()
             self._partitions.clear()
+            self._changed.notify_all()      # waiters raise: the environment is closed
         _LIVE.discard(self)
         for server in (self._server, self._unix_server):
             if server is not None:
