@@ -433,19 +433,15 @@ class NetworkEnvironment:
     def _local_partition(self, partition_id: str) -> ResultPartition:
         """The partition registered here as ``partition_id``, once it is
         (waiting up to the request timeout, as a remote request would)."""
-        deadline = time.monotonic() + self._request_timeout
         with self._changed:
-            while True:
-                self._check_open()
-                part = self._partitions.get(partition_id)
-                if part is not None:
-                    return part
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise PartitionNotFoundError(
-                        f"no partition {partition_id!r} was registered in this process "
-                        f"within {self._request_timeout:g} s")
-                self._changed.wait(remaining)
+            if not self._changed.wait_for(
+                    lambda: self._closed or partition_id in self._partitions,
+                    self._request_timeout):
+                raise PartitionNotFoundError(
+                    f"no partition {partition_id!r} was registered in this process within "
+                    f"{self._request_timeout:g} s")
+            self._check_open()
+            return self._partitions[partition_id]
 
     def _remote_channel(self, address: str, partition_id: str, sub: int,
                         floating: FloatingBuffers | None) -> RemoteInputChannel:
@@ -512,20 +508,20 @@ class NetworkEnvironment:
         """The connection the process at ``address`` (which calls itself
         ``peer``) made to this one, once its handshake registered it here;
         also registered as ``address``."""
-        deadline = time.monotonic() + self._connect_timeout
+        def arrived() -> bool:
+            conn = self._connections.get(peer)
+            return conn is not None and conn.is_open
+
         with self._changed:
-            while True:
-                self._check_open()
-                conn = self._connections.get(peer)
-                if conn is not None and conn.is_open:
-                    self._connections[address] = conn
-                    return conn
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise RemoteConnectionError(
-                        f"connecting to {address}: the peer keeps its own connection to this "
-                        f"process, which did not arrive within {self._connect_timeout:g} s")
-                self._changed.wait(remaining)
+            if not self._changed.wait_for(lambda: self._closed or arrived(),
+                                          self._connect_timeout):
+                raise RemoteConnectionError(
+                    f"connecting to {address}: the peer keeps its own connection to this "
+                    f"process, which did not arrive within {self._connect_timeout:g} s")
+            self._check_open()
+            conn = self._connections[peer]
+            self._connections[address] = conn
+            return conn
 
     def _is_this_host(self, host: str) -> bool:
         return host.startswith(_LOCAL_HOSTS) or host == self._address[0]
