@@ -161,11 +161,9 @@ def test_the_timeout_counts_from_the_last_step_with_reset_on_progress():
     with fb.NetworkBufferPool(32, 256) as nbp:
         for reset in (False, True):
             part, (gate,) = _finished_partition(nbp, n=1, records=12)
-            steps = []
 
-            def consume(gate=gate, steps=steps):
+            def consume(gate=gate):
                 for _ in gate:
-                    steps.append(time.monotonic())
                     time.sleep(0.05)
 
             t, res = run_in_thread(consume)
