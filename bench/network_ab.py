@@ -7,9 +7,11 @@ variant once per round, rounds repeated, medians and ratios reported).
   python bench/network_ab.py bulk [--rounds 5] [--n 20000] VARIANT...
 
 A VARIANT is a peer (``raw_tcp``, ``raw_uds``, ``pyzmq``, ``mp_queue``) or
-``flinkbuf`` with spec options after colons, e.g. ``flinkbuf:transport=tcp``
-or ``flinkbuf:exclusive=8:floating=32``; ``env.NAME=value`` sets an
-environment variable for that variant's processes.  Run on a release build.
+``flinkbuf`` with spec options after colons, e.g. ``flinkbuf:transport=tcp``,
+``flinkbuf:exclusive=8:floating=32`` or ``flinkbuf:direct_reads=0`` (also
+``caller_sends=0``: NetworkEnvironment's switches); ``env.NAME=value`` sets
+an environment variable for that variant's processes.  Run on a release
+build.
 """
 
 import argparse

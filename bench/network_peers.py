@@ -174,13 +174,24 @@ def run_ping_pong(impl, spec):
 
 # ---- flinkbuf.network ----------------------------------------------------------------------
 
+def _switch(spec, name):
+    """An on/off option of the spec (1/0, True/False), or None: the
+    environment's default."""
+    value = spec.get(name)
+    return None if value is None else bool(value)
+
+
 def _fb_env(spec):
     # Flink's defaults on the reading side: 2 exclusive buffers per channel,
-    # 8 floating per gate (experiments: exclusive=N floating=N).
+    # 8 floating per gate (experiments: exclusive=N floating=N); the
+    # environment's direct reads and caller's sends (direct_reads=0,
+    # caller_sends=0 turn them off).
     return NetworkEnvironment(512, SEGMENT, secret=SECRET,
                               exclusive_buffers_per_channel=spec.get("exclusive", 2),
                               floating_buffers_per_gate=spec.get("floating", 8),
-                              transport=spec.get("transport", "auto"))
+                              transport=spec.get("transport", "auto"),
+                              direct_reads=_switch(spec, "direct_reads"),
+                              caller_sends=_switch(spec, "caller_sends"))
 
 
 def _out_buffers(spec, ch):

@@ -9,6 +9,7 @@ from flinkbuf.csrc.clock cimport fb_monotonic_ns
 from flinkbuf.csrc.pool cimport FB_NO_CHANNEL
 from flinkbuf.csrc.status cimport FB_OK
 from flinkbuf.csrc.wire cimport *
+from flinkbuf.io._io cimport ResultPartition, _serialize_event
 from flinkbuf.serialization._serialization cimport (FULL_BUFFER, FULL_RECORD, RecordDeserializer,
                                                   RecordSerializer, is_no_record)
 from flinkbuf.serialization.codecs.dict_shadow cimport *
@@ -137,6 +138,33 @@ def c_round_trip(RecordSerializer ser not None, RecordDeserializer des not None,
         if buf is not None:
             buf._release()
     return out if keep else count
+
+
+# ---- layer 3 -------------------------------------------------------------------
+
+def serialize_event(event):
+    """The bytes a user event travels as (to build event buffers by hand)."""
+    return _serialize_event(event)
+
+
+def attach_reader(ResultPartition partition not None):
+    """Count a reader in another process on ``partition``, as a connection
+    that serves one of its subpartitions does (until detach_reader)."""
+    partition._check_initialised()
+    partition._reader_attached()
+
+
+def detach_reader(ResultPartition partition not None):
+    """That reader is done (as the connection says when it ends the
+    subpartition's channel)."""
+    if partition._readers <= 0:
+        raise ValueError("no reader is attached")
+    partition._reader_detached()
+
+
+def num_readers(ResultPartition partition not None):
+    """Readers in other processes that hold ``partition`` now."""
+    return partition._readers
 
 
 # ---- layer 4: the wire format ------------------------------------------------------

@@ -317,8 +317,9 @@ def cancel_frame(receiver, **kw):
 
 def event_bytes(payload):
     """A user event's bytes (kind 1 + the typed codec's encoding)."""
-    from flinkbuf.io import UserEvent, _io   # noqa: PLC0415
-    return _io._serialize_event_for_tests(UserEvent(payload))
+    from flinkbuf._testing import serialize_event   # noqa: PLC0415
+    from flinkbuf.io import UserEvent   # noqa: PLC0415
+    return serialize_event(UserEvent(payload))
 
 
 def recv_exact(sock, n, timeout):
@@ -452,8 +453,6 @@ class _Stdin:
 
 
 def _env(cfg):
-    if "direct_reads" in cfg:       # consumers' threads read sockets themselves (default on)
-        os.environ["FLINKBUF_NET_DIRECT_READS"] = "1" if cfg["direct_reads"] else "0"
     from flinkbuf.network import NetworkEnvironment   # noqa: PLC0415
     return NetworkEnvironment(
         cfg.get("num_segments", 256), cfg.get("segment_size", 32768),
@@ -462,7 +461,9 @@ def _env(cfg):
         floating_buffers_per_gate=cfg.get("floating", 8),
         connect_timeout=cfg.get("connect_timeout", 10.0),
         request_timeout=cfg.get("request_timeout", 30.0),
-        io_timeout=cfg.get("io_timeout", 60.0))
+        io_timeout=cfg.get("io_timeout", 60.0),
+        # consumers' threads read sockets themselves (default on)
+        direct_reads=cfg.get("direct_reads"))
 
 
 def _addr(env):

@@ -502,7 +502,7 @@ def test_add_buffer_takes_a_buffer_over_only_when_nothing_else_holds_it():
 def test_an_event_buffer_travels_as_an_event():
     """DataType.EVENT_BUFFER: a buffer holding an encoded event is queued
     as an event, in order with the records."""
-    from flinkbuf.io._io import _serialize_event_for_tests as encode_event
+    from flinkbuf._testing import serialize_event as encode_event
     nbp = fb.NetworkBufferPool(16, 256)
     part = fio.create_partition(nbp, 1, min_buffers=4)     # nobody reads until the end
     gate = fb.InputGate([(part, 0)])

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import flinkbuf as fb
 from flinkbuf.io.metrics import HIGH, LOW, OK, TaskMetrics, backpressure_level
-from test_io_support import Task, assert_all_recycled
+from test_io_support import Task, assert_all_recycled, wait_until
 
 FLINK_NAMES = {
     "backPressuredTimeMsPerSecond", "idleTimeMsPerSecond", "busyTimeMsPerSecond",
@@ -168,3 +168,71 @@ def test_snapshots_from_many_threads_while_running():
     assert seen[-1]["numRecordsOut"] <= 30000
     gate.close()
     assert_all_recycled(nbp, [part.pool])
+
+
+@pytest.mark.timeout(60)
+def test_input_buffer_metrics_over_a_remote_and_a_local_channel():
+    """A gate over a remote channel and a local one: the remote channel's
+    own buffers (2 exclusive, and the gate's 4 floating ones it borrows as
+    its sender's backlog grows) and what arrived into them make the input
+    buffer metrics; the local channel counts for none of them, and both
+    count in inPoolUsage."""
+    from flinkbuf.network import NetworkEnvironment
+    from network_helpers import SECRET
+
+    def env():
+        return NetworkEnvironment(64, 1024, secret=SECRET, exclusive_buffers_per_channel=2,
+                                  floating_buffers_per_gate=4)
+
+    with env() as prod, env() as cons:
+        remote = fb.create_partition(prod.network_buffer_pool, 1, min_buffers=8)
+        prod.register_partition("r", remote)
+        local = fb.create_partition(cons.network_buffer_pool, 1, min_buffers=4)
+        cons.register_partition("l", local)
+        gate = cons.create_input_gate([(prod.address, "r", 0), (cons.address, "l", 0)],
+                                      codec="bytes")
+        metrics = TaskMetrics("consumer", gates=[gate])
+        s = metrics.snapshot()
+        assert (s["inputExclusiveBuffersUsage"], s["inputFloatingBuffersUsage"],
+                s["numBytesInRemote"], s["numBuffersInRemote"], s["inPoolUsage"]) == \
+            (0.0, 0.0, 0, 0, 0.0)
+        remote_writer = fb.RecordWriter(remote, codec="bytes", buffer_timeout=0)
+        local_writer = fb.RecordWriter(local, codec="bytes", buffer_timeout=0)
+        for i in range(6):
+            remote_writer.emit(bytes([i]) * 800)          # one buffer each
+        for i in range(3):
+            local_writer.emit(bytes([i]) * 800)
+        # Nobody reads: all 2 + 4 buffers of the remote channel fill up.
+        assert wait_until(lambda: metrics.snapshot()["numBuffersInRemote"] == 6, 10)
+        s = metrics.snapshot()
+        assert s["inputExclusiveBuffersUsage"] == 1.0
+        assert s["inputFloatingBuffersUsage"] == 1.0
+        assert s["numBytesInRemote"] == 6 * 804             # 4-byte length + 800
+        local_size = local.pool.num_buffers
+        assert s["inPoolUsage"] == pytest.approx((3 + 6) / (local_size + 6))
+        assert s["numBuffersIn"] == 0                        # nothing read yet
+        remote_writer.close()
+        local_writer.close()
+        got = sorted(bytes(r) for r in gate)
+        assert got == sorted([bytes([i]) * 800 for i in range(6)] +
+                             [bytes([i]) * 800 for i in range(3)])
+        s = metrics.snapshot()
+        # and EndOfPartition, an event of one byte (events are no buffers)
+        assert (s["numBuffersInRemote"], s["numBytesInRemote"]) == (6, 6 * 804 + 1)
+        assert s["numBuffersIn"] == 9 and s["numBytesIn"] == 9 * 804
+        assert s["inputFloatingBuffersUsage"] == 0.0
+        gate.close()
+
+
+def test_a_local_gate_has_the_input_buffer_metrics_at_zero():
+    with fb.NetworkBufferPool(8, 256) as nbp:
+        part = fb.create_partition(nbp, 1)
+        gate = fb.InputGate([(part, 0)])
+        with fb.RecordWriter(part, buffer_timeout=None) as writer:
+            writer.emit(1)
+        s = TaskMetrics("local", gates=[gate]).snapshot()
+        assert (s["inputExclusiveBuffersUsage"], s["inputFloatingBuffersUsage"],
+                s["numBytesInRemote"], s["numBuffersInRemote"]) == (0.0, 0.0, 0, 0)
+        assert s["inPoolUsage"] > 0                         # the queued buffer counts here
+        assert list(gate) == [1]
+        gate.close()

@@ -20,11 +20,10 @@ from network_helpers import SECRET
 pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
 
 
-def make_env(monkeypatch=None, direct=True, **kw):
-    if monkeypatch is not None:
-        monkeypatch.setenv("FLINKBUF_NET_DIRECT_READS", "1" if direct else "0")
+def make_env(direct=True, **kw):
     kw.setdefault("secret", SECRET)
-    return NetworkEnvironment(kw.pop("num_segments", 64), kw.pop("segment_size", 1024), **kw)
+    return NetworkEnvironment(kw.pop("num_segments", 64), kw.pop("segment_size", 1024),
+                              direct_reads=direct, **kw)
 
 
 def assert_direct_frames(env, direct):
@@ -33,13 +32,46 @@ def assert_direct_frames(env, direct):
     assert frames > 0 if direct else frames == 0, frames
 
 
+@pytest.mark.parametrize("name, variable", [("direct_reads", "FLINKBUF_NET_DIRECT_READS"),
+                                            ("caller_sends", "FLINKBUF_NET_CALLER_SENDS")])
+def test_the_switches_take_true_false_or_none(monkeypatch, name, variable):
+    """Anything but a bool (or None, the default) is refused, and so is a
+    variable that is neither 0 nor 1 when it is read (no keyword given)."""
+    monkeypatch.delenv(variable, raising=False)
+    for bad in (1, 0, "0", 1.0, [True]):
+        with pytest.raises(TypeError, match=f"{name} must be True, False or None"):
+            NetworkEnvironment(8, 256, secret=SECRET, **{name: bad})
+    for bad in ("2", "yes", "off", " 1"):
+        monkeypatch.setenv(variable, bad)
+        with pytest.raises(ValueError, match=f"{variable} must be 0 or 1"):
+            NetworkEnvironment(8, 256, secret=SECRET)
+        NetworkEnvironment(8, 256, secret=SECRET, **{name: True}).close()
+
+
+# How direct reads are set: (keyword, FLINKBUF_NET_DIRECT_READS, on?).  The
+# variable overrides the default; a keyword overrides the variable.
+SETTINGS = {
+    "keyword on": (True, None, True),
+    "keyword off": (False, None, False),
+    "variable off": (None, "0", False),
+    "variable on": (None, "1", True),
+    "keyword on over variable off": (True, "0", True),
+    "keyword off over variable on": (False, "1", False),
+}
+
+
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("direct", [True, False])
-def test_the_consumer_reads_the_socket_itself_unless_turned_off(monkeypatch, direct):
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_the_consumer_reads_the_socket_itself_unless_turned_off(monkeypatch, setting):
     """Records arrive whole and in order either way; with direct reads the
     consumer's thread read frames itself, without it none."""
-    prod = make_env(monkeypatch, direct)
-    cons = make_env(monkeypatch, direct)
+    keyword, variable, direct = SETTINGS[setting]
+    if variable is None:
+        monkeypatch.delenv("FLINKBUF_NET_DIRECT_READS", raising=False)
+    else:
+        monkeypatch.setenv("FLINKBUF_NET_DIRECT_READS", variable)
+    prod = make_env(keyword)
+    cons = make_env(keyword)
     try:
         part = create_partition(prod.network_buffer_pool, 1)
         prod.register_partition("p", part)
@@ -206,14 +238,25 @@ def test_an_echo_through_one_connection_with_minimal_buffers():
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("direct", [True, False])
-def test_a_backpressured_producer_reads_its_credit_itself(monkeypatch, direct):
+@pytest.mark.parametrize("direct, caller_sends, variable, reads", [
+    (True, None, None, True), (False, None, None, False), (True, False, None, False),
+    (True, None, "0", False), (True, True, "0", True)],
+    ids=["both", "no direct reads", "no caller sends", "no caller sends (variable)",
+         "caller sends over the variable"])
+def test_a_backpressured_producer_reads_its_credit_itself(monkeypatch, direct, caller_sends,
+                                                          variable, reads):
     """A producer whose emit waits for a buffer reads the connection that
     serves its partition itself (credit arrives, and its buffers go out, in
     its own thread): its environment counts frames read that way, none when
-    direct reads are off; every record arrives in order either way."""
-    prod = make_env(monkeypatch, direct)
-    cons = make_env(monkeypatch, direct)
+    direct reads or the caller's sends are off (by the keyword, or by
+    FLINKBUF_NET_CALLER_SENDS when the keyword is left out); every record
+    arrives in order either way."""
+    if variable is None:
+        monkeypatch.delenv("FLINKBUF_NET_CALLER_SENDS", raising=False)
+    else:
+        monkeypatch.setenv("FLINKBUF_NET_CALLER_SENDS", variable)
+    prod = make_env(direct, caller_sends=caller_sends)
+    cons = make_env(direct, caller_sends=caller_sends)
     try:
         part = create_partition(prod.network_buffer_pool, 1, min_buffers=2)
         prod.register_partition("p", part)
@@ -234,7 +277,7 @@ def test_a_backpressured_producer_reads_its_credit_itself(monkeypatch, direct):
         t.join(10)
         assert "error" not in res, res
         assert got == [i.to_bytes(4, "big") * 200 for i in range(n)]
-        assert_direct_frames(prod, direct)
+        assert_direct_frames(prod, reads)
         gate.close()
     finally:
         cons.close()
@@ -280,15 +323,14 @@ def test_a_recycle_elsewhere_wakes_a_producer_reading_the_socket():
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("direct", [True, False])
-def test_credit_left_for_the_consumers_next_read_reaches_a_producer_when_it_stops(
-        monkeypatch, direct):
+def test_credit_left_for_the_consumers_next_read_reaches_a_producer_when_it_stops(direct):
     """A consumer that reads the socket itself leaves the credit of a buffer
     it recycles for its next read while the sender has credit to spare; if
     it then stops reading, the credit still goes out (the reader thread
     takes the socket back): the producer, having spent the rest of its
     credit, gets the buffers it was owed while the consumer reads nothing."""
-    prod = make_env(monkeypatch, direct, num_segments=64, segment_size=1024)
-    cons = make_env(monkeypatch, direct, num_segments=64, segment_size=1024,
+    prod = make_env(direct, num_segments=64, segment_size=1024)
+    cons = make_env(direct, num_segments=64, segment_size=1024,
                     exclusive_buffers_per_channel=8, floating_buffers_per_gate=0)
     try:
         part = create_partition(prod.network_buffer_pool, 1, min_buffers=16)

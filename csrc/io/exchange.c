@@ -492,3 +492,12 @@ int32_t fb_subpart_size(fb_subpart_t *sp)
     pthread_mutex_unlock(&sp->mu);
     return n;
 }
+
+int fb_subpart_drained(fb_subpart_t *sp)
+{
+    int drained;
+    pthread_mutex_lock(&sp->mu);
+    drained = sp->state != FB_SP_LIVE || (sp->finished && sp->count == 0);
+    pthread_mutex_unlock(&sp->mu);
+    return drained;
+}

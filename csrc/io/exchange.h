@@ -174,5 +174,8 @@ int32_t fb_subpart_backlog(const fb_subpart_t *sp);
 int32_t fb_subpart_events(const fb_subpart_t *sp);         /* events queued */
 int32_t fb_subpart_state(const fb_subpart_t *sp);
 int32_t fb_subpart_size(fb_subpart_t *sp);                 /* items queued */
+/* Nothing is left for the consumer: its reader took the producer's last
+ * item, or the subpartition was released or failed. */
+int fb_subpart_drained(fb_subpart_t *sp);
 
 #endif

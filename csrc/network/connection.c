@@ -305,7 +305,7 @@ static int pool_wait(void *arg, void *lp, int64_t deadline_ns);
  * else (`how` 2) the writer thread is woken. */
 static void writer_kick(fb_conn_t *c, int how)
 {
-    if (c->caller_sends == 1 && how == 1) {
+    if (c->caller_sends && how == 1) {
         fb_gate_mark(&c->out, 0);
         conn_ready(c);
     } else {
@@ -1168,7 +1168,7 @@ static int read_partition_request(fb_conn_t *c, const fb_wire_frame_t *f)
         if (fb_subpart_connect(sp, &c->out, slot) == FB_OK) {
             /* The producer waiting for a buffer of this pool reads this
              * connection itself (pool_wait), if no other connection does. */
-            if (pool != NULL && c->direct_reads && c->caller_sends == 1) {
+            if (pool != NULL && c->direct_reads && c->caller_sends) {
                 fb_lender_t w = {pool_wait, conn_hold, conn_release, c};
                 oc->pool_waiter = pool->ops->set_waiter(pool, &w);
             }
@@ -1228,7 +1228,7 @@ static int read_credit(fb_conn_t *c, const fb_wire_frame_t *f)
         }
     }
     pthread_mutex_unlock(&c->mu);
-    if (wake && c->caller_sends == 1
+    if (wake && c->caller_sends
             && __atomic_load_n(&c->rd_owner, __ATOMIC_RELAXED) == RD_DIRECT) {
         fb_gate_mark(&c->out, slot);   /* a thread reading for itself sends too */
         conn_ready(c);
@@ -1503,7 +1503,7 @@ static int read_until(fb_conn_t *c, const waiting_t *w, int64_t deadline_ns)
             now = fb_monotonic_ns();
             if (now >= deadline_ns || stalled(c, now))
                 break;
-            if (__atomic_load_n(&c->nctl, __ATOMIC_RELAXED) > 0 && c->caller_sends == 1) {
+            if (__atomic_load_n(&c->nctl, __ATOMIC_RELAXED) > 0 && c->caller_sends) {
                 fb_gate_mark(&c->out, 0);  /* deferred credit goes out before the wait */
                 conn_ready(c);
             }
@@ -2090,7 +2090,7 @@ void fb_conn_set_direct_reads(fb_conn_t *c, int on)
 
 void fb_conn_set_caller_sends(fb_conn_t *c, int on)
 {
-    c->caller_sends = on;
+    c->caller_sends = on != 0;
     c->hook.ready = conn_ready;
     c->hook.hold = conn_hold;
     c->hook.release = conn_release;

@@ -74,8 +74,8 @@ fb_conn_t *fb_conn_new(int fd, int32_t segment_size, const fb_conn_callbacks_t *
 /* Before the start: whether a producer's thread whose add makes a served
  * subpartition ready sends it itself when the writer thread is idle (non-
  * blocking; what the socket does not take goes to the writer thread), and
- * a thread that queues control messages (credit) sends them likewise.  0:
- * every send is the writer thread's; 2: buffers only (for measuring). */
+ * a thread that queues control messages (credit) sends them likewise (0:
+ * every send is the writer thread's). */
 /* Consumers' threads waiting on a gate may read the socket themselves
  * (default on; off: only the reader thread reads). */
 void fb_conn_set_direct_reads(fb_conn_t *c, int on);

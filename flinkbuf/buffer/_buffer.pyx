@@ -16,7 +16,7 @@ from libc.stdint cimport INT64_MAX
 from libc.string cimport memmove, memcmp
 
 from flinkbuf.capi cimport write_unraisable
-from flinkbuf.checks cimport as_int32
+from flinkbuf.checks cimport as_int32, as_timeout
 from flinkbuf.csrc.arena cimport fb_aligned_alloc, fb_aligned_free, fb_is_pow2
 from flinkbuf.csrc.byteorder cimport *
 from flinkbuf.csrc.clock cimport FB_WAIT_FOREVER, FB_WAIT_SLICE, fb_deadline_after, fb_monotonic_ns

@@ -20,23 +20,6 @@ cdef int _raise_status(int rc, str what, object timeout=None) except -1:
     raise RuntimeError(f"internal error: result {rc} from the {what}")
 
 
-cdef double _as_timeout(object timeout) except? -2.0:
-    """Seconds to wait: None means forever (-1.0)."""
-    if timeout is None:
-        return -1.0
-    if isinstance(timeout, (str, bytes, bytearray)) or not hasattr(type(timeout), "__float__"):
-        raise TypeError(f"timeout must be None or a number, got {type(timeout).__name__}")
-    cdef double t
-    try:
-        t = float(timeout)
-    except OverflowError:
-        # An int past the double range: longer than any deadline, or negative.
-        t = float("inf") if timeout > 0 else -1.0
-    if t != t or t < 0:
-        raise ValueError(f"timeout must be None or a non-negative number, got {timeout!r}")
-    return t
-
-
 cdef int _wait_in_slices(int (*step)(void *, int64_t) noexcept nogil, void *arg,
                          double timeout) except -1:
     """Run a blocking C wait without the GIL until it ends or the timeout passes.
@@ -270,7 +253,7 @@ cdef class NetworkBufferPool:
         (``None``: forever).  Return them with :meth:`recycle_unpooled_segments`."""
         self._check_live()
         cdef int32_t n = as_int32(num_segments, "num_segments", 1)
-        cdef double t = _as_timeout(timeout)
+        cdef double t = as_timeout(timeout)
         if n > self._c.num_segments:
             raise InsufficientBuffersError(
                 f"insufficient network buffers: requested {n} unpooled segments of a "
@@ -467,7 +450,7 @@ cdef class LocalBufferPool:
         or the pool grows.  :class:`BufferRequestTimeoutError` after
         ``timeout`` seconds (``None``: forever); :class:`PoolDestroyedError`
         if the pool is destroyed, also while waiting."""
-        return self._request_blocking(self._channel_arg(channel), _as_timeout(timeout))
+        return self._request_blocking(self._channel_arg(channel), as_timeout(timeout))
 
     def set_num_buffers(self, num_buffers):
         """Resize to ``num_buffers``, capped at ``max_buffers`` and at what
@@ -496,7 +479,7 @@ cdef class LocalBufferPool:
         """Wait (without the GIL) until a request would succeed and no channel
         is at its cap.  True when available, False on timeout;
         :class:`PoolDestroyedError` if the pool is destroyed."""
-        cdef double t = _as_timeout(timeout)
+        cdef double t = as_timeout(timeout)
         if fb_localpool_is_available(&self._c):
             return True
         cdef int rc = _wait_in_slices(_available_step, &self._c, t)

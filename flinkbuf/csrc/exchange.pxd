@@ -53,3 +53,4 @@ cdef extern from "io/exchange.h" nogil:
     int32_t fb_subpart_events(const fb_subpart_t *sp)
     int32_t fb_subpart_state(const fb_subpart_t *sp)
     int32_t fb_subpart_size(fb_subpart_t *sp)
+    int fb_subpart_drained(fb_subpart_t *sp)

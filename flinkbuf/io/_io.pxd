@@ -10,6 +10,8 @@ cdef class InputGate
 
 # What the gate reads from an item a channel handed over (input_gate.pyx).
 cdef object item_object(fb_item_t *item, LocalBufferPool pool)
+# The bytes a user event travels as (events.pyx).
+cdef bytes _serialize_event(object event)
 
 include "channel_selector.pxd"
 include "result_partition.pxd"

@@ -23,7 +23,7 @@ from libc.string cimport memcpy
 
 from flinkbuf.buffer._buffer cimport Buffer, LocalBufferPool
 from flinkbuf.capi cimport write_unraisable
-from flinkbuf.checks cimport as_int32
+from flinkbuf.checks cimport as_int32, as_timeout
 from flinkbuf.csrc.clock cimport FB_WAIT_FOREVER, FB_WAIT_SLICE, fb_deadline_after, fb_monotonic_ns
 from flinkbuf.csrc.exchange cimport *
 from flinkbuf.csrc.keygroup cimport *

@@ -90,11 +90,6 @@ class UserEvent(Event):
         return f"UserEvent({self._payload!r})"
 
 
-def _serialize_event_for_tests(event):
-    """The bytes a user event travels as (for tests building event buffers)."""
-    return _serialize_event(event)
-
-
 cdef bytes _serialize_event(object event):
     if type(event) is not UserEvent:
         raise TypeError(f"only UserEvent travels in-band, got {type(event).__name__}")

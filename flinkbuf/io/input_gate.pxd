@@ -9,6 +9,7 @@ cdef class InputChannel:
     cdef object _channel_error(self)
     cdef int32_t _backlog(self) except -1
     cdef object _source_pool(self)
+    cdef object _own_buffer_counters(self)
 
 
 cdef class LocalInputChannel(InputChannel):

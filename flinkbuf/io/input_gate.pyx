@@ -86,6 +86,16 @@ cdef class InputChannel:
         return 0
 
     cdef object _source_pool(self):
+        """The pool of the producer's buffers the channel hands over, or None
+        for a channel that receives into buffers of its own."""
+        return None
+
+    cdef object _own_buffer_counters(self):
+        """For a channel that receives into buffers of its own rather than
+        handing over its producer's: ``(own buffers in use, own buffers in
+        all, bytes received, buffers received, the pool it borrows more
+        buffers from, shared with its gate's other channels, or None)``;
+        None for a channel that hands over its producer's buffers."""
         return None
 
     @property
@@ -490,6 +500,12 @@ cdef class InputGate:
             if pool is not None and all(pool is not p for p in pools):
                 pools.append(pool)
         return pools
+
+    def _own_buffer_counters(self):
+        """Per channel, what a channel that receives into buffers of its own
+        counts of them (see InputChannel._own_buffer_counters), or None."""
+        cdef InputChannel ch
+        return [ch._own_buffer_counters() for ch in self._channels]
 
     def _metric_counters(self):
         """(records, bytes, buffers, idle ns incl. a wait in progress)."""

@@ -16,13 +16,15 @@ metrics::
                                   remote channels' own buffers here)
     numRecordsIn/OutPerSecond, numBytesIn/OutPerSecond
 
-and, for gates that read other processes (remote channels of
-:mod:`flinkbuf.network`; local channels count for none of these)::
+and, over the channels that receive into buffers of their own instead of
+reading their producer's (the remote channels of :mod:`flinkbuf.network`,
+which report these counters themselves; local channels count for none of
+these)::
 
     inputExclusiveBuffersUsage    exclusive buffers not held for the sender /
                                   all exclusive buffers
     inputFloatingBuffersUsage     the gates' floating buffers lent out / all
-    numBytesInRemote, numBuffersInRemote   what arrived over connections
+    numBytesInRemote, numBuffersInRemote   what arrived into those buffers
 
 and the back-pressure level of Flink's web UI from the back-pressured ratio
 (``backPressuredTimeMsPerSecond / 1000``): ``OK`` up to 0.10, ``LOW`` up to
@@ -62,14 +64,14 @@ OK_THRESHOLD: Final = 0.10
 LOW_THRESHOLD: Final = 0.5
 
 
-class _RemoteInputMetrics(TypedDict):
+class _OwnBufferMetrics(TypedDict):
     inputExclusiveBuffersUsage: float
     inputFloatingBuffersUsage: float
     numBytesInRemote: int
     numBuffersInRemote: int
 
 
-class TaskMetricsSnapshot(_RemoteInputMetrics):
+class TaskMetricsSnapshot(_OwnBufferMetrics):
     """What :meth:`TaskMetrics.snapshot` returns: Flink's metric names
     (counts are totals since the task started; rates, per second, and
     times, in ms per second, are over the window)."""
@@ -112,35 +114,35 @@ def backpressure_level(ratio: float) -> Literal["OK", "LOW", "HIGH"]:
     return HIGH
 
 
-def _remote_input(gates: Iterable[InputGate]) -> tuple[_RemoteInputMetrics, int, int]:
-    """Over the remote channels of ``gates`` (channels with ``stats()``):
-    the remote metrics, and their buffers in use and in all."""
-    excl_total = excl_avail = bytes_in = buffers_in = 0
-    floating: list[Any] = []
+def _input_buffers(gates: Iterable[InputGate]) -> tuple[_OwnBufferMetrics, int, int, int]:
+    """Over the channels of ``gates`` that receive into buffers of their own
+    (each reports its counters, ``InputGate._own_buffer_counters``): their
+    metrics, and their buffers in use and in all; and the buffers queued
+    for the other channels (which hand over their producer's buffers)."""
+    own_total = own_used = bytes_in = buffers_in = queued = 0
+    borrowed: list[LocalBufferPool] = []
     for g in gates:
-        for ch in g.channels:
-            stats = getattr(ch, "stats", None)
-            if stats is None:
+        for backlog, own in zip(g.backlogs(), g._own_buffer_counters()):
+            if own is None:
+                queued += backlog
                 continue
-            st = stats()
-            excl_total += st["exclusive_total"]
-            excl_avail += st["exclusive_available"]
-            bytes_in += st["bytes_in"]
-            buffers_in += st["buffers_in"]
-            fl = getattr(ch, "floating_buffers", None)
-            if fl is not None and all(fl is not f for f in floating):
-                floating.append(fl)
-    fl_pools = [f.pool for f in floating]
-    fl_size = sum(p.num_buffers for p in fl_pools if not p.is_destroyed)
-    fl_lent = sum(p.num_requested - p.num_available for p in fl_pools if not p.is_destroyed)
-    metrics: _RemoteInputMetrics = {
-        "inputExclusiveBuffersUsage":
-            (excl_total - excl_avail) / excl_total if excl_total else 0.0,
+            used, total, nbytes, nbuffers, pool = own
+            own_used += used
+            own_total += total
+            bytes_in += nbytes
+            buffers_in += nbuffers
+            if pool is not None and all(pool is not p for p in borrowed):
+                borrowed.append(pool)
+    live = [p for p in borrowed if not p.is_destroyed]
+    fl_size = sum(p.num_buffers for p in live)
+    fl_lent = sum(p.num_requested - p.num_available for p in live)
+    metrics: _OwnBufferMetrics = {
+        "inputExclusiveBuffersUsage": own_used / own_total if own_total else 0.0,
         "inputFloatingBuffersUsage": min(1.0, fl_lent / fl_size) if fl_size else 0.0,
         "numBytesInRemote": bytes_in,
         "numBuffersInRemote": buffers_in,
     }
-    return metrics, excl_total - excl_avail + fl_lent, excl_total + fl_size
+    return metrics, own_used + fl_lent, own_total + fl_size, queued
 
 
 def _pool_usage(pools: Iterable[LocalBufferPool]) -> float:
@@ -229,7 +231,7 @@ class TaskMetrics:
         idle = ms_per_second(4) if self.gates else 0.0
         bp = ms_per_second(8) if self.writers else 0.0
         ratio = bp / 1000.0
-        remote, remote_used, remote_size = _remote_input(self.gates)
+        own, own_used, own_size, queued = _input_buffers(self.gates)
         return {
             "task": self.name,
             "intervalSeconds": seconds,
@@ -239,7 +241,7 @@ class TaskMetrics:
             "backPressureRatio": ratio,
             "backPressureLevel": backpressure_level(ratio),
             "outPoolUsage": _pool_usage(w.partition.pool for w in self.writers),
-            "inPoolUsage": self._in_pool_usage(remote_used, remote_size),
+            "inPoolUsage": self._in_pool_usage(queued, own_used, own_size),
             "numRecordsIn": now[1],
             "numBytesIn": now[2],
             "numBuffersIn": now[3],
@@ -250,20 +252,18 @@ class TaskMetrics:
             "numBytesInPerSecond": per_second(2),
             "numRecordsOutPerSecond": per_second(5),
             "numBytesOutPerSecond": per_second(6),
-            **remote,
+            **own,
         }
 
-    def _in_pool_usage(self, remote_used: int, remote_size: int) -> float:
-        """Buffers queued for local channels over the pools they come from,
-        plus remote channels' own buffers in use over all of them."""
+    def _in_pool_usage(self, queued: int, own_used: int, own_size: int) -> float:
+        """Buffers ``queued`` for the channels that hand over their
+        producer's buffers over the pools they come from, plus the other
+        channels' own buffers in use over all of them."""
         in_pools: list[LocalBufferPool] = []
-        queued = 0
         for g in self.gates:
-            queued += sum(b for ch, b in zip(g.channels, g.backlogs())
-                          if getattr(ch, "stats", None) is None)
             in_pools.extend(p for p in g.source_pools() if all(p is not q for q in in_pools))
-        size = sum(p.num_buffers for p in in_pools if not p.is_destroyed) + remote_size
-        return min(1.0, (queued + remote_used) / size) if size else 0.0
+        size = sum(p.num_buffers for p in in_pools if not p.is_destroyed) + own_size
+        return min(1.0, (queued + own_used) / size) if size else 0.0
 
     def to_json(self, **kwargs: Any) -> str:
         return json.dumps(self.snapshot(), **kwargs)

@@ -31,7 +31,9 @@ cdef class ResultPartition:
     cdef int _state              # _P_LIVE, _P_FINISHED, _P_FAILED, _P_RELEASED
     cdef bint _has_writer
     cdef object _writer          # weak reference to the RecordWriter, or None
-    cdef _ConsumeSignal _signal
+    cdef _ConsumeSignal _signal  # posted when a consumer takes an item, a subpartition
+                                 # ends, or a reader elsewhere is done
+    cdef int32_t _readers        # readers elsewhere: connections serving a subpartition
 
     cdef int _raise_for_rc(self, int rc, int32_t index) except -1
     cdef int32_t _segment_size   # an event must fit one buffer
@@ -40,3 +42,6 @@ cdef class ResultPartition:
     cdef int _await_event_room(self, ResultSubpartition sp, RecordWriter writer) except -1
     cdef int _finish(self) except -1
     cdef int _check_initialised(self) except -1
+    cdef int _reader_attached(self) except -1
+    cdef int _reader_detached(self) except -1
+    cdef bint _is_consumed(self) except -1

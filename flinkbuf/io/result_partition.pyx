@@ -384,6 +384,81 @@ cdef class ResultPartition:
         for sp in self._subpartitions:
             sp._terminate(FB_SP_RELEASED)
 
+    # ---- consumption ---------------------------------------------------------
+
+    cdef int _reader_attached(self) except -1:
+        """A reader outside this process's gates (a connection serving a
+        subpartition to another process) holds the partition: it is not
+        consumed until that reader is done."""
+        self._readers += 1
+        return 0
+
+    cdef int _reader_detached(self) except -1:
+        """That reader is done (it sent the subpartition's last item or its
+        error, its reader went away, or its connection ended)."""
+        self._readers -= 1
+        if self._signal is not None:
+            fb_signal_post(&self._signal._c)
+        return 0
+
+    cdef bint _is_consumed(self) except -1:
+        cdef ResultSubpartition sp
+        if self._readers > 0:
+            return False
+        for sp in self._subpartitions:
+            if not fb_subpart_drained(&sp._c):
+                return False
+        return True
+
+    def wait_consumed(self, timeout=None, *, reset_on_progress=False):
+        """Wait (without the GIL) until the consumers have taken everything:
+        every subpartition was read to its end (its reader took the
+        EndOfPartition that finishing the partition queues), or was
+        released or failed, and no reader in another process still has
+        something of it in flight (a connection of a
+        :class:`~flinkbuf.network.NetworkEnvironment` sending a
+        subpartition's last buffers and EndOfPartition, or the producer's
+        error; a connection that drops ends its readers at once).
+
+        True once that is so (at once if it is already), False if
+        ``timeout`` seconds (None: no limit) pass first.  With
+        ``reset_on_progress``, ``timeout`` counts from the consumers' last
+        step (a buffer or event taken, a subpartition released, a reader
+        in another process done) instead of from the call: consumers that
+        keep reading are waited for however long they take, and the wait
+        gives up once none has moved for ``timeout`` seconds.
+
+        A producer whose process must stay up until its remote consumers
+        have everything (its environment's connections end when it closes)
+        waits here after closing its writer; a partition that is not
+        finished is not consumed."""
+        self._check_initialised()
+        cdef double limit = as_timeout(timeout)
+        if not isinstance(reset_on_progress, bool):
+            raise TypeError(f"reset_on_progress must be True or False, got "
+                            f"{type(reset_on_progress).__name__}")
+        cdef bint restart = reset_on_progress
+        cdef object keep = self          # alive across the nogil waits
+        cdef _ConsumeSignal signal = self._signal
+        cdef uint64_t seen, last = fb_signal_seq(&signal._c)
+        cdef int64_t deadline = FB_WAIT_FOREVER if limit < 0 else fb_deadline_after(limit)
+        cdef int64_t slice_end
+        while True:
+            seen = fb_signal_seq(&signal._c)
+            if self._is_consumed():
+                return True
+            if restart and seen != last and limit >= 0:
+                last = seen
+                deadline = fb_deadline_after(limit)
+            if deadline != FB_WAIT_FOREVER and fb_monotonic_ns() >= deadline:
+                return False
+            slice_end = fb_deadline_after(FB_WAIT_SLICE)
+            if slice_end > deadline:
+                slice_end = deadline
+            with nogil:
+                fb_signal_wait(&signal._c, seen, slice_end)
+            PyErr_CheckSignals()
+
     def subpartition(self, index):
         return self._subpartitions[_as_subpartition(index, self._n)]
 

@@ -29,8 +29,8 @@ class Connection:
         local: str,
         peer: str,
         io_timeout: float,
-        caller_sends: int = 0,
-        direct_reads: int = 1,
+        caller_sends: bool = True,
+        direct_reads: bool = True,
     ) -> Connection: ...
     def close(self) -> None: ...
     @property

@@ -38,6 +38,7 @@ cdef int _find_subpartition(void *ctx, const char *partition_id, size_t n,
                        f"subpartition {<object>subpartition}", err, errlen)
             return FB_NET_ERR_REFUSED
         Py_INCREF(part)
+        part._reader_attached()         # until _release_owner
         owner[0] = <void *>part
         sp[0] = &(<ResultSubpartition>part._subpartitions[subpartition])._c
         pool[0] = &part._pool._c if part._pool is not None else NULL
@@ -64,7 +65,14 @@ cdef void _describe_failure(void *ctx, void *owner, char *tname, size_t tlen,
 
 
 cdef void _release_owner(void *ctx, void *owner) noexcept with gil:
-    Py_DECREF(<object>owner)
+    """The connection is done with a partition _find_subpartition gave it
+    (the subpartition's reader ended, or the request was not served)."""
+    cdef ResultPartition part = <ResultPartition>owner
+    try:
+        part._reader_detached()
+    except BaseException:
+        write_unraisable(part)
+    Py_DECREF(part)
 
 
 cdef str _transport_of(int fd):
@@ -93,10 +101,11 @@ cdef class Connection:
 
     @staticmethod
     def _open(int fd, int32_t segment_size, lookup, str local, str peer, double io_timeout,
-              int caller_sends=0, int direct_reads=1):
+              bint caller_sends=True, bint direct_reads=True):
         """Start a connection over ``fd`` (connected, authenticated, owned
         from here on).  ``lookup(partition_id)`` finds a registered
-        partition or returns None."""
+        partition or returns None; ``caller_sends`` and ``direct_reads``
+        are the environment's (see NetworkEnvironment)."""
         cdef Connection conn = Connection.__new__(Connection, _MADE_HERE)
         cdef fb_conn_callbacks_t cb
         cb.ctx = <void *>conn           # borrowed: the threads end before conn does

@@ -85,6 +85,20 @@ def _close_all() -> None:
             log.exception("closing a network environment at exit")
 
 
+def _switch(value: object, name: str, variable: str) -> bool:
+    """An on/off keyword: True or False as given; None: the environment
+    variable ``variable`` if it is set (``0`` or ``1``), else on."""
+    if value is None:
+        setting = os.environ.get(variable, "")
+        if setting not in ("", "0", "1"):
+            raise ValueError(f"the environment variable {variable} must be 0 or 1 (or unset), "
+                             f"got {setting!r}")
+        return setting != "0"
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True, False or None, got {type(value).__name__}")
+    return value
+
+
 def format_address(address: Address) -> str:
     """``(host, port)`` or ``"host:port"`` as ``"host:port"``."""
     if isinstance(address, str):
@@ -180,13 +194,39 @@ class NetworkEnvironment:
     A dropped connection fails its channels at once (their consumers raise
     :class:`RemoteConnectionError`).  Use as a context manager, or call
     :meth:`close`.
+
+    Two ways of saving a thread switch per buffer, both on by default
+    (docs/ARCHITECTURE.md, "Across processes"):
+
+    ``caller_sends``: when the connection's writer thread is idle, a
+    producer's flush sends the buffer in the producer's own thread, and a
+    consumer's recycle sends the credit it grants in the consumer's;
+    never blocking (what the socket does not take at once is left to the
+    writer thread), but with the GIL held, as the calling thread holds it.
+    Off: every send goes through the writer thread, which holds no GIL.
+    ``direct_reads``: a consumer whose gate is empty receives from the
+    socket itself while nobody else reads it (without the GIL), instead
+    of waiting for the connection's reader thread to hand each buffer
+    over.  Off: every receive goes through the reader thread.  With both
+    on, a producer whose ``emit`` waits for a buffer also reads the
+    connection itself (the credit that frees one) and sends at once.
+    Records, order and flow control are the same either way; turn one
+    off to measure what it saves, or ``caller_sends`` off when other
+    Python threads of a busy process should not wait for the GIL while a
+    producer or consumer thread sends.  ``None`` (the default) is on,
+    unless the environment variable ``FLINKBUF_NET_CALLER_SENDS`` or
+    ``FLINKBUF_NET_DIRECT_READS`` is set (``0``: off, ``1``: on), which
+    lets a benchmark switch environments it does not construct itself
+    (the tasks of a Spark job); ``True`` or ``False`` here wins over the
+    variable.
     """
 
     def __init__(self, num_segments: int, segment_size: int = 32768, *,
                  host: str = "127.0.0.1", port: int = 0, secret: bytes | bytearray | memoryview,
                  exclusive_buffers_per_channel: int = 2, floating_buffers_per_gate: int = 8,
                  connect_timeout: float = 10.0, request_timeout: float = 30.0,
-                 io_timeout: float = 60.0, transport: Literal["auto", "tcp"] = "auto") -> None:
+                 io_timeout: float = 60.0, transport: Literal["auto", "tcp"] = "auto",
+                 caller_sends: bool | None = None, direct_reads: bool | None = None) -> None:
         if not isinstance(secret, (bytes, bytearray, memoryview)):
             raise TypeError(f"secret must be bytes, got {type(secret).__name__}")
         secret = bytes(secret)
@@ -204,15 +244,8 @@ class NetworkEnvironment:
         self._request_timeout = check_seconds(request_timeout, "request_timeout")
         self._io_timeout = check_seconds(io_timeout, "io_timeout")
         self._secret = secret
-        # A producer's flush sends in its own thread when the connection's writer
-        # thread is idle (docs/ARCHITECTURE.md, layer 4: Send); FLINKBUF_NET_CALLER_SENDS=0
-        # leaves every send to the writer thread (for measuring the two).
-        mode = os.environ.get("FLINKBUF_NET_CALLER_SENDS", "1")
-        self._caller_sends = int(mode) if mode in ("0", "1", "2") else 1
-        # A consumer's thread waiting on its gate receives from the socket itself
-        # when nobody else reads it (layer 4: Receive); FLINKBUF_NET_DIRECT_READS=0
-        # leaves every receive to the connection's reader thread.
-        self._direct_reads = 0 if os.environ.get("FLINKBUF_NET_DIRECT_READS") == "0" else 1
+        self._caller_sends = _switch(caller_sends, "caller_sends", "FLINKBUF_NET_CALLER_SENDS")
+        self._direct_reads = _switch(direct_reads, "direct_reads", "FLINKBUF_NET_DIRECT_READS")
         self._nbp = NetworkBufferPool(num_segments, segment_size)
         self._segment_size = segment_size
         self._lock = threading.Lock()
@@ -221,7 +254,8 @@ class NetworkEnvironment:
         self._all_connections: list[Connection] = []    # every Connection, to close
         self._connecting: dict[str, threading.Lock] = {}   # peer address -> lock while connecting
         self._dialing: set[str] = set()  # peer addresses this process is connecting to
-        self._registered = threading.Condition(self._lock)   # a connection was registered
+        # A partition or a connection was registered, or the environment closed.
+        self._changed = threading.Condition(self._lock)
         self._closed = False
         try:
             self._server = socket.create_server((host, port), backlog=128)
@@ -322,11 +356,7 @@ class NetworkEnvironment:
             if partition_id in self._partitions:
                 raise ValueError(f"a partition {partition_id!r} is registered already")
             self._partitions[partition_id] = partition
-
-    def unregister_partition(self, partition_id: str) -> None:
-        """Stop serving ``partition_id`` to new readers (those reading it go on)."""
-        with self._lock:
-            self._partitions.pop(partition_id, None)
+            self._changed.notify_all()
 
     def _lookup(self, partition_id: str) -> ResultPartition | None:
         with self._lock:
@@ -377,17 +407,17 @@ class NetworkEnvironment:
             raise
 
     def _local_partition(self, partition_id: str) -> ResultPartition:
-        deadline = time.monotonic() + self._request_timeout
-        while True:
-            part = self._lookup(partition_id)
-            if part is not None:
-                return part
-            if time.monotonic() > deadline:
+        """The partition registered here as ``partition_id``, once it is
+        (waiting up to the request timeout, as a remote request would)."""
+        with self._changed:
+            if not self._changed.wait_for(
+                    lambda: self._closed or partition_id in self._partitions,
+                    self._request_timeout):
                 raise PartitionNotFoundError(
                     f"no partition {partition_id!r} was registered in this process within "
-                    f"{self._request_timeout} s")
+                    f"{self._request_timeout:g} s")
             self._check_open()
-            time.sleep(0.01)
+            return self._partitions[partition_id]
 
     def _remote_channel(self, address: str, partition_id: str, sub: int,
                         floating: FloatingBuffers | None) -> RemoteInputChannel:
@@ -432,7 +462,7 @@ class NetworkEnvironment:
                         self._check_open()
                     self._connections[address] = conn
                     self._all_connections.append(conn)
-                    self._registered.notify_all()
+                    self._changed.notify_all()
                 return conn
 
     def _keep_incoming(self, peer: str) -> bool:
@@ -454,20 +484,20 @@ class NetworkEnvironment:
         """The connection the process at ``address`` (which calls itself
         ``peer``) made to this one, once its handshake registered it here;
         also registered as ``address``."""
-        deadline = time.monotonic() + self._connect_timeout
-        with self._registered:
-            while True:
-                self._check_open()
-                conn = self._connections.get(peer)
-                if conn is not None and conn.is_open:
-                    self._connections[address] = conn
-                    return conn
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise RemoteConnectionError(
-                        f"connecting to {address}: the peer keeps its own connection to this "
-                        f"process, which did not arrive within {self._connect_timeout:g} s")
-                self._registered.wait(min(remaining, 0.1))
+        def arrived() -> bool:
+            conn = self._connections.get(peer)
+            return conn is not None and conn.is_open
+
+        with self._changed:
+            if not self._changed.wait_for(lambda: self._closed or arrived(),
+                                          self._connect_timeout):
+                raise RemoteConnectionError(
+                    f"connecting to {address}: the peer keeps its own connection to this "
+                    f"process, which did not arrive within {self._connect_timeout:g} s")
+            self._check_open()
+            conn = self._connections[peer]
+            self._connections[address] = conn
+            return conn
 
     def _is_this_host(self, host: str) -> bool:
         return host.startswith(_LOCAL_HOSTS) or host == self._address[0]
@@ -619,7 +649,7 @@ class NetworkEnvironment:
             current = self._connections.get(advertised)
             if current is None or not current.is_open:
                 self._connections[advertised] = conn
-            self._registered.notify_all()
+            self._changed.notify_all()
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -639,6 +669,7 @@ class NetworkEnvironment:
             self._all_connections.clear()
             self._connections.clear()
             self._partitions.clear()
+            self._changed.notify_all()      # waiters raise: the environment is closed
         _LIVE.discard(self)
         for server in (self._server, self._unix_server):
             if server is not None:

@@ -204,6 +204,16 @@ cdef class RemoteInputChannel(InputChannel):
     cdef object _source_pool(self):
         return None
 
+    cdef object _own_buffer_counters(self):
+        """The exclusive buffers (in use: not held for the sender), what
+        arrived, and the gate's floating buffers: TaskMetrics' input buffer
+        metrics."""
+        cdef fb_inchan_stats_t st
+        fb_inchan_stats(self._c, &st)
+        return (st.exclusive_total - st.exclusive_available, st.exclusive_total,
+                st.bytes_in, st.buffers_in,
+                self._floating._pool if self._floating is not None else None)
+
     # ---- introspection -----------------------------------------------------------------
 
     @property

@@ -244,7 +244,7 @@ def run_task(spec, iterator):
         if producer.error is not None:
             raise _root_error(None, producer.error)
         gate.close()
-        _wait_until_served(env, partition, spec.timeout)
+        _wait_until_served(partition, spec.timeout)
     except BaseException as exc:
         failed = exc
         if _is_consequence(exc):
@@ -284,32 +284,15 @@ def _is_consequence(error, depth=0):
     return False
 
 
-def _wait_until_served(env, partition, timeout):
-    """Wait until every peer has taken its subpartition to its end: each
-    subpartition's queue is empty (EndOfPartition taken) or released, and no
-    connection serves a channel any more (EndOfPartition sent; a peer keeps
-    what it received when the connection closes).  A slow peer may take its
-    time: this fails only after ``timeout`` seconds without progress.
+def _wait_until_served(partition, timeout):
+    """Wait until every peer has taken its subpartition to its end (or
+    released it), EndOfPartition included: a peer keeps what it received
+    when the connection closes.  A slow peer may take its time: this fails
+    only after ``timeout`` seconds in which no peer took anything.
     (Cheaper than a last ``barrier()``, which Spark answers on a 1 s poll.)"""
-    subs = [partition.subpartition(i) for i in range(partition.num_subpartitions)]
-    deadline = time.monotonic() + timeout
-    last = None
-    delay = 0.0005
-    while True:
-        queued = sum(s.num_queued for s in subs if not s.is_released)
-        conns = env.connections()
-        serving = sum(c.num_channels for c in conns)
-        if not queued and not serving:
-            return
-        progress = (queued, sum(c.stats().get("bytes_out", 0) for c in conns))
-        if progress != last:
-            last = progress
-            deadline = time.monotonic() + timeout
-        elif time.monotonic() > deadline:
-            raise TimeoutError(f"the peers took nothing more of this task's output for "
-                               f"{timeout:g} s")
-        time.sleep(delay)
-        delay = min(delay * 2, 0.01)
+    if not partition.wait_consumed(timeout, reset_on_progress=True):
+        raise TimeoutError(f"the peers took nothing more of this task's output for "
+                           f"{timeout:g} s")
 
 
 def _join(thread, timeout):
@@ -343,15 +326,12 @@ def _cleanup(env, partition, writer, gate, producer, failed, timeout):
             _join(producer, timeout)
         except TimeoutError:
             pass                       # it is a daemon thread: blocked in the input
-    if failed is not None:
+    if failed is not None and partition is not None:
         # The failure travels to the peers as an error frame on each channel
-        # they read from us; a served channel ends once it is sent.  Closing
-        # the connections before that would show them a dropped connection
-        # instead of the error.
-        deadline = time.monotonic() + min(timeout, _ERROR_GRACE)
-        while (time.monotonic() < deadline
-               and any(c.num_channels for c in env.connections())):
-            time.sleep(0.005)
+        # they read from us; the partition is consumed once each of them is
+        # on its way.  Closing the connections before that would show them
+        # a dropped connection instead of the error.
+        partition.wait_consumed(min(timeout, _ERROR_GRACE))
     env.close()
 
 
