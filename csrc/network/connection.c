@@ -660,7 +660,7 @@ static int conn_end(fb_conn_t *c, int code, const char *msg)
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
     pthread_mutex_lock(&c->rd_mu);
-    c->rd_stop = 1;
+    __atomic_store_n(&c->rd_stop, 1, __ATOMIC_RELAXED);   /* (read unlocked by a reader mid-frame) */
     pthread_cond_broadcast(&c->rd_cv);
     pthread_cond_broadcast(&c->rd_done_cv);
     if (deferred) {           /* no shutdown wakes the polls: these do */
@@ -1399,7 +1399,8 @@ static void reader_loop(fb_conn_t *c)
         r = read_available(c);
         /* In the middle of a frame the rest is coming: wait for it holding
          * the socket (a closing channel's abort and a shutdown wake this). */
-        while (r == 0 && mid_frame(c) && !stalled(c, now = fb_monotonic_ns())) {
+        while (r == 0 && mid_frame(c) && !__atomic_load_n(&c->rd_stop, __ATOMIC_RELAXED)
+               && !stalled(c, now = fb_monotonic_ns())) {
             if (poll_input(c, c->thread_wake_fd, wait_ms(c, FB_WAIT_FOREVER, now)) < 0
                     && errno != EINTR)
                 break;
