@@ -14,6 +14,7 @@
 
 #include "common/byteorder.h"
 #include "common/clock.h"
+#include "network/credit.h"
 #include "network/wire.h"
 
 #define RD_CAP 65536                /* the reader's staging buffer */
@@ -125,8 +126,7 @@ typedef struct outchan {
 typedef struct ctl {
     struct ctl *next;
     uint8_t type;
-    uint32_t receiver_id;
-    fb_inchan_t *chan;          /* PARTITION_REQUEST / ADD_CREDIT: read when sent */
+    uint32_t receiver_id;       /* PARTITION_REQUEST, ADD_*CREDIT: the channel's, read when sent */
     uint32_t len;               /* a prebuilt body (ERROR_RESPONSE) */
     char body[];
 } ctl_t;
@@ -134,8 +134,7 @@ typedef struct ctl {
 struct fb_floating {
     pthread_mutex_t mu;
     fb_localpool_t *pool;
-    fb_inchan_t **waiting;      /* channels that want buffers, oldest first */
-    int32_t nwaiting, cap;
+    fb_waitlist_t wl;           /* channels that want segments, oldest first */
     int refs;
 };
 
@@ -151,20 +150,9 @@ struct fb_inchan {
     fb_subpart_t queue;
     fb_localpool_t *exclusive;
     fb_floating_t *floating;
-    int32_t num_exclusive;
-    /* under conn->mu */
-    int32_t *avail;             /* segments held for the sender's buffers */
-    uint8_t *avail_floating;
-    int32_t navail, cap_avail;
-    int32_t unannounced;
-    int credit_queued;
-    int credit_deferred;         /* queued, and left for the consumer's next read */
-    uint32_t events_received;   /* events that arrived ... */
-    uint32_t events_granted;    /* ... and the events the sender was allowed */
-    int32_t events_taken;       /* taken by the consumer, not yet granted back */
-    int event_credit_queued;
+    /* under conn->mu (cr.wants: under floating->mu) */
+    fb_credit_t cr;
     uint32_t next_seq;
-    int32_t backlog;
     int state;
     int64_t request_deadline, retry_at, backoff_ns;
     int err_code;
@@ -173,8 +161,6 @@ struct fb_inchan {
     fb_item_t *failed_items;    /* what the queue held when the channel failed */
     int32_t nfailed_items;
     int64_t buffers_in, bytes_in;
-    /* under floating->mu */
-    int32_t wants;
 };
 
 struct fb_conn {
@@ -318,14 +304,12 @@ static void inchan_incref(fb_inchan_t *ch)
     __atomic_add_fetch(&ch->refs, 1, __ATOMIC_ACQ_REL);
 }
 
-/* Free control messages (no lock held: a channel reference may be the last). */
+/* Free control messages (no lock needed: they are values). */
 static void ctl_free_list(ctl_t *m)
 {
     ctl_t *next;
     for (; m != NULL; m = next) {
         next = m->next;
-        if (m->chan != NULL)
-            fb_inchan_decref(m->chan);
         free(m);
     }
 }
@@ -333,8 +317,8 @@ static void ctl_free_list(ctl_t *m)
 /* Queue a control message (mu held); the writer sends them in order.  A
  * quiet push leaves waking the writer to the caller, once it has unlocked
  * (woken under mu, the writer would at once block on it). */
-static int ctl_push_quiet(fb_conn_t *c, uint8_t type, uint32_t receiver_id, fb_inchan_t *chan,
-                          const char *body, uint32_t len, int quiet)
+static int ctl_push_quiet(fb_conn_t *c, uint8_t type, uint32_t receiver_id, const char *body,
+                          uint32_t len, int quiet)
 {
     ctl_t *m = malloc(sizeof(ctl_t) + len);
     if (m == NULL)
@@ -342,9 +326,6 @@ static int ctl_push_quiet(fb_conn_t *c, uint8_t type, uint32_t receiver_id, fb_i
     m->next = NULL;
     m->type = type;
     m->receiver_id = receiver_id;
-    m->chan = chan;
-    if (chan != NULL)
-        inchan_incref(chan);
     m->len = len;
     if (len)
         memcpy(m->body, body, len);
@@ -359,30 +340,10 @@ static int ctl_push_quiet(fb_conn_t *c, uint8_t type, uint32_t receiver_id, fb_i
     return FB_OK;
 }
 
-static int ctl_push(fb_conn_t *c, uint8_t type, uint32_t receiver_id, fb_inchan_t *chan,
-                    const char *body, uint32_t len)
+static int ctl_push(fb_conn_t *c, uint8_t type, uint32_t receiver_id, const char *body,
+                    uint32_t len)
 {
-    return ctl_push_quiet(c, type, receiver_id, chan, body, len, 0);
-}
-
-/* Take queued control messages that refer to `chan` off the queue (mu
- * held); the caller frees them with ctl_free_list once unlocked. */
-static ctl_t *ctl_forget(fb_conn_t *c, fb_inchan_t *chan)
-{
-    ctl_t **p = &c->ctl_head, *m, *dropped = NULL;
-    c->ctl_tail = NULL;
-    while ((m = *p) != NULL) {
-        if (m->chan == chan) {
-            *p = m->next;
-            m->next = dropped;
-            dropped = m;
-            c->nctl--;
-        } else {
-            c->ctl_tail = m;
-            p = &m->next;
-        }
-    }
-    return dropped;
+    return ctl_push_quiet(c, type, receiver_id, body, len, 0);
 }
 
 /* An ERROR_RESPONSE body: code, type name, message. */
@@ -392,7 +353,7 @@ static int ctl_error(fb_conn_t *c, uint32_t receiver_id, int code, const char *t
     char body[FB_NET_MAX_ERROR_BODY];
     char *end = fb_wire_put_error_body(body, receiver_id, (uint8_t)code, type, strlen(type), msg,
                                        strlen(msg));
-    return ctl_push(c, FB_MSG_ERROR, receiver_id, NULL, body, (uint32_t)(end - body));
+    return ctl_push(c, FB_MSG_ERROR, receiver_id, body, (uint32_t)(end - body));
 }
 
 /* ---- in-channel credit ---------------------------------------------------------------- */
@@ -404,46 +365,33 @@ static int consumer_reads(fb_conn_t *c)
            || fb_monotonic_ns() < __atomic_load_n(&c->rd_lent_until, __ATOMIC_RELAXED);
 }
 
-/* The sender would soon run out: half the channel's buffers are unannounced,
- * or it knows of at most one free one. */
-static int credit_urgent(const fb_inchan_t *ch)
+/* Act on a credit decision (mu held): queue the message it calls for.
+ * Returns how the caller (unlocked) is to wake the writer (writer_kick), or 0. */
+static int credit_act(fb_conn_t *c, fb_inchan_t *ch, fb_credit_action_t a, uint8_t msg)
 {
-    return ch->unannounced * 2 >= ch->cap_avail || ch->navail - ch->unannounced <= 1;
-}
-
-/* n more buffers for the sender (mu held): announce them once the unannounced
- * credit turns positive.  Returns how the caller (unlocked) is to wake the
- * writer (writer_kick), or 0. */
-static int add_credit_locked(fb_conn_t *c, fb_inchan_t *ch, int32_t n)
-{
-    ch->unannounced += n;
-    if (ch->credit_queued && ch->credit_deferred && credit_urgent(ch)) {
-        ch->credit_deferred = 0;
+    if (a == FB_CREDIT_NOTHING)
+        return 0;
+    if (a == FB_CREDIT_SEND_QUEUED)
         return 1;
+    if (ctl_push_quiet(c, msg, ch->receiver_id, NULL, 0, 1) != FB_OK) {
+        if (msg == FB_MSG_ADD_CREDIT)
+            fb_credit_unqueue(&ch->cr);
+        else
+            fb_credit_event_unqueue(&ch->cr);
+        return 0;
     }
-    if (!ch->credit_queued && ch->state == CH_REQUESTED && c->state == CONN_OPEN) {
-        if (ctl_push_quiet(c, FB_MSG_ADD_CREDIT, ch->receiver_id, ch, NULL, 0, 1) == FB_OK) {
-            ch->credit_queued = 1;
-            /* A consumer that reads the socket itself sends it with its next
-             * read, unless the sender is about to run out: no wake-up of the
-             * writer, and several buffers' credit in one frame. */
-            if (consumer_reads(c) && !credit_urgent(ch)) {
-                ch->credit_deferred = 1;
-                return 0;
-            }
-            /* The caller wakes the writer once unlocked; it sends the credit
-             * itself (caller_sends) only if the sender had no backlog: a
-             * sender that streams is better served by the writer thread
-             * batching credit than by a system call in the consumer's. */
-            return ch->backlog > 0 ? 2 : 1;
-        }
-    }
-    return 0;
+    return a == FB_CREDIT_DEFER ? 0 : a == FB_CREDIT_BATCH ? 2 : 1;
 }
 
 static inline int holds_buffers(const fb_inchan_t *ch)
 {
     return ch->state == CH_NEW || ch->state == CH_REQUESTED || ch->state == CH_RETRY;
+}
+
+/* The channel reads, and its credit may be announced now (mu held). */
+static inline int credit_open(const fb_conn_t *c, const fb_inchan_t *ch)
+{
+    return ch->state == CH_REQUESTED && c->state == CONN_OPEN;
 }
 
 /* A segment (exclusive, or floating) for `ch` to hold for its sender, as
@@ -454,10 +402,9 @@ static int hold_for_sender(fb_inchan_t *ch, int32_t index, int floating)
     fb_conn_t *c = ch->conn;
     int kept = 0, wake = 0;
     pthread_mutex_lock(&c->mu);
-    if (holds_buffers(ch) && ch->navail < ch->cap_avail) {
-        ch->avail[ch->navail] = index;
-        ch->avail_floating[ch->navail++] = (uint8_t)floating;
-        wake = add_credit_locked(c, ch, 1);
+    if (holds_buffers(ch) && fb_credit_hold(&ch->cr, index, floating)) {
+        wake = credit_act(c, ch, fb_credit_announce(&ch->cr, credit_open(c, ch),
+                                                    consumer_reads(c)), FB_MSG_ADD_CREDIT);
         kept = 1;
     }
     pthread_mutex_unlock(&c->mu);
@@ -473,33 +420,9 @@ static int exclusive_hook(void *arg, fb_localpool_t *lp, int32_t index)
     return hold_for_sender(arg, index, 0);
 }
 
-/* Take the oldest waiting channel of f off the list with one want fewer
- * (f->mu held), with a reference; NULL if none waits. */
-static fb_inchan_t *pop_waiter(fb_floating_t *f)
+static inline fb_inchan_t *inchan_of(fb_credit_t *cr)
 {
-    fb_inchan_t *ch;
-    if (f->nwaiting == 0)
-        return NULL;
-    ch = f->waiting[0];
-    if (--ch->wants <= 0) {
-        ch->wants = 0;
-        memmove(f->waiting, f->waiting + 1, sizeof(*f->waiting) * (size_t)--f->nwaiting);
-    }
-    inchan_incref(ch);
-    return ch;
-}
-
-static void remove_waiter(fb_floating_t *f, fb_inchan_t *ch)
-{
-    int32_t k;
-    for (k = 0; k < f->nwaiting; k++)
-        if (f->waiting[k] == ch) {
-            memmove(f->waiting + k, f->waiting + k + 1,
-                    sizeof(*f->waiting) * (size_t)(f->nwaiting - k - 1));
-            f->nwaiting--;
-            break;
-        }
-    ch->wants = 0;
+    return (fb_inchan_t *)((char *)cr - offsetof(fb_inchan_t, cr));
 }
 
 /* A floating segment recycled by a consumer: lent to the channel that has
@@ -507,19 +430,23 @@ static void remove_waiter(fb_floating_t *f, fb_inchan_t *ch)
 static int floating_hook(void *arg, fb_localpool_t *lp, int32_t index)
 {
     fb_floating_t *f = arg;
+    fb_credit_t *cr;
     fb_inchan_t *ch;
+    int kept;
     (void)lp;
     for (;;) {
         pthread_mutex_lock(&f->mu);
-        ch = pop_waiter(f);
+        cr = fb_waitlist_pop(&f->wl);
+        ch = cr != NULL ? inchan_of(cr) : NULL;
+        if (ch != NULL)
+            inchan_incref(ch);      /* a channel on the list is alive (its close removes it) */
         pthread_mutex_unlock(&f->mu);
         if (ch == NULL)
             return 0;
-        if (hold_for_sender(ch, index, 1)) {
-            fb_inchan_decref(ch);
-            return 1;
-        }
+        kept = hold_for_sender(ch, index, 1);
         fb_inchan_decref(ch);
+        if (kept)
+            return 1;
     }
 }
 
@@ -534,42 +461,23 @@ static void want_buffers(fb_inchan_t *ch, int32_t backlog)
     if (f == NULL || backlog <= 0)
         return;
     pthread_mutex_lock(&c->mu);
-    need = holds_buffers(ch) ? backlog + ch->num_exclusive - ch->navail : 0;
-    if (need > ch->cap_avail - ch->navail)
-        need = ch->cap_avail - ch->navail;
+    need = holds_buffers(ch) ? fb_credit_need(&ch->cr, backlog) : 0;
     pthread_mutex_unlock(&c->mu);
     if (need <= 0)
         return;
     pthread_mutex_lock(&f->mu);
-    if (ch->wants < need) {
-        if (ch->wants == 0) {
-            if (f->nwaiting == f->cap) {
-                int32_t cap = f->cap ? 2 * f->cap : 16;
-                fb_inchan_t **w = realloc(f->waiting, sizeof(*w) * (size_t)cap);
-                if (w == NULL) {
-                    pthread_mutex_unlock(&f->mu);
-                    return;
-                }
-                f->waiting = w;
-                f->cap = cap;
-            }
-            f->waiting[f->nwaiting++] = ch;
-        }
-        ch->wants = need;
-    }
+    take = fb_waitlist_want(&f->wl, &ch->cr, need) == FB_OK;
     pthread_mutex_unlock(&f->mu);
     /* Registered first, then asked the pool: a recycle in between finds us
      * waiting, so no buffer goes back to the pool unnoticed. */
-    for (;;) {
+    while (take) {
         pthread_mutex_lock(&f->mu);
-        take = ch->wants > 0;
+        take = ch->cr.wants > 0;
         pthread_mutex_unlock(&f->mu);
         if (!take || f->pool->ops->request(f->pool, FB_NO_CHANNEL, &index) != FB_OK)
             return;
         pthread_mutex_lock(&f->mu);
-        take = ch->wants > 0;
-        if (take && --ch->wants == 0)
-            remove_waiter(f, ch);
+        take = fb_waitlist_took(&f->wl, &ch->cr);
         pthread_mutex_unlock(&f->mu);
         if (!take || !hold_for_sender(ch, index, 1)) {
             f->pool->ops->recycle(f->pool, index);     /* to whoever waits, or the pool */
@@ -843,7 +751,7 @@ static int protocol_error(fb_conn_t *c, const char *fmt, ...)
     if (c->state == CONN_OPEN                    /* (a reader runs: so does the writer) */
             && ctl_error(c, FB_NET_ALL, FB_NET_ERR_PROTOCOL, "ProtocolError", msg) == FB_OK
             && (c->close_queued
-                || ctl_push(c, FB_MSG_CLOSE, 0, NULL, NULL, 0) == FB_OK)) {
+                || ctl_push(c, FB_MSG_CLOSE, 0, NULL, 0) == FB_OK)) {
         c->close_queued = 1;
         c->close_on_send = 1;
     }
@@ -866,6 +774,7 @@ static fb_inchan_t *buffer_target(fb_conn_t *c, uint32_t id, uint32_t seq, uint8
                                   uint32_t size, fb_item_t *item, int *rc)
 {
     int32_t slot, index;
+    int floating;
     fb_inchan_t *ch;
     fb_localpool_t *pool;
     *rc = 0;
@@ -886,19 +795,17 @@ static fb_inchan_t *buffer_target(fb_conn_t *c, uint32_t id, uint32_t seq, uint8
                              expected);
         return NULL;
     }
-    if (type == 0 && ch->navail == 0) {
+    if (type == 0 && ch->cr.nheld == 0) {
         pthread_mutex_unlock(&c->mu);
         *rc = protocol_error(c, "a data buffer without credit on receiver id %u", id);
         return NULL;
     }
-    if (type == 1 && ch->events_received == ch->events_granted) {
+    if (type == 1 && fb_credit_event_arrives(&ch->cr) < 0) {
         pthread_mutex_unlock(&c->mu);
         *rc = protocol_error(c, "more than %d events outstanding on receiver id %u",
                              FB_NET_EVENT_WINDOW, id);
         return NULL;
     }
-    if (type == 1)
-        ch->events_received++;
     ch->next_seq++;
     item->data = NULL;
     item->pool = NULL;
@@ -906,8 +813,8 @@ static fb_inchan_t *buffer_target(fb_conn_t *c, uint32_t id, uint32_t seq, uint8
     item->kind = type == 0 ? FB_ITEM_DATA : FB_ITEM_EVENT;
     item->size = (int32_t)size;
     if (type == 0) {                /* into one of the buffers the channel holds */
-        index = ch->avail[--ch->navail];
-        pool = ch->avail_floating[ch->navail] ? ch->floating->pool : ch->exclusive;
+        fb_credit_consume(&ch->cr, &index, &floating);
+        pool = floating ? ch->floating->pool : ch->exclusive;
         item->data = segment_of(pool, index);
         item->pool = pool;
         item->index = index;
@@ -940,7 +847,7 @@ static void buffer_deliver(fb_conn_t *c, fb_inchan_t *ch, fb_item_t *item, int r
      * queue, which then refuses the item (or hands it back with the rest). */
     if (open && fb_subpart_add(&ch->queue, *item, last) == FB_OK) {
         pthread_mutex_lock(&c->mu);
-        ch->backlog = backlog;
+        ch->cr.backlog = backlog;
         ch->buffers_in += item->kind == FB_ITEM_DATA;
         ch->bytes_in += item->size;
         pthread_mutex_unlock(&c->mu);
@@ -1655,35 +1562,31 @@ static void batch_iov(batch_t *b, void *base, size_t len)
 /* A control message's frame at p (mu held); returns the end of it.  Credit
  * and requests are read from their channel now: an ADD_CREDIT carries all
  * the credit gathered by the time it is written. */
-static char *put_control(ctl_t *m, char *p, int *close_now)
+static char *put_control(fb_conn_t *c, ctl_t *m, char *p, int *close_now)
 {
-    fb_inchan_t *ch = m->chan;
+    int32_t slot, n;
+    fb_inchan_t *ch = NULL;
+    if (m->type == FB_MSG_ADD_CREDIT || m->type == FB_MSG_ADD_EVENT_CREDIT
+            || m->type == FB_MSG_PARTITION_REQUEST) {
+        slot = in_lookup(c, m->receiver_id);
+        if (slot < 0)
+            return p;                /* the channel closed meanwhile */
+        ch = c->ins[slot];
+    }
     switch (m->type) {
     case FB_MSG_ADD_CREDIT:
-        if (ch->unannounced > 0 && ch->state == CH_REQUESTED) {
-            p = fb_wire_put_credit(p, FB_MSG_ADD_CREDIT, ch->receiver_id, ch->unannounced);
-            ch->unannounced = 0;
-        }
-        ch->credit_queued = 0;
-        ch->credit_deferred = 0;
-        return p;
+        n = ch->state == CH_REQUESTED ? fb_credit_take_announcement(&ch->cr) : 0;
+        fb_credit_unqueue(&ch->cr);
+        return n > 0 ? fb_wire_put_credit(p, FB_MSG_ADD_CREDIT, ch->receiver_id, n) : p;
     case FB_MSG_ADD_EVENT_CREDIT:
-        if (ch->events_taken > 0 && ch->state == CH_REQUESTED) {
-            p = fb_wire_put_credit(p, FB_MSG_ADD_EVENT_CREDIT, ch->receiver_id,
-                                   ch->events_taken);
-            ch->events_granted += (uint32_t)ch->events_taken;
-        }
-        ch->events_taken = 0;
-        ch->event_credit_queued = 0;
-        return p;
+        n = fb_credit_take_event_grant(&ch->cr, ch->state == CH_REQUESTED);
+        return n > 0 ? fb_wire_put_credit(p, FB_MSG_ADD_EVENT_CREDIT, ch->receiver_id, n) : p;
     case FB_MSG_PARTITION_REQUEST:
-        if (ch->state == CH_REQUESTED) {
-            /* every buffer held: credit */
-            p = fb_wire_put_request(p, ch->receiver_id, ch->subpartition, ch->navail,
-                                    ch->partition_id, ch->id_len);
-            ch->unannounced = 0;
-        }
-        return p;
+        if (ch->state != CH_REQUESTED)
+            return p;
+        n = fb_credit_take_initial(&ch->cr);      /* every buffer held: credit */
+        return fb_wire_put_request(p, ch->receiver_id, ch->subpartition, n, ch->partition_id,
+                                   ch->id_len);
     case FB_MSG_CANCEL:
         return fb_wire_put_cancel(p, m->receiver_id);
     case FB_MSG_CLOSE:
@@ -1714,7 +1617,7 @@ static ctl_t *take_control_locked(fb_conn_t *c, batch_t *b)
             c->ctl_tail = NULL;
         if (c->nctl-- >= CTL_MAX)
             pthread_cond_broadcast(&c->cv);    /* a reader may wait for room */
-        end = put_control(m, p, &b->close_now);
+        end = put_control(c, m, p, &b->close_now);
         b->frames_out += end > p;
         p = end;
         m->next = NULL;
@@ -1844,11 +1747,9 @@ static int64_t due_retries_locked(fb_conn_t *c)
         if (ch->retry_at <= now) {
             ch->state = CH_REQUESTED;
             ch->next_seq = 0;
-            ch->events_received = 0;
-            ch->events_granted = FB_NET_EVENT_WINDOW;
-            ch->events_taken = 0;
+            fb_credit_reset_events(&ch->cr);
             c->num_retrying--;
-            ctl_push(c, FB_MSG_PARTITION_REQUEST, ch->receiver_id, ch, NULL, 0);
+            ctl_push(c, FB_MSG_PARTITION_REQUEST, ch->receiver_id, NULL, 0);
         } else if (ch->retry_at < next) {
             next = ch->retry_at;
         }
@@ -2118,7 +2019,7 @@ void fb_conn_close(fb_conn_t *c)
     pthread_mutex_lock(&c->mu);
     if (c->state == CONN_OPEN && c->started && !c->close_queued) {
         c->close_queued = 1;
-        ctl_push(c, FB_MSG_CLOSE, 0, NULL, NULL, 0);
+        ctl_push(c, FB_MSG_CLOSE, 0, NULL, 0);
         deadline = fb_deadline_after(1.0);
         while (!c->close_sent && c->state == CONN_OPEN && fb_monotonic_ns() < deadline)
             fb_cond_wait_until(&c->cv, &c->mu, deadline);
@@ -2241,7 +2142,7 @@ void fb_floating_decref(fb_floating_t *f)
     if (f == NULL || __atomic_sub_fetch(&f->refs, 1, __ATOMIC_ACQ_REL) != 0)
         return;
     pthread_mutex_destroy(&f->mu);
-    free(f->waiting);
+    fb_waitlist_free(&f->wl);
     free(f);
 }
 
@@ -2252,19 +2153,16 @@ fb_inchan_t *fb_inchan_new(fb_conn_t *c, const char *partition_id, size_t len,
                            fb_floating_t *floating, int64_t request_deadline_ns)
 {
     fb_inchan_t *ch;
+    int64_t cap;
     if (len > FB_NET_MAX_PARTITION_ID)
         return NULL;
     ch = calloc(1, sizeof(*ch));
     if (ch == NULL)
         return NULL;
-    ch->num_exclusive = 0;
-    ch->cap_avail = exclusive->max_buffers
-                    + (floating != NULL ? floating->pool->max_buffers : 0);
-    if (ch->cap_avail > 1 << 20 || ch->cap_avail < 1)
-        ch->cap_avail = 1 << 20;      /* unbounded pools: more than a channel can hold */
-    ch->avail = malloc(sizeof(int32_t) * (size_t)ch->cap_avail);
-    ch->avail_floating = malloc((size_t)ch->cap_avail);
-    if (ch->avail == NULL || ch->avail_floating == NULL
+    cap = (int64_t)exclusive->max_buffers + (floating != NULL ? floating->pool->max_buffers : 0);
+    if (cap > 1 << 20 || cap < 1)
+        cap = 1 << 20;                /* unbounded pools: more than a channel can hold */
+    if (fb_credit_init(&ch->cr, (int32_t)cap) != FB_OK
             || fb_signal_init(&ch->on_poll) != FB_OK)
         goto fail;
     if (fb_subpart_init(&ch->queue, &ch->on_poll) != FB_OK) {
@@ -2284,12 +2182,10 @@ fb_inchan_t *fb_inchan_new(fb_conn_t *c, const char *partition_id, size_t len,
     ch->slot = -1;
     ch->state = CH_NEW;
     ch->request_deadline = request_deadline_ns;
-    ch->events_granted = FB_NET_EVENT_WINDOW;
     ch->backoff_ns = RETRY_FIRST_NS;
     return ch;
 fail:
-    free(ch->avail);
-    free(ch->avail_floating);
+    fb_credit_free(&ch->cr);
     free(ch);
     return NULL;
 }
@@ -2298,13 +2194,7 @@ int fb_inchan_add_exclusive(fb_inchan_t *ch, int32_t index)
 {
     int rc = FB_OK;
     pthread_mutex_lock(&ch->conn->mu);
-    if (ch->state != CH_NEW || ch->navail >= ch->cap_avail) {
-        rc = FB_ESTATE;
-    } else {
-        ch->avail[ch->navail] = index;
-        ch->avail_floating[ch->navail++] = 0;
-        ch->num_exclusive++;
-    }
+    rc = ch->state != CH_NEW ? FB_ESTATE : fb_credit_add_exclusive(&ch->cr, index);
     pthread_mutex_unlock(&ch->conn->mu);
     return rc;
 }
@@ -2328,7 +2218,7 @@ int fb_inchan_open(fb_inchan_t *ch)
         idmap_put(&c->in_ids, ch->receiver_id, ch->slot);
         inchan_incref(ch);                   /* the connection's */
         ch->state = CH_REQUESTED;
-        if (ctl_push(c, FB_MSG_PARTITION_REQUEST, ch->receiver_id, ch, NULL, 0) != FB_OK)
+        if (ctl_push(c, FB_MSG_PARTITION_REQUEST, ch->receiver_id, NULL, 0) != FB_OK)
             rc = FB_ENOMEM;                  /* the channel stays: close() cleans up */
     }
     pthread_mutex_unlock(&c->mu);
@@ -2344,8 +2234,9 @@ void fb_inchan_close(fb_inchan_t *ch)
 {
     fb_conn_t *c = ch->conn;
     fb_item_t *items = NULL;
-    ctl_t *dropped;
-    int32_t n, k, held;
+    const int32_t *held;
+    const uint8_t *floating;
+    int32_t n, k, nheld;
     int registered = 0;
     pthread_mutex_lock(&c->mu);
     if (ch->state == CH_CLOSED) {
@@ -2353,10 +2244,10 @@ void fb_inchan_close(fb_inchan_t *ch)
         return;
     }
     if ((ch->state == CH_REQUESTED || ch->state == CH_RETRY) && c->state == CONN_OPEN)
-        ctl_push(c, FB_MSG_CANCEL, ch->receiver_id, NULL, NULL, 0);
+        ctl_push(c, FB_MSG_CANCEL, ch->receiver_id, NULL, 0);
     if (ch->state == CH_RETRY)
         c->num_retrying--;
-    dropped = ctl_forget(c, ch);
+    /* (control messages queued for it find no channel when written) */
     if (ch->slot >= 0 && c->ins[ch->slot] == ch) {
         idmap_del(&c->in_ids, ch->receiver_id);
         c->ins[ch->slot] = NULL;
@@ -2373,23 +2264,20 @@ void fb_inchan_close(fb_inchan_t *ch)
         (void)!write(c->direct_wake_fd, &one, sizeof(one));
         pthread_cond_wait(&c->cv, &c->mu);
     }
-    held = ch->navail;          /* closed: nothing adds to avail any more */
-    ch->navail = 0;
-    ch->unannounced = 0;
+    fb_credit_release_all(&ch->cr, &held, &floating, &nheld);   /* closed: none held after */
     pthread_mutex_unlock(&c->mu);
-    ctl_free_list(dropped);
     /* Everything the channel holds goes back now, in the closing thread,
      * while the pools certainly exist (no connection lock held: a floating
      * segment may be lent on to a channel of this connection). */
     ch->exclusive->ops->set_recycle_hook(ch->exclusive, NULL, NULL);
     if (ch->floating) {
         pthread_mutex_lock(&ch->floating->mu);
-        remove_waiter(ch->floating, ch);
+        fb_waitlist_remove(&ch->floating->wl, &ch->cr);
         pthread_mutex_unlock(&ch->floating->mu);
     }
-    for (k = 0; k < held; k++) {
-        fb_localpool_t *pool = ch->avail_floating[k] ? ch->floating->pool : ch->exclusive;
-        pool->ops->recycle(pool, ch->avail[k]);
+    for (k = 0; k < nheld; k++) {
+        fb_localpool_t *pool = floating[k] ? ch->floating->pool : ch->exclusive;
+        pool->ops->recycle(pool, held[k]);
     }
     if (ch->nfailed_items > 0) {
         fb_items_dispose(ch->failed_items, ch->nfailed_items);
@@ -2432,8 +2320,7 @@ void fb_inchan_decref(fb_inchan_t *ch)
     fb_signal_free(&ch->on_poll);
     fb_floating_decref(ch->floating);
     fb_conn_decref(ch->conn);
-    free(ch->avail);
-    free(ch->avail_floating);
+    fb_credit_free(&ch->cr);
     free(ch);
 }
 
@@ -2442,13 +2329,8 @@ void fb_inchan_event_taken(fb_inchan_t *ch)
     fb_conn_t *c = ch->conn;
     int wake = 0;
     pthread_mutex_lock(&c->mu);
-    {
-        ch->events_taken++;
-        if (!ch->event_credit_queued && ch->state == CH_REQUESTED && c->state == CONN_OPEN
-                && ctl_push_quiet(c, FB_MSG_ADD_EVENT_CREDIT, ch->receiver_id, ch, NULL, 0,
-                                  1) == FB_OK)
-            ch->event_credit_queued = wake = 1;
-    }
+    wake = credit_act(c, ch, fb_credit_event_taken(&ch->cr, credit_open(c, ch)),
+                      FB_MSG_ADD_EVENT_CREDIT);
     pthread_mutex_unlock(&c->mu);
     if (wake)
         writer_kick(c, wake);
@@ -2472,14 +2354,10 @@ uint32_t fb_inchan_receiver_id(fb_inchan_t *ch)
 
 void fb_inchan_stats(fb_inchan_t *ch, fb_inchan_stats_t *out)
 {
-    int32_t k, fl = 0;
     pthread_mutex_lock(&ch->conn->mu);
-    for (k = 0; k < ch->navail; k++)
-        fl += ch->avail_floating[k];
-    out->exclusive_available = ch->navail - fl;
-    out->floating_available = fl;
-    out->exclusive_total = ch->num_exclusive;
-    out->backlog = ch->backlog;
+    fb_credit_counts(&ch->cr, &out->exclusive_available, &out->floating_available);
+    out->exclusive_total = ch->cr.num_exclusive;
+    out->backlog = ch->cr.backlog;
     out->buffers_in = ch->buffers_in;
     out->bytes_in = ch->bytes_in;
     pthread_mutex_unlock(&ch->conn->mu);

@@ -32,11 +32,12 @@
 #include "io/exchange.h"
 #include "buffer/pool.h"
 #include "common/status.h"
+#include "network/credit.h"
 #include "network/wire.h"   /* frame constants, FB_NET_ERR_* codes */
 
 /* Events a reader may have outstanding per channel (sent and not taken by
  * its consumer): events need no buffer, but their own window bounds them. */
-#define FB_NET_EVENT_WINDOW 16
+#define FB_NET_EVENT_WINDOW FB_CREDIT_EVENT_WINDOW
 
 typedef struct fb_conn fb_conn_t;
 typedef struct fb_inchan fb_inchan_t;
