@@ -164,7 +164,7 @@ struct fb_inchan {
 };
 
 struct fb_conn {
-    int fd;
+    fb_transport_t *t;          /* the byte stream */
     int32_t segment_size;
     int io_timeout_ms;
     fb_conn_callbacks_t cb;
@@ -538,7 +538,7 @@ static void outchan_end(fb_conn_t *c, outchan_t *oc, int release)
 /* The socket goes: both directions shut, the writer stops.  Idempotent. */
 static void close_socket(fb_conn_t *c)
 {
-    shutdown(c->fd, SHUT_RDWR);
+    c->t->ops->shutdown(c->t);
     fb_gate_close(&c->out);
 }
 
@@ -692,12 +692,8 @@ static ssize_t rx_recv(fb_conn_t *c, char *dst, size_t n, char *more, size_t nmo
 {
     ssize_t r;
     struct iovec iov[2] = {{dst, n}, {more, nmore}};
-    struct msghdr mh;
-    memset(&mh, 0, sizeof(mh));
-    mh.msg_iov = iov;
-    mh.msg_iovlen = more != NULL && nmore > 0 ? 2 : 1;
     for (;;) {
-        r = recvmsg(c->fd, &mh, MSG_DONTWAIT);
+        r = c->t->ops->recv(c->t, iov, more != NULL && nmore > 0 ? 2 : 1);
         if (r > 0) {
             stat_add(&c->stats.bytes_in, r);
             c->rx_since = fb_monotonic_ns();
@@ -1267,12 +1263,7 @@ static void rd_give_back(fb_conn_t *c)
  * eventfd wake_fd (drained): poll's result. */
 static int poll_input(fb_conn_t *c, int wake_fd, int ms)
 {
-    struct pollfd p[2] = {{c->fd, POLLIN, 0}, {wake_fd, POLLIN, 0}};
-    uint64_t drained;
-    int rc = poll(p, 2, ms);
-    if (rc > 0 && (p[1].revents & POLLIN))
-        (void)!read(wake_fd, &drained, sizeof(drained));
-    return rc;
+    return c->t->ops->wait(c->t, FB_TRANSPORT_READABLE, wake_fd, ms);
 }
 
 /* The reader thread's loop, until the connection ends. */
@@ -1496,23 +1487,19 @@ static int pool_wait(void *arg, void *lp, int64_t deadline_ns)
 /* ---- the writer ------------------------------------------------------------------------ */
 
 /* Send the iovecs, advancing *iov and *iovcnt past what went; with
- * MSG_DONTWAIT in flags, only what the socket takes now.  0 all went, 1 some
+ * `nowait`, only what the transport takes now.  0 all went, 1 some
  * is left, -1 the connection failed (or writing failed before). */
-static int send_iov(fb_conn_t *c, struct iovec **iov, int *iovcnt, int flags)
+static int send_iov(fb_conn_t *c, struct iovec **iov, int *iovcnt, int nowait)
 {
-    struct msghdr mh;
     ssize_t r;
-    memset(&mh, 0, sizeof(mh));
     if (write_failed(c))
         return -1;
     while (*iovcnt > 0) {
-        mh.msg_iov = *iov;
-        mh.msg_iovlen = (size_t)*iovcnt;
-        r = sendmsg(c->fd, &mh, MSG_NOSIGNAL | flags);
+        r = c->t->ops->send(c->t, *iov, *iovcnt, nowait);
         if (r < 0) {
             if (errno == EINTR)
                 continue;
-            if ((flags & MSG_DONTWAIT) && (errno == EAGAIN || errno == EWOULDBLOCK))
+            if (nowait && (errno == EAGAIN || errno == EWOULDBLOCK))
                 return 1;
             conn_write_failed(c, errno);
             return -1;
@@ -1793,7 +1780,7 @@ static int send_nowait(fb_conn_t *c, batch_t *b)
 {
     struct iovec *iov = b->iov;
     int iovcnt = b->niov;
-    int rc = send_iov(c, &iov, &iovcnt, MSG_DONTWAIT);
+    int rc = send_iov(c, &iov, &iovcnt, 1);
     if (rc == 1) {
         memmove(b->iov, iov, sizeof(*iov) * (size_t)iovcnt);
         b->niov = iovcnt;
@@ -1917,13 +1904,15 @@ static void *writer_main(void *arg)
 
 /* ---- connection lifecycle --------------------------------------------------------------- */
 
-fb_conn_t *fb_conn_new(int fd, int32_t segment_size, const fb_conn_callbacks_t *cb,
+fb_conn_t *fb_conn_new(fb_transport_t *t, int32_t segment_size, const fb_conn_callbacks_t *cb,
                        double io_timeout)
 {
     fb_conn_t *c = calloc(1, sizeof(*c));
     int32_t k;
-    if (c == NULL)
+    if (c == NULL) {
+        t->ops->destroy(t);
         return NULL;
+    }
     c->rd = malloc(RD_CAP);
     c->ctlbuf = malloc(CTL_CAP);
     c->direct_wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -1955,7 +1944,7 @@ fb_conn_t *fb_conn_new(int fd, int32_t segment_size, const fb_conn_callbacks_t *
         goto fail_gate;
     }
     c->direct_reads = 1;
-    c->fd = fd;
+    c->t = t;
     c->segment_size = segment_size;
     c->io_timeout_ms = io_timeout > 0 && io_timeout < 2e6 ? (int)(io_timeout * 1000) : 2000000000;
     c->cb = *cb;
@@ -1980,6 +1969,7 @@ fail:
     free(c->rd);
     free(c->ctlbuf);
     free(c);
+    t->ops->destroy(t);
     return NULL;
 }
 
@@ -2036,9 +2026,8 @@ void fb_conn_close(fb_conn_t *c)
         pthread_cond_wait(&c->rd_done_cv, &c->rd_mu);
     pthread_mutex_unlock(&c->rd_mu);
     end_served_channels(c);     /* the writer ended them, unless it never ran */
-    if (c->fd >= 0) {           /* the threads are gone: the descriptors go now */
-        close(c->fd);
-        c->fd = -1;
+    if (c->direct_wake_fd >= 0) {  /* the threads are gone: the descriptors go now */
+        c->t->ops->close(c->t);
         close(c->direct_wake_fd);
         c->direct_wake_fd = -1;
         close(c->thread_wake_fd);
@@ -2064,6 +2053,7 @@ void fb_conn_decref(fb_conn_t *c)
     pthread_mutex_destroy(&c->rd_mu);
     pthread_mutex_destroy(&c->send_mu);
     pthread_mutex_destroy(&c->mu);
+    c->t->ops->destroy(c->t);
     free(c->direct);
     free(c->rd);
     free(c->ctlbuf);

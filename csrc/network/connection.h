@@ -33,6 +33,7 @@
 #include "buffer/pool.h"
 #include "common/status.h"
 #include "network/credit.h"
+#include "network/transport.h"
 #include "network/wire.h"   /* frame constants, FB_NET_ERR_* codes */
 
 /* Events a reader may have outstanding per channel (sent and not taken by
@@ -67,10 +68,11 @@ typedef struct fb_conn_stats {
 
 /* ---- connection ----------------------------------------------------------- */
 
-/* A connection over `fd` (connected and authenticated; the connection owns it
- * from here), whose buffers are `segment_size` bytes on both sides.  The
- * caller holds one reference.  NULL when out of memory. */
-fb_conn_t *fb_conn_new(int fd, int32_t segment_size, const fb_conn_callbacks_t *cb,
+/* A connection over the transport `t` (connected and authenticated; the
+ * connection owns it from here, and destroys it if this fails), whose
+ * buffers are `segment_size` bytes on both sides.  The caller holds one
+ * reference.  NULL when out of memory. */
+fb_conn_t *fb_conn_new(fb_transport_t *t, int32_t segment_size, const fb_conn_callbacks_t *cb,
                        double io_timeout);
 /* Before the start: whether a producer's thread whose add makes a served
  * subpartition ready sends it itself when the writer thread is idle (non-

@@ -5,6 +5,7 @@ from libc.stdint cimport int32_t, int64_t, uint32_t
 
 from flinkbuf.csrc.exchange cimport fb_gate_t, fb_subpart_t
 from flinkbuf.csrc.pool cimport fb_localpool_t
+from flinkbuf.csrc.transport cimport fb_transport_t
 
 cdef extern from "network/connection.h" nogil:
     enum:
@@ -27,7 +28,7 @@ cdef extern from "network/connection.h" nogil:
         int64_t bytes_in, bytes_out, frames_in, frames_out, buffers_in, buffers_out
         int64_t frames_in_direct
 
-    fb_conn_t *fb_conn_new(int fd, int32_t segment_size, const fb_conn_callbacks_t *cb,
+    fb_conn_t *fb_conn_new(fb_transport_t *t, int32_t segment_size, const fb_conn_callbacks_t *cb,
                            double io_timeout)
     void fb_conn_set_caller_sends(fb_conn_t *c, int on)
     void fb_conn_set_direct_reads(fb_conn_t *c, int on)

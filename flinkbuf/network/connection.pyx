@@ -116,10 +116,13 @@ cdef class Connection:
         conn._local = local
         conn._peer = peer
         conn._transport = _transport_of(fd)
-        conn._c = fb_conn_new(fd, segment_size, &cb, io_timeout)
-        if conn._c == NULL:
+        cdef fb_transport_t *t = fb_transport_socket(fd)
+        if t == NULL:
             import os
             os.close(fd)
+            raise MemoryError("cannot allocate a connection")
+        conn._c = fb_conn_new(t, segment_size, &cb, io_timeout)   # owns t, even if it fails
+        if conn._c == NULL:
             raise MemoryError("cannot allocate a connection")
         fb_conn_set_caller_sends(conn._c, caller_sends)
         fb_conn_set_direct_reads(conn._c, direct_reads)

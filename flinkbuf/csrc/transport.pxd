@@ -1,0 +1,8 @@
+# csrc/network/transport.h: the byte stream under a connection (a socket).
+
+
+cdef extern from "network/transport.h" nogil:
+    ctypedef struct fb_transport_t:
+        pass
+
+    fb_transport_t *fb_transport_socket(int fd)
