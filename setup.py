@@ -147,7 +147,8 @@ CSRC = {
     "io": ["csrc/common/clock.c", "csrc/io/exchange.c", "csrc/io/keygroup.c"],
     "network": ["csrc/common/clock.c", "csrc/io/exchange.c", "csrc/network/wire.c",
                 "csrc/network/credit.c", "csrc/network/transport.c",
-                "csrc/network/connection.c"],
+                "csrc/network/connection.c", "csrc/network/inchan.c", "csrc/network/reader.c",
+                "csrc/network/direct.c", "csrc/network/writer.c"],
 }
 
 

@@ -1,4 +1,4 @@
-/* bench/netmodel.c: a model of csrc/connection.c's data path, to attribute
+/* bench/netmodel.c: a model of a connection's data path (csrc/network/), to attribute
  * its costs (not flinkbuf: no Python, no serialization; bench/network_profile.py
  * builds and runs it).  Two processes (fork) over loopback
  * TCP or a Unix socket move frames of FB_NET's shape (26-byte header + body).

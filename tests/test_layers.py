@@ -111,13 +111,73 @@ def test_the_c_checker_sees_an_upward_include(tmp_path, monkeypatch):
         test_csrc_is_plain_c_and_includes_point_down(os.path.join("buffer", "y.h"))
 
 
+def _is_internal(rel):
+    return rel.endswith("_internal.h")
+
+
 def test_every_csrc_header_has_its_declarations_file():
     """One .pxd per C header, named after its unit, beside the package's other
-    declarations, and it declares the header by its path."""
-    headers = {os.path.splitext(os.path.basename(f))[0]: f for f in _c_files() if f.endswith(".h")}
+    declarations, and it declares the header by its path (a folder's
+    ``*_internal.h``, shared by the units of one concept, is private)."""
+    headers = {os.path.splitext(os.path.basename(f))[0]: f for f in _c_files()
+               if f.endswith(".h") and not _is_internal(f)}
     declared = {os.path.splitext(f)[0] for f in os.listdir(os.path.join(PKG, "csrc"))
                 if f.endswith(".pxd")}
     assert set(headers) == declared
     for unit, rel in headers.items():
         with open(os.path.join(PKG, "csrc", unit + ".pxd")) as f:
             assert f'extern from "{rel}"' in f.read(), f"flinkbuf/csrc/{unit}.pxd"
+
+
+def test_internal_headers_stay_in_their_folder():
+    """A private header is included only by C of its own folder, and no
+    Cython declares it."""
+    internal = [f for f in _c_files() if _is_internal(f)]
+    assert internal, "the connection's units share connection_internal.h"
+    for rel in _c_files():
+        with open(os.path.join(ROOT, "csrc", rel)) as f:
+            includes = re.findall(r'#include\s+"([^"]+)"', f.read())
+        for inc in includes:
+            if _is_internal(inc):
+                assert inc.split("/")[0] == rel.split(os.sep)[0], f"csrc/{rel} includes {inc}"
+    for dirpath, _, files in os.walk(PKG):
+        for name in files:
+            if name.endswith((".pxd", ".pyx", ".pxi")):
+                with open(os.path.join(dirpath, name)) as f:
+                    text = f.read()
+                assert "_internal.h" not in text, os.path.join(dirpath, name)
+
+
+# Units and functions stay small enough to read whole.
+MAX_UNIT_LINES = 900
+MAX_FUNCTION_LINES = 80
+_FUNCTION = re.compile(r"^[A-Za-z_][\w \t\*]*?\b(\w+)\([^;]*$")
+
+
+def _long_functions(text):
+    """(name, lines) of each function definition over MAX_FUNCTION_LINES,
+    from its signature to its closing brace at the start of a line."""
+    found, name, start = [], None, 0
+    for number, line in enumerate(text.split("\n")):
+        m = _FUNCTION.match(line)
+        if name is None and m and not line.startswith(("typedef", "struct", "enum", "#")):
+            name, start = m.group(1), number
+        elif name is not None and line == "}":
+            if number - start + 1 > MAX_FUNCTION_LINES:
+                found.append((name, number - start + 1))
+            name = None
+    return found
+
+
+@pytest.mark.parametrize("rel", [f for f in _c_files() if f.endswith(".c")])
+def test_c_units_and_functions_are_small(rel):
+    with open(os.path.join(ROOT, "csrc", rel)) as f:
+        text = f.read()
+    assert text.count("\n") <= MAX_UNIT_LINES, f"csrc/{rel}: over {MAX_UNIT_LINES} lines"
+    assert _long_functions(text) == [], f"csrc/{rel}: functions over {MAX_FUNCTION_LINES} lines"
+
+
+def test_the_size_checker_sees_a_long_function():
+    body = "\n".join("    x++;" for _ in range(MAX_FUNCTION_LINES))
+    text = f"static int short_one(void)\n{{\n    return 0;\n}}\n\nint long_one(int x)\n{{\n{body}\n}}\n"
+    assert _long_functions(text) == [("long_one", MAX_FUNCTION_LINES + 3)]

@@ -1,4 +1,4 @@
-# Layer 4, records across processes: connections (csrc/connection.c, whose
+# Layer 4, records across processes: connections (csrc/network/, whose
 # reader and writer threads never hold the GIL), remote input channels with
 # Flink's credit-based flow control, and the callbacks through which a
 # connection finds the partitions this process serves.  One extension; the

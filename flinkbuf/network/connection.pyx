@@ -1,5 +1,5 @@
 # Connection: one authenticated socket to another process, run by the C
-# reader and writer threads of csrc/connection.c.  Included by _network.pyx.
+# reader and writer threads of csrc/network/.  Included by _network.pyx.
 
 cdef int _copy_utf8(str text, char *buf, size_t cap) noexcept:
     """``text`` as UTF-8 into ``buf`` (NUL-terminated, cut to fit)."""
