@@ -76,7 +76,7 @@ static void gate_mark(fb_gate_t *g, int32_t channel, int wake)
     if (!g->queued[channel]) {
         g->queued[channel] = 1;
         g->ready[(g->head + g->count) % g->num_channels] = channel;
-        g->count++;
+        __atomic_store_n(&g->count, g->count + 1, __ATOMIC_RELEASE);   /* (fb_gate_ready) */
         signal = wake && g->waiters > 0;
         if (wake)
             fb_waitpoint_wake(&g->wp);
@@ -120,7 +120,7 @@ int fb_gate_wait(fb_gate_t *g, int64_t deadline_ns, int32_t *channel)
         if (g->count > 0) {
             int32_t ch = g->ready[g->head];
             g->head = (g->head + 1) % g->num_channels;
-            g->count--;
+            __atomic_store_n(&g->count, g->count - 1, __ATOMIC_RELEASE);
             g->queued[ch] = 0;
             *channel = ch;
             break;
@@ -145,7 +145,7 @@ int fb_gate_wait(fb_gate_t *g, int64_t deadline_ns, int32_t *channel)
 void fb_gate_close(fb_gate_t *g)
 {
     pthread_mutex_lock(&g->mu);
-    g->closed = 1;
+    __atomic_store_n(&g->closed, 1, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&g->cv);
     fb_waitpoint_wake(&g->wp);
     pthread_mutex_unlock(&g->mu);

@@ -119,7 +119,7 @@ int ctl_push_quiet(fb_conn_t *c, uint8_t type, uint32_t receiver_id, const char 
     else
         c->ctl_head = m;
     c->ctl_tail = m;
-    c->nctl++;
+    __atomic_store_n(&c->nctl, c->nctl + 1, __ATOMIC_RELAXED);   /* (read unlocked) */
     if (!quiet)
         notify_writer(c, 0);
     return FB_OK;

@@ -63,9 +63,16 @@ static int read_until(fb_conn_t *c, const waiting_t *w, int64_t deadline_ns)
             now = fb_monotonic_ns();
             if (now >= deadline_ns || stalled(c, now))
                 break;
-            if (__atomic_load_n(&c->nctl, __ATOMIC_RELAXED) > 0 && c->caller_sends) {
-                fb_gate_mark(&c->out, 0);  /* deferred credit goes out before the wait */
-                conn_ready(c);
+            /* Credit deferred for this read goes out before the wait: the
+             * buffers that came since may have left the sender short, and
+             * the reader thread, which would send it, does not read now. */
+            if (__atomic_load_n(&c->nctl, __ATOMIC_RELAXED) > 0) {
+                if (c->caller_sends) {
+                    fb_gate_mark(&c->out, 0);
+                    conn_ready(c);
+                } else {
+                    notify_writer(c, 0);
+                }
             }
             ms = wait_ms(c, deadline_ns, now);
             if (poll_input(c, c->direct_wake_fd, ms) < 0 && errno != EINTR)

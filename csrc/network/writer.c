@@ -152,7 +152,8 @@ static ctl_t *take_control_locked(fb_conn_t *c, batch_t *b)
         c->ctl_head = m->next;
         if (c->ctl_head == NULL)
             c->ctl_tail = NULL;
-        if (c->nctl-- >= CTL_MAX)
+        __atomic_store_n(&c->nctl, c->nctl - 1, __ATOMIC_RELAXED);
+        if (c->nctl + 1 >= CTL_MAX)
             pthread_cond_broadcast(&c->cv);    /* a reader may wait for room */
         end = put_control(c, m, p, &b->close_now);
         b->frames_out += end > p;

@@ -11,7 +11,7 @@
  * from the consumer side mid-stream, and close either connection while
  * everybody is busy.  After every round all segments must be back.
  *
- * Usage: stress_connection [buffers per channel] [unix|tcp] [all]
+ * Usage: stress_connection [buffers per channel] [unix|tcp]
  * Prints "ok" and exits 0, or prints why not and exits 1. */
 #define _GNU_SOURCE
 #include <netinet/in.h>
@@ -691,7 +691,7 @@ static void socket_pair(int tcp, int small_buffers, int fds[2])
 
 static fb_conn_t *open_conn(int fd, const fb_conn_callbacks_t *cb, const round_t *rd)
 {
-    fb_conn_t *c = fb_conn_new(fd, SEG, cb, 10.0);
+    fb_conn_t *c = fb_conn_new(fb_transport_socket(fd), SEG, cb, 10.0);
     CHECK(c != NULL);
     fb_conn_set_caller_sends(c, rd->caller_sends);
     fb_conn_set_direct_reads(c, rd->direct_reads);
@@ -762,13 +762,8 @@ static const round_t ROUNDS[] = {
     {"close producer side, direct+caller", 1, 1, 1, 1, 0, PRODUCER_SIDE},
     {"close consumer side, threads only",  0, 0, 1, 1, 0, CONSUMER_SIDE},
     {"close producer side, threads only",  0, 0, 0, 1, 0, PRODUCER_SIDE},
-};
-
-/* Run only when asked for ("all"): with direct reads and no caller sends,
- * credit deferred for a consumer's next read can stay unsent while another
- * gate's consumer holds the socket (a direct reader sends nothing then, and
- * the reader thread rarely gets the socket back), and the round can hang. */
-static const round_t DEFERRED_CREDIT_ROUNDS[] = {
+    /* Credit deferred for a consumer's next read, while another gate's
+     * consumer holds the socket and the writer thread sends alone. */
     {"direct reads only",                  1, 0, 0, 2, 0, NO_SIDE},
     {"direct reads only, small buffers",   1, 0, 1, 2, 0, NO_SIDE},
 };
@@ -779,18 +774,15 @@ int main(int argc, char **argv)
 {
     uint32_t nbuf = argc > 1 ? (uint32_t)atoi(argv[1]) : 300;
     int tcp = argc > 2 && strcmp(argv[2], "tcp") == 0;
-    int all = argc > 3 && strcmp(argv[3], "all") == 0;
     pthread_t watchdog;
     if (nbuf < 100 || (argc > 2 && !tcp && strcmp(argv[2], "unix") != 0)
-            || (argc > 3 && !all)) {
-        fprintf(stderr, "usage: %s [buffers per channel >= 100] [unix|tcp] [all]\n", argv[0]);
+            || argc > 3) {
+        fprintf(stderr, "usage: %s [buffers per channel >= 100] [unix|tcp]\n", argv[0]);
         return 2;
     }
     CHECK(pthread_create(&watchdog, NULL, watchdog_main, NULL) == 0);
     for (size_t r = 0; r < NUM(ROUNDS); r++)
         run_round(&ROUNDS[r], nbuf, tcp);
-    for (size_t r = 0; all && r < NUM(DEFERRED_CREDIT_ROUNDS); r++)
-        run_round(&DEFERRED_CREDIT_ROUNDS[r], nbuf, tcp);
     __atomic_store_n(&g_watchdog_stop, 1, __ATOMIC_RELEASE);
     pthread_join(watchdog, NULL);
     printf("ok\n");
