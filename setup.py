@@ -169,7 +169,8 @@ extensions = [
     ext("flinkbuf.serialization._serialization"),
     ext("flinkbuf.io._io", CSRC["io"]),
     ext("flinkbuf.network._network", CSRC["network"]),
-    ext("flinkbuf._testing", ["csrc/common/clock.c", "csrc/network/wire.c"]),  # test hooks
+    ext("flinkbuf._testing", ["csrc/common/clock.c", "csrc/network/wire.c",
+                              "csrc/network/credit.c"]),  # test hooks
 ]
 
 class BuildExt(build_ext):

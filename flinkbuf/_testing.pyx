@@ -6,6 +6,7 @@ from libc.stdint cimport int32_t, int64_t, uint8_t
 
 from flinkbuf.buffer._buffer cimport Buffer, LocalBufferPool, NetworkBufferPool
 from flinkbuf.csrc.clock cimport fb_monotonic_ns
+from flinkbuf.csrc.credit cimport *
 from flinkbuf.csrc.pool cimport FB_NO_CHANNEL
 from flinkbuf.csrc.status cimport FB_OK
 from flinkbuf.csrc.wire cimport *
@@ -256,3 +257,128 @@ def wire_encode(tuple frame):
     else:
         raise ValueError(f"unknown frame kind {kind!r}")
     return bytes(out[:end - p])
+
+
+# ---- layer 4: credit (pure bookkeeping, csrc/network/credit.h) ------------------
+
+cdef class CreditModel:
+    """One remote channel's credit state (``fb_credit_t``), driven directly:
+    the calls a connection makes under its lock, with no connection."""
+    cdef fb_credit_t cr
+    cdef bint ready
+
+    def __cinit__(self, int32_t cap):
+        if cap < 1 or cap > 1 << 20:
+            raise ValueError("cap must be in [1, 2**20]")
+        if fb_credit_init(&self.cr, cap) != FB_OK:
+            fb_credit_free(&self.cr)
+            raise MemoryError()
+        self.ready = True
+
+    def __dealloc__(self):
+        if self.ready:
+            fb_credit_free(&self.cr)
+
+    def add_exclusive(self, int32_t index):
+        return fb_credit_add_exclusive(&self.cr, index) == FB_OK
+
+    def hold(self, int32_t index, bint floating):
+        return bool(fb_credit_hold(&self.cr, index, floating))
+
+    def announce(self, bint open, bint consumer_reads):
+        return <int>fb_credit_announce(&self.cr, open, consumer_reads)
+
+    def unqueue(self):
+        fb_credit_unqueue(&self.cr)
+
+    def take_announcement(self):
+        return fb_credit_take_announcement(&self.cr)
+
+    def take_initial(self):
+        return fb_credit_take_initial(&self.cr)
+
+    def consume(self):
+        cdef int32_t index
+        cdef int floating
+        if fb_credit_consume(&self.cr, &index, &floating) < 0:
+            return None
+        return index, bool(floating)
+
+    def release_all(self):
+        cdef const int32_t *held
+        cdef const uint8_t *floating
+        cdef int32_t n, k
+        fb_credit_release_all(&self.cr, &held, &floating, &n)
+        return [(held[k], bool(floating[k])) for k in range(n)]
+
+    def need(self, int32_t backlog):
+        return fb_credit_need(&self.cr, backlog)
+
+    def counts(self):
+        cdef int32_t exclusive, floating
+        fb_credit_counts(&self.cr, &exclusive, &floating)
+        return exclusive, floating
+
+    def set_backlog(self, int32_t backlog):
+        self.cr.backlog = backlog
+
+    def reset_events(self):
+        fb_credit_reset_events(&self.cr)
+
+    def event_arrives(self):
+        return fb_credit_event_arrives(&self.cr) == 0
+
+    def event_taken(self, bint open):
+        return <int>fb_credit_event_taken(&self.cr, open)
+
+    def take_event_grant(self, bint open):
+        return fb_credit_take_event_grant(&self.cr, open)
+
+    @property
+    def state(self):
+        """The fields, as a dict."""
+        return dict(nheld=self.cr.nheld, cap=self.cr.cap, num_exclusive=self.cr.num_exclusive,
+                    unannounced=self.cr.unannounced, queued=self.cr.queued,
+                    deferred=self.cr.deferred, event_queued=self.cr.event_queued,
+                    events_received=self.cr.events_received,
+                    events_granted=self.cr.events_granted, events_taken=self.cr.events_taken,
+                    wants=self.cr.wants)
+
+
+CREDIT_ACTIONS = {FB_CREDIT_NOTHING: "nothing", FB_CREDIT_SEND: "send",
+                  FB_CREDIT_BATCH: "batch", FB_CREDIT_DEFER: "defer",
+                  FB_CREDIT_SEND_QUEUED: "send_queued"}
+CREDIT_EVENT_WINDOW = FB_CREDIT_EVENT_WINDOW
+
+
+cdef class WaitlistModel:
+    """A gate's waiting list (``fb_waitlist_t``) over CreditModel objects."""
+    cdef fb_waitlist_t wl
+    cdef dict members           # address -> CreditModel (kept alive while listed)
+
+    def __cinit__(self):
+        self.wl.waiting = NULL
+        self.wl.n = 0
+        self.wl.cap = 0
+        self.members = {}
+
+    def __dealloc__(self):
+        fb_waitlist_free(&self.wl)
+
+    def want(self, CreditModel cr not None, int32_t need):
+        if fb_waitlist_want(&self.wl, &cr.cr, need) != FB_OK:
+            raise MemoryError()
+        self.members[<size_t>&cr.cr] = cr
+
+    def pop(self):
+        cdef fb_credit_t *p = fb_waitlist_pop(&self.wl)
+        return None if p == NULL else self.members[<size_t>p]
+
+    def took(self, CreditModel cr not None):
+        return bool(fb_waitlist_took(&self.wl, &cr.cr))
+
+    def remove(self, CreditModel cr not None):
+        fb_waitlist_remove(&self.wl, &cr.cr)
+
+    def __len__(self):
+        return self.wl.n

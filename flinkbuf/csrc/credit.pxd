@@ -48,7 +48,9 @@ cdef extern from "network/credit.h" nogil:
     int32_t fb_credit_take_event_grant(fb_credit_t *cr, int open)
 
     ctypedef struct fb_waitlist_t:
+        fb_credit_t **waiting
         int32_t n
+        int32_t cap
 
     int fb_waitlist_want(fb_waitlist_t *wl, fb_credit_t *cr, int32_t need)
     fb_credit_t *fb_waitlist_pop(fb_waitlist_t *wl)
