@@ -1,3 +1,5 @@
+/* A connection's tables (receiver id -> slot), its control queue, how it
+ * ends, and its lifecycle API (connection.h). */
 #define _GNU_SOURCE
 #include "network/connection_internal.h"
 

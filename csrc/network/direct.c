@@ -1,3 +1,6 @@
+/* Reads by a thread that waits for something else: a consumer waiting for
+ * its gate, or a producer waiting for a buffer of its pool, reads the
+ * connection itself (common/waiter.h's lender) up to its own deadline. */
 #define _GNU_SOURCE
 #include "network/connection_internal.h"
 

@@ -1,3 +1,6 @@
+/* In-channels: reading a subpartition over there, with the channel's credit
+ * (credit.h) fed by the recycle hooks of its exclusive segments and of its
+ * gate's floating ones. */
 #define _GNU_SOURCE
 #include "network/connection_internal.h"
 

@@ -1,3 +1,5 @@
+/* Frames in: staged and decoded (wire.h), bodies received straight into
+ * segments, and the reader thread's loop. */
 #define _GNU_SOURCE
 #include "network/connection_internal.h"
 

@@ -1,3 +1,5 @@
+/* Frames out: batches of control frames and served buffers in one send,
+ * by the writer thread or (caller_sends) by a producer's thread. */
 #define _GNU_SOURCE
 #include "network/connection_internal.h"
 
