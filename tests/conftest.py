@@ -23,6 +23,35 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
+# Network tests that do not choose a transport themselves run once per
+# transport: "auto" (a Unix socket between processes on this host) and TCP
+# (FLINKBUF_NET_TRANSPORT, which child processes inherit).
+NET_TRANSPORTS = ["auto", "tcp"]
+SOCKETLESS_MODULES = {"test_network_wire", "test_network_credit", "test_network_buffer_pool"}
+
+
+def pytest_generate_tests(metafunc):
+    module = metafunc.module.__name__.rpartition(".")[2]
+    if (module.startswith("test_network_") and module not in SOCKETLESS_MODULES
+            and "transport" not in metafunc.fixturenames
+            and metafunc.definition.get_closest_marker("one_transport") is None):
+        metafunc.fixturenames.append("net_transport")
+        metafunc.parametrize("net_transport", NET_TRANSPORTS)
+
+
+@pytest.fixture
+def net_transport(request):
+    return request.param
+
+
+@pytest.fixture(autouse=True)
+def _net_transport_variable(request, monkeypatch):
+    """Set before the test's other fixtures make their environments."""
+    callspec = getattr(request.node, "callspec", None)
+    if callspec is not None and "net_transport" in callspec.params:
+        monkeypatch.setenv("FLINKBUF_NET_TRANSPORT", callspec.params["net_transport"])
+
+
 def pytest_sessionstart(session):
     if os.environ.get("FLINKBUF_REQUIRE_DEBUG") == "1" and core.debug_counters() is None:
         raise pytest.UsageError(

@@ -34,8 +34,10 @@ from network_helpers import (
     wait_closed,
 )
 
-# A thread of the engine that dies with an exception fails the test.
-pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+# A thread of the engine that dies with an exception fails the test.  The
+# hostile peers speak raw TCP to one server for the whole module.
+pytestmark = [pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning"),
+              pytest.mark.one_transport]
 
 SEG = 4096
 CONNECT_TIMEOUT = 1.5

@@ -18,7 +18,9 @@ import pytest
 from flinkbuf.network import NetworkEnvironment, environment
 from network_helpers import ROOT, SECRET
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux")
+# Every test here chooses TCP itself.
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux"),
+              pytest.mark.one_transport]
 
 
 def _tcp_sockets_to(port):

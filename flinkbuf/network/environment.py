@@ -99,6 +99,18 @@ def _switch(value: object, name: str, variable: str) -> bool:
     return value
 
 
+def _transport_override() -> Literal["auto", "tcp"]:
+    """What ``transport="auto"`` means in this process: the environment
+    variable ``FLINKBUF_NET_TRANSPORT`` (``auto`` or ``tcp``) if set."""
+    setting = os.environ.get("FLINKBUF_NET_TRANSPORT", "")
+    if setting in ("", "auto"):
+        return "auto"
+    if setting == "tcp":
+        return "tcp"
+    raise ValueError(f"the environment variable FLINKBUF_NET_TRANSPORT must be 'auto' or 'tcp' "
+                     f"(or unset), got {setting!r}")
+
+
 def format_address(address: Address) -> str:
     """``(host, port)`` or ``"host:port"`` as ``"host:port"``."""
     if isinstance(address, str):
@@ -218,7 +230,8 @@ class NetworkEnvironment:
     ``FLINKBUF_NET_DIRECT_READS`` is set (``0``: off, ``1``: on), which
     lets a benchmark switch environments it does not construct itself
     (the tasks of a Spark job); ``True`` or ``False`` here wins over the
-    variable.
+    variable.  Likewise ``FLINKBUF_NET_TRANSPORT=tcp`` makes
+    ``transport="auto"`` mean TCP.
     """
 
     def __init__(self, num_segments: int, segment_size: int = 32768, *,
@@ -236,6 +249,8 @@ class NetworkEnvironment:
             raise TypeError(f"host must be a str, got {type(host).__name__}")
         if transport not in ("auto", "tcp"):
             raise ValueError(f"transport must be 'auto' or 'tcp', got {transport!r}")
+        if transport == "auto":
+            transport = _transport_override()
         check_int(port, "port", 0, 65535)
         self._exclusive = check_int(exclusive_buffers_per_channel,
                                     "exclusive_buffers_per_channel", 1)
