@@ -24,9 +24,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
 # Network tests that do not choose a transport themselves run once per
-# transport: "auto" (a Unix socket between processes on this host) and TCP
-# (FLINKBUF_NET_TRANSPORT, which child processes inherit).
-NET_TRANSPORTS = ["auto", "tcp"]
+# transport between processes on this host, through FLINKBUF_NET_TRANSPORT
+# (what transport="auto" means; child processes inherit it).
+NET_TRANSPORTS = ["unix", "tcp", "shm"]
 SOCKETLESS_MODULES = {"test_network_wire", "test_network_credit", "test_network_buffer_pool"}
 
 

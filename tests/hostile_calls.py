@@ -247,7 +247,7 @@ PLAUSIBLE = {
                     st.sampled_from([_returning(0), _returning(None)])),
     **dict.fromkeys(("exc", "cause", "error"), st.just(RuntimeError("hostile"))),
     "secret": st.just(b"s" * 32), "host": st.just("127.0.0.1"), "port": st.just(0),
-    "transport": st.sampled_from(["auto", "tcp", "unix"]),
+    "transport": st.sampled_from(["auto", "tcp", "unix", "shm"]),
     "keys": st.lists(st.one_of(st.integers(), st.text(max_size=2)), max_size=5),
 }
 

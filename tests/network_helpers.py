@@ -470,6 +470,22 @@ def _addr(env):
     return f"{env.address[0]}:{env.address[1]}"
 
 
+def shared_memory_held():
+    """This process's mappings and descriptors of shared-memory regions
+    (memfds of the shared-memory transport)."""
+    held = []
+    with open("/proc/self/maps") as maps:
+        held += [line.split(None, 5)[-1].strip() for line in maps if "memfd:flinkbuf" in line]
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if "memfd:flinkbuf" in target:
+            held.append(f"fd {fd}: {target}")
+    return held
+
+
 def _hygiene():
     """What the child still holds after closing everything."""
     import gc   # noqa: PLC0415
@@ -482,7 +498,7 @@ def _hygiene():
             break
         time.sleep(0.05)
     return {"counters": core.debug_counters(), "threads": flinkbuf_threads(),
-            "fds": num_fds()}
+            "fds": num_fds(), "shared_memory": shared_memory_held()}
 
 
 def _err(exc):

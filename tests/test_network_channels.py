@@ -43,6 +43,7 @@ def children():
 def assert_clean(report):
     assert report["counters"] in (None, CLEAN), report
     assert report["threads"] == [], report
+    assert report["shared_memory"] == [], report
 
 
 @pytest.mark.timeout(60)

@@ -49,31 +49,35 @@ def test_the_switches_take_true_false_or_none(monkeypatch, name, variable):
 
 
 @pytest.mark.one_transport
-@pytest.mark.parametrize("variable, used", [(None, "unix"), ("auto", "unix"), ("tcp", "tcp")])
+@pytest.mark.parametrize("variable, used", [(None, "unix"), ("", "unix"), ("auto", "unix"),
+                                            ("tcp", "tcp"), ("unix", "unix"), ("shm", "shm")])
 def test_the_transport_variable_says_what_auto_means(monkeypatch, variable, used):
-    """FLINKBUF_NET_TRANSPORT=tcp makes transport="auto" connect over TCP
-    on this host too; unset or "auto", a Unix socket; any other value is
-    refused when an environment is made."""
+    """FLINKBUF_NET_TRANSPORT says what transport="auto" means between
+    processes on this host; unset, empty or "auto", the fastest (a Unix
+    socket); any other value is refused when an environment is made, and
+    a transport given explicitly wins over it."""
     if variable is None:
         monkeypatch.delenv("FLINKBUF_NET_TRANSPORT", raising=False)
     else:
         monkeypatch.setenv("FLINKBUF_NET_TRANSPORT", variable)
-    prod, cons = make_env(), make_env()
-    try:
-        part = create_partition(prod.network_buffer_pool, 1, min_buffers=2)
-        prod.register_partition("p", part)
-        gate = cons.create_input_gate([(prod.address, "p", 0)], codec="bytes")
-        with RecordWriter(part, codec="bytes", buffer_timeout=None) as w:
-            w.emit(b"x")
-        assert [bytes(r) for r in gate] == [b"x"]
-        assert [s["transport"] for s in cons.connection_stats()] == [used]
-        gate.close()
-    finally:
-        cons.close()
-        prod.close()
-    for bad in ("TCP", "unix", "shm ", "1"):
+    for explicit, expected in (("auto", used), ("tcp", "tcp")):
+        prod = make_env(transport=explicit)
+        cons = make_env(transport=explicit)
+        try:
+            part = create_partition(prod.network_buffer_pool, 1, min_buffers=2)
+            prod.register_partition("p", part)
+            gate = cons.create_input_gate([(prod.address, "p", 0)], codec="bytes")
+            with RecordWriter(part, codec="bytes", buffer_timeout=None) as w:
+                w.emit(b"x")
+            assert [bytes(r) for r in gate] == [b"x"]
+            assert [s["transport"] for s in cons.connection_stats()] == [expected]
+            gate.close()
+        finally:
+            cons.close()
+            prod.close()
+    for bad in ("TCP", "udp", "shm ", "1"):
         monkeypatch.setenv("FLINKBUF_NET_TRANSPORT", bad)
-        with pytest.raises(ValueError, match="FLINKBUF_NET_TRANSPORT must be 'auto' or 'tcp'"):
+        with pytest.raises(ValueError, match="FLINKBUF_NET_TRANSPORT must be one of"):
             NetworkEnvironment(8, 256, secret=SECRET)
         NetworkEnvironment(8, 256, secret=SECRET, transport="tcp").close()
 

@@ -25,6 +25,7 @@ def children():
 def assert_clean(report):
     assert report["counters"] in (None, CLEAN), report
     assert report["threads"] == [], report
+    assert report["shared_memory"] == [], report
 
 
 def endless_producer(children, *, size=1024, min_buffers=8, n=1, **cfg):

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flinkbuf.errors import AuthenticationError
+from flinkbuf.network import handshake
 from network_helpers import (
     MSG_BUFFER,
     MSG_CLOSE,
@@ -171,17 +172,17 @@ def test_no_secret_is_refused(server):
 def test_proof_replay_is_refused(server):
     """A client that answers the challenge with a proof it cannot have
     (HMAC with another key, or the server's own proof sent back)."""
-    from flinkbuf.network import handshake
     for forge in ("zeros", "echo"):
         before = server.refusals()
         with socket.create_connection(server.sockaddr, timeout=5) as s:
-            s.sendall(frame(handshake.HELLO, struct.pack(">H", 1) + os.urandom(32)))
+            s.sendall(frame(handshake.HELLO,
+                            struct.pack(">H", handshake.VERSION) + os.urandom(32)))
             msg_id, body = read_frame(s)
             assert msg_id == handshake.CHALLENGE
             proof = bytes(32) if forge == "zeros" else body[34:66]
             addr = b"127.0.0.1:1"
             s.sendall(frame(handshake.AUTH, proof + struct.pack(">H", len(addr)) + addr
-                            + struct.pack(">I", SEG)))
+                            + struct.pack(">IB", SEG, handshake.STREAM)))
             assert wait_closed(s, CONNECT_TIMEOUT + 2) == b""
         assert_refused_and_logged(server, before)
     server.assert_still_serving()
@@ -193,8 +194,8 @@ GARBAGE = {
     "hello-huge-length": struct.pack(">IIB", 0xFFFFFFFF, 0x46425546, 16) + b"\0" * 64,
     "hello-short": struct.pack(">IIB", 12, 0x46425546, 16) + b"\0\1\2",
     "zero-length": struct.pack(">IIB", 0, 0x46425546, 16),
-    "wrong-version": frame(16, struct.pack(">H", 2) + bytes(32)),
-    "auth-first": frame(18, bytes(32) + b"\0\0" + struct.pack(">I", SEG)),
+    "wrong-version": frame(16, struct.pack(">H", handshake.VERSION + 1) + bytes(32)),
+    "auth-first": frame(18, bytes(32) + b"\0\0" + struct.pack(">IB", SEG, 0)),
 }
 
 

@@ -28,7 +28,7 @@ def open_connections(env):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("transport", ["auto", "tcp"])
+@pytest.mark.parametrize("transport", ["auto", "tcp", "unix", "shm"])
 def test_peers_that_connect_to_each_other_at_once_share_one_connection(monkeypatch, transport):
     """Both environments start connecting to the other at the same moment
     (each waits for the other before its handshake): each ends up with one
@@ -118,7 +118,7 @@ def test_a_duplicate_reply_names_the_server_and_is_not_an_authentication():
 
             t, res = run_in_thread(serve)
             if keep:
-                assert handshake.client(cs, SECRET, "client:2", 1024, 5.0) == ("server:1", 1024)
+                assert handshake.client(cs, SECRET, "client:2", 1024, 5.0) == ("server:1", 1024, None)
             else:
                 with pytest.raises(handshake.DuplicateConnection) as err:
                     handshake.client(cs, SECRET, "client:2", 1024, 5.0)

@@ -1,4 +1,5 @@
-# csrc/network/transport.h: the byte stream under a connection (a socket).
+# csrc/network/transport.h: the byte stream under a connection (a socket;
+# the shared-memory transport is shm.pxd).
 
 
 cdef extern from "network/transport.h" nogil:

@@ -11,7 +11,7 @@ cdef class Connection:
     cdef object _lookup         # partition_id -> ResultPartition or None
     cdef str _local             # this side's address, for messages
     cdef str _peer              # the peer's server address
-    cdef str _transport         # "unix" or "tcp"
+    cdef str _transport         # "unix", "tcp" or "shm"
     cdef int _check(self) except -1
     cdef object _error(self)
 

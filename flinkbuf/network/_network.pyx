@@ -17,6 +17,7 @@ from flinkbuf.csrc.connection cimport *
 from flinkbuf.csrc.exchange cimport *
 from flinkbuf.csrc.pool cimport FB_NO_CHANNEL
 from flinkbuf.csrc.status cimport *
+from flinkbuf.csrc.shm cimport *
 from flinkbuf.csrc.transport cimport fb_transport_socket, fb_transport_t
 from flinkbuf.csrc.wire cimport *
 from flinkbuf.io._io cimport (InputChannel, InputGate, ResultPartition, ResultSubpartition,

@@ -75,6 +75,18 @@ cdef void _release_owner(void *ctx, void *owner) noexcept with gil:
     Py_DECREF(part)
 
 
+def _shm_region(int32_t segment_size):
+    """A fresh region for the shared-memory transport, sized for
+    ``segment_size``: its descriptors (memfd, the server's data and room
+    doorbells, the client's), each the caller's to close."""
+    cdef int fds[5]
+    cdef int rc = fb_shm_region_new(fb_shm_ring_size(segment_size), fds)
+    if rc != 0:
+        import os
+        raise OSError(rc, f"cannot make a shared memory region: {os.strerror(rc)}")
+    return [fds[i] for i in range(FB_SHM_NFDS)]
+
+
 cdef str _transport_of(int fd):
     """The transport of a connected socket: ``"unix"`` or ``"tcp"``."""
     import socket
@@ -101,13 +113,20 @@ cdef class Connection:
 
     @staticmethod
     def _open(int fd, int32_t segment_size, lookup, str local, str peer, double io_timeout,
-              bint caller_sends=True, bint direct_reads=True):
+              bint caller_sends=True, bint direct_reads=True, shared=None):
         """Start a connection over ``fd`` (connected, authenticated, owned
         from here on).  ``lookup(partition_id)`` finds a registered
         partition or returns None; ``caller_sends`` and ``direct_reads``
-        are the environment's (see NetworkEnvironment)."""
+        are the environment's (see NetworkEnvironment).  ``shared`` is
+        ``(memfd, data_fd, room_fd, side)`` for the shared-memory transport
+        over the Unix socket ``fd`` (the doorbells are owned from here on,
+        the memfd stays the caller's); RemoteConnectionError if the region
+        is not as it should be."""
         cdef Connection conn = Connection.__new__(Connection, _MADE_HERE)
         cdef fb_conn_callbacks_t cb
+        cdef fb_transport_t *t
+        cdef char err[256]
+        cdef int memfd, data_fd, room_fd, side
         cb.ctx = <void *>conn           # borrowed: the threads end before conn does
         cb.find_subpartition = _find_subpartition
         cb.describe_failure = _describe_failure
@@ -115,8 +134,20 @@ cdef class Connection:
         conn._lookup = lookup
         conn._local = local
         conn._peer = peer
-        conn._transport = _transport_of(fd)
-        cdef fb_transport_t *t = fb_transport_socket(fd)
+        if shared is None:
+            conn._transport = _transport_of(fd)
+            t = fb_transport_socket(fd)
+        else:
+            memfd, data_fd, room_fd, side = shared
+            conn._transport = "shm"
+            err[0] = 0
+            t = fb_transport_shm(fd, memfd, data_fd, room_fd, side, err, sizeof(err))
+            if t == NULL:
+                import os
+                for owned in (fd, data_fd, room_fd):
+                    os.close(owned)
+                raise RemoteConnectionError(
+                    f"cannot share memory with {peer}: {err.decode('utf-8', 'replace')}")
         if t == NULL:
             import os
             os.close(fd)
@@ -161,7 +192,8 @@ cdef class Connection:
 
     @property
     def transport(self):
-        """``"unix"`` (a Unix socket: the peer is on this host) or
+        """``"shm"`` (shared memory with a process on this host), ``"unix"``
+        (a Unix socket: the peer is on this host) or
         ``"tcp"``."""
         return self._transport
 

@@ -30,6 +30,7 @@ from flinkbuf.network._network import (
     Connection,
     FloatingBuffers,
     RemoteInputChannel,
+    _shm_region,
     make_floating_buffers,
 )
 
@@ -42,6 +43,7 @@ __all__ = ["NetworkEnvironment"]
 
 # An address: (host, port) or "host:port".
 Address = Union[tuple[str, int], str]
+Transport = Literal["auto", "tcp", "unix", "shm"]
 # A channel of create_input_gate: (address, partition id, subpartition).
 ChannelSpec = tuple[Address, str, int]
 
@@ -52,7 +54,7 @@ class ConnectionCounters(TypedDict):
     ``frames_in``, those a consumer's thread waiting on its gate read
     itself)."""
 
-    transport: Literal["unix", "tcp"]
+    transport: Literal["unix", "tcp", "shm"]
     bytes_in: int
     bytes_out: int
     frames_in: int
@@ -99,16 +101,19 @@ def _switch(value: object, name: str, variable: str) -> bool:
     return value
 
 
-def _transport_override() -> Literal["auto", "tcp"]:
+_TRANSPORTS = ("auto", "tcp", "unix", "shm")
+
+
+def _transport_override() -> Transport:
     """What ``transport="auto"`` means in this process: the environment
-    variable ``FLINKBUF_NET_TRANSPORT`` (``auto`` or ``tcp``) if set."""
+    variable ``FLINKBUF_NET_TRANSPORT`` (one of the transports) if set."""
     setting = os.environ.get("FLINKBUF_NET_TRANSPORT", "")
-    if setting in ("", "auto"):
+    if setting == "":
         return "auto"
-    if setting == "tcp":
-        return "tcp"
-    raise ValueError(f"the environment variable FLINKBUF_NET_TRANSPORT must be 'auto' or 'tcp' "
-                     f"(or unset), got {setting!r}")
+    if setting in _TRANSPORTS:
+        return cast(Transport, setting)
+    raise ValueError(f"the environment variable FLINKBUF_NET_TRANSPORT must be one of "
+                     f"{', '.join(repr(t) for t in _TRANSPORTS)} (or unset), got {setting!r}")
 
 
 def format_address(address: Address) -> str:
@@ -140,6 +145,9 @@ def _unix_name(port: int) -> str:
 
 
 _UNIX = hasattr(socket, "AF_UNIX") and sys.platform.startswith("linux")
+# What transport="auto" means between processes on one host: the fastest
+# in bench/bench_network.py.
+_SAME_HOST: Transport = "unix"
 _LOCAL_HOSTS = ("127.", "::1", "localhost")
 
 
@@ -207,6 +215,17 @@ class NetworkEnvironment:
     :class:`RemoteConnectionError`).  Use as a context manager, or call
     :meth:`close`.
 
+    ``transport`` is how this environment reaches processes on its own
+    host (processes on other hosts are always reached over TCP):
+    ``"shm"``, shared memory (frames cross through rings that both
+    processes map, with no system call while both are busy; the region has
+    no name in any file system and goes with the processes); ``"unix"``, a
+    Unix socket; ``"tcp"``, TCP over loopback; ``"auto"`` (the default),
+    whichever of these is fastest here.  A peer whose environment does not
+    take shared memory is reached over its Unix socket instead, one
+    without a Unix socket (another network namespace) over TCP.
+    ``connection_stats()`` tells which transport each connection uses.
+
     Two ways of saving a thread switch per buffer, both on by default
     (docs/ARCHITECTURE.md, "Across processes"):
 
@@ -230,15 +249,15 @@ class NetworkEnvironment:
     ``FLINKBUF_NET_DIRECT_READS`` is set (``0``: off, ``1``: on), which
     lets a benchmark switch environments it does not construct itself
     (the tasks of a Spark job); ``True`` or ``False`` here wins over the
-    variable.  Likewise ``FLINKBUF_NET_TRANSPORT=tcp`` makes
-    ``transport="auto"`` mean TCP.
+    variable.  Likewise ``FLINKBUF_NET_TRANSPORT`` (``tcp``, ``unix`` or
+    ``shm``) says what ``transport="auto"`` means.
     """
 
     def __init__(self, num_segments: int, segment_size: int = 32768, *,
                  host: str = "127.0.0.1", port: int = 0, secret: bytes | bytearray | memoryview,
                  exclusive_buffers_per_channel: int = 2, floating_buffers_per_gate: int = 8,
                  connect_timeout: float = 10.0, request_timeout: float = 30.0,
-                 io_timeout: float = 60.0, transport: Literal["auto", "tcp"] = "auto",
+                 io_timeout: float = 60.0, transport: Transport = "auto",
                  caller_sends: bool | None = None, direct_reads: bool | None = None) -> None:
         if not isinstance(secret, (bytes, bytearray, memoryview)):
             raise TypeError(f"secret must be bytes, got {type(secret).__name__}")
@@ -247,10 +266,13 @@ class NetworkEnvironment:
             raise ValueError("secret must be at least 16 bytes (use secrets.token_bytes(32))")
         if not isinstance(host, str):
             raise TypeError(f"host must be a str, got {type(host).__name__}")
-        if transport not in ("auto", "tcp"):
-            raise ValueError(f"transport must be 'auto' or 'tcp', got {transport!r}")
+        if transport not in _TRANSPORTS:
+            raise ValueError(f"transport must be one of {', '.join(repr(t) for t in _TRANSPORTS)}, "
+                             f"got {transport!r}")
         if transport == "auto":
             transport = _transport_override()
+        if transport == "auto":
+            transport = _SAME_HOST
         check_int(port, "port", 0, 65535)
         self._exclusive = check_int(exclusive_buffers_per_channel,
                                     "exclusive_buffers_per_channel", 1)
@@ -281,8 +303,10 @@ class NetworkEnvironment:
         bound = self._server.getsockname()
         self._address: tuple[str, int] = (bound[0], bound[1])
         self._address_text = format_address(self._address)
-        # Beside TCP, a Unix socket for peers on this host (faster on loopback).
-        self._use_unix = transport == "auto" and _UNIX
+        # Beside TCP, a Unix socket for peers on this host (faster on loopback),
+        # over which a client may ask for shared memory.
+        self._use_unix = transport in ("unix", "shm") and _UNIX
+        self._want_shm = transport == "shm" and _UNIX
         self._unix_server: socket.socket | None = None
         if self._use_unix:
             try:
@@ -519,7 +543,7 @@ class NetworkEnvironment:
 
     def _open_socket(self, host: str, port: int) -> socket.socket:
         """A connected socket to the environment at ``host:port``: its Unix
-        socket when it is on this host (and transport is auto), else TCP."""
+        socket when it is on this host (and the transport is not TCP), else TCP."""
         if self._use_unix and self._is_this_host(host):
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.settimeout(self._connect_timeout)
@@ -538,8 +562,10 @@ class NetworkEnvironment:
             raise RemoteConnectionError(f"cannot connect to {address}: {exc}") from exc
         try:
             _tune(sock)
-            peer, _ = handshake.client(sock, self._secret, self._address_text,
-                                       self._segment_size, self._connect_timeout)
+            peer, _, shared_fds = handshake.client(
+                sock, self._secret, self._address_text, self._segment_size,
+                self._connect_timeout,
+                shared_memory=self._want_shm and sock.family == socket.AF_UNIX)
             sock.settimeout(None)
             fd = sock.detach()
         except AuthenticationError as exc:
@@ -554,9 +580,17 @@ class NetworkEnvironment:
         except BaseException:
             sock.close()
             raise
-        return Connection._open(fd, self._segment_size, self._lookup, self._address_text,
-                                address, self._io_timeout, self._caller_sends,
-                                self._direct_reads)
+        if shared_fds is None:
+            return Connection._open(fd, self._segment_size, self._lookup, self._address_text,
+                                    address, self._io_timeout, self._caller_sends,
+                                    self._direct_reads)
+        memfd, data_fd, room_fd = shared_fds
+        try:
+            return Connection._open(fd, self._segment_size, self._lookup, self._address_text,
+                                    address, self._io_timeout, self._caller_sends,
+                                    self._direct_reads, (memfd, data_fd, room_fd, 1))
+        finally:
+            os.close(memfd)
 
     def _accept_loop(self) -> None:
         """Accept connections and run their handshakes, many at a time in
@@ -607,8 +641,9 @@ class NetworkEnvironment:
                 return
             sock.setblocking(False)
             _tune(sock)
-            hs = handshake.ServerHandshake(self._secret, self._address_text, self._segment_size,
-                                           keep=self._keep_incoming)
+            hs = handshake.ServerHandshake(
+                self._secret, self._address_text, self._segment_size, keep=self._keep_incoming,
+                shared_memory=self._new_region if sock.family == socket.AF_UNIX else None)
             pending[sock] = [hs, time.monotonic() + self._connect_timeout, peer]
             sel.register(sock, selectors.EVENT_READ, True)
             if len(pending) > _MAX_PENDING_HANDSHAKES:
@@ -642,8 +677,24 @@ class NetworkEnvironment:
                 log.debug("closed a second connection from %s: one connection joins two "
                           "processes", hs.peer[0])
                 return
+            shared = None
+            if hs.shared_fds is not None:
+                memfd, data0, room0, data1, room1 = hs.shared_fds
+                hs.shared_fds = None
+                try:
+                    handshake.send_setup(sock, [memfd, data1, room1])
+                except OSError as exc:
+                    for fd in (memfd, data0, room0):
+                        os.close(fd)
+                    sock.close()
+                    log.warning("could not pass shared memory to %s: %s", hs.peer[0], exc)
+                    return
+                finally:
+                    os.close(data1)
+                    os.close(room1)
+                shared = (memfd, data0, room0)
             sock.setblocking(True)
-            self._start_accepted(sock.detach(), hs.peer[0])
+            self._start_accepted(sock.detach(), hs.peer[0], shared)
 
     def _refuse(self, sel: selectors.BaseSelector, pending: _Pending, sock: socket.socket,
                 why: str) -> None:
@@ -652,19 +703,42 @@ class NetworkEnvironment:
         sock.close()
         log.warning("refused a connection from %s:%s: %s", peer[0], peer[1], why)
 
-    def _start_accepted(self, fd: int, advertised: str) -> None:
-        with self._lock:
-            if self._closed:
-                os.close(fd)
-                return
-            conn = Connection._open(fd, self._segment_size, self._lookup, self._address_text,
-                                    advertised, self._io_timeout, self._caller_sends,
-                                    self._direct_reads)
-            self._all_connections.append(conn)
-            current = self._connections.get(advertised)
-            if current is None or not current.is_open:
-                self._connections[advertised] = conn
-            self._changed.notify_all()
+    def _new_region(self) -> list[int]:
+        return _shm_region(self._segment_size)
+
+    def _start_accepted(self, fd: int, advertised: str,
+                        shared: tuple[int, int, int] | None = None) -> None:
+        """Run an authenticated connection; ``shared`` is the shared-memory
+        region's memfd (closed here) and this side's doorbells (owned from
+        here on)."""
+        try:
+            with self._lock:
+                if self._closed:
+                    os.close(fd)
+                    if shared is not None:
+                        os.close(shared[1])
+                        os.close(shared[2])
+                    return
+                try:
+                    conn = Connection._open(fd, self._segment_size, self._lookup,
+                                            self._address_text, advertised, self._io_timeout,
+                                            self._caller_sends, self._direct_reads,
+                                            None if shared is None else (*shared, 0))
+                except (RemoteConnectionError, MemoryError) as exc:
+                    log.warning("could not start a connection from %s: %s", advertised, exc)
+                    return
+                self._add_accepted(conn, advertised)
+        finally:
+            if shared is not None:
+                os.close(shared[0])
+
+    def _add_accepted(self, conn: Connection, advertised: str) -> None:
+        """Keep an accepted connection (the lock held)."""
+        self._all_connections.append(conn)
+        current = self._connections.get(advertised)
+        if current is None or not current.is_open:
+            self._connections[advertised] = conn
+        self._changed.notify_all()
 
     # ---- lifecycle ----------------------------------------------------------------------
 

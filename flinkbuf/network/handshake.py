@@ -1,7 +1,9 @@
 """The handshake that opens every connection (docs/PROTOCOL.md, section 2):
 both peers prove that they know the shared secret (HMAC-SHA256 over fresh
 nonces, compared in constant time) before anything else is exchanged, and
-tell each other their server address and segment size."""
+tell each other their server address and segment size; a client on the
+same host may ask for the shared-memory transport, whose region the server
+then passes right after (SHM_SETUP, with the descriptors attached)."""
 
 from __future__ import annotations
 
@@ -17,8 +19,10 @@ from typing import Final, cast
 from flinkbuf.errors import AuthenticationError, RemoteConnectionError
 
 MAGIC: Final = 0x46425546
-VERSION: Final = 1
-HELLO, CHALLENGE, AUTH, AUTH_OK, DUPLICATE = 16, 17, 18, 19, 20
+VERSION: Final = 2
+HELLO, CHALLENGE, AUTH, AUTH_OK, DUPLICATE, SHM_SETUP = 16, 17, 18, 19, 20, 21
+STREAM, SHARED_MEMORY = 0, 1                # the transport field of AUTH and AUTH_OK
+SHM_FDS: Final = 3                          # the region's memfd and the client's doorbells
 MAX_FRAME: Final = 256
 NONCE: Final = 32
 _HEADER = struct.Struct(">IIB")
@@ -116,26 +120,72 @@ def _address_field(address: str) -> bytes:
     return struct.pack(">H", len(raw)) + raw
 
 
-def _parse_tail(body: bytes, what: str) -> tuple[str, int]:
-    """A string and a u32 at the end of a handshake body."""
+def _parse_tail(body: bytes, what: str) -> tuple[str, int, int]:
+    """A string, a u32 and a u8 (the transport) at the end of a handshake
+    body."""
     try:
         (n,) = struct.unpack_from(">H", body, 0)
         address = body[2:2 + n].decode("utf-8")
-        (segment_size,) = struct.unpack_from(">I", body, 2 + n)
+        segment_size, transport = struct.unpack_from(">IB", body, 2 + n)
     except (struct.error, UnicodeDecodeError):
         raise AuthenticationError(f"a malformed {what}") from None
-    if len(body) != 2 + n + 4:
+    if len(body) != 2 + n + 5 or transport not in (STREAM, SHARED_MEMORY):
         raise AuthenticationError(f"a malformed {what}")
-    return address, segment_size
+    return address, segment_size, transport
+
+
+def _tail(address: str, segment_size: int, transport: int) -> bytes:
+    return _address_field(address) + struct.pack(">IB", segment_size, transport)
+
+
+def _close_fds(fds: list[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _recv_setup(sock: socket.socket, deadline: float) -> list[int]:
+    """The SHM_SETUP frame and the descriptors that come with it."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise _handshake_timed_out()
+    sock.settimeout(remaining)
+    try:
+        data, fds, flags, _ = socket.recv_fds(sock, _HEADER.size, SHM_FDS,
+                                              getattr(socket, "MSG_CMSG_CLOEXEC", 0))
+    except socket.timeout:
+        raise _handshake_timed_out() from None
+    try:
+        if not data:
+            raise _handshake_closed()
+        if len(data) < _HEADER.size:
+            data += _recv_exact(sock, _HEADER.size - len(data), deadline)
+        if (_HEADER.unpack(data) != (_HEADER.size, MAGIC, SHM_SETUP) or len(fds) != SHM_FDS
+                or flags & getattr(socket, "MSG_CTRUNC", 0)):
+            raise RemoteConnectionError("the peer sent a malformed shared memory set-up")
+    except BaseException:
+        _close_fds(list(fds))
+        raise
+    return list(fds)
+
+
+def send_setup(sock: socket.socket, fds: list[int]) -> None:
+    """Pass the shared-memory region's descriptors to the client (the
+    server's step after AUTH_OK said SHARED_MEMORY)."""
+    socket.send_fds(sock, [_frame(SHM_SETUP, b"")], fds)
 
 
 def client(sock: socket.socket, secret: bytes, address: str, segment_size: int,
-           timeout: float) -> tuple[str, int]:
+           timeout: float, *, shared_memory: bool = False) -> tuple[str, int, list[int] | None]:
     """Authenticate a connected socket as the client; returns the server's
-    (address, segment_size).  AuthenticationError if either side fails to
-    prove the secret; RemoteConnectionError if the segment sizes differ;
-    DuplicateConnection if the server keeps another connection to this
-    process."""
+    address and segment size, and, when ``shared_memory`` was asked for and
+    the server agreed, the region's descriptors (memfd, data and room
+    doorbells: the caller's to close), else None.  AuthenticationError if
+    either side fails to prove the secret; RemoteConnectionError if the
+    segment sizes differ; DuplicateConnection if the server keeps another
+    connection to this process."""
     deadline = time.monotonic() + timeout
     client_nonce = os.urandom(NONCE)
     _send(sock, HELLO, struct.pack(">H", VERSION) + client_nonce)
@@ -151,17 +201,20 @@ def client(sock: socket.socket, secret: bytes, address: str, segment_size: int,
                                _proof(secret, b"flinkbuf-server", client_nonce, server_nonce)):
         raise AuthenticationError("the server did not prove that it knows the shared secret")
     _send(sock, AUTH, _proof(secret, b"flinkbuf-client", server_nonce, client_nonce)
-          + _address_field(address) + struct.pack(">I", segment_size))
+          + _tail(address, segment_size, SHARED_MEMORY if shared_memory else STREAM))
     try:
         reply = _recv(sock, AUTH_OK, deadline, alternative=DUPLICATE)
     except _Alternative as dup:
         raise DuplicateConnection(_parse_tail(dup.args[0], "duplicate reply")[0]) from None
-    peer, peer_segment_size = _parse_tail(reply, "authentication reply")
+    peer, peer_segment_size, transport = _parse_tail(reply, "authentication reply")
+    if transport == SHARED_MEMORY and not shared_memory:
+        raise AuthenticationError("the server chose shared memory, which was not asked for")
     if peer_segment_size != segment_size:
         raise RemoteConnectionError(
             f"the peer at {peer} uses segments of {peer_segment_size} bytes, this side "
             f"{segment_size}: both sides of a connection need the same segment size")
-    return peer, peer_segment_size
+    fds = _recv_setup(sock, deadline) if transport == SHARED_MEMORY else None
+    return peer, peer_segment_size, fds
 
 
 class ServerHandshake:
@@ -175,12 +228,19 @@ class ServerHandshake:
     differ (after AUTH_OK, so that the client learns why).  ``keep(address)``
     (optional) decides, once the client proved the secret, whether this
     connection is wanted: if not, the reply is DUPLICATE instead of AUTH_OK
-    and ``duplicate`` is set (the server then closes it)."""
+    and ``duplicate`` is set (the server then closes it).  When the client
+    asks for shared memory and ``shared_memory`` is given, it is called for
+    a region (its descriptors; OSError: the connection stays a stream):
+    ``shared_fds`` holds them once AUTH_OK said so, for the server to pass
+    on (:func:`send_setup`) and to close."""
 
     def __init__(self, secret: bytes, address: str, segment_size: int,
-                 keep: Callable[[str], bool] | None = None) -> None:
+                 keep: Callable[[str], bool] | None = None,
+                 shared_memory: Callable[[], list[int]] | None = None) -> None:
         self._secret = secret
         self._keep = keep
+        self._shared_memory = shared_memory
+        self.shared_fds: list[int] | None = None
         self.duplicate = False
         self._address = address
         self._segment_size = segment_size
@@ -213,6 +273,7 @@ class ServerHandshake:
             del self._buf[:length]
             out += self._step(body)
         if self.done and self._buf:
+            self.discard()
             raise AuthenticationError("the client sent more before the handshake ended")
         if self.done and self.peer[1] != self._segment_size:
             self.reply_before_refusal = bytes(out)
@@ -220,6 +281,13 @@ class ServerHandshake:
                 f"the client at {self.peer[0]} uses segments of {self.peer[1]} bytes, this "
                 f"side {self._segment_size}")
         return bytes(out)
+
+    def discard(self) -> None:
+        """Close the shared-memory region's descriptors, if any (a
+        connection that will not be used)."""
+        if self.shared_fds is not None:
+            _close_fds(self.shared_fds)
+            self.shared_fds = None
 
     def _step(self, body: bytes) -> bytes:
         if self._expect == HELLO:
@@ -242,14 +310,21 @@ class ServerHandshake:
                                           cast(bytes, self._server_nonce),
                                           cast(bytes, self._client_nonce))):
             raise AuthenticationError("the client did not prove that it knows the shared secret")
-        self.peer = _parse_tail(body[NONCE:], "authentication")
+        address, segment_size, transport = _parse_tail(body[NONCE:], "authentication")
+        self.peer = (address, segment_size)
         self.done = True
-        tail = _address_field(self._address) + struct.pack(">I", self._segment_size)
-        if (self.peer[1] == self._segment_size and self._keep is not None
-                and not self._keep(self.peer[0])):
+        if (segment_size == self._segment_size and self._keep is not None
+                and not self._keep(address)):
             self.duplicate = True
-            return _frame(DUPLICATE, tail)
-        return _frame(AUTH_OK, tail)
+            return _frame(DUPLICATE, _tail(self._address, self._segment_size, STREAM))
+        if (transport == SHARED_MEMORY and segment_size == self._segment_size
+                and self._shared_memory is not None):
+            try:
+                self.shared_fds = self._shared_memory()
+            except OSError:
+                self.shared_fds = None       # out of memory or descriptors: a stream it is
+        return _frame(AUTH_OK, _tail(self._address, self._segment_size,
+                                     STREAM if self.shared_fds is None else SHARED_MEMORY))
 
 
 def server(sock: socket.socket, secret: bytes, address: str, segment_size: int,

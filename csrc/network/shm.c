@@ -1,0 +1,472 @@
+/* The shared-memory transport (shm.h). */
+#define _GNU_SOURCE
+#include "network/shm.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/clock.h"
+
+#define SHM_MAGIC 0x46425348u       /* "FBSH" */
+#define SHM_VERSION 1u
+#define SHM_HEADER 4096u            /* the control page before the rings */
+/* How long a waiter looks at the ring before it sleeps: a round trip
+ * between two awake processes takes a few microseconds, a wake-up through
+ * the kernel about ten. */
+#define SPIN_NS 30000
+
+/* One ring's shared indices.  head and tail only grow (mod 2^64); each
+ * is written by one side and sits on a cache line of its own. */
+typedef struct ring_ctl {
+    _Alignas(64) uint64_t head;       /* bytes written, by the ring's writer */
+    _Alignas(64) uint64_t tail;       /* bytes read, by the ring's reader */
+    _Alignas(64) uint32_t readers_asleep;  /* the reader's threads polling for input */
+    uint32_t writer_asleep;           /* the writer polls for room */
+    uint32_t closed;                  /* the writer ended (after its last head) */
+} ring_ctl_t;
+
+typedef struct shm_header {
+    uint32_t magic, version, ring_size, reserved;
+    ring_ctl_t ring[2];               /* ring s: written by side s */
+} shm_header_t;
+
+_Static_assert(sizeof(shm_header_t) <= SHM_HEADER, "the header fits its page");
+
+typedef struct shm_transport {
+    fb_transport_t base;
+    int sock;                 /* the connection's Unix socket: its end is the peer's end */
+    int data_fd, room_fd;     /* this side's doorbells: poll, drain, ring the peer's */
+    char *map;
+    size_t map_size;
+    ring_ctl_t *tx, *rx;
+    char *tx_buf, *rx_buf;
+    uint64_t size;            /* ring bytes, a power of two */
+    uint64_t tx_head;         /* own copies of own indices (atomic: waiters read them) */
+    uint64_t rx_tail;
+    int shut;                 /* atomic */
+    int peer_gone;            /* atomic: the socket or a doorbell reported the end */
+} shm_t;
+
+#define LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define PEEK(p) __atomic_load_n((p), __ATOMIC_RELAXED)
+#define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+uint32_t fb_shm_ring_size(int32_t segment_size)
+{
+    uint64_t want = segment_size > 0 ? (uint64_t)segment_size * 16 : FB_SHM_MIN_RING;
+    uint32_t size = FB_SHM_MIN_RING;
+    while (size < want && size < 4u * 1024 * 1024)
+        size <<= 1;
+    return size;
+}
+
+/* ---- the region ------------------------------------------------------------------------ */
+
+static void close_all(int *fds, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (fds[i] >= 0) {
+            close(fds[i]);
+            fds[i] = -1;
+        }
+}
+
+int fb_shm_region_new(uint32_t ring_size, int fds[FB_SHM_NFDS])
+{
+    int data[2], room[2], err;
+    size_t size = SHM_HEADER + 2 * (size_t)ring_size;
+    shm_header_t *h;
+    for (int i = 0; i < FB_SHM_NFDS; i++)
+        fds[i] = -1;
+    if (ring_size < FB_SHM_MIN_RING || ring_size > FB_SHM_MAX_RING
+            || (ring_size & (ring_size - 1)) != 0)
+        return EINVAL;
+    fds[FB_SHM_MEMFD] = memfd_create("flinkbuf-shm", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fds[FB_SHM_MEMFD] < 0)
+        return errno;
+    if (ftruncate(fds[FB_SHM_MEMFD], (off_t)size) != 0)
+        goto fail;
+    /* Allocate every page now: a page the kernel cannot find later would
+     * be a SIGBUS in whichever process touches it first. */
+    if ((err = posix_fallocate(fds[FB_SHM_MEMFD], 0, (off_t)size)) != 0) {
+        errno = err;
+        goto fail;
+    }
+    h = mmap(NULL, SHM_HEADER, PROT_READ | PROT_WRITE, MAP_SHARED, fds[FB_SHM_MEMFD], 0);
+    if (h == MAP_FAILED)
+        goto fail;
+    h->magic = SHM_MAGIC;
+    h->version = SHM_VERSION;
+    h->ring_size = ring_size;
+    munmap(h, SHM_HEADER);
+    if (fcntl(fds[FB_SHM_MEMFD], F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+        goto fail;
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, data) != 0)
+        goto fail;
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, room) != 0) {
+        err = errno;
+        close(data[0]);
+        close(data[1]);
+        errno = err;
+        goto fail;
+    }
+    fds[FB_SHM_DATA0] = data[0];
+    fds[FB_SHM_ROOM0] = room[0];
+    fds[FB_SHM_DATA1] = data[1];
+    fds[FB_SHM_ROOM1] = room[1];
+    return 0;
+fail:
+    err = errno ? errno : ENOMEM;
+    close_all(fds, FB_SHM_NFDS);
+    return err;
+}
+
+/* ---- doorbells and the peer's end ------------------------------------------------------ */
+
+static void ring_bell(int fd)
+{
+    char one = 1;
+    /* Full: the other side has wake-ups pending already. */
+    (void)!send(fd, &one, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+/* Ring `fd` if the other side may sleep on `asleep` (after publishing). */
+static inline void wake_if_asleep(int fd, uint32_t *asleep)
+{
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (PEEK(asleep) > 0)
+        ring_bell(fd);
+}
+
+/* Empty a doorbell; its end closed (the peer went) sets peer_gone. */
+static void drain(shm_t *s, int fd)
+{
+    char buf[64];
+    ssize_t r;
+    while ((r = recv(fd, buf, sizeof(buf), MSG_DONTWAIT)) > 0)
+        ;
+    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+        __atomic_store_n(&s->peer_gone, 1, __ATOMIC_RELEASE);
+}
+
+/* The socket polled readable: nothing is sent on it after the set-up, so
+ * its end (or anything else) means the peer is gone. */
+static void check_peer(shm_t *s)
+{
+    char b;
+    ssize_t r = recv(s->sock, &b, 1, MSG_DONTWAIT | MSG_PEEK);
+    if (r >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+        __atomic_store_n(&s->peer_gone, 1, __ATOMIC_RELEASE);
+}
+
+/* ---- the rings ------------------------------------------------------------------------- */
+
+/* Bytes readable (> size: the peer corrupted its head). */
+static inline uint64_t rx_avail(const shm_t *s)
+{
+    return LOAD(&s->rx->head) - PEEK(&s->rx_tail);
+}
+
+/* Bytes of room ((uint64_t)-1: the peer corrupted its tail). */
+static inline uint64_t tx_room(const shm_t *s)
+{
+    uint64_t used = PEEK(&s->tx_head) - LOAD(&s->tx->tail);
+    return used > s->size ? (uint64_t)-1 : s->size - used;
+}
+
+static void ring_write(shm_t *s, uint64_t at, const char *src, size_t n)
+{
+    size_t off = (size_t)(at & (s->size - 1)), first = s->size - off;
+    if (first > n)
+        first = n;
+    memcpy(s->tx_buf + off, src, first);
+    memcpy(s->tx_buf, src + first, n - first);
+}
+
+static void ring_read(shm_t *s, uint64_t at, char *dst, size_t n)
+{
+    size_t off = (size_t)(at & (s->size - 1)), first = s->size - off;
+    if (first > n)
+        first = n;
+    memcpy(dst, s->rx_buf + off, first);
+    memcpy(dst + first, s->rx_buf, n - first);
+}
+
+static int ready(shm_t *s, int events)
+{
+    if (PEEK(&s->shut) || LOAD(&s->peer_gone))
+        return 1;
+    if ((events & FB_TRANSPORT_READABLE) && (rx_avail(s) != 0 || LOAD(&s->rx->closed)))
+        return 1;
+    return (events & FB_TRANSPORT_WRITABLE) && tx_room(s) != 0;
+}
+
+/* Wait up to ms for `events` (or the wake-up fd): spin first, then sleep
+ * counted as a sleeper so that the peer rings. */
+static int shm_wait(fb_transport_t *t, int events, int wake_fd, int ms)
+{
+    shm_t *s = (shm_t *)t;
+    struct pollfd p[4];
+    int n = 0, rc, iw = -1, ir = -1, is;
+    int64_t until;
+    if (ready(s, events))
+        return 1;
+    if (ms != 0) {
+        until = fb_monotonic_ns() + (ms > 0 && (int64_t)ms * 1000000 < SPIN_NS
+                                     ? (int64_t)ms * 1000000 : SPIN_NS);
+        for (int i = 1;; i++) {
+            cpu_relax();
+            if (ready(s, events))
+                return 1;
+            if ((i & 63) == 0 && fb_monotonic_ns() >= until)
+                break;
+        }
+    }
+    if (events & FB_TRANSPORT_READABLE)
+        __atomic_add_fetch(&s->rx->readers_asleep, 1, __ATOMIC_SEQ_CST);
+    if (events & FB_TRANSPORT_WRITABLE)
+        __atomic_add_fetch(&s->tx->writer_asleep, 1, __ATOMIC_SEQ_CST);
+    if (ready(s, events)) {
+        rc = 1;
+    } else {
+        is = n;
+        p[n++] = (struct pollfd){s->sock, POLLIN, 0};
+        if (events & FB_TRANSPORT_READABLE)
+            p[n++] = (struct pollfd){s->data_fd, POLLIN, 0};
+        if (events & FB_TRANSPORT_WRITABLE) {
+            ir = n;
+            p[n++] = (struct pollfd){s->room_fd, POLLIN, 0};
+        }
+        if (wake_fd >= 0) {
+            iw = n;
+            p[n++] = (struct pollfd){wake_fd, POLLIN, 0};
+        }
+        rc = poll(p, (nfds_t)n, ms);
+        if (rc > 0) {
+            uint64_t drained;
+            if (iw >= 0 && (p[iw].revents & POLLIN))
+                (void)!read(wake_fd, &drained, sizeof(drained));
+            /* Room is drained here (one sender waits at a time); input by
+             * the receive that finds the ring empty, so that every thread
+             * polling for input sees it until it is read. */
+            if (ir >= 0 && p[ir].revents)
+                drain(s, s->room_fd);
+            if (p[is].revents)
+                check_peer(s);
+        }
+    }
+    if (events & FB_TRANSPORT_READABLE)
+        __atomic_sub_fetch(&s->rx->readers_asleep, 1, __ATOMIC_RELAXED);
+    if (events & FB_TRANSPORT_WRITABLE)
+        __atomic_sub_fetch(&s->tx->writer_asleep, 1, __ATOMIC_RELAXED);
+    return rc;
+}
+
+static ssize_t shm_send(fb_transport_t *t, const struct iovec *iov, int iovcnt, int nowait)
+{
+    shm_t *s = (shm_t *)t;
+    uint64_t room, head;
+    size_t n = 0, take;
+    for (;;) {
+        if (PEEK(&s->shut)) {
+            errno = EPIPE;
+            return -1;
+        }
+        if (LOAD(&s->peer_gone)) {
+            errno = ECONNRESET;
+            return -1;
+        }
+        if ((room = tx_room(s)) == (uint64_t)-1) {
+            errno = EPROTO;
+            return -1;
+        }
+        if (room > 0)
+            break;
+        if (nowait) {
+            errno = EAGAIN;
+            return -1;
+        }
+        if (shm_wait(t, FB_TRANSPORT_WRITABLE, -1, -1) < 0 && errno != EINTR)
+            return -1;
+    }
+    head = PEEK(&s->tx_head);
+    for (int i = 0; i < iovcnt && room > 0; i++) {
+        take = iov[i].iov_len < room ? iov[i].iov_len : (size_t)room;
+        ring_write(s, head + n, iov[i].iov_base, take);
+        n += take;
+        room -= take;
+    }
+    __atomic_store_n(&s->tx_head, head + n, __ATOMIC_RELAXED);
+    STORE(&s->tx->head, head + n);
+    wake_if_asleep(s->data_fd, &s->tx->readers_asleep);
+    return (ssize_t)n;
+}
+
+static ssize_t shm_recv(fb_transport_t *t, struct iovec *iov, int iovcnt)
+{
+    shm_t *s = (shm_t *)t;
+    uint64_t avail = rx_avail(s), tail;
+    size_t n = 0, take;
+    if (avail == 0) {
+        drain(s, s->data_fd);     /* before the second look: a bell rung meanwhile stays */
+        avail = rx_avail(s);
+    }
+    if (avail > s->size) {
+        errno = EPROTO;
+        return -1;
+    }
+    if (avail == 0) {
+        if (LOAD(&s->rx->closed) || LOAD(&s->peer_gone) || PEEK(&s->shut))
+            return 0;
+        errno = EAGAIN;
+        return -1;
+    }
+    tail = PEEK(&s->rx_tail);
+    for (int i = 0; i < iovcnt && avail > 0; i++) {
+        take = iov[i].iov_len < avail ? iov[i].iov_len : (size_t)avail;
+        ring_read(s, tail + n, iov[i].iov_base, take);
+        n += take;
+        avail -= take;
+    }
+    __atomic_store_n(&s->rx_tail, tail + n, __ATOMIC_RELAXED);
+    STORE(&s->rx->tail, tail + n);
+    wake_if_asleep(s->room_fd, &s->rx->writer_asleep);
+    return (ssize_t)n;
+}
+
+static void shm_shutdown(fb_transport_t *t)
+{
+    shm_t *s = (shm_t *)t;
+    if (__atomic_exchange_n(&s->shut, 1, __ATOMIC_SEQ_CST) || s->map == NULL)
+        return;
+    STORE(&s->tx->closed, 1);
+    ring_bell(s->data_fd);
+    ring_bell(s->room_fd);
+    /* Our own end turns readable too: every poll here returns. */
+    shutdown(s->sock, SHUT_RDWR);
+}
+
+static void shm_close(fb_transport_t *t)
+{
+    shm_t *s = (shm_t *)t;
+    int fds[3] = {s->sock, s->data_fd, s->room_fd};
+    close_all(fds, 3);
+    s->sock = s->data_fd = s->room_fd = -1;
+    if (s->map != NULL) {
+        munmap(s->map, s->map_size);
+        s->map = NULL;
+    }
+}
+
+static void shm_destroy(fb_transport_t *t)
+{
+    shm_close(t);
+    free(t);
+}
+
+static const fb_transport_ops_t SHM_OPS = {
+    shm_send, shm_recv, shm_wait, shm_shutdown, shm_close, shm_destroy,
+};
+
+/* ---- attaching ------------------------------------------------------------------------- */
+
+static int is_unix_socket(int fd)
+{
+    struct stat st;
+    int domain = 0;
+    socklen_t len = sizeof(domain);
+    return fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode)
+           && getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) == 0 && domain == AF_UNIX;
+}
+
+/* The region mapped and checked: its header's ring size, or 0 with err. */
+static uint32_t map_region(int memfd, char **map, size_t *map_size, char *err, size_t errlen)
+{
+    const int need = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+    struct stat st;
+    shm_header_t *h;
+    uint32_t ring;
+    int seals = fcntl(memfd, F_GET_SEALS);
+    if (seals < 0 || (seals & need) != need) {
+        snprintf(err, errlen, "the shared memory region is not sealed against resizing");
+        return 0;
+    }
+    if (fstat(memfd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < (off_t)SHM_HEADER
+            || st.st_size > (off_t)(SHM_HEADER + 2 * (size_t)FB_SHM_MAX_RING)) {
+        snprintf(err, errlen, "the shared memory region has a wrong size");
+        return 0;
+    }
+    *map_size = (size_t)st.st_size;
+    *map = mmap(NULL, *map_size, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+    if (*map == MAP_FAILED) {
+        snprintf(err, errlen, "cannot map the shared memory region: %s", strerror(errno));
+        *map = NULL;
+        return 0;
+    }
+    h = (shm_header_t *)*map;
+    ring = h->ring_size;
+    if (h->magic != SHM_MAGIC || h->version != SHM_VERSION || ring < FB_SHM_MIN_RING
+            || ring > FB_SHM_MAX_RING || (ring & (ring - 1)) != 0
+            || *map_size != SHM_HEADER + 2 * (size_t)ring) {
+        snprintf(err, errlen, "the shared memory region has a wrong header");
+        munmap(*map, *map_size);
+        *map = NULL;
+        return 0;
+    }
+    return ring;
+}
+
+fb_transport_t *fb_transport_shm(int sock, int memfd, int data_fd, int room_fd, int side,
+                                 char *err, size_t errlen)
+{
+    shm_t *s;
+    char *map;
+    size_t map_size;
+    uint32_t ring;
+    if (side != 0 && side != 1) {
+        snprintf(err, errlen, "side must be 0 or 1");
+        return NULL;
+    }
+    if (!is_unix_socket(sock) || !is_unix_socket(data_fd) || !is_unix_socket(room_fd)) {
+        snprintf(err, errlen, "the shared memory transport needs Unix sockets");
+        return NULL;
+    }
+    if ((ring = map_region(memfd, &map, &map_size, err, errlen)) == 0)
+        return NULL;
+    if ((s = calloc(1, sizeof(*s))) == NULL) {
+        munmap(map, map_size);
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    s->base.ops = &SHM_OPS;
+    s->sock = sock;
+    s->data_fd = data_fd;
+    s->room_fd = room_fd;
+    s->map = map;
+    s->map_size = map_size;
+    s->size = ring;
+    s->tx = &((shm_header_t *)map)->ring[side];
+    s->rx = &((shm_header_t *)map)->ring[1 - side];
+    s->tx_buf = map + SHM_HEADER + (size_t)side * ring;
+    s->rx_buf = map + SHM_HEADER + (size_t)(1 - side) * ring;
+    /* Fresh rings start at zero (calloc): indices the peer wrote otherwise
+     * fail the connection at their first use. */
+    return &s->base;
+}

@@ -1,0 +1,19 @@
+# csrc/network/shm.h: the shared-memory transport.
+from libc.stdint cimport int32_t, uint32_t
+
+from flinkbuf.csrc.transport cimport fb_transport_t
+
+
+cdef extern from "network/shm.h" nogil:
+    enum:
+        FB_SHM_MEMFD
+        FB_SHM_DATA0
+        FB_SHM_ROOM0
+        FB_SHM_DATA1
+        FB_SHM_ROOM1
+        FB_SHM_NFDS
+
+    uint32_t fb_shm_ring_size(int32_t segment_size)
+    int fb_shm_region_new(uint32_t ring_size, int *fds)
+    fb_transport_t *fb_transport_shm(int sock, int memfd, int data_fd, int room_fd, int side,
+                                     char *err, size_t errlen)

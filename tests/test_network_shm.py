@@ -1,0 +1,252 @@
+"""The shared-memory transport: what it maps and leaves behind, what it
+checks of a region it is given, and a peer that corrupts the rings.  Every
+other network test runs over it too (conftest.py); kill -9 of either side
+is in test_network_failures.py."""
+
+import fcntl
+import mmap
+import os
+import socket
+import struct
+import time
+
+import pytest
+
+from flinkbuf.errors import RemoteConnectionError
+from flinkbuf.io import RecordWriter, create_partition
+from flinkbuf.network import NetworkEnvironment
+from flinkbuf.network._network import Connection, _shm_region
+from helpers import run_in_thread, wait_until
+from network_helpers import SECRET, num_fds, shared_memory_held
+
+pytestmark = [pytest.mark.one_transport,
+              pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")]
+
+HEADER = 4096
+RING0_HEAD = 64          # the header's layout: 16 bytes, then ring 0's head, tail, sleepers
+RING0_TAIL = 128
+
+
+def dev_shm():
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def exchange(prod, cons, records):
+    part = create_partition(prod.network_buffer_pool, 1, min_buffers=4)
+    pid = f"p{time.monotonic_ns()}"
+    prod.register_partition(pid, part)
+    gate = cons.create_input_gate([(prod.address, pid, 0)], codec="bytes")
+
+    def produce():
+        with RecordWriter(part, codec="bytes", buffer_timeout=None) as w:
+            for r in records:
+                w.emit(r)
+
+    t, res = run_in_thread(produce)
+    got = [bytes(r) for r in gate]
+    t.join(10)
+    assert "error" not in res, res
+    gate.close()
+    return got
+
+
+def test_a_region_is_mapped_while_connected_and_gone_after():
+    """Two environments that ask for shared memory connect through a memfd
+    (mapped by both while the connection lives, with no name under
+    /dev/shm), exchange records exactly, and leave no mapping and no
+    descriptor behind once closed."""
+    fds_before, shm_before = num_fds(), dev_shm()
+    assert shared_memory_held() == []
+    prod = NetworkEnvironment(64, 1024, secret=SECRET, transport="shm")
+    cons = NetworkEnvironment(64, 1024, secret=SECRET, transport="shm")
+    try:
+        records = [os.urandom(n) for n in (0, 1, 100, 1023, 1024, 5000, 40000)] * 20
+        assert exchange(prod, cons, records) == records
+        assert [s["transport"] for s in cons.connection_stats()] == ["shm"]
+        held = shared_memory_held()
+        # both ends live in this process: two mappings, no descriptor
+        assert len(held) == 2 and all("memfd:flinkbuf-shm" in h for h in held), held
+        assert not any(h.startswith("fd ") for h in held), held
+        assert dev_shm() == shm_before
+    finally:
+        cons.close()
+        prod.close()
+    wait_until(lambda: shared_memory_held() == [], 10)
+    wait_until(lambda: num_fds() <= fds_before, 10)
+
+
+def test_a_server_that_cannot_share_memory_serves_over_its_unix_socket(monkeypatch):
+    """A region the server cannot make (out of memory or descriptors) is
+    no failure: the connection is a Unix socket instead."""
+    prod = NetworkEnvironment(64, 1024, secret=SECRET, transport="shm")
+    cons = NetworkEnvironment(64, 1024, secret=SECRET, transport="shm")
+
+    def no_region():
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(prod, "_new_region", no_region)
+    try:
+        assert exchange(prod, cons, [b"a", b"b" * 3000]) == [b"a", b"b" * 3000]
+        assert [s["transport"] for s in cons.connection_stats()] == ["unix"]
+    finally:
+        cons.close()
+        prod.close()
+    assert shared_memory_held() == []
+
+
+@pytest.mark.parametrize("server, client, used", [
+    ("shm", "unix", "unix"), ("unix", "shm", "shm"), ("shm", "tcp", "tcp"),
+    ("tcp", "shm", "tcp")])
+def test_the_connecting_side_chooses(server, client, used):
+    """The transport is the connecting side's: shared memory when it asks
+    for it and reaches the server over the server's Unix socket (a server
+    without one, transport="tcp", is reached over TCP)."""
+    prod = NetworkEnvironment(64, 1024, secret=SECRET, transport=server)
+    cons = NetworkEnvironment(64, 1024, secret=SECRET, transport=client)
+    try:
+        assert exchange(prod, cons, [b"x" * 2000] * 10) == [b"x" * 2000] * 10
+        assert [s["transport"] for s in cons.connection_stats()] == [used]
+    finally:
+        cons.close()
+        prod.close()
+
+
+# ---- a region handed to the transport -------------------------------------------------------
+
+def open_side(region, side=1):
+    """A connection over one end of a socketpair, as `side` of `region`
+    (memfd, data0, room0, data1, room1); the other end and the other
+    side's doorbells stay the test's."""
+    a, b = socket.socketpair()
+    memfd = region[0]
+    data, room = (region[3], region[4]) if side == 1 else (region[1], region[2])
+    conn = Connection._open(a.detach(), 1024, lambda pid: None, "here:1", "there:2", 5.0,
+                            True, True, (memfd, data, room, side))
+    return conn, b
+
+
+def close_quietly(*fds):
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def test_a_peer_that_corrupts_the_ring_indices_fails_the_connection():
+    """A head past what the ring holds is a protocol error: the connection
+    fails with a clear error; nothing is read outside the ring."""
+    region = _shm_region(1024)
+    memfd, data0 = region[0], region[1]
+    conn, peer_sock = open_side(region)
+    try:
+        size = os.fstat(memfd).st_size
+        with mmap.mmap(memfd, size) as m:
+            struct.pack_into("<Q", m, RING0_HEAD, 1 << 40)
+            os.write(data0, b"!")           # the bell: side 1 may sleep
+            wait_until(lambda: not conn.is_open, 5)
+        assert isinstance(conn.error, ConnectionError)
+        assert "Protocol error" in str(conn.error) or "protocol" in str(conn.error), conn.error
+    finally:
+        conn.close()
+        peer_sock.close()
+        close_quietly(memfd, *region[1:3])
+
+
+def test_a_peer_that_writes_garbage_frames_fails_the_connection():
+    """Bytes in the ring are decoded like bytes from a socket: garbage is a
+    protocol error, not a crash."""
+    region = _shm_region(1024)
+    memfd, data0 = region[0], region[1]
+    conn, peer_sock = open_side(region)
+    try:
+        size = os.fstat(memfd).st_size
+        with mmap.mmap(memfd, size) as m:
+            junk = b"\xff" * 64
+            m[HEADER:HEADER + len(junk)] = junk
+            struct.pack_into("<Q", m, RING0_HEAD, len(junk))
+            os.write(data0, b"!")
+            wait_until(lambda: not conn.is_open, 5)
+        assert isinstance(conn.error, ConnectionError)
+    finally:
+        conn.close()
+        peer_sock.close()
+        close_quietly(memfd, *region[1:3])
+
+
+def test_the_peer_process_ending_ends_the_connection():
+    """The peer's end of the Unix socket closing (its process died) fails
+    the connection at once, though the rings say nothing."""
+    region = _shm_region(1024)
+    conn, peer_sock = open_side(region)
+    try:
+        peer_sock.close()
+        wait_until(lambda: not conn.is_open, 5)
+        assert isinstance(conn.error, ConnectionError)
+    finally:
+        conn.close()
+        close_quietly(*region[:3])
+
+
+def sealed_memfd(size, header=None, seals=None):
+    fd = os.memfd_create("flinkbuf-shm-test", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, size)
+    if header is not None:
+        os.pwrite(fd, header, 0)
+    if seals is None:
+        seals = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+    if seals:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+    return fd
+
+
+GOOD_HEADER = struct.pack("<III", 0x46425348, 1, 16384)
+BAD_REGIONS = {
+    "unsealed": lambda: sealed_memfd(HEADER + 2 * 16384, GOOD_HEADER, seals=0),
+    "shrinkable": lambda: sealed_memfd(HEADER + 2 * 16384, GOOD_HEADER,
+                                       seals=fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL),
+    "too small": lambda: sealed_memfd(100, GOOD_HEADER[:12]),
+    "size mismatch": lambda: sealed_memfd(HEADER + 16384, GOOD_HEADER),
+    "bad magic": lambda: sealed_memfd(HEADER + 2 * 16384, struct.pack("<III", 1, 1, 16384)),
+    "bad version": lambda: sealed_memfd(HEADER + 2 * 16384,
+                                        struct.pack("<III", 0x46425348, 9, 16384)),
+    "ring not a power of two": lambda: sealed_memfd(HEADER + 2 * 12288,
+                                                    struct.pack("<III", 0x46425348, 1, 12288)),
+    "ring too small": lambda: sealed_memfd(HEADER + 2 * 1024,
+                                           struct.pack("<III", 0x46425348, 1, 1024)),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_REGIONS))
+def test_a_region_that_is_not_as_it_should_be_is_refused(kind):
+    """A region whose seals, size or header are wrong is refused with a
+    clear error (the socket and doorbells are closed; nothing is mapped)."""
+    fds_before = num_fds()
+    memfd = BAD_REGIONS[kind]()
+    d0, d1 = socket.socketpair()
+    r0, r1 = socket.socketpair()
+    a, b = socket.socketpair()
+    try:
+        with pytest.raises(RemoteConnectionError, match="cannot share memory with there:2"):
+            Connection._open(a.detach(), 1024, lambda pid: None, "here:1", "there:2", 5.0,
+                             True, True, (memfd, d1.detach(), r1.detach(), 1))
+    finally:
+        for s in (d0, r0, b):
+            s.close()
+        os.close(memfd)
+    assert shared_memory_held() == []
+    assert num_fds() == fds_before
+
+
+def test_doorbells_that_are_not_sockets_are_refused():
+    region = _shm_region(1024)
+    rp, wp = os.pipe()
+    a, b = socket.socketpair()
+    try:
+        with pytest.raises(RemoteConnectionError, match="needs Unix sockets"):
+            Connection._open(a.detach(), 1024, lambda pid: None, "here:1", "there:2", 5.0,
+                             True, True, (region[0], rp, region[4], 1))
+    finally:
+        b.close()
+        close_quietly(wp, *region[:4])
+    assert shared_memory_held() == []
