@@ -220,14 +220,14 @@ def _add_backpressure(which):
                     help=f"buffers of the producer's pool, >= {_bp.MIN_BUFFERS}: one being "
                          "filled, one in flight (default: 2)")
     bp.add_argument("--remote", action="store_true",
-                    help="run the consumer in another process, reading over a local socket "
-                         "connection (a Unix socket, or TCP with --transport tcp) with "
+                    help="run the consumer in another process, reading over a local "
+                         "connection (shared memory, or the --transport named) with "
                          "credit-based flow control (--buffers exclusive buffers); the output "
                          "says which transport the connection used")
     bp.add_argument("--transport", choices=TRANSPORTS, default="auto",
-                    help="with --remote: auto (a Unix socket between processes on this host "
-                         "where there is one, else TCP) or tcp (TCP on loopback) "
-                         "(default: auto)")
+                    help="with --remote: auto (the fastest between processes on this host: "
+                         "shared memory where there is one), shm (shared memory), unix (a "
+                         "Unix socket) or tcp (TCP on loopback) (default: auto)")
     bp.add_argument("--no-plot", action="store_true", help="skip the PNG")
     bp.set_defaults(func=_run_backpressure, parser=bp)
 
@@ -271,13 +271,13 @@ def _add_slow_subpartition(which):
                     help=f"comma-separated modes to run, in order, or 'all' "
                          f"({','.join(_ss.MODES)}); default: {','.join(_ss.DEFAULT_MODES)}")
     ss.add_argument("--remote", action="store_true",
-                    help="run both consumers in another process, reading over a local socket "
-                         "connection (a Unix socket, or TCP with --transport tcp); the output "
+                    help="run both consumers in another process, reading over a local "
+                         "connection (shared memory, or the --transport named); the output "
                          "says which transport the connection used")
     ss.add_argument("--transport", choices=TRANSPORTS, default="auto",
-                    help="with --remote: auto (a Unix socket between processes on this host "
-                         "where there is one, else TCP) or tcp (TCP on loopback) "
-                         "(default: auto)")
+                    help="with --remote: auto (the fastest between processes on this host: "
+                         "shared memory where there is one), shm (shared memory), unix (a "
+                         "Unix socket) or tcp (TCP on loopback) (default: auto)")
     ss.add_argument("--no-plot", action="store_true", help="skip the PNG")
     ss.set_defaults(func=_run_slow_subpartition, parser=ss)
 

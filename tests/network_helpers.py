@@ -470,6 +470,98 @@ def _addr(env):
     return f"{env.address[0]}:{env.address[1]}"
 
 
+class RingSocket:
+    """One side of a shared-memory connection, spoken by hand (a test's
+    hostile or scripted peer): what a socket's send, sendall, recv,
+    settimeout and close do, over the region's rings (docs/PROTOCOL.md,
+    section 2.1).  ``sendall`` writes all of its bytes or nothing."""
+
+    HEADER, CTL, CTL_SIZE = 4096, 64, 192
+
+    def __init__(self, sock, memfd, data_fd, room_fd, side):
+        import mmap   # noqa: PLC0415
+        self.sock, self.data_fd, self.room_fd, self.side = sock, data_fd, room_fd, side
+        self.map = mmap.mmap(memfd, os.fstat(memfd).st_size)
+        os.close(memfd)
+        self.size = struct.unpack_from("<I", self.map, 8)[0]
+        self.tx, self.rx = self.CTL + side * self.CTL_SIZE, self.CTL + (1 - side) * self.CTL_SIZE
+        self.tx_buf = self.HEADER + side * self.size
+        self.rx_buf = self.HEADER + (1 - side) * self.size
+        self.timeout = None
+
+    def _u64(self, at):
+        return struct.unpack_from("<Q", self.map, at)[0]
+
+    def _wait(self, fd, ready):
+        """Until ready(), polling the doorbell fd (drained) and the socket
+        (its end: BrokenPipeError), within the timeout."""
+        import select   # noqa: PLC0415
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        while not ready():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise socket.timeout("timed out")
+            r, _, _ = select.select([fd, self.sock], [], [], 0.05 if left is None
+                                    else min(left, 0.05))
+            if self.sock in r and self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
+                raise BrokenPipeError("the peer closed the connection")
+            if fd in r:
+                try:
+                    os.read(fd, 64)
+                except BlockingIOError:
+                    pass
+
+    @staticmethod
+    def _ring(fd):
+        try:
+            os.write(fd, b"!")          # the peer's doorbell, asleep or not
+        except (BlockingIOError, BrokenPipeError):
+            pass
+
+    def settimeout(self, seconds):
+        self.timeout = seconds
+
+    def sendall(self, data):
+        data = bytes(data)
+        if len(data) > self.size:
+            raise ValueError("more than the ring holds")
+        head = self._u64(self.tx)
+        self._wait(self.room_fd,
+                   lambda: self.size - (head - self._u64(self.tx + 64)) >= len(data))
+        off = head % self.size
+        first = min(len(data), self.size - off)
+        self.map[self.tx_buf + off:self.tx_buf + off + first] = data[:first]
+        self.map[self.tx_buf:self.tx_buf + len(data) - first] = data[first:]
+        struct.pack_into("<Q", self.map, self.tx, head + len(data))
+        self._ring(self.data_fd)
+
+    def send(self, data):
+        self.sendall(data)
+        return len(data)
+
+    def recv(self, n):
+        tail = self._u64(self.rx + 64)
+        self._wait(self.data_fd, lambda: self._u64(self.rx) != tail)
+        take = min(n, self._u64(self.rx) - tail)
+        off = tail % self.size
+        first = min(take, self.size - off)
+        out = (self.map[self.rx_buf + off:self.rx_buf + off + first]
+               + self.map[self.rx_buf:self.rx_buf + take - first])
+        struct.pack_into("<Q", self.map, self.rx + 64, tail + take)
+        self._ring(self.room_fd)
+        return out
+
+    def close(self):
+        for fd in (self.data_fd, self.room_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.data_fd = self.room_fd = -1
+        self.sock.close()
+        self.map.close()
+
+
 def shared_memory_held():
     """This process's mappings and descriptors of shared-memory regions
     (memfds of the shared-memory transport)."""

@@ -30,8 +30,8 @@ def _read_csv(path):
 @pytest.mark.parametrize("where", ["local", "remote"])
 def test_backpressure_experiment(tmp_path, capsys, where):
     """In one process, and (``--remote``) with the consumer in another one
-    reading over a Unix socket: the same schedule, outputs and
-    expectations."""
+    reading over shared memory (the default transport on this host): the
+    same schedule, outputs and expectations."""
     rc = main(["experiment", "backpressure", "--out", str(tmp_path), "--phase-seconds", "3"]
               + (["--remote"] if where == "remote" else []))
     out = capsys.readouterr().out
@@ -48,10 +48,10 @@ def test_backpressure_experiment(tmp_path, capsys, where):
     assert doc["config"]["schedule"] == [[60, 100], [60, 30], [100, 100], [100, 30], [100, 100]]
     assert doc["config"]["buffers_per_task"] == 2 and doc["config"]["segment_size"] == 4096
     assert doc["config"]["exchange"].startswith(where)
-    # the transport the connection used (on Linux, a Unix socket by default)
-    assert ("over a Unix socket" in out) == (where == "remote"), out
+    # the transport the connection used (on Linux, shared memory by default)
+    assert ("over shared memory" in out) == (where == "remote"), out
     assert "TCP" not in out
-    assert doc["config"]["transport"] == ("unix" if where == "remote" else None)
+    assert doc["config"]["transport"] == ("shm" if where == "remote" else None)
     assert 0 < doc["full_speed_records_per_s"] < doc["unthrottled_records_per_s"]
     assert len(rows) == 30                       # 5 phases x 6 intervals of 0.5 s
     assert [float(r["t_seconds"]) for r in rows] == [0.5 * (i + 1) for i in range(30)]
@@ -300,10 +300,10 @@ def test_a_child_spawned_quietly_takes_the_real_stderr_back(capfd):
     assert "from the child" in capfd.readouterr().err
 
 
-def test_transport_in_use_tells_tcp_from_a_unix_socket():
+def test_transport_in_use_tells_the_transports_apart():
     """What the experiments report is the connection's transport, seen from
     the server's side: a peer with transport "tcp" comes over TCP even to a
-    server that also listens on a Unix socket."""
+    server that also listens on a Unix socket, and so on."""
     import sys
 
     import flinkbuf as fb
@@ -311,7 +311,9 @@ def test_transport_in_use_tells_tcp_from_a_unix_socket():
     from flinkbuf.network import NetworkEnvironment
 
     secret = new_secret()
-    expected = {"tcp": "tcp", "auto": "unix" if sys.platform.startswith("linux") else "tcp"}
+    linux = sys.platform.startswith("linux")
+    expected = {"tcp": "tcp", "auto": "shm" if linux else "tcp",
+                "unix": "unix" if linux else "tcp", "shm": "shm" if linux else "tcp"}
     for transport, used in expected.items():
         with NetworkEnvironment(8, 4096, secret=secret) as server, \
                 NetworkEnvironment(8, 4096, secret=secret, transport=transport,

@@ -49,12 +49,12 @@ def test_the_switches_take_true_false_or_none(monkeypatch, name, variable):
 
 
 @pytest.mark.one_transport
-@pytest.mark.parametrize("variable, used", [(None, "unix"), ("", "unix"), ("auto", "unix"),
+@pytest.mark.parametrize("variable, used", [(None, "shm"), ("", "shm"), ("auto", "shm"),
                                             ("tcp", "tcp"), ("unix", "unix"), ("shm", "shm")])
 def test_the_transport_variable_says_what_auto_means(monkeypatch, variable, used):
     """FLINKBUF_NET_TRANSPORT says what transport="auto" means between
-    processes on this host; unset, empty or "auto", the fastest (a Unix
-    socket); any other value is refused when an environment is made, and
+    processes on this host; unset, empty or "auto", the fastest (shared
+    memory); any other value is refused when an environment is made, and
     a transport given explicitly wins over it."""
     if variable is None:
         monkeypatch.delenv("FLINKBUF_NET_TRANSPORT", raising=False)

@@ -23,8 +23,7 @@ pytestmark = [pytest.mark.one_transport,
               pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")]
 
 HEADER = 4096
-RING0_HEAD = 64          # the header's layout: 16 bytes, then ring 0's head, tail, sleepers
-RING0_TAIL = 128
+RING0_HEAD = 64          # the control page: 16 bytes, then ring 0 (head first)
 
 
 def dev_shm():
@@ -133,45 +132,45 @@ def close_quietly(*fds):
             pass
 
 
-def test_a_peer_that_corrupts_the_ring_indices_fails_the_connection():
-    """A head past what the ring holds is a protocol error: the connection
-    fails with a clear error; nothing is read outside the ring."""
+def fails_when_the_peer_writes(write):
+    """A connection as side 1 of a fresh region, whose peer (the test, as
+    side 0) calls write(mapping) and rings: the connection must fail with
+    a ConnectionError (which it returns)."""
     region = _shm_region(1024)
     memfd, data0 = region[0], region[1]
     conn, peer_sock = open_side(region)
     try:
-        size = os.fstat(memfd).st_size
-        with mmap.mmap(memfd, size) as m:
-            struct.pack_into("<Q", m, RING0_HEAD, 1 << 40)
+        with mmap.mmap(memfd, os.fstat(memfd).st_size) as m:
+            write(m)
             os.write(data0, b"!")           # the bell: side 1 may sleep
             wait_until(lambda: not conn.is_open, 5)
         assert isinstance(conn.error, ConnectionError)
-        assert "Protocol error" in str(conn.error) or "protocol" in str(conn.error), conn.error
+        return conn.error
     finally:
         conn.close()
         peer_sock.close()
         close_quietly(memfd, *region[1:3])
+
+
+def test_a_peer_that_corrupts_the_ring_indices_fails_the_connection():
+    """A head past what the ring holds is a protocol error: the connection
+    fails with a clear error; nothing is read outside the ring."""
+    error = fails_when_the_peer_writes(
+        lambda m: struct.pack_into("<Q", m, RING0_HEAD, 1 << 40))
+    assert "Protocol error" in str(error), error
 
 
 def test_a_peer_that_writes_garbage_frames_fails_the_connection():
     """Bytes in the ring are decoded like bytes from a socket: garbage is a
     protocol error, not a crash."""
-    region = _shm_region(1024)
-    memfd, data0 = region[0], region[1]
-    conn, peer_sock = open_side(region)
-    try:
-        size = os.fstat(memfd).st_size
-        with mmap.mmap(memfd, size) as m:
-            junk = b"\xff" * 64
-            m[HEADER:HEADER + len(junk)] = junk
-            struct.pack_into("<Q", m, RING0_HEAD, len(junk))
-            os.write(data0, b"!")
-            wait_until(lambda: not conn.is_open, 5)
-        assert isinstance(conn.error, ConnectionError)
-    finally:
-        conn.close()
-        peer_sock.close()
-        close_quietly(memfd, *region[1:3])
+    junk = b"\xff" * 64
+
+    def write(m):
+        m[HEADER:HEADER + len(junk)] = junk
+        struct.pack_into("<Q", m, RING0_HEAD, len(junk))
+
+    error = fails_when_the_peer_writes(write)
+    assert "protocol" in str(error).lower(), error
 
 
 def test_the_peer_process_ending_ends_the_connection():

@@ -6,6 +6,7 @@ for a buffer, or that a consumer's thread reads while it waits on its gate,
 must not stop the records of anyone else: a healthy consumer of the same
 producer, or the other channels of the same gate, get records all along."""
 
+import os
 import socket
 import threading
 import time
@@ -13,27 +14,52 @@ import time
 import pytest
 
 from flinkbuf.network import handshake
-from network_helpers import SECRET, Children, frame, request_frame
+from flinkbuf.network._network import _shm_region
+from network_helpers import SECRET, Children, RingSocket, frame, request_frame
 
 SEG = 4096
 IO_TIMEOUT = 30.0        # far longer than the tests: a stall is never ended by it
 MAX_GAP = 1.0            # the longest a healthy consumer may go without a record
 
 
+TRANSPORTS = ["tcp", "unix", "shm"]
+
+
 def connect_as_peer(address, transport):
-    """A socket to the environment at ``address`` past the handshake, over
-    TCP or its Unix socket, sending whatever the test wants from then on."""
+    """A socket (or, over shared memory, a RingSocket) to the environment at
+    ``address`` past the handshake, over TCP, its Unix socket or shared
+    memory, sending whatever the test wants from then on."""
     host, _, port = address.rpartition(":")
-    if transport == "unix":
+    if transport in ("unix", "shm"):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(f"\0flinkbuf-tcp-{port}")
     else:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.connect((host, int(port)))
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    handshake.client(sock, SECRET, "127.0.0.1:1", SEG, 5.0)
+    _, _, fds = handshake.client(sock, SECRET, "127.0.0.1:1", SEG, 5.0,
+                                 shared_memory=transport == "shm")
+    peer = sock if fds is None else RingSocket(sock, *fds, side=1)
+    peer.settimeout(5.0)
+    return peer
+
+
+def accept_as_peer(sock, address, transport):
+    """The server's side of the handshake on an accepted socket (a
+    RingSocket over shared memory when the client asks for it)."""
+    if transport != "shm":
+        handshake.server(sock, SECRET, address, SEG, 5.0)
+        return sock
+    hs = handshake.ServerHandshake(SECRET, address, SEG,
+                                   shared_memory=lambda: _shm_region(SEG))
     sock.settimeout(5.0)
-    return sock
+    while not hs.done:
+        sock.sendall(hs.feed(sock.recv(handshake.MAX_FRAME)))
+    memfd, data0, room0, data1, room1 = hs.shared_fds
+    handshake.send_setup(sock, [memfd, data1, room1])
+    os.close(data1)
+    os.close(room1)
+    return RingSocket(sock, memfd, data0, room0, side=0)
 
 
 class Progress:
@@ -97,7 +123,7 @@ def producer_with_a_peer_as_pool_waiter(children, transport):
     return prod, peer, progress
 
 
-@pytest.mark.parametrize("transport", ["tcp", "unix"])
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_peer_dripping_a_frame_into_the_pools_waiter_stops_nobody(children, transport):
     _, peer, progress = producer_with_a_peer_as_pool_waiter(children, transport)
     credit = frame(6, (1).to_bytes(4, "big") + (1).to_bytes(4, "big"))
@@ -114,7 +140,7 @@ def test_a_peer_dripping_a_frame_into_the_pools_waiter_stops_nobody(children, tr
         peer.close()
 
 
-@pytest.mark.parametrize("transport", ["tcp", "unix"])
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_peer_flooding_requests_into_the_pools_waiter_stops_nobody(children, transport):
     """Requests in small bursts that the peer never answers' reads: once
     the producer's answers fill the socket, the control queue fills, and the
@@ -157,7 +183,7 @@ class DrippingProducer:
         self.listener.listen(4)
         self.port = self.listener.getsockname()[1]
         self.unix = None
-        if transport == "unix":
+        if transport in ("unix", "shm"):
             self.unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self.unix.bind(f"\0flinkbuf-tcp-{self.port}")
             self.unix.listen(4)
@@ -173,7 +199,8 @@ class DrippingProducer:
     def _run(self):
         sock, _ = (self.unix or self.listener).accept()
         self.conns.append(sock)
-        handshake.server(sock, SECRET, self.address, SEG, 5.0)
+        sock = accept_as_peer(sock, self.address, self.transport)
+        self.conns.append(sock)
         sock.settimeout(5.0)
         header = sock.recv(9)
         body = b""
@@ -202,7 +229,7 @@ class DrippingProducer:
 
 
 @pytest.mark.parametrize("head", [5, 20, 40], ids=["in-header", "in-fields", "in-body"])
-@pytest.mark.parametrize("transport", ["tcp", "unix"])
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_producer_stalled_mid_frame_pauses_no_other_channel_of_the_gate(children, transport,
                                                                           head):
     """The stalled producer's channel is the gate's first (its connection is

@@ -1,8 +1,8 @@
 """Consumer tasks in another process, for the experiments' ``--remote``:
 the child reads this process's partitions over a NetworkEnvironment (a
-local socket connection, authenticated: a Unix socket with transport
-``"auto"`` where the network layer has one, TCP on loopback with
-``"tcp"``), with the same throttles as the local consumers, and answers the
+local connection, authenticated: shared memory with transport ``"auto"``
+where the network layer has it, or the transport named), with the same
+throttles as the local consumers, and answers the
 experiment's questions (counts, metrics) through a pipe.  The child ignores
 Ctrl-C: the experiment stops it."""
 
@@ -21,11 +21,11 @@ from flinkbuf.experiments._failures import RunFailed
 
 _BATCH = 64
 
-# NetworkEnvironment's transports: "auto" (peers on this host over a Unix
-# socket where there is one, else TCP) and "tcp".
-TRANSPORTS = ("auto", "tcp")
+# NetworkEnvironment's transports: "auto" (the fastest on this host), and
+# each of them by name.
+TRANSPORTS = ("auto", "tcp", "unix", "shm")
 _TRANSPORT_NAMES = {"tcp": "TCP on loopback", "unix": "a Unix socket",
-                    None: "a local socket connection"}
+                    "shm": "shared memory", None: "a local connection"}
 
 
 def _child(stderr, conn, producer_address, secret, specs, segment_size, exclusive, floating,
@@ -247,7 +247,8 @@ def describe_transport(transport):
 
 def transport_in_use(env):
     """How the connections to ``env``'s server run, as the first open one
-    says: ``"tcp"`` or ``"unix"``; None before any connection is open."""
+    says: ``"tcp"``, ``"unix"`` or ``"shm"``; None before any connection is
+    open."""
     for conn in env.connections():
         if conn.is_open:
             return conn.transport

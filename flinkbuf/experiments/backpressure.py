@@ -33,11 +33,11 @@ consumer is slow: it tracks the consumer, and both return to full speed
 when the consumer is released.
 
 With ``remote=True`` (``--remote``) the consumer runs in another process
-and reads the producer's partition over a local socket connection (an
+and reads the producer's partition over a local connection (an
 authenticated connection with Flink's credit-based flow control,
-``buffers`` exclusive buffers and no floating ones): a Unix socket with
-``transport="auto"`` where the network layer has one, TCP on loopback
-with ``transport="tcp"``.  The same schedule, outputs and expectations, the
+``buffers`` exclusive buffers and no floating ones): shared memory with
+``transport="auto"`` where the network layer has it, else the transport
+named (``"tcp"``, ``"unix"`` or ``"shm"``).  The same schedule, outputs and expectations, the
 backpressure now travelling back across the connection; the outputs say
 which transport the connection used.
 
@@ -357,8 +357,8 @@ def run_backpressure(out_dir, phase_seconds=5.0, *, interval=0.5, schedule=DEFAU
     runs (:class:`ExperimentArgumentError`, a ``ValueError``, otherwise).
     Without matplotlib the figure is skipped with a line saying how to get
     it.  ``remote``: the consumer in another process, over a connection of
-    ``transport`` (``"auto"``: a Unix socket where the network layer has
-    one; ``"tcp"``)."""
+    ``transport`` (``"auto"``: the fastest on this host, shared memory
+    where the network layer has it; ``"shm"``, ``"unix"`` or ``"tcp"``)."""
     check_arguments(phase_seconds, interval, schedule, segment_size, buffers, full_speed,
                     full_speed_fraction, calibration_intervals, remote, transport)
     prepare_out_dir(out_dir, OUTPUT_FILES)

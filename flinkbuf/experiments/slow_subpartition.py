@@ -28,10 +28,9 @@ Modes, and what each is expected to show:
   the pool size; expected: at least ``RESTORED_MIN``).
 
 With ``remote=True`` (``--remote``) both consumers run in another process
-and read over a local socket connection (2 exclusive buffers of credit
-each, no floating ones; a Unix socket with ``transport="auto"`` where the
-network layer has one, TCP on loopback with ``transport="tcp"``; the
-outputs say which): a blocked consumer stops granting credit, its
+and read over a local connection (2 exclusive buffers of credit each, no
+floating ones; shared memory with ``transport="auto"`` where the network
+layer has it, else the transport named; the outputs say which): a blocked consumer stops granting credit, its
 subpartition's buffers pile up in the producer's pool the same way.
 
 Outputs in ``out_dir``: ``slow-subpartition.csv`` (columns
@@ -366,8 +365,9 @@ def run_slow_subpartition(out_dir, phase_seconds=3.0, *, consumer_rate=50_000,
     ``out_dir`` made, before anything runs (:class:`ExperimentArgumentError`,
     a ``ValueError``, otherwise).  Without matplotlib the figure is skipped
     with a line saying how to get it.  ``remote``: the consumers in another
-    process, over a connection of ``transport`` (``"auto"``: a Unix socket
-    where the network layer has one; ``"tcp"``)."""
+    process, over a connection of ``transport`` (``"auto"``: the fastest
+    on this host, shared memory where the network layer has it; ``"shm"``,
+    ``"unix"`` or ``"tcp"``)."""
     check_arguments(phase_seconds, consumer_rate, segment_size, pool_buffers, cap, modes,
                     remote, transport)
     prepare_out_dir(out_dir, OUTPUT_FILES)

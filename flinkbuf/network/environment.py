@@ -146,8 +146,8 @@ def _unix_name(port: int) -> str:
 
 _UNIX = hasattr(socket, "AF_UNIX") and sys.platform.startswith("linux")
 # What transport="auto" means between processes on one host: the fastest
-# in bench/bench_network.py.
-_SAME_HOST: Transport = "unix"
+# in bench/bench_network.py (shared memory: bulk, records and round trips).
+_SAME_HOST: Transport = "shm"
 _LOCAL_HOSTS = ("127.", "::1", "localhost")
 
 

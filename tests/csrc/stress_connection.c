@@ -1,7 +1,8 @@
 /* Multi-threaded stress of the connection layer (csrc/network), built with
  * ThreadSanitizer or AddressSanitizer+UBSan by tests/test_csrc.py.
  *
- * Two connections in one process, over a socketpair (or TCP loopback): the
+ * Two connections in one process, over a socketpair (or TCP loopback, or
+ * shared memory over a socketpair): the
  * producer side serves NCHAN subpartitions, filled by producer threads from
  * one small pool (so they block on buffers: backpressure), with data
  * buffers, user events and a final EndOfPartition; the consumer side reads
@@ -11,7 +12,7 @@
  * from the consumer side mid-stream, and close either connection while
  * everybody is busy.  After every round all segments must be back.
  *
- * Usage: stress_connection [buffers per channel] [unix|tcp]
+ * Usage: stress_connection [buffers per channel] [unix|tcp|shm]
  * Prints "ok" and exits 0, or prints why not and exits 1. */
 #define _GNU_SOURCE
 #include <netinet/in.h>
@@ -27,6 +28,7 @@
 #include "buffer/pool.h"
 #include "io/exchange.h"
 #include "network/connection.h"
+#include "network/shm.h"
 
 #define SEG 1024                /* segment size on both sides */
 #define HDR 16                  /* a data buffer's header: channel, seq, size, checksum */
@@ -689,14 +691,42 @@ static void socket_pair(int tcp, int small_buffers, int fds[2])
     }
 }
 
-static fb_conn_t *open_conn(int fd, const fb_conn_callbacks_t *cb, const round_t *rd)
+enum { OVER_UNIX, OVER_TCP, OVER_SHM };
+
+static fb_conn_t *start_conn(fb_transport_t *t, const fb_conn_callbacks_t *cb, const round_t *rd)
 {
-    fb_conn_t *c = fb_conn_new(fb_transport_socket(fd), SEG, cb, 10.0);
+    fb_conn_t *c;
+    CHECK(t != NULL);
+    c = fb_conn_new(t, SEG, cb, 10.0);
     CHECK(c != NULL);
     fb_conn_set_caller_sends(c, rd->caller_sends);
     fb_conn_set_direct_reads(c, rd->direct_reads);
     CHECK(fb_conn_start(c) == FB_OK);
     return c;
+}
+
+/* Both ends of a connection pair over `over` (small socket buffers: the
+ * smallest rings). */
+static void open_pair(int over, const round_t *rd, const fb_conn_callbacks_t *serving,
+                      const fb_conn_callbacks_t *reading, fb_conn_t *out[2])
+{
+    int fds[2], region[FB_SHM_NFDS];
+    char err[256];
+    socket_pair(over == OVER_TCP, rd->small_socket_buffers, fds);
+    if (over != OVER_SHM) {
+        out[0] = start_conn(fb_transport_socket(fds[0]), serving, rd);
+        out[1] = start_conn(fb_transport_socket(fds[1]), reading, rd);
+        return;
+    }
+    CHECK(fb_shm_region_new(fb_shm_ring_size(rd->small_socket_buffers ? 256 : SEG),
+                            region) == 0);
+    out[0] = start_conn(fb_transport_shm(fds[0], region[FB_SHM_MEMFD], region[FB_SHM_DATA0],
+                                         region[FB_SHM_ROOM0], 0, err, sizeof(err)),
+                        serving, rd);
+    out[1] = start_conn(fb_transport_shm(fds[1], region[FB_SHM_MEMFD], region[FB_SHM_DATA1],
+                                         region[FB_SHM_ROOM1], 1, err, sizeof(err)),
+                        reading, rd);
+    close(region[FB_SHM_MEMFD]);
 }
 
 /* Every segment of a side is back in its network pool, which goes. */
@@ -724,21 +754,21 @@ static void check_traffic(world_t *w, const round_t *rd, uint32_t nbuf)
     CHECK(in.bytes_in <= out.bytes_out && out.bytes_in <= in.bytes_out);
 }
 
-static void run_round(const round_t *rd, uint32_t nbuf, int tcp)
+static void run_round(const round_t *rd, uint32_t nbuf, int over)
 {
     world_t w;
     server_t srv = {PTHREAD_MUTEX_INITIALIZER, NULL, 0};
     fb_conn_callbacks_t serving = {&srv, find_subpartition, describe_failure, release_owner};
     fb_conn_callbacks_t reading = {NULL, serves_nothing, describe_failure, release_owner};
-    int fds[2];
+    fb_conn_t *pair[2];
     set_phase(rd->name);
     memset(&w, 0, sizeof(w));
     w.server = &srv;
     CHECK(fb_netpool_init(&w.prod_np, PRODUCER_SEGMENTS, SEG, 64) == FB_OK);
     CHECK(fb_netpool_init(&w.cons_np, CONSUMER_SEGMENTS, SEG, 64) == FB_OK);
-    socket_pair(tcp, rd->small_socket_buffers, fds);
-    w.conn[PRODUCER_SIDE] = open_conn(fds[0], &serving, rd);
-    w.conn[CONSUMER_SIDE] = open_conn(fds[1], &reading, rd);
+    open_pair(over, rd, &serving, &reading, pair);
+    w.conn[PRODUCER_SIDE] = pair[0];
+    w.conn[CONSUMER_SIDE] = pair[1];
     for (int i = 0; i < rd->sessions; i++)
         run_session(&w, rd, nbuf, i);
     for (int i = 0; i < 2; i++)
@@ -773,16 +803,19 @@ static const round_t ROUNDS[] = {
 int main(int argc, char **argv)
 {
     uint32_t nbuf = argc > 1 ? (uint32_t)atoi(argv[1]) : 300;
-    int tcp = argc > 2 && strcmp(argv[2], "tcp") == 0;
+    const char *names[] = {"unix", "tcp", "shm"};
+    int over = argc > 2 ? -1 : OVER_UNIX;
     pthread_t watchdog;
-    if (nbuf < 100 || (argc > 2 && !tcp && strcmp(argv[2], "unix") != 0)
-            || argc > 3) {
-        fprintf(stderr, "usage: %s [buffers per channel >= 100] [unix|tcp]\n", argv[0]);
+    for (int i = 0; argc > 2 && i < 3; i++)
+        if (strcmp(argv[2], names[i]) == 0)
+            over = i;
+    if (nbuf < 100 || over < 0 || argc > 3) {
+        fprintf(stderr, "usage: %s [buffers per channel >= 100] [unix|tcp|shm]\n", argv[0]);
         return 2;
     }
     CHECK(pthread_create(&watchdog, NULL, watchdog_main, NULL) == 0);
     for (size_t r = 0; r < NUM(ROUNDS); r++)
-        run_round(&ROUNDS[r], nbuf, tcp);
+        run_round(&ROUNDS[r], nbuf, over);
     __atomic_store_n(&g_watchdog_stop, 1, __ATOMIC_RELEASE);
     pthread_join(watchdog, NULL);
     printf("ok\n");
