@@ -18,10 +18,14 @@
 #define SHM_MAGIC 0x46425348u       /* "FBSH" */
 #define SHM_VERSION 1u
 #define SHM_HEADER 4096u            /* the control page before the rings */
-/* How long a waiter looks at the ring before it sleeps: a round trip
- * between two awake processes takes a few microseconds, a wake-up through
- * the kernel about ten. */
-#define SPIN_NS 30000
+/* How long a waiter looks at the ring before it sleeps, at most: a round
+ * trip between two awake processes takes a few microseconds, a wake-up
+ * through the kernel ten or more.  The budget adapts (see adapt_spin): an
+ * eighth less after every look that found nothing, the most again after a
+ * sleep that a look would have saved, so that an idle connection costs no
+ * CPU and a busy one sleeps seldom. */
+#define SPIN_MAX_NS 30000
+#define SPIN_MIN_NS 1000
 
 /* One ring's shared indices.  head and tail only grow (mod 2^64); each
  * is written by one side and sits on a cache line of its own. */
@@ -53,6 +57,7 @@ typedef struct shm_transport {
     uint64_t rx_tail;
     int shut;                 /* atomic */
     int peer_gone;            /* atomic: the socket or a doorbell reported the end */
+    int32_t spin_ns;          /* atomic: how long a wait looks before it sleeps */
 } shm_t;
 
 #define LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
@@ -218,27 +223,51 @@ static int ready(shm_t *s, int events)
     return (events & FB_TRANSPORT_WRITABLE) && tx_room(s) != 0;
 }
 
-/* Wait up to ms for `events` (or the wake-up fd): spin first, then sleep
+/* The look's budget after a wait that began at t0 and slept: the most
+ * again if what it waited for came soon enough for a look to have found
+ * it, else an eighth less (nothing below SPIN_MIN_NS). */
+static void adapt_spin(shm_t *s, int32_t budget, int ready_now, int64_t t0)
+{
+    int32_t next;
+    if (ready_now && fb_monotonic_ns() - t0 < SPIN_MAX_NS)
+        next = SPIN_MAX_NS;
+    else
+        next = budget - budget / 8 < SPIN_MIN_NS ? 0 : budget - budget / 8;
+    if (next != budget)
+        __atomic_store_n(&s->spin_ns, next, __ATOMIC_RELAXED);
+}
+
+/* Look at the ring for up to `budget` ns (and no longer than ms): 1 if
+ * what the wait is for came. */
+static int look(shm_t *s, int events, int32_t budget, int ms, int64_t t0)
+{
+    int64_t until = t0 + ((ms > 0 && (int64_t)ms * 1000000 < budget)
+                          ? (int64_t)ms * 1000000 : budget);
+    if (budget <= 0 || ms == 0)
+        return 0;
+    for (int i = 1;; i++) {
+        cpu_relax();
+        if (ready(s, events))
+            return 1;
+        if ((i & 63) == 0 && fb_monotonic_ns() >= until)
+            return 0;
+    }
+}
+
+/* Wait up to ms for `events` (or the wake-up fd): look first, then sleep
  * counted as a sleeper so that the peer rings. */
 static int shm_wait(fb_transport_t *t, int events, int wake_fd, int ms)
 {
     shm_t *s = (shm_t *)t;
     struct pollfd p[4];
     int n = 0, rc, iw = -1, ir = -1, is;
-    int64_t until;
+    int32_t budget = __atomic_load_n(&s->spin_ns, __ATOMIC_RELAXED);
+    int64_t t0;
     if (ready(s, events))
         return 1;
-    if (ms != 0) {
-        until = fb_monotonic_ns() + (ms > 0 && (int64_t)ms * 1000000 < SPIN_NS
-                                     ? (int64_t)ms * 1000000 : SPIN_NS);
-        for (int i = 1;; i++) {
-            cpu_relax();
-            if (ready(s, events))
-                return 1;
-            if ((i & 63) == 0 && fb_monotonic_ns() >= until)
-                break;
-        }
-    }
+    t0 = fb_monotonic_ns();
+    if (look(s, events, budget, ms, t0))
+        return 1;
     if (events & FB_TRANSPORT_READABLE)
         __atomic_add_fetch(&s->rx->readers_asleep, 1, __ATOMIC_SEQ_CST);
     if (events & FB_TRANSPORT_WRITABLE)
@@ -276,6 +305,8 @@ static int shm_wait(fb_transport_t *t, int events, int wake_fd, int ms)
         __atomic_sub_fetch(&s->rx->readers_asleep, 1, __ATOMIC_RELAXED);
     if (events & FB_TRANSPORT_WRITABLE)
         __atomic_sub_fetch(&s->tx->writer_asleep, 1, __ATOMIC_RELAXED);
+    if (ms != 0)
+        adapt_spin(s, budget, ready(s, events), t0);
     return rc;
 }
 
@@ -456,6 +487,7 @@ fb_transport_t *fb_transport_shm(int sock, int memfd, int data_fd, int room_fd, 
         return NULL;
     }
     s->base.ops = &SHM_OPS;
+    s->spin_ns = SPIN_MAX_NS;
     s->sock = sock;
     s->data_fd = data_fd;
     s->room_fd = room_fd;
