@@ -470,6 +470,10 @@ def _addr(env):
     return f"{env.address[0]}:{env.address[1]}"
 
 
+# What transport="auto" uses between processes on this host (NetworkEnvironment).
+AUTO_SAME_HOST = "shm" if len(os.sched_getaffinity(0)) > 1 else "unix"
+
+
 class RingSocket:
     """One side of a shared-memory connection, spoken by hand (a test's
     hostile or scripted peer): what a socket's send, sendall, recv,

@@ -15,7 +15,7 @@ import pytest
 from flinkbuf.io import RecordWriter, ResultPartition, create_partition
 from flinkbuf.network import NetworkEnvironment
 from helpers import run_in_thread, wait_until
-from network_helpers import SECRET
+from network_helpers import AUTO_SAME_HOST, SECRET
 
 pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
 
@@ -49,12 +49,13 @@ def test_the_switches_take_true_false_or_none(monkeypatch, name, variable):
 
 
 @pytest.mark.one_transport
-@pytest.mark.parametrize("variable, used", [(None, "shm"), ("", "shm"), ("auto", "shm"),
+@pytest.mark.parametrize("variable, used", [(None, AUTO_SAME_HOST), ("", AUTO_SAME_HOST),
+                                            ("auto", AUTO_SAME_HOST),
                                             ("tcp", "tcp"), ("unix", "unix"), ("shm", "shm")])
 def test_the_transport_variable_says_what_auto_means(monkeypatch, variable, used):
     """FLINKBUF_NET_TRANSPORT says what transport="auto" means between
     processes on this host; unset, empty or "auto", the fastest (shared
-    memory); any other value is refused when an environment is made, and
+    memory on more than one CPU); any other value is refused when an environment is made, and
     a transport given explicitly wins over it."""
     if variable is None:
         monkeypatch.delenv("FLINKBUF_NET_TRANSPORT", raising=False)

@@ -249,3 +249,23 @@ def test_doorbells_that_are_not_sockets_are_refused():
         b.close()
         close_quietly(wp, *region[:4])
     assert shared_memory_held() == []
+
+
+def test_auto_is_a_unix_socket_in_a_process_bound_to_one_cpu(monkeypatch):
+    """transport="auto" is shared memory, unless the process may run on one
+    CPU only (both sides would take turns on it: a Unix socket is faster)."""
+    monkeypatch.delenv("FLINKBUF_NET_TRANSPORT", raising=False)
+    allowed = os.sched_getaffinity(0)
+    for cpus, used in (({min(allowed)}, "unix"), (allowed, "shm" if len(allowed) > 1 else "unix")):
+        os.sched_setaffinity(0, cpus)
+        try:
+            prod = NetworkEnvironment(64, 1024, secret=SECRET)
+            cons = NetworkEnvironment(64, 1024, secret=SECRET)
+        finally:
+            os.sched_setaffinity(0, allowed)
+        try:
+            assert exchange(prod, cons, [b"y" * 100] * 5) == [b"y" * 100] * 5
+            assert [s["transport"] for s in cons.connection_stats()] == [used]
+        finally:
+            cons.close()
+            prod.close()

@@ -145,9 +145,16 @@ def _unix_name(port: int) -> str:
 
 
 _UNIX = hasattr(socket, "AF_UNIX") and sys.platform.startswith("linux")
-# What transport="auto" means between processes on one host: the fastest
-# in bench/bench_network.py (shared memory: bulk, records and round trips).
-_SAME_HOST: Transport = "shm"
+def _same_host_transport() -> Transport:
+    """What transport="auto" means between processes on one host: the
+    fastest in bench/bench_network.py.  Shared memory (bulk, records and
+    round trips), unless this process may run on one CPU only: then both
+    sides take turns on it, and a Unix socket's round trip is faster."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return "shm" if cpus > 1 else "unix"
 _LOCAL_HOSTS = ("127.", "::1", "localhost")
 
 
@@ -221,7 +228,8 @@ class NetworkEnvironment:
     processes map, with no system call while both are busy; the region has
     no name in any file system and goes with the processes); ``"unix"``, a
     Unix socket; ``"tcp"``, TCP over loopback; ``"auto"`` (the default),
-    whichever of these is fastest here.  A peer whose environment does not
+    whichever of these is fastest here: shared memory, or a Unix socket in
+    a process bound to a single CPU.  A peer whose environment does not
     take shared memory is reached over its Unix socket instead, one
     without a Unix socket (another network namespace) over TCP.
     ``connection_stats()`` tells which transport each connection uses.
@@ -272,7 +280,7 @@ class NetworkEnvironment:
         if transport == "auto":
             transport = _transport_override()
         if transport == "auto":
-            transport = _SAME_HOST
+            transport = _same_host_transport()
         check_int(port, "port", 0, 65535)
         self._exclusive = check_int(exclusive_buffers_per_channel,
                                     "exclusive_buffers_per_channel", 1)
