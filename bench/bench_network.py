@@ -1,5 +1,6 @@
-"""flinkbuf.network between two processes over loopback TCP, against its
-peers measured in the same run (conventions: bench/run.py; the processes
+"""flinkbuf.network between two processes on one host (``transport="auto"``:
+shared memory, or a Unix socket for processes bound to one CPU), against
+its peers measured in the same run (conventions: bench/run.py; the processes
 and what is timed: bench/network_peers.py).
 
 Groups:
