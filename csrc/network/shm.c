@@ -5,7 +5,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -250,12 +249,8 @@ static int look(shm_t *s, int events, int32_t budget, int ms, int64_t t0)
         cpu_relax();
         if (ready(s, events))
             return 1;
-        if ((i & 63) == 0) {
-            if (fb_monotonic_ns() >= until)
-                return 0;
-            /* A peer that shares this CPU (or waits for one) runs now. */
-            sched_yield();
-        }
+        if ((i & 63) == 0 && fb_monotonic_ns() >= until)
+            return 0;
     }
 }
 
