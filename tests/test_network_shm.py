@@ -70,8 +70,8 @@ def test_a_region_is_mapped_while_connected_and_gone_after():
     finally:
         cons.close()
         prod.close()
-    wait_until(lambda: shared_memory_held() == [], 10)
-    wait_until(lambda: num_fds() <= fds_before, 10)
+    assert wait_until(lambda: shared_memory_held() == [], 10)
+    assert wait_until(lambda: num_fds() <= fds_before, 10)
 
 
 def test_a_server_that_cannot_share_memory_serves_over_its_unix_socket(monkeypatch):
@@ -143,7 +143,7 @@ def fails_when_the_peer_writes(write):
         with mmap.mmap(memfd, os.fstat(memfd).st_size) as m:
             write(m)
             os.write(data0, b"!")           # the bell: side 1 may sleep
-            wait_until(lambda: not conn.is_open, 5)
+            assert wait_until(lambda: not conn.is_open, 5)
         assert isinstance(conn.error, ConnectionError)
         return conn.error
     finally:
@@ -180,7 +180,7 @@ def test_the_peer_process_ending_ends_the_connection():
     conn, peer_sock = open_side(region)
     try:
         peer_sock.close()
-        wait_until(lambda: not conn.is_open, 5)
+        assert wait_until(lambda: not conn.is_open, 5)
         assert isinstance(conn.error, ConnectionError)
     finally:
         conn.close()
@@ -269,3 +269,30 @@ def test_auto_is_a_unix_socket_in_a_process_bound_to_one_cpu(monkeypatch):
         finally:
             cons.close()
             prod.close()
+
+
+def test_a_client_gone_before_auth_ok_leaves_no_region_behind():
+    """The server makes a region when an authenticated client asks for
+    shared memory; a client that leaves before the answer goes out (the
+    send fails) costs no descriptor and no mapping."""
+    from flinkbuf.network import handshake
+
+    server = NetworkEnvironment(64, 1024, secret=SECRET, transport="shm")
+    try:
+        fds_before = num_fds()
+        for _ in range(5):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(5)
+            sock.connect(f"\0flinkbuf-tcp-{server.address[1]}")
+            nonce = os.urandom(handshake.NONCE)
+            sock.sendall(handshake._frame(handshake.HELLO,
+                                          struct.pack(">H", handshake.VERSION) + nonce))
+            body = sock.recv(handshake.MAX_FRAME)[9:]
+            server_nonce = body[2:2 + handshake.NONCE]
+            proof = handshake._proof(SECRET, b"flinkbuf-client", server_nonce, nonce)
+            sock.sendall(handshake._frame(handshake.AUTH, proof + handshake._tail(
+                "127.0.0.1:1", 1024, handshake.SHARED_MEMORY)))
+            sock.close()                 # before AUTH_OK: the server's send fails
+        assert wait_until(lambda: num_fds() <= fds_before and shared_memory_held() == [], 10)
+    finally:
+        server.close()

@@ -2,8 +2,8 @@
 the child reads this process's partitions over a NetworkEnvironment (a
 local connection, authenticated: shared memory with transport ``"auto"``
 where the network layer has it, or the transport named), with the same
-throttles as the local consumers, and answers the
-experiment's questions (counts, metrics) through a pipe.  The child ignores
+throttles as the local consumers, and answers the experiment's questions
+(counts, metrics) through a pipe.  The child ignores
 Ctrl-C: the experiment stops it."""
 
 import contextlib

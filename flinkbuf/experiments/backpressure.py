@@ -37,9 +37,9 @@ and reads the producer's partition over a local connection (an
 authenticated connection with Flink's credit-based flow control,
 ``buffers`` exclusive buffers and no floating ones): shared memory with
 ``transport="auto"`` where the network layer has it, else the transport
-named (``"tcp"``, ``"unix"`` or ``"shm"``).  The same schedule, outputs and expectations, the
-backpressure now travelling back across the connection; the outputs say
-which transport the connection used.
+named (``"tcp"``, ``"unix"`` or ``"shm"``).  The same schedule, outputs
+and expectations, the backpressure now travelling back across the
+connection; the outputs say which transport the connection used.
 
 Outputs in ``out_dir``: ``backpressure.csv`` (one row per interval:
 ``t_seconds,producer_limit_pct,consumer_limit_pct,producer_pct,consumer_pct,

@@ -30,8 +30,9 @@ Modes, and what each is expected to show:
 With ``remote=True`` (``--remote``) both consumers run in another process
 and read over a local connection (2 exclusive buffers of credit each, no
 floating ones; shared memory with ``transport="auto"`` where the network
-layer has it, else the transport named; the outputs say which): a blocked consumer stops granting credit, its
-subpartition's buffers pile up in the producer's pool the same way.
+layer has it, else the transport named; the outputs say which): a blocked
+consumer stops granting credit, its subpartition's buffers pile up in the
+producer's pool the same way.
 
 Outputs in ``out_dir``: ``slow-subpartition.csv`` (columns
 ``mode,fast_consumer_records_per_s,slow_consumer_records_per_s``),

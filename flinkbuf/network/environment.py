@@ -145,6 +145,8 @@ def _unix_name(port: int) -> str:
 
 
 _UNIX = hasattr(socket, "AF_UNIX") and sys.platform.startswith("linux")
+
+
 def _same_host_transport() -> Transport:
     """What transport="auto" means between processes on one host: the
     fastest in bench/bench_network.py.  Shared memory (bulk, records and
@@ -155,6 +157,8 @@ def _same_host_transport() -> Transport:
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 1
     return "shm" if cpus > 1 else "unix"
+
+
 _LOCAL_HOSTS = ("127.", "::1", "localhost")
 
 
@@ -588,17 +592,14 @@ class NetworkEnvironment:
         except BaseException:
             sock.close()
             raise
-        if shared_fds is None:
-            return Connection._open(fd, self._segment_size, self._lookup, self._address_text,
-                                    address, self._io_timeout, self._caller_sends,
-                                    self._direct_reads)
-        memfd, data_fd, room_fd = shared_fds
         try:
             return Connection._open(fd, self._segment_size, self._lookup, self._address_text,
                                     address, self._io_timeout, self._caller_sends,
-                                    self._direct_reads, (memfd, data_fd, room_fd, 1))
+                                    self._direct_reads,
+                                    None if shared_fds is None else (*shared_fds, 1))
         finally:
-            os.close(memfd)
+            if shared_fds is not None:
+                os.close(shared_fds[0])         # the memfd: mapped, or refused
 
     def _accept_loop(self) -> None:
         """Accept connections and run their handshakes, many at a time in
@@ -706,7 +707,8 @@ class NetworkEnvironment:
 
     def _refuse(self, sel: selectors.BaseSelector, pending: _Pending, sock: socket.socket,
                 why: str) -> None:
-        peer = pending.pop(sock)[2]
+        hs, _, peer = pending.pop(sock)
+        hs.discard()                     # a region made for it, if its AUTH_OK did not go
         sel.unregister(sock)
         sock.close()
         log.warning("refused a connection from %s:%s: %s", peer[0], peer[1], why)
