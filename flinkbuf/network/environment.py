@@ -592,14 +592,17 @@ class NetworkEnvironment:
         except BaseException:
             sock.close()
             raise
+        shared = None
+        if shared_fds is not None:
+            memfd, data_fd, room_fd = shared_fds
+            shared = (memfd, data_fd, room_fd, 1)
         try:
             return Connection._open(fd, self._segment_size, self._lookup, self._address_text,
                                     address, self._io_timeout, self._caller_sends,
-                                    self._direct_reads,
-                                    None if shared_fds is None else (*shared_fds, 1))
+                                    self._direct_reads, shared)
         finally:
-            if shared_fds is not None:
-                os.close(shared_fds[0])         # the memfd: mapped, or refused
+            if shared is not None:
+                os.close(shared[0])             # the memfd: mapped, or refused
 
     def _accept_loop(self) -> None:
         """Accept connections and run their handshakes, many at a time in
