@@ -19,6 +19,7 @@ from flinkbuf.experiments.backpressure import check_backpressure
 from flinkbuf.experiments.slow_subpartition import CSV_COLUMNS as SS_COLUMNS
 from flinkbuf.experiments.slow_subpartition import check_slow_subpartition
 from flinkbuf.experiments.spark_demo import DEFAULT_SCHEDULE, _steer, interval_row
+from network_helpers import AUTO_SAME_HOST
 
 
 def _read_csv(path):
@@ -49,11 +50,10 @@ def test_backpressure_experiment(tmp_path, capsys, where):
     assert doc["config"]["buffers_per_task"] == 2 and doc["config"]["segment_size"] == 4096
     assert doc["config"]["exchange"].startswith(where)
     # the transport the connection used (on Linux, shared memory by default)
-    auto = "shm" if len(os.sched_getaffinity(0)) > 1 else "unix"
-    words = {"shm": "over shared memory", "unix": "over a Unix socket"}[auto]
+    words = {"shm": "over shared memory", "unix": "over a Unix socket"}[AUTO_SAME_HOST]
     assert (words in out) == (where == "remote"), out
     assert "TCP" not in out
-    assert doc["config"]["transport"] == (auto if where == "remote" else None)
+    assert doc["config"]["transport"] == (AUTO_SAME_HOST if where == "remote" else None)
     assert 0 < doc["full_speed_records_per_s"] < doc["unthrottled_records_per_s"]
     assert len(rows) == 30                       # 5 phases x 6 intervals of 0.5 s
     assert [float(r["t_seconds"]) for r in rows] == [0.5 * (i + 1) for i in range(30)]
@@ -315,8 +315,7 @@ def test_transport_in_use_tells_the_transports_apart():
     secret = new_secret()
     linux = sys.platform.startswith("linux")
     expected = {"tcp": "tcp",
-                "auto": ("shm" if len(os.sched_getaffinity(0)) > 1 else "unix") if linux
-                else "tcp",
+                "auto": AUTO_SAME_HOST if linux else "tcp",
                 "unix": "unix" if linux else "tcp", "shm": "shm" if linux else "tcp"}
     for transport, used in expected.items():
         with NetworkEnvironment(8, 4096, secret=secret) as server, \
