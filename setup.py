@@ -148,7 +148,8 @@ CSRC = {
     "network": ["csrc/common/clock.c", "csrc/io/exchange.c", "csrc/network/wire.c",
                 "csrc/network/credit.c", "csrc/network/transport.c", "csrc/network/shm.c",
                 "csrc/network/connection.c", "csrc/network/inchan.c", "csrc/network/reader.c",
-                "csrc/network/direct.c", "csrc/network/writer.c"],
+                "csrc/network/direct.c", "csrc/network/writer.c", "csrc/network/lease.c",
+                "csrc/network/lend.c"],
 }
 
 

@@ -33,6 +33,7 @@ from flinkbuf.errors import (
     PartitionReleasedError,
     PoolDestroyedError,
     ProducerFailedError,
+    ReadOnlyBufferError,
     RecycledBufferError,
     SegmentFreedError,
 )
@@ -84,6 +85,7 @@ __all__ = [
     "PartitionReleasedError",
     "PoolDestroyedError",
     "ProducerFailedError",
+    "ReadOnlyBufferError",
     "RecordDeserializer",
     "RecordSerializer",
     "RecordWriter",

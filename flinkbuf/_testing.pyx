@@ -2,7 +2,7 @@
 # shipped module needs it.  One extension that cimports the layers' contracts
 # (their .pxd files) like any other module would.
 
-from libc.stdint cimport int32_t, int64_t, uint8_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
 
 from flinkbuf.buffer._buffer cimport Buffer, LocalBufferPool, NetworkBufferPool
 from flinkbuf.csrc.clock cimport fb_monotonic_ns
@@ -173,7 +173,8 @@ def num_readers(ResultPartition partition not None):
 _MSG_NAMES = {FB_MSG_BUFFER: "buffer", FB_MSG_ERROR: "error",
               FB_MSG_PARTITION_REQUEST: "request", FB_MSG_CANCEL: "cancel",
               FB_MSG_CLOSE: "close", FB_MSG_ADD_CREDIT: "credit",
-              FB_MSG_ADD_EVENT_CREDIT: "event_credit"}
+              FB_MSG_ADD_EVENT_CREDIT: "event_credit", FB_MSG_BUFFER_LENT: "lent",
+              FB_MSG_RELEASE: "release"}
 
 
 cdef tuple _frame_tuple(const fb_wire_frame_t *f, const char *frame, size_t used):
@@ -191,6 +192,12 @@ cdef tuple _frame_tuple(const fb_wire_frame_t *f, const char *frame, size_t used
         return ("cancel", f.receiver_id)
     if msg == FB_MSG_CLOSE:
         return ("close",)
+    if msg == FB_MSG_BUFFER_LENT:
+        return ("lent", f.receiver_id, f.u.lent.sequence, f.u.lent.backlog, f.u.lent.size,
+                f.u.lent.segment)
+    if msg == FB_MSG_RELEASE:
+        return ("release", [fb_wire_release_segment(&f.u.release, k)
+                            for k in range(f.u.release.count)])
     return (_MSG_NAMES[msg], f.receiver_id, f.u.credit)
 
 
@@ -216,18 +223,35 @@ def wire_decode(bytes data not None, int32_t segment_size):
         off += used
 
 
+cdef bytes _encode_release(segments):
+    cdef uint32_t ids[FB_NET_MAX_RELEASE]
+    cdef char out[FB_NET_MAX_RELEASE_FRAME]
+    cdef char *end
+    cdef uint32_t k
+    if not 1 <= len(segments) <= FB_NET_MAX_RELEASE:
+        raise ValueError(f"a release names 1 to {FB_NET_MAX_RELEASE} segments")
+    for k in range(len(segments)):
+        ids[k] = segments[k]
+    end = fb_wire_put_release(out, ids, len(segments))
+    return out[:end - out]
+
+
 def wire_encode(tuple frame):
     """One frame as the connection's encoders write it, from a tuple:
     ``("buffer", receiver, sequence, backlog, type, payload)``,
     ``("error", receiver, code, type_name, message)``,
     ``("request", receiver, subpartition, credit, partition_id)``,
     ``("cancel", receiver)``, ``("credit" | "event_credit", receiver, n)``,
-    ``("close",)``."""
+    ``("close",)``, ``("lent", receiver, sequence, backlog, size, segment)``,
+    ``("release", [segment, ...])`` (1 to FB_NET_MAX_RELEASE segments; the
+    receiver id of a release is always 0xFFFFFFFF)."""
     cdef bytearray out
     cdef char *p
     cdef char *end
     cdef bytes a, b
     kind = frame[0]
+    if kind == "release":
+        return _encode_release(frame[1])
     if kind == "buffer":
         a = bytes(frame[5])
         out = bytearray(FB_NET_HEADER + FB_NET_BUFFER_FIELDS + len(a))
@@ -254,6 +278,8 @@ def wire_encode(tuple frame):
                                  else FB_MSG_ADD_EVENT_CREDIT, frame[1], frame[2])
     elif kind == "close":
         end = fb_wire_put_close(p)
+    elif kind == "lent":
+        end = fb_wire_put_lent(p, frame[1], frame[2], frame[3], frame[4], frame[5])
     else:
         raise ValueError(f"unknown frame kind {kind!r}")
     return bytes(out[:end - p])

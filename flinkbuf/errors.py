@@ -16,6 +16,7 @@ __all__ = [
     "RecycledBufferError",
     "SegmentFreedError",
     "ExportedBufferError",
+    "ReadOnlyBufferError",
     "CorruptRecordError",
     "PartitionReleasedError",
     "ProducerFailedError",
@@ -53,6 +54,11 @@ class SegmentFreedError(FlinkbufError, ValueError):
 
 class ExportedBufferError(FlinkbufError, BufferError):
     """Memory cannot be recycled or freed while buffer views of it exist."""
+
+
+class ReadOnlyBufferError(FlinkbufError, BufferError):
+    """A write to a buffer lent by a producer in another process (received
+    over shared memory), whose memory this process maps read-only."""
 
 
 class CorruptRecordError(FlinkbufError, ValueError):

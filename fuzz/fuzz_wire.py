@@ -59,7 +59,8 @@ def seeds():
                ("error", 4, 2, b"PartitionNotFoundError", b"no such partition"),
                ("error", 0xFFFFFFFF, 4, b"ProtocolError", b"bad"),
                ("request", 5, 1, 2, b"part-1"), ("cancel", 6), ("close",),
-               ("credit", 7, 3), ("event_credit", 8, 16)]
+               ("credit", 7, 3), ("event_credit", 8, 16), ("lent", 9, 10, 3, 16, 42),
+               ("release", [42]), ("release", [0, 7, 0xFFFFFFFF])]
     out = []
     for s in samples:
         out.append(b"\x00\x10\xff" + encode(s))

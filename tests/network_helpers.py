@@ -568,18 +568,29 @@ class RingSocket:
 
 def shared_memory_held():
     """This process's mappings and descriptors of shared-memory regions
-    (memfds of the shared-memory transport)."""
+    (memfds of the shared-memory transport) and its read-only mappings of
+    peers' buffer arenas (an environment's own arena, mapped read-write
+    with its descriptor, lives as long as its pool and is not listed)."""
     held = []
     with open("/proc/self/maps") as maps:
-        held += [line.split(None, 5)[-1].strip() for line in maps if "memfd:flinkbuf" in line]
+        for line in maps:
+            if "memfd:flinkbuf-shm" in line or ("memfd:flinkbuf-pool" in line
+                                                and line.split()[1] == "r--s"):
+                held.append(line.split(None, 5)[-1].strip())
     for fd in os.listdir("/proc/self/fd"):
         try:
             target = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
             continue
-        if "memfd:flinkbuf" in target:
+        if "memfd:flinkbuf-shm" in target:
             held.append(f"fd {fd}: {target}")
     return held
+
+
+def pool_arenas_held():
+    """Mappings of shared buffer arenas (this process's and peers')."""
+    with open("/proc/self/maps") as maps:
+        return [line.split()[1] for line in maps if "memfd:flinkbuf-pool" in line]
 
 
 def _hygiene():

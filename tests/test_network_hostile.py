@@ -309,6 +309,10 @@ PROTOCOL_ERRORS = {
                           "malformed partition request"),
     "request-reserved-id": (request_frame(ALL, 0, 1, "live"), "reserved"),
     "request-credit-too-large": (request_frame(9, 0, 0x80000000, "nope"), "initial credit"),
+    # well-formed, but this connection mapped no arena of the peer's, and lent nothing
+    "buffer-lent": (frame(8, struct.pack(">IIIBII", 1, 0, 0, 0, 16, 3)), "no arena of the peer"),
+    "release": (frame(9, struct.pack(">III", ALL, 1, 3)), "which was not lent"),
+    "release-malformed": (frame(9, struct.pack(">III", ALL, 2, 3)), "release of 2 segments"),
 }
 
 

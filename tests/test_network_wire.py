@@ -35,6 +35,15 @@ def request_body(rid, sub, credit, pid):
     return struct.pack(">IIIH", rid, sub, credit, len(pid)) + pid
 
 
+def lent_body(rid, seq, backlog, kind, size, segment):
+    return struct.pack(">IIIBII", rid, seq, backlog, kind, size, segment)
+
+
+def release_body(segments, count=None, rid=0xFFFFFFFF):
+    return struct.pack(">II", rid, len(segments) if count is None else count) + b"".join(
+        struct.pack(">I", s) for s in segments)
+
+
 # Each message as a tuple, and its bytes built by hand.
 MESSAGES = [
     (("buffer", 3, 7, 2, 0, b"payload"), frame(0, buffer_body(3, 7, 2, 0, b"payload"))),
@@ -49,7 +58,22 @@ MESSAGES = [
     (("close",), frame(5, b"")),
     (("credit", 7, 3), frame(6, struct.pack(">II", 7, 3))),
     (("event_credit", 8, 16), frame(7, struct.pack(">II", 8, 16))),
+    (("lent", 9, 10, 3, 100, 42), frame(8, lent_body(9, 10, 3, 0, 100, 42))),
+    (("release", [42, 0, 0xFFFFFFFF]), frame(9, release_body([42, 0, 0xFFFFFFFF]))),
 ]
+
+
+def test_a_lent_buffer_and_a_release_byte_by_byte():
+    """The bytes of one BUFFER_LENT and one RELEASE, written out rather than
+    packed: the field order and widths of docs/PROTOCOL.md."""
+    assert t.wire_encode(("lent", 9, 10, 3, 100, 42)) == bytes.fromhex(
+        "0000001e" "46425546" "08"            # length 30, magic, id 8
+        "00000009" "0000000a" "00000003"      # receiver, sequence, backlog
+        "00" "00000064" "0000002a")           # data type, size, segment
+    assert t.wire_encode(("release", [42, 7])) == bytes.fromhex(
+        "00000019" "46425546" "09"            # length 25, magic, id 9
+        "ffffffff" "00000002"                 # the connection-wide id, count
+        "0000002a" "00000007")                # the segments
 
 
 @pytest.mark.parametrize("message, wire", MESSAGES, ids=[m[0] for m, _ in MESSAGES])
@@ -61,6 +85,41 @@ def test_every_message_encodes_to_its_bytes_and_decodes_back(message, wire):
 def test_a_stream_of_every_message_decodes_in_order():
     stream = b"".join(w for _, w in MESSAGES)
     assert t.wire_decode(stream, SEGMENT) == ([m for m, _ in MESSAGES], len(stream))
+
+
+def test_a_lent_buffer_as_large_as_a_segment_passes_and_one_byte_more_does_not():
+    full = frame(8, lent_body(1, 0, 0, 0, SEGMENT, 5))
+    assert t.wire_decode(full, SEGMENT) == ([("lent", 1, 0, 0, SEGMENT, 5)], len(full))
+    with pytest.raises(ValueError, match=r"^a lent buffer of 257 bytes \(segment size 256\)"):
+        t.wire_decode(frame(8, lent_body(1, 0, 0, 0, SEGMENT + 1, 5)), SEGMENT)
+    with pytest.raises(ValueError, match=r"^a lent buffer of 1 bytes \(segment size 0\)"):
+        t.wire_decode(frame(8, lent_body(1, 0, 0, 0, 1, 5)), 0)
+
+
+def test_a_release_of_the_most_segments_passes_and_one_more_does_not():
+    segments = list(range(1024))
+    full = frame(9, release_body(segments))
+    assert len(full) == 9 + 8 + 4 * 1024
+    assert t.wire_encode(("release", segments)) == full
+    assert t.wire_decode(full, SEGMENT) == ([("release", segments)], len(full))
+    with pytest.raises(ValueError, match=r"^release frame of 4117 bytes"):
+        t.wire_decode(frame(9, release_body(segments + [1024])), SEGMENT)
+    with pytest.raises(ValueError, match="segments"):
+        t.wire_encode(("release", segments + [1024]))
+    with pytest.raises(ValueError, match="segments"):
+        t.wire_encode(("release", []))
+
+
+@pytest.mark.parametrize("msg, body, fields", [
+    (0, buffer_body(1, 2, 0x80000005, 0, b"x"), ("buffer", 1, 2, 5, 0, b"x")),
+    (8, lent_body(1, 2, 0x80000005, 0, 1, 3), ("lent", 1, 2, 5, 1, 3)),
+    (8, lent_body(1, 2, 0xFFFFFFFF, 0, 1, 3), ("lent", 1, 2, 2**31 - 1, 1, 3)),
+])
+def test_a_backlog_past_2_31_loses_its_top_bit_in_a_lent_buffer_as_in_a_buffer(msg, body,
+                                                                              fields):
+    """A backlog is a signed count on this side: its top bit is dropped, not
+    refused, the same for BUFFER_LENT as for BUFFER_RESPONSE."""
+    assert t.wire_decode(frame(msg, body), SEGMENT) == ([fields], 9 + len(body))
 
 
 def test_a_buffer_as_large_as_a_segment_passes_and_one_byte_more_does_not():
@@ -114,6 +173,40 @@ MALFORMED = {
     "credit over 2**31-1": (frame(6, struct.pack(">II", 1, 2**31)), "credit of 2147483648"),
     "event credit of zero": (frame(7, struct.pack(">II", 1, 0)), "credit of 0"),
     "close with a body": (frame(5, b"x"), "close request of 10 bytes"),
+    "lent event": (frame(8, lent_body(1, 0, 0, 1, 10, 5)),
+                   "a lent buffer of data type 1 (only data buffers are lent)"),
+    "lent of unknown data type": (frame(8, lent_body(1, 0, 0, 7, 10, 5)),
+                                  "a lent buffer of data type 7"),
+    "lent larger than a segment": (frame(8, lent_body(1, 0, 0, 0, SEGMENT + 1, 5)),
+                                   "a lent buffer of 257 bytes (segment size 256)"),
+    "lent of 2**32-1 bytes": (frame(8, lent_body(1, 0, 0, 0, 2**32 - 1, 5)),
+                              "a lent buffer of 4294967295 bytes"),
+    "lent empty": (frame(8, lent_body(1, 0, 0, 0, 0, 5)), "an empty data buffer"),
+    "lent shorter than its fields": (frame(8, lent_body(1, 0, 0, 0, 10, 5)[:20]),
+                                     "buffer lent frame of 29 bytes"),
+    "lent with a byte more": (frame(8, lent_body(1, 0, 0, 0, 10, 5) + b"x"),
+                              "buffer lent frame of 31 bytes"),
+    "lent with its payload": (frame(8, lent_body(1, 0, 0, 0, 3, 5) + b"abc"),
+                              "buffer lent frame of 33 bytes"),
+    "release of no segment": (frame(9, release_body([])), "a release of 0 segments"),
+    "release of 1025 segments": (frame(9, release_body([1], count=1025)),
+                                 "a release of 1025 segments"),
+    "release of 2**32-1 segments": (frame(9, release_body([1], count=2**32 - 1)),
+                                    "a release of 4294967295 segments"),
+    "release over the cap": (frame(9, release_body(list(range(1025)))),
+                             "release frame of 4117 bytes"),
+    "release shorter than its fields": (frame(9, struct.pack(">IH", 0xFFFFFFFF, 1)),
+                                        "release frame of 15 bytes"),
+    "release with a segment more": (frame(9, release_body([1, 2, 3], count=2)),
+                                    "a release of 2 segments in a body of 20 bytes"),
+    "release with a segment less": (frame(9, release_body([1, 2], count=3)),
+                                    "a release of 3 segments in a body of 16 bytes"),
+    "release with a partial segment": (frame(9, release_body([1]) + b"\x00\x00"),
+                                       "a release of 1 segments in a body of 14 bytes"),
+    "release for a channel": (frame(9, release_body([1], rid=5)),
+                              "a release for receiver id 0x00000005"),
+    "release for receiver id 0": (frame(9, release_body([1], rid=0)),
+                                  "a release for receiver id 0x00000000"),
 }
 
 
@@ -136,9 +229,22 @@ def test_a_header_is_judged_before_its_body_arrives():
     """A frame too long for its message is refused from its header alone: a
     peer cannot make the receiver wait for (or stage) a body it would refuse."""
     for wire, _ in (MALFORMED["error frame over 64 KiB"], MALFORMED["request id over the cap"],
-                    MALFORMED["wrong magic"], MALFORMED["unknown message id"]):
+                    MALFORMED["wrong magic"], MALFORMED["unknown message id"],
+                    MALFORMED["release over the cap"], MALFORMED["lent with a byte more"],
+                    MALFORMED["lent shorter than its fields"]):
         with pytest.raises(ValueError):
             t.wire_decode(wire[:9], SEGMENT)
+
+
+@pytest.mark.parametrize("message", [("lent", 1, 2, 3, 4, 5), ("release", [7]),
+                                     ("release", list(range(1024)))], ids=["lent", "release",
+                                                                           "release-1024"])
+def test_a_truncated_lent_or_release_waits_for_the_rest(message):
+    """Every proper prefix of a good frame is "more", not a violation."""
+    wire = t.wire_encode(message)
+    for cut in range(len(wire)):
+        assert t.wire_decode(wire[:cut], SEGMENT) == ([], 0), cut
+    assert t.wire_decode(wire, SEGMENT) == ([message], len(wire))
 
 
 frames = st.one_of(
@@ -152,7 +258,24 @@ frames = st.one_of(
     st.tuples(st.just("cancel"), U32),
     st.tuples(st.sampled_from(["credit", "event_credit"]), U32, POSITIVE),
     st.just(("close",)),
+    st.tuples(st.just("lent"), U32, U32, st.integers(0, 2**31 - 1), st.integers(1, SEGMENT), U32),
+    st.tuples(st.just("release"), st.lists(U32, min_size=1, max_size=1024)),
 )
+
+
+@given(U32, U32, st.integers(0, 2**31 - 1), st.integers(1, SEGMENT), U32)
+def test_any_lent_buffer_encodes_to_its_bytes_and_decodes_back(rid, seq, backlog, size, segment):
+    message = ("lent", rid, seq, backlog, size, segment)
+    wire = frame(8, lent_body(rid, seq, backlog, 0, size, segment))
+    assert t.wire_encode(message) == wire
+    assert t.wire_decode(wire, SEGMENT) == ([message], 30)
+
+
+@given(st.lists(U32, min_size=1, max_size=1024))
+def test_any_release_encodes_to_its_bytes_and_decodes_back(segments):
+    wire = frame(9, release_body(segments))
+    assert t.wire_encode(("release", segments)) == wire
+    assert t.wire_decode(wire, SEGMENT) == ([("release", segments)], 17 + 4 * len(segments))
 
 
 @given(st.lists(frames, max_size=8))

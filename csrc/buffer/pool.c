@@ -128,7 +128,7 @@ static void redistribute(fb_netpool_t *np)
 /* ---- network pool ---------------------------------------------------- */
 
 int fb_netpool_init(fb_netpool_t *np, int32_t num_segments, int32_t segment_size,
-                    size_t alignment)
+                    size_t alignment, int shared)
 {
     size_t stride, total;
     int32_t i;
@@ -148,7 +148,8 @@ int fb_netpool_init(fb_netpool_t *np, int32_t num_segments, int32_t segment_size
     np->pools = malloc(sizeof(fb_localpool_t *) * np->cap_pools);
     np->scratch = malloc(sizeof(int64_t) * 3 * np->cap_pools);
     if (!np->link || !np->channel || !np->state || !np->pools || !np->scratch ||
-        fb_arena_alloc(&np->arena, total, alignment) != 0)
+        (shared ? fb_arena_alloc_shared(&np->arena, total, alignment)
+                : fb_arena_alloc(&np->arena, total, alignment)) != 0)
         goto nomem;
     if (fb_cond_init(&np->unpooled_cv) != 0)
         goto nomem;
@@ -569,6 +570,8 @@ int fb_localpool_recycle(fb_localpool_t *lp, int32_t index)
 {
     fb_netpool_t *np = lp->net;
     int32_t ch;
+    if (lp->ops != &fb_pool_ops)        /* a lender's segment (see fb_pool_ops_t) */
+        return lp->ops->recycle(lp, index);
     pthread_mutex_lock(&np->mu);
     if (index < 0 || index >= np->num_segments || np->state[index] != FB_SEG_OUT) {
         pthread_mutex_unlock(&np->mu);

@@ -38,7 +38,12 @@ typedef struct fb_localpool fb_localpool_t;
 
 /* The hot operations of a local pool, reached through the pool itself: code
  * in other extension modules (which do not link pool.c) calls the one copy
- * in the buffer module, whose counters and checks are the ones that count. */
+ * in the buffer module, whose counters and checks are the ones that count.
+ * A layer above may make a pool of its own ops whose segments are not this
+ * unit's (the network layer's lent segments, mapped from another process):
+ * its `net` only locates segments (base, stride, segment_size,
+ * num_segments), fb_localpool_recycle hands its segments to its ops'
+ * recycle, and nothing else of this unit may be called on it. */
 /* A recycle hook gets the first claim on every segment recycled into its
  * pool (the network layer's receive buffers go back to their channel this
  * way, to be announced as credit): called outside the lock, it returns 1 to
@@ -110,9 +115,12 @@ struct fb_localpool {
     fb_waitpoint_t wp;       /* the lender a waiting request may serve */
 };
 
-/* Network pool lifecycle. init: 0, FB_EINVAL or FB_ENOMEM. */
+/* Network pool lifecycle. init: 0, FB_EINVAL or FB_ENOMEM.  A `shared`
+ * pool's arena is a memory file (arena.fd) that processes on this host
+ * may be given to map read-only: the shared-memory transport lends its
+ * segments to a consumer that way. */
 int fb_netpool_init(fb_netpool_t *np, int32_t num_segments, int32_t segment_size,
-                    size_t alignment);
+                    size_t alignment, int shared);
 /* Destroy every local pool, fail unpooled waiters, refuse new work.  The
  * arena is unmapped once no segment is out.  Returns segments still out. */
 int32_t fb_netpool_destroy(fb_netpool_t *np);
@@ -122,6 +130,13 @@ void fb_netpool_free(fb_netpool_t *np);
 static inline char *fb_segment_address(const fb_netpool_t *np, int32_t index)
 {
     return np->base + (size_t)index * np->stride;
+}
+
+/* A shared pool's memfd while its arena is mapped, else -1 (no lock: set
+ * at init, cleared only once no segment is out). */
+static inline int fb_netpool_memfd(const fb_netpool_t *np)
+{
+    return np->arena.map_base != NULL ? np->arena.fd : -1;
 }
 
 int32_t fb_netpool_num_free(fb_netpool_t *np);

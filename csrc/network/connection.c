@@ -184,7 +184,8 @@ void outchan_end(fb_conn_t *c, outchan_t *oc, int release)
         if (n > 0)
             fb_items_dispose(items, n);
     }
-    c->cb.release_owner(c->cb.ctx, oc->owner);
+    c->cb.detach_owner(c->cb.ctx, oc->owner);
+    fb_owner_ref_put(oc->ref);       /* the owner goes once nothing of it is lent */
     free(oc);
 }
 
@@ -377,6 +378,16 @@ fb_conn_t *fb_conn_new(fb_transport_t *t, int32_t segment_size, const fb_conn_ca
         pthread_mutex_destroy(&c->mu);
         goto fail_gate;
     }
+    if (pthread_mutex_init(&c->rel_mu, NULL) != 0) {
+        pthread_cond_destroy(&c->rd_done_cv);
+        pthread_cond_destroy(&c->rd_cv);
+        pthread_mutex_destroy(&c->rd_mu);
+        pthread_cond_destroy(&c->cv);
+        pthread_mutex_destroy(&c->send_mu);
+        pthread_mutex_destroy(&c->mu);
+        goto fail_gate;
+    }
+    c->peer_pidfd = -1;
     c->direct_reads = 1;
     c->t = t;
     c->segment_size = segment_size;
@@ -467,6 +478,8 @@ void fb_conn_close(fb_conn_t *c)
         close(c->thread_wake_fd);
         c->thread_wake_fd = -1;
     }
+    lending_detach(c);          /* nobody reads or writes frames any more */
+    lending_end(c);
 }
 
 void fb_conn_incref(fb_conn_t *c)
@@ -487,6 +500,7 @@ void fb_conn_decref(fb_conn_t *c)
     pthread_mutex_destroy(&c->rd_mu);
     pthread_mutex_destroy(&c->send_mu);
     pthread_mutex_destroy(&c->mu);
+    pthread_mutex_destroy(&c->rel_mu);
     c->t->ops->destroy(c->t);
     free(c->direct);
     free(c->rd);

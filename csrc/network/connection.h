@@ -49,15 +49,21 @@ typedef struct fb_floating fb_floating_t;
 typedef struct fb_conn_callbacks {
     void *ctx;
     /* A PARTITION_REQUEST: the subpartition to serve, the pool its buffers
-     * come from, and an owner reference that keeps both alive (released with
-     * release_owner), or an FB_NET_ERR_* code with a message in errbuf. */
+     * come from, and an owner reference that keeps both alive (given back
+     * with detach_owner, then drop_owner), or an FB_NET_ERR_* code with a
+     * message in errbuf. */
     int (*find_subpartition)(void *ctx, const char *partition_id, size_t len,
                              uint32_t subpartition, fb_subpart_t **sp, void **owner,
                              fb_localpool_t **pool, char *errbuf, size_t errlen);
     /* A served subpartition failed: its cause's type name and message. */
     void (*describe_failure)(void *ctx, void *owner, char *type, size_t tlen,
                              char *message, size_t mlen);
-    void (*release_owner)(void *ctx, void *owner);
+    /* The subpartition's reader ended (or the request was not served). */
+    void (*detach_owner)(void *ctx, void *owner);
+    /* The reference goes: after detach_owner, once no buffer of the pool is
+     * lent to the peer any more (possibly in another thread, after the
+     * connection was freed: it must not use ctx). */
+    void (*drop_owner)(void *ctx, void *owner);
 } fb_conn_callbacks_t;
 
 /* Per-connection counters (read without a lock; monotonic). */
@@ -74,6 +80,17 @@ typedef struct fb_conn_stats {
  * reference.  NULL when out of memory. */
 fb_conn_t *fb_conn_new(fb_transport_t *t, int32_t segment_size, const fb_conn_callbacks_t *cb,
                        double io_timeout);
+/* Before the start, over shared memory with another process on this host:
+ * buffers of `np` (a shared pool, whose memfd the peer mapped) are lent,
+ * not copied; `pidfd` (taken) is the peer process, whose end gives back
+ * what it still holds.  0, or ENOMEM. */
+int fb_conn_lend(fb_conn_t *c, const fb_netpool_t *np, int pidfd);
+/* Before the start: map the peer's arena (memfd, not kept) to read the
+ * buffers it lends.  0, or -1 with why in err. */
+int fb_conn_borrow(fb_conn_t *c, int memfd, char *err, size_t errlen);
+/* Buffers lent to the peer now; the peer's held here now. */
+int32_t fb_conn_lent(fb_conn_t *c);
+int32_t fb_conn_borrowed(fb_conn_t *c);
 /* Before the start: whether a producer's thread whose add makes a served
  * subpartition ready sends it itself when the writer thread is idle (non-
  * blocking; what the socket does not take goes to the writer thread), and

@@ -14,6 +14,7 @@
 #include "common/clock.h"
 #include "network/connection.h"
 #include "network/credit.h"
+#include "network/lease.h"
 #include "network/transport.h"
 #include "network/wire.h"
 
@@ -21,6 +22,7 @@
 #define READ_AHEAD 2048             /* staged past what is needed: small frames share a recv,
                                        a buffer's body mostly lands straight in its segment */
 #define CTL_CAP 65536               /* the writer's control-frame buffer */
+#define RELEASE_BATCH 256           /* segments per RELEASE: one fits FB_NET_MAX_CONTROL_FRAME */
 #define IDMAP_SIZE (2 * FB_NET_MAX_CHANNELS)
 #define NO_ID 0xFFFFFFFFu
 #define RETRY_FIRST_NS 50000000LL   /* not-found requests: 50 ms, doubling ... */
@@ -66,6 +68,8 @@ typedef struct outchan {
     int32_t event_credit;       /* events the reader may still take */
     uint32_t seq;
     int cancelled;
+    int lends;                  /* its buffers are lent, not copied (lend.c) */
+    fb_owner_ref_t *ref;        /* keeps owner (and pool) alive while a buffer is lent */
 } outchan_t;
 
 typedef struct ctl {
@@ -178,6 +182,17 @@ struct fb_conn {
     int rd_thread_polls;         /* the reader thread polls with no time limit */
     /* the writer's control frames */
     char *ctlbuf;
+    /* Lending (lend.c).  Producer: buffers of lend_np go to the peer as
+     * BUFFER_LENT, recorded in `lent` (under mu) until released, or until
+     * the peer process (peer_pidfd) ended.  Consumer: the peer's arena
+     * (lease), and the recycled segments the next RELEASE names. */
+    const fb_netpool_t *lend_np;
+    fb_lent_t lent;
+    int peer_pidfd;
+    fb_lease_t *lease;
+    pthread_mutex_t rel_mu;      /* a leaf lock */
+    uint32_t *rel;
+    int32_t nrel;
 };
 
 static inline void stat_add(int64_t *counter, int64_t n)
@@ -245,10 +260,21 @@ int32_t in_lookup(fb_conn_t *c, uint32_t id);
 void conn_hold(void *arg);
 void conn_release(void *arg);
 
+/* lend.c */
+int lend_locked(fb_conn_t *c, outchan_t *oc, const fb_item_t *item);
+char *put_releases_locked(fb_conn_t *c, char *p, char *end, int *more);
+int read_lent(fb_conn_t *c, const fb_wire_frame_t *f);
+int read_release(fb_conn_t *c, const fb_wire_frame_t *f);
+void lending_detach(fb_conn_t *c);
+void lending_end(fb_conn_t *c);
+
 /* inchan.c */
 void want_buffers(fb_inchan_t *ch, int32_t backlog);
 
 /* reader.c */
+int protocol_error(fb_conn_t *c, const char *fmt, ...);
+void buffer_deliver(fb_conn_t *c, fb_inchan_t *ch, fb_item_t *item, int received,
+                    int32_t backlog);
 int read_step(fb_conn_t *c);
 int wait_ms(const fb_conn_t *c, int64_t deadline, int64_t now);
 int stalled(fb_conn_t *c, int64_t now);

@@ -69,7 +69,7 @@ static int rx_stage(fb_conn_t *c, size_t n)
 /* The peer broke the protocol: tell it why (an ERROR_RESPONSE, then a
  * CLOSE_REQUEST, which the writer sends before it closes the socket), and
  * end the connection here now.  -1. */
-static int protocol_error(fb_conn_t *c, const char *fmt, ...)
+int protocol_error(fb_conn_t *c, const char *fmt, ...)
 {
     char msg[512], why[FB_NET_MAX_MESSAGE];
     va_list ap;
@@ -154,8 +154,8 @@ static fb_inchan_t *buffer_target(fb_conn_t *c, uint32_t id, uint32_t seq, uint8
  * consumer if the channel still reads, else give it back; then borrow
  * floating buffers for the sender's backlog.  Both happen before the
  * receive is marked done: a close waits for that, so the pools are alive. */
-static void buffer_deliver(fb_conn_t *c, fb_inchan_t *ch, fb_item_t *item, int received,
-                           int32_t backlog)
+void buffer_deliver(fb_conn_t *c, fb_inchan_t *ch, fb_item_t *item, int received,
+                    int32_t backlog)
 {
     int delivered = 0;
     int last = item->kind == FB_ITEM_EVENT && item->size == 1 && item->data != NULL
@@ -387,7 +387,9 @@ static int read_partition_request(fb_conn_t *c, const fb_wire_frame_t *f)
                                  sizeof(err));
     pthread_mutex_lock(&c->mu);
     if (rc == 0 && c->state == CONN_OPEN && c->nfree_outs > 0
-            && idmap_get(&c->out_ids, id) < 0 && (oc = calloc(1, sizeof(*oc))) != NULL) {
+            && idmap_get(&c->out_ids, id) < 0 && (oc = calloc(1, sizeof(*oc))) != NULL
+            && ((oc->ref = fb_owner_ref_new(owner, c->cb.drop_owner, c->cb.ctx)) != NULL
+                || (free(oc), 0))) {
         slot = c->free_outs[--c->nfree_outs];
         oc->receiver_id = id;
         oc->slot = slot;
@@ -396,6 +398,7 @@ static int read_partition_request(fb_conn_t *c, const fb_wire_frame_t *f)
         oc->pool = pool;
         oc->credit = credit;
         oc->event_credit = FB_NET_EVENT_WINDOW;
+        oc->lends = c->lend_np != NULL && pool != NULL && pool->net == c->lend_np;
         if (fb_subpart_connect(sp, &c->out, slot) == FB_OK) {
             /* The producer waiting for a buffer of this pool reads this
              * connection itself (pool_wait), if no other connection does. */
@@ -409,6 +412,7 @@ static int read_partition_request(fb_conn_t *c, const fb_wire_frame_t *f)
             return 0;
         }
         c->free_outs[c->nfree_outs++] = slot;
+        free(oc->ref);                /* (its owner reference is dropped below) */
         free(oc);
         rc = FB_NET_ERR_REFUSED;
         snprintf(err, sizeof(err), "subpartition %u of partition %.*s already has a reader "
@@ -421,8 +425,10 @@ static int read_partition_request(fb_conn_t *c, const fb_wire_frame_t *f)
         ctl_error(c, id, rc, rc == FB_NET_ERR_NOT_FOUND ? "PartitionNotFoundError" : "ValueError",
                   err);
     pthread_mutex_unlock(&c->mu);
-    if (owner != NULL)
-        c->cb.release_owner(c->cb.ctx, owner);
+    if (owner != NULL) {
+        c->cb.detach_owner(c->cb.ctx, owner);
+        c->cb.drop_owner(c->cb.ctx, owner);
+    }
     return 0;
 }
 
@@ -506,6 +512,12 @@ int read_step(fb_conn_t *c)
         break;
     case FB_MSG_PARTITION_REQUEST:
         r = read_partition_request(c, &f);
+        break;
+    case FB_MSG_BUFFER_LENT:
+        r = read_lent(c, &f);
+        break;
+    case FB_MSG_RELEASE:
+        r = read_release(c, &f);
         break;
     case FB_MSG_CLOSE:
         conn_fail(c, FB_NET_ERR_CONNECTION, "the peer closed the connection");

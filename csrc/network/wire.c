@@ -43,6 +43,13 @@ static int body_bounds(uint8_t msg, int32_t segment_size, uint32_t *min, uint32_
     case FB_MSG_CLOSE:
         *min = *max = 0;
         return 1;
+    case FB_MSG_BUFFER_LENT:
+        *min = *max = FB_NET_LENT_FIELDS;
+        return 1;
+    case FB_MSG_RELEASE:          /* a count of 0 passes here, to be refused by its name */
+        *min = 8;
+        *max = 8 + 4 * FB_NET_MAX_RELEASE;
+        return 1;
     default:
         return 0;
     }
@@ -72,11 +79,16 @@ int fb_wire_decode_header(const char *p, int32_t segment_size, fb_wire_head_t *h
             return bad(err, errlen, "partition request frame of %u bytes", len);
         case FB_MSG_CLOSE:
             return bad(err, errlen, "close request of %u bytes", len);
+        case FB_MSG_BUFFER_LENT:
+            return bad(err, errlen, "buffer lent frame of %u bytes", len);
+        case FB_MSG_RELEASE:
+            return bad(err, errlen, "release frame of %u bytes", len);
         default:
             return bad(err, errlen, "frame of %u bytes for message %u", len, msg);
         }
     }
     h->staged = msg == FB_MSG_BUFFER ? FB_NET_BUFFER_FIELDS : h->body;
+    h->segment_size = segment_size;
     return FB_WIRE_OK;
 }
 
@@ -137,6 +149,45 @@ static int decode_request(const fb_wire_head_t *h, const char *p, fb_wire_frame_
     return FB_WIRE_OK;
 }
 
+static int decode_lent(const fb_wire_head_t *h, const char *p, fb_wire_frame_t *f, char *err,
+                       size_t errlen)
+{
+    uint8_t type = (uint8_t)p[12];
+    uint32_t size = fb_load_u32(p + 13, 1);
+    f->receiver_id = fb_load_u32(p, 1);
+    f->u.lent.sequence = fb_load_u32(p + 4, 1);
+    f->u.lent.backlog = (int32_t)(fb_load_u32(p + 8, 1) & INT32_MAX);
+    f->u.lent.size = size;
+    f->u.lent.segment = fb_load_u32(p + 17, 1);
+    if (type != FB_WIRE_DATA)
+        return bad(err, errlen, "a lent buffer of data type %u (only data buffers are lent)",
+                   type);
+    if (size > (uint32_t)(h->segment_size > 0 ? h->segment_size : 0))
+        return bad(err, errlen, "a lent buffer of %u bytes (segment size %d)", size,
+                   h->segment_size);
+    if (size == 0)
+        return bad(err, errlen, "an empty data buffer");
+    return FB_WIRE_OK;
+}
+
+static int decode_release(const fb_wire_head_t *h, const char *p, fb_wire_frame_t *f, char *err,
+                          size_t errlen)
+{
+    uint32_t count = fb_load_u32(p + 4, 1);
+    f->receiver_id = fb_load_u32(p, 1);
+    if (f->receiver_id != FB_NET_ALL)
+        return bad(err, errlen, "a release for receiver id 0x%08x (it is connection-wide)",
+                   f->receiver_id);
+    if (count == 0 || count > FB_NET_MAX_RELEASE)
+        return bad(err, errlen, "a release of %u segments", count);
+    if (h->body != 8 + 4 * count)
+        return bad(err, errlen, "a release of %u segments in a body of %u bytes", count,
+                   h->body);
+    f->u.release.count = count;
+    f->u.release.segments = p + 8;
+    return FB_WIRE_OK;
+}
+
 int fb_wire_decode_body(const fb_wire_head_t *h, const char *p, fb_wire_frame_t *f, char *err,
                         size_t errlen)
 {
@@ -163,6 +214,10 @@ int fb_wire_decode_body(const fb_wire_head_t *h, const char *p, fb_wire_frame_t 
         return FB_WIRE_OK;
     case FB_MSG_CLOSE:
         return FB_WIRE_OK;
+    case FB_MSG_BUFFER_LENT:
+        return decode_lent(h, p, f, err, errlen);
+    case FB_MSG_RELEASE:
+        return decode_release(h, p, f, err, errlen);
     default:            /* a header fb_wire_decode_header did not pass */
         return bad(err, errlen, "unknown message id %u", h->msg);
     }
@@ -197,16 +252,43 @@ char *fb_wire_put_header(char *p, uint32_t body_len, uint8_t msg)
     return p + FB_NET_HEADER;
 }
 
-char *fb_wire_put_buffer(char *p, uint32_t receiver_id, uint32_t sequence, int32_t backlog,
-                         uint8_t type, uint32_t size)
+/* A BUFFER_RESPONSE's fields, which a BUFFER_LENT's start with. */
+static char *put_buffer_fields(char *p, uint32_t receiver_id, uint32_t sequence, int32_t backlog,
+                               uint8_t type, uint32_t size)
 {
-    p = fb_wire_put_header(p, FB_NET_BUFFER_FIELDS + size, FB_MSG_BUFFER);
     fb_store_u32(p, receiver_id, 1);
     fb_store_u32(p + 4, sequence, 1);
     fb_store_u32(p + 8, (uint32_t)(backlog < 0 ? 0 : backlog), 1);
     p[12] = (char)type;
     fb_store_u32(p + 13, size, 1);
     return p + FB_NET_BUFFER_FIELDS;
+}
+
+char *fb_wire_put_buffer(char *p, uint32_t receiver_id, uint32_t sequence, int32_t backlog,
+                         uint8_t type, uint32_t size)
+{
+    p = fb_wire_put_header(p, FB_NET_BUFFER_FIELDS + size, FB_MSG_BUFFER);
+    return put_buffer_fields(p, receiver_id, sequence, backlog, type, size);
+}
+
+char *fb_wire_put_lent(char *p, uint32_t receiver_id, uint32_t sequence, int32_t backlog,
+                       uint32_t size, uint32_t segment)
+{
+    p = fb_wire_put_header(p, FB_NET_LENT_FIELDS, FB_MSG_BUFFER_LENT);
+    p = put_buffer_fields(p, receiver_id, sequence, backlog, FB_WIRE_DATA, size);
+    fb_store_u32(p, segment, 1);
+    return p + 4;
+}
+
+char *fb_wire_put_release(char *p, const uint32_t *segments, uint32_t count)
+{
+    uint32_t k;
+    p = fb_wire_put_header(p, 8 + 4 * count, FB_MSG_RELEASE);
+    fb_store_u32(p, FB_NET_ALL, 1);
+    fb_store_u32(p + 4, count, 1);
+    for (k = 0; k < count; k++)
+        fb_store_u32(p + 8 + 4 * (size_t)k, segments[k], 1);
+    return p + 8 + 4 * (size_t)count;
 }
 
 char *fb_wire_put_request(char *p, uint32_t receiver_id, uint32_t subpartition, int32_t credit,

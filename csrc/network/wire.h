@@ -22,6 +22,8 @@
 #define FB_NET_BUFFER_FIELDS 17           /* receiver, sequence, backlog u32; type u8; size u32 */
 #define FB_NET_REQUEST_FIELDS 14          /* receiver, subpartition, credit u32; id length u16 */
 #define FB_NET_ERROR_FIELDS 11            /* receiver u32, code u8, type length u16, length u32 */
+#define FB_NET_LENT_FIELDS 21             /* a buffer response's fields, then segment u32 */
+#define FB_NET_MAX_RELEASE 1024           /* segments one RELEASE names */
 #define FB_NET_MAX_CHANNELS 4096          /* per connection and direction */
 #define FB_NET_MAX_PARTITION_ID 1024
 #define FB_NET_MAX_ERROR_FRAME 65536
@@ -30,6 +32,8 @@
 #define FB_NET_ALL 0xFFFFFFFFu            /* receiver id of a connection-wide error */
 /* The largest control frame an encoder writes (a partition request). */
 #define FB_NET_MAX_CONTROL_FRAME (FB_NET_HEADER + FB_NET_REQUEST_FIELDS + FB_NET_MAX_PARTITION_ID)
+/* A RELEASE of FB_NET_MAX_RELEASE segments: receiver id, count, the segments. */
+#define FB_NET_MAX_RELEASE_FRAME (FB_NET_HEADER + 8 + 4 * FB_NET_MAX_RELEASE)
 
 enum {
     FB_MSG_BUFFER = 0,
@@ -38,7 +42,9 @@ enum {
     FB_MSG_CANCEL = 4,
     FB_MSG_CLOSE = 5,
     FB_MSG_ADD_CREDIT = 6,
-    FB_MSG_ADD_EVENT_CREDIT = 7
+    FB_MSG_ADD_EVENT_CREDIT = 7,
+    FB_MSG_BUFFER_LENT = 8,       /* a data buffer in a segment of the sender's arena */
+    FB_MSG_RELEASE = 9            /* the receiver is done with these lent segments */
 };
 
 /* A BUFFER_RESPONSE's data type. */
@@ -68,6 +74,7 @@ typedef struct fb_wire_head {
     uint8_t msg;                  /* FB_MSG_* */
     uint32_t body;                /* body bytes after the header */
     uint32_t staged;              /* of them, what fb_wire_decode_body reads */
+    int32_t segment_size;         /* what a buffer's size is checked against */
 } fb_wire_head_t;
 
 /* A decoded frame.  Pointers point into the bytes decoded (no copy). */
@@ -93,10 +100,24 @@ typedef struct fb_wire_request {  /* PARTITION_REQUEST */
     uint16_t id_len;
 } fb_wire_request_t;
 
+typedef struct fb_wire_lent {     /* BUFFER_LENT: a data buffer, no payload follows */
+    uint32_t sequence;
+    int32_t backlog;
+    uint32_t size;                /* bytes of the segment that hold the buffer */
+    uint32_t segment;             /* unchecked: the arena's mapper checks its range */
+} fb_wire_lent_t;
+
+typedef struct fb_wire_release {  /* RELEASE (receiver id FB_NET_ALL) */
+    uint32_t count;               /* 1..FB_NET_MAX_RELEASE */
+    const char *segments;         /* count big-endian u32: fb_wire_release_segment */
+} fb_wire_release_t;
+
 typedef union fb_wire_body {
     fb_wire_buffer_t buffer;
     fb_wire_error_t error;
     fb_wire_request_t request;
+    fb_wire_lent_t lent;
+    fb_wire_release_t release;
     int32_t credit;               /* ADD_CREDIT, ADD_EVENT_CREDIT: > 0 */
 } fb_wire_body_t;
 
@@ -129,6 +150,13 @@ static inline uint32_t fb_wire_frame_length(const char *p)
     return (uint32_t)u[0] << 24 | (uint32_t)u[1] << 16 | (uint32_t)u[2] << 8 | u[3];
 }
 
+/* Segment k (< r->count) of a decoded RELEASE. */
+static inline uint32_t fb_wire_release_segment(const fb_wire_release_t *r, uint32_t k)
+{
+    const unsigned char *u = (const unsigned char *)r->segments + 4 * (size_t)k;
+    return (uint32_t)u[0] << 24 | (uint32_t)u[1] << 16 | (uint32_t)u[2] << 8 | u[3];
+}
+
 /* ---- encoding (each returns the end of what it wrote) ------------------------------ */
 
 char *fb_wire_put_header(char *p, uint32_t body_len, uint8_t msg);
@@ -143,6 +171,13 @@ char *fb_wire_put_request(char *p, uint32_t receiver_id, uint32_t subpartition, 
 char *fb_wire_put_credit(char *p, uint8_t msg, uint32_t receiver_id, int32_t n);
 char *fb_wire_put_cancel(char *p, uint32_t receiver_id);
 char *fb_wire_put_close(char *p);
+/* A BUFFER_LENT (FB_NET_HEADER + FB_NET_LENT_FIELDS bytes): a data buffer of
+ * `size` bytes in segment `segment` of this side's arena. */
+char *fb_wire_put_lent(char *p, uint32_t receiver_id, uint32_t sequence, int32_t backlog,
+                       uint32_t size, uint32_t segment);
+/* A RELEASE of count (1..FB_NET_MAX_RELEASE: the caller's to ensure)
+ * segments; at most FB_NET_MAX_RELEASE_FRAME bytes. */
+char *fb_wire_put_release(char *p, const uint32_t *segments, uint32_t count);
 /* An ERROR_RESPONSE's body only (for a queue that stores bodies): the type
  * name and the message are cut to what this side keeps; at most
  * FB_NET_ERROR_FIELDS + FB_NET_MAX_ERROR_TYPE + FB_NET_MAX_MESSAGE bytes. */

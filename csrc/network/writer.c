@@ -66,9 +66,10 @@ static int send_all(fb_conn_t *c, struct iovec *iov, int iovcnt)
 
 /* One buffer response of a batch. */
 typedef struct frame {
-    char hdr[FB_NET_HEADER + FB_NET_BUFFER_FIELDS];
+    char hdr[FB_NET_HEADER + FB_NET_LENT_FIELDS];   /* (longer than a BUFFER_RESPONSE's) */
     fb_item_t item;
     outchan_t *ended;           /* the channel this frame ends (its last item), or NULL */
+    int lent;                   /* a BUFFER_LENT: the segment stays out until released */
 } frame_t;
 
 /* What the writer sends in one sendmsg. */
@@ -164,6 +165,16 @@ static ctl_t *take_control_locked(fb_conn_t *c, batch_t *b)
         *tail = m;
         tail = &m->next;
     }
+    if (c->rel != NULL && !b->ctl_full) {       /* segments of the peer's we recycled */
+        int more;
+        char *end = put_releases_locked(c, p, c->ctlbuf + CTL_CAP, &more);
+        b->frames_out += end > p;
+        p = end;
+        if (more) {
+            notify_writer(c, 0);
+            b->ctl_full = 1;
+        }
+    }
     if (p > c->ctlbuf + b->ctl_used) {
         batch_iov(b, c->ctlbuf + b->ctl_used, (size_t)(p - (c->ctlbuf + b->ctl_used)));
         b->ctl_used = (size_t)(p - c->ctlbuf);
@@ -191,7 +202,9 @@ static void take_buffer(fb_conn_t *c, batch_t *b, int32_t slot)
         return;
     }
     fr = &b->frames[b->nframes];
-    rc = fb_subpart_poll_credit(oc->sp, oc->credit, oc->event_credit, &fr->item, &last);
+    /* Lent buffers need no credit: the producer's pool bounds them. */
+    rc = fb_subpart_poll_credit(oc->sp, oc->lends ? INT32_MAX : oc->credit, oc->event_credit,
+                                &fr->item, &last);
     if (rc == FB_EMPTY) {
         pthread_mutex_unlock(&c->mu);
         return;
@@ -213,13 +226,18 @@ static void take_buffer(fb_conn_t *c, batch_t *b, int32_t slot)
         outchan_end(c, oc, 0);
         return;
     }
-    if (fr->item.kind == FB_ITEM_DATA)
-        oc->credit--;
+    fr->lent = oc->lends && lend_locked(c, oc, &fr->item);
+    if (fr->lent)
+        fb_wire_put_lent(fr->hdr, oc->receiver_id, oc->seq++, fb_subpart_backlog(oc->sp),
+                         (uint32_t)fr->item.size, (uint32_t)fr->item.index);
     else
+        fb_wire_put_buffer(fr->hdr, oc->receiver_id, oc->seq++, fb_subpart_backlog(oc->sp),
+                           fr->item.kind == FB_ITEM_DATA ? FB_WIRE_DATA : FB_WIRE_EVENT,
+                           (uint32_t)fr->item.size);
+    if (fr->item.kind != FB_ITEM_DATA)
         oc->event_credit--;
-    fb_wire_put_buffer(fr->hdr, oc->receiver_id, oc->seq++, fb_subpart_backlog(oc->sp),
-                       fr->item.kind == FB_ITEM_DATA ? FB_WIRE_DATA : FB_WIRE_EVENT,
-                       (uint32_t)fr->item.size);
+    else if (!fr->lent)
+        oc->credit--;
     fr->ended = NULL;
     if (last) {                      /* its last item: the channel ends once it is sent */
         outchan_free_slot(c, oc);
@@ -227,7 +245,11 @@ static void take_buffer(fb_conn_t *c, batch_t *b, int32_t slot)
     }
     pthread_mutex_unlock(&c->mu);
     b->nframes++;
-    batch_iov(b, fr->hdr, sizeof(fr->hdr));
+    if (fr->lent) {
+        batch_iov(b, fr->hdr, FB_NET_HEADER + FB_NET_LENT_FIELDS);
+        return;
+    }
+    batch_iov(b, fr->hdr, FB_NET_HEADER + FB_NET_BUFFER_FIELDS);
     if (fr->item.size)
         batch_iov(b, fr->item.data, (size_t)fr->item.size);
 }
@@ -249,7 +271,8 @@ static void finish_batch(fb_conn_t *c, batch_t *b, ctl_t *taken, int rc)
     ctl_free_list(taken);
     for (k = 0; k < b->nframes; k++) {
         buffers += b->frames[k].item.kind == FB_ITEM_DATA;
-        fb_item_dispose(&b->frames[k].item);
+        if (!b->frames[k].lent)            /* a lent one comes back with its RELEASE */
+            fb_item_dispose(&b->frames[k].item);
         if (b->frames[k].ended != NULL)
             outchan_end(c, b->frames[k].ended, 0);
     }

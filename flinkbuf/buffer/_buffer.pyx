@@ -5,7 +5,8 @@
 # Compiler directives are set once, in setup.py.
 
 cimport cython
-from cpython.buffer cimport PyBuffer_FillInfo, PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
+from cpython.buffer cimport (PyBuffer_FillInfo, PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE,
+                             PyBUF_WRITABLE)
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
@@ -32,9 +33,13 @@ from flinkbuf.errors import (
     ExportedBufferError,
     InsufficientBuffersError,
     PoolDestroyedError,
+    ReadOnlyBufferError,
     RecycledBufferError,
     SegmentFreedError,
 )
+
+_READ_ONLY = ("read-only: the buffer is lent by a producer in another process "
+              "(copy it, e.g. bytes(buf), to change it)")
 
 cdef extern from *:
     """

@@ -23,6 +23,12 @@ cdef class Buffer:
     ``reader_index`` take any ``int`` (``ValueError`` out of range, however
     large).  A Buffer not made by a pool (``Buffer.__new__(Buffer)``)
     behaves as a recycled one.
+
+    A buffer received over shared memory may be *lent*: its segment is the
+    producer's, in another process, mapped read-only here, and its last
+    recycle hands it back to that producer.  Such a buffer is read-only
+    (:attr:`is_read_only`): ``write``, writable views and its segment's
+    ``put_*`` raise :class:`ReadOnlyBufferError`; ``bytes(buf)`` copies it.
     """
 
     def __init__(self):
@@ -33,8 +39,8 @@ cdef class Buffer:
             FB_DBG_ADD(FB_DBG_BUFFERS, -1)
             self._data = NULL
             self._refcnt = 0
-            fb_localpool_recycle(&self._pool._c, self._index)
-            if self._pool._nbp._listening:
+            fb_localpool_recycle(self._lp, self._index)
+            if self._pool is not None and self._pool._nbp._listening:
                 try:
                     self._pool._nbp._dispatch_listeners()
                 except BaseException:
@@ -57,9 +63,9 @@ cdef class Buffer:
             self._data = NULL
             self._refcnt = 0
             FB_DBG_ADD(FB_DBG_BUFFERS, -1)
-            if fb_localpool_recycle(&self._pool._c, self._index) != FB_OK:
+            if fb_localpool_recycle(self._lp, self._index) != FB_OK:
                 raise RuntimeError("internal error: segment was not out of its pool")
-            if self._pool._nbp._listening:
+            if self._pool is not None and self._pool._nbp._listening:
                 self._pool._nbp._dispatch_listeners()
         else:
             self._refcnt -= 1
@@ -68,7 +74,7 @@ cdef class Buffer:
     cdef int _detach(self) except -1:
         """Hand the segment over to C code (a queue), which returns it to
         the pool itself: afterwards this object is recycled, and the segment
-        (``_pool``, ``_index``, ``_data``, read before) is the caller's.
+        (``_lp``, ``_index``, ``_data``, read before) is the caller's.
         Only the sole reference, with no view exported, may be detached."""
         if self._data == NULL:
             raise RecycledBufferError("buffer was recycled")
@@ -115,15 +121,22 @@ cdef class Buffer:
 
     @property
     def pool(self):
-        """The :class:`LocalBufferPool` the segment returns to."""
-        if self._pool is None:
+        """The :class:`LocalBufferPool` the segment returns to; ``None`` for a
+        segment lent by a producer in another process."""
+        if self._pool is None and self._lp == NULL:
             raise RecycledBufferError("buffer was not handed out by a pool")
         return self._pool
 
     @property
+    def is_read_only(self):
+        """True for a buffer lent by a producer in another process (received
+        over shared memory): its bytes can be read, not changed."""
+        return self._readonly
+
+    @property
     def segment(self):
-        """The whole underlying :class:`MemorySegment` (writable); valid until
-        the buffer is recycled."""
+        """The whole underlying :class:`MemorySegment` (writable unless the
+        buffer is read-only); valid until the buffer is recycled."""
         self._check()
         cdef MemorySegment seg = MemorySegment.__new__(MemorySegment)
         seg._data = self._data
@@ -131,6 +144,7 @@ cdef class Buffer:
         seg._owner = self
         seg._index = self._index
         seg._kind = SEG_BUFFER
+        seg._readonly = self._readonly
         return seg
 
     @property
@@ -197,6 +211,8 @@ cdef class Buffer:
         """Append a bytes-like object at the writer index (``ValueError`` if it
         does not fit); returns the number of bytes written."""
         self._check()
+        if self._readonly:
+            raise ReadOnlyBufferError(_READ_ONLY)
         cdef Py_buffer pb
         PyObject_GetBuffer(data, &pb, PyBUF_SIMPLE)
         try:
@@ -222,8 +238,10 @@ cdef class Buffer:
 
     def __getbuffer__(self, Py_buffer *view, int flags):
         self._check()
+        if self._readonly and flags & PyBUF_WRITABLE:
+            raise ReadOnlyBufferError(_READ_ONLY)
         PyBuffer_FillInfo(view, self, self._data + self._reader,
-                          self._writer - self._reader, 0, flags)
+                          self._writer - self._reader, self._readonly, flags)
         self._exports += 1
 
     def __releasebuffer__(self, Py_buffer *view):
@@ -234,3 +252,18 @@ cdef class Buffer:
             return "<flinkbuf.Buffer recycled>"
         return (f"<flinkbuf.Buffer size={self._writer} reader_index={self._reader} "
                 f"capacity={self._capacity} ref_count={self._refcnt}>")
+
+
+cdef Buffer lent_buffer(fb_localpool_t *lp, int32_t index, char *data, Py_ssize_t capacity,
+                        Py_ssize_t size):
+    cdef Buffer buf = Buffer.__new__(Buffer)
+    buf._pool = None
+    buf._lp = lp
+    buf._index = index
+    buf._data = data
+    buf._capacity = capacity
+    buf._writer = size
+    buf._readonly = True
+    buf._refcnt = 1
+    FB_DBG_ADD(FB_DBG_BUFFERS, 1)
+    return buf

@@ -6,6 +6,7 @@ cdef class NetworkBufferPool:
     cdef fb_netpool_t _c
     cdef bint _initialized
     cdef size_t _alignment
+    cdef bint _shared
     cdef set _listening          # LocalBufferPools with pending listeners
 
     cdef int _check_live(self) except -1

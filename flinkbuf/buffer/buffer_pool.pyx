@@ -88,6 +88,12 @@ cdef class NetworkBufferPool:
     algorithm) whenever a pool is created or destroyed, or unpooled
     segments are taken or returned.
 
+    With ``shared_memory=True`` the arena is a memory file without a name
+    that processes on this host can be given to map read-only: the
+    shared-memory transport then lends a consumer in another process the
+    segments themselves instead of copying them.  (A process forked after
+    such a pool was made shares its memory rather than getting a copy.)
+
     ``destroy()`` destroys every local pool (blocked requests fail with
     :class:`PoolDestroyedError`) and refuses new work; segments still out
     stay valid until recycled, and the arena is unmapped once the last one
@@ -99,7 +105,7 @@ cdef class NetworkBufferPool:
         self._initialized = False
         self._listening = set()
 
-    def __init__(self, num_segments, segment_size, alignment=None):
+    def __init__(self, num_segments, segment_size, alignment=None, *, shared_memory=False):
         if self._initialized:
             raise RuntimeError("NetworkBufferPool is already initialised")
         cdef int32_t n = as_int32(num_segments, "num_segments", 1)
@@ -110,12 +116,15 @@ cdef class NetworkBufferPool:
             raise TypeError(f"alignment must be an int, got {type(alignment).__name__}")
         if alignment < 64 or alignment > (1 << 30) or alignment & (alignment - 1):
             raise ValueError(f"alignment must be a power of two in [64, 2**30], got {alignment}")
-        cdef int rc = fb_netpool_init(&self._c, n, size, <size_t>alignment)
+        if not isinstance(shared_memory, bool):
+            raise TypeError(f"shared_memory must be a bool, got {type(shared_memory).__name__}")
+        cdef int rc = fb_netpool_init(&self._c, n, size, <size_t>alignment, shared_memory)
         if rc == FB_ENOMEM:
             raise MemoryError(f"cannot allocate {n} segments of {size} bytes")
         if rc != FB_OK:
             raise ValueError("invalid network buffer pool parameters")
         self._alignment = alignment
+        self._shared = shared_memory
         self._initialized = True
 
     def __dealloc__(self):
@@ -172,6 +181,13 @@ cdef class NetworkBufferPool:
     @property
     def alignment(self):
         return self._alignment
+
+    @property
+    def shared_memory(self):
+        """True if the arena is a memory file other processes may map
+        read-only (``shared_memory=True``)."""
+        self._check_live()
+        return self._shared
 
     @property
     def num_available_segments(self):
@@ -394,6 +410,7 @@ cdef class LocalBufferPool:
     cdef Buffer _wrap(self, int32_t index):
         cdef Buffer buf = Buffer.__new__(Buffer)
         buf._pool = self
+        buf._lp = &self._c
         buf._index = index
         buf._data = fb_segment_address(self._c.net, index)
         buf._capacity = self._c.net.segment_size

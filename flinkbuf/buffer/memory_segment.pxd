@@ -13,7 +13,9 @@ cdef class MemorySegment:
     cdef int32_t _index       # segment number in its arena, -1 standalone
     cdef SegmentKind _kind
     cdef Py_ssize_t _exports
+    cdef bint _readonly       # the segment of a lent Buffer: reads only
 
     cdef int _check(self, Py_ssize_t offset, Py_ssize_t n) except -1
     cdef Py_ssize_t _at(self, object offset, Py_ssize_t n) except -1
+    cdef Py_ssize_t _put_at(self, object offset, Py_ssize_t n) except -1
     cdef int _invalidate(self) except -1

@@ -14,7 +14,9 @@ cdef class MemorySegment:
     or object with ``__index__`` (else ``TypeError``); one out of bounds,
     however large, is an ``IndexError``.  The segment supports the buffer
     protocol: ``memoryview(seg)`` is writable and ``numpy.frombuffer(seg,
-    ...)`` is zero-copy; while such views exist it cannot be freed.
+    ...)`` is zero-copy; while such views exist it cannot be freed.  The
+    segment of a read-only buffer (:attr:`Buffer.is_read_only`) is
+    read-only: writes raise :class:`ReadOnlyBufferError`.
     """
 
     def __cinit__(self):
@@ -85,6 +87,13 @@ cdef class MemorySegment:
         self._check(off, n)
         return off
 
+    cdef Py_ssize_t _put_at(self, object offset, Py_ssize_t n) except -1:
+        """As ``_at``, for a write."""
+        cdef Py_ssize_t off = self._at(offset, n)
+        if self._readonly:
+            raise ReadOnlyBufferError(_READ_ONLY)
+        return off
+
     cdef int _invalidate(self) except -1:
         if self._exports:
             raise ExportedBufferError(
@@ -142,7 +151,9 @@ cdef class MemorySegment:
 
     def __getbuffer__(self, Py_buffer *view, int flags):
         self._check(0, 0)
-        PyBuffer_FillInfo(view, self, self._data, self._size, 0, flags)
+        if self._readonly and flags & PyBUF_WRITABLE:
+            raise ReadOnlyBufferError(_READ_ONLY)
+        PyBuffer_FillInfo(view, self, self._data, self._size, self._readonly, flags)
         self._exports += 1
         if self._kind == SEG_BUFFER:
             (<Buffer>self._owner)._seg_exports += 1
@@ -163,11 +174,11 @@ cdef class MemorySegment:
         return <uint8_t>self._data[off]
 
     def put_int8(self, offset, int8_t value):
-        cdef Py_ssize_t off = self._at(offset, 1)
+        cdef Py_ssize_t off = self._put_at(offset, 1)
         self._data[off] = <char>value
 
     def put_uint8(self, offset, uint8_t value):
-        cdef Py_ssize_t off = self._at(offset, 1)
+        cdef Py_ssize_t off = self._put_at(offset, 1)
         self._data[off] = <char>value
 
     def get_int16(self, offset, bint big_endian=False):
@@ -179,11 +190,11 @@ cdef class MemorySegment:
         return fb_load_u16(self._data + off, big_endian)
 
     def put_int16(self, offset, int16_t value, bint big_endian=False):
-        cdef Py_ssize_t off = self._at(offset, 2)
+        cdef Py_ssize_t off = self._put_at(offset, 2)
         fb_store_u16(self._data + off, <uint16_t>value, big_endian)
 
     def put_uint16(self, offset, uint16_t value, bint big_endian=False):
-        cdef Py_ssize_t off = self._at(offset, 2)
+        cdef Py_ssize_t off = self._put_at(offset, 2)
         fb_store_u16(self._data + off, value, big_endian)
 
     def get_int32(self, offset, bint big_endian=False):
@@ -195,11 +206,11 @@ cdef class MemorySegment:
         return fb_load_u32(self._data + off, big_endian)
 
     def put_int32(self, offset, int32_t value, bint big_endian=False):
-        cdef Py_ssize_t off = self._at(offset, 4)
+        cdef Py_ssize_t off = self._put_at(offset, 4)
         fb_store_u32(self._data + off, <uint32_t>value, big_endian)
 
     def put_uint32(self, offset, uint32_t value, bint big_endian=False):
-        cdef Py_ssize_t off = self._at(offset, 4)
+        cdef Py_ssize_t off = self._put_at(offset, 4)
         fb_store_u32(self._data + off, value, big_endian)
 
     def get_int64(self, offset, bint big_endian=False):
@@ -211,11 +222,11 @@ cdef class MemorySegment:
         return fb_load_u64(self._data + off, big_endian)
 
     def put_int64(self, offset, int64_t value, bint big_endian=False):
-        cdef Py_ssize_t off = self._at(offset, 8)
+        cdef Py_ssize_t off = self._put_at(offset, 8)
         fb_store_u64(self._data + off, <uint64_t>value, big_endian)
 
     def put_uint64(self, offset, uint64_t value, bint big_endian=False):
-        cdef Py_ssize_t off = self._at(offset, 8)
+        cdef Py_ssize_t off = self._put_at(offset, 8)
         fb_store_u64(self._data + off, value, big_endian)
 
     def get_float32(self, offset, bint big_endian=False):
@@ -223,7 +234,7 @@ cdef class MemorySegment:
         return fb_load_f32(self._data + off, big_endian)
 
     def put_float32(self, offset, float value, bint big_endian=False):
-        cdef Py_ssize_t off = self._at(offset, 4)
+        cdef Py_ssize_t off = self._put_at(offset, 4)
         fb_store_f32(self._data + off, value, big_endian)
 
     def get_float64(self, offset, bint big_endian=False):
@@ -231,7 +242,7 @@ cdef class MemorySegment:
         return fb_load_f64(self._data + off, big_endian)
 
     def put_float64(self, offset, double value, bint big_endian=False):
-        cdef Py_ssize_t off = self._at(offset, 8)
+        cdef Py_ssize_t off = self._put_at(offset, 8)
         fb_store_f64(self._data + off, value, big_endian)
 
     # -- bulk access -------------------------------------------------------
@@ -249,6 +260,8 @@ cdef class MemorySegment:
         PyObject_GetBuffer(data, &pb, PyBUF_SIMPLE)
         try:
             self._check(off, pb.len)
+            if self._readonly:
+                raise ReadOnlyBufferError(_READ_ONLY)
             memmove(self._data + off, pb.buf, pb.len)
         finally:
             PyBuffer_Release(&pb)
@@ -258,7 +271,7 @@ cdef class MemorySegment:
         (the two ranges may overlap)."""
         cdef Py_ssize_t n = fb_as_position(length)
         cdef Py_ssize_t off = self._at(offset, n)
-        cdef Py_ssize_t target_off = target._at(target_offset, n)
+        cdef Py_ssize_t target_off = target._put_at(target_offset, n)
         memmove(target._data + target_off, self._data + off, n)
 
     def compare(self, MemorySegment other not None, offset, other_offset, length):

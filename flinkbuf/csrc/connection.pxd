@@ -4,7 +4,7 @@
 from libc.stdint cimport int32_t, int64_t, uint32_t
 
 from flinkbuf.csrc.exchange cimport fb_gate_t, fb_subpart_t
-from flinkbuf.csrc.pool cimport fb_localpool_t
+from flinkbuf.csrc.pool cimport fb_localpool_t, fb_netpool_t
 from flinkbuf.csrc.transport cimport fb_transport_t
 
 cdef extern from "network/connection.h" nogil:
@@ -22,7 +22,8 @@ cdef extern from "network/connection.h" nogil:
                                  fb_localpool_t **pool, char *errbuf, size_t errlen) noexcept
         void (*describe_failure)(void *ctx, void *owner, char *type, size_t tlen,
                                  char *message, size_t mlen) noexcept
-        void (*release_owner)(void *ctx, void *owner) noexcept
+        void (*detach_owner)(void *ctx, void *owner) noexcept
+        void (*drop_owner)(void *ctx, void *owner) noexcept
 
     ctypedef struct fb_conn_stats_t:
         int64_t bytes_in, bytes_out, frames_in, frames_out, buffers_in, buffers_out
@@ -33,6 +34,10 @@ cdef extern from "network/connection.h" nogil:
     void fb_conn_set_caller_sends(fb_conn_t *c, int on)
     void fb_conn_set_direct_reads(fb_conn_t *c, int on)
     int fb_conn_start(fb_conn_t *c)
+    int fb_conn_lend(fb_conn_t *c, const fb_netpool_t *np, int pidfd)
+    int fb_conn_borrow(fb_conn_t *c, int memfd, char *err, size_t errlen)
+    int32_t fb_conn_lent(fb_conn_t *c)
+    int32_t fb_conn_borrowed(fb_conn_t *c)
     void fb_conn_close(fb_conn_t *c)
     void fb_conn_incref(fb_conn_t *c)
     void fb_conn_decref(fb_conn_t *c)

@@ -35,7 +35,8 @@ cdef extern from "buffer/pool.h" nogil:
         int destroyed
 
     int fb_netpool_init(fb_netpool_t *np, int32_t num_segments, int32_t segment_size,
-                        size_t alignment)
+                        size_t alignment, int shared)
+    int fb_netpool_memfd(const fb_netpool_t *np)
     int32_t fb_netpool_destroy(fb_netpool_t *np)
     void fb_netpool_free(fb_netpool_t *np)
     char *fb_segment_address(const fb_netpool_t *np, int32_t index)

@@ -8,6 +8,9 @@ cdef extern from "network/wire.h" nogil:
         FB_NET_MAGIC
         FB_NET_HEADER
         FB_NET_BUFFER_FIELDS
+        FB_NET_LENT_FIELDS
+        FB_NET_MAX_RELEASE
+        FB_NET_MAX_RELEASE_FRAME
         FB_NET_MAX_CHANNELS
         FB_NET_MAX_PARTITION_ID
         FB_NET_MAX_ERROR_FRAME
@@ -23,6 +26,8 @@ cdef extern from "network/wire.h" nogil:
         FB_MSG_CLOSE
         FB_MSG_ADD_CREDIT
         FB_MSG_ADD_EVENT_CREDIT
+        FB_MSG_BUFFER_LENT
+        FB_MSG_RELEASE
         FB_WIRE_DATA
         FB_WIRE_EVENT
         FB_NET_ERR_PRODUCER_FAILED
@@ -55,10 +60,22 @@ cdef extern from "network/wire.h" nogil:
         const char *partition_id
         uint16_t id_len
 
+    ctypedef struct fb_wire_lent_t:
+        uint32_t sequence
+        int32_t backlog
+        uint32_t size
+        uint32_t segment
+
+    ctypedef struct fb_wire_release_t:
+        uint32_t count
+        const char *segments
+
     ctypedef union fb_wire_body_t:
         fb_wire_buffer_t buffer
         fb_wire_error_t error
         fb_wire_request_t request
+        fb_wire_lent_t lent
+        fb_wire_release_t release
         int32_t credit
 
     ctypedef struct fb_wire_frame_t:
@@ -76,5 +93,9 @@ cdef extern from "network/wire.h" nogil:
     char *fb_wire_put_credit(char *p, uint8_t msg, uint32_t receiver_id, int32_t n)
     char *fb_wire_put_cancel(char *p, uint32_t receiver_id)
     char *fb_wire_put_close(char *p)
+    char *fb_wire_put_lent(char *p, uint32_t receiver_id, uint32_t sequence, int32_t backlog,
+                           uint32_t size, uint32_t segment)
+    char *fb_wire_put_release(char *p, const uint32_t *segments, uint32_t count)
+    uint32_t fb_wire_release_segment(const fb_wire_release_t *r, uint32_t k)
     char *fb_wire_put_error_body(char *p, uint32_t receiver_id, uint8_t code, const char *type,
                                  size_t type_len, const char *message, size_t message_len)

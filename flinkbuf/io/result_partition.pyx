@@ -54,7 +54,7 @@ cdef class ResultSubpartition:
         queue as an item; the C result code.  The buffer is gone either way:
         queued, or recycled when the queue refuses it."""
         cdef fb_item_t item
-        item.pool = &buf._pool._c
+        item.pool = buf._lp
         item.index = buf._index
         item.data = buf._data
         item.size = <int32_t>buf._writer

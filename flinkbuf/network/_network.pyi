@@ -3,7 +3,7 @@
 from collections.abc import Callable
 from typing import Literal, TypedDict, final
 
-from flinkbuf.buffer._buffer import LocalBufferPool
+from flinkbuf.buffer._buffer import LocalBufferPool, NetworkBufferPool
 from flinkbuf.io._io import InputChannel, ResultPartition
 from flinkbuf.network.environment import ConnectionCounters
 
@@ -31,7 +31,9 @@ class Connection:
         io_timeout: float,
         caller_sends: bool = True,
         direct_reads: bool = True,
-        shared: tuple[int, int, int, int] | None = None,
+        shared: tuple[int, int, int, int]
+        | tuple[int, int, int, int, int, NetworkBufferPool | None, int]
+        | None = None,
     ) -> Connection: ...
     def close(self) -> None: ...
     @property
@@ -53,6 +55,7 @@ class FloatingBuffers:
     def pool(self) -> LocalBufferPool: ...
 
 def _shm_region(segment_size: int) -> list[int]: ...
+def _memfd_of(pool: NetworkBufferPool) -> int: ...
 def make_floating_buffers(pool: LocalBufferPool) -> FloatingBuffers: ...
 
 @final

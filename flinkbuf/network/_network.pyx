@@ -10,12 +10,13 @@ from cpython.ref cimport Py_DECREF, Py_INCREF
 from libc.stdint cimport int32_t, int64_t, uint32_t
 from libc.string cimport memcpy, strlen
 
-from flinkbuf.buffer._buffer cimport Buffer, LocalBufferPool
+from flinkbuf.buffer._buffer cimport Buffer, LocalBufferPool, NetworkBufferPool, lent_buffer
 from flinkbuf.capi cimport write_unraisable
 from flinkbuf.csrc.clock cimport fb_deadline_after
 from flinkbuf.csrc.connection cimport *
 from flinkbuf.csrc.exchange cimport *
-from flinkbuf.csrc.pool cimport FB_NO_CHANNEL
+from flinkbuf.csrc.lease cimport fb_lease_is
+from flinkbuf.csrc.pool cimport FB_NO_CHANNEL, fb_netpool_memfd
 from flinkbuf.csrc.status cimport *
 from flinkbuf.csrc.shm cimport *
 from flinkbuf.csrc.transport cimport fb_transport_socket, fb_transport_t

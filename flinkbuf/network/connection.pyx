@@ -38,7 +38,7 @@ cdef int _find_subpartition(void *ctx, const char *partition_id, size_t n,
                        f"subpartition {<object>subpartition}", err, errlen)
             return FB_NET_ERR_REFUSED
         Py_INCREF(part)
-        part._reader_attached()         # until _release_owner
+        part._reader_attached()         # until _detach_owner
         owner[0] = <void *>part
         sp[0] = &(<ResultSubpartition>part._subpartitions[subpartition])._c
         pool[0] = &part._pool._c if part._pool is not None else NULL
@@ -64,15 +64,25 @@ cdef void _describe_failure(void *ctx, void *owner, char *tname, size_t tlen,
         write_unraisable(part)
 
 
-cdef void _release_owner(void *ctx, void *owner) noexcept with gil:
-    """The connection is done with a partition _find_subpartition gave it
-    (the subpartition's reader ended, or the request was not served)."""
+cdef void _detach_owner(void *ctx, void *owner) noexcept with gil:
+    """The subpartition of a partition _find_subpartition gave the
+    connection has no reader any more (or the request was not served)."""
     cdef ResultPartition part = <ResultPartition>owner
     try:
         part._reader_detached()
     except BaseException:
         write_unraisable(part)
-    Py_DECREF(part)
+
+
+cdef void _drop_owner(void *ctx, void *owner) noexcept with gil:
+    """The reference _find_subpartition took goes (after _detach_owner,
+    once no buffer of the partition is lent to the peer)."""
+    Py_DECREF(<object>owner)
+
+
+def _memfd_of(NetworkBufferPool pool not None):
+    """The memfd of a shared pool's arena (to pass to a peer), or -1."""
+    return fb_netpool_memfd(&pool._c)
 
 
 def _shm_region(int32_t segment_size):
@@ -118,19 +128,25 @@ cdef class Connection:
         from here on).  ``lookup(partition_id)`` finds a registered
         partition or returns None; ``caller_sends`` and ``direct_reads``
         are the environment's (see NetworkEnvironment).  ``shared`` is
-        ``(memfd, data_fd, room_fd, side)`` for the shared-memory transport
-        over the Unix socket ``fd`` (the doorbells are owned from here on,
-        the memfd stays the caller's); RemoteConnectionError if the region
-        is not as it should be."""
+        ``(memfd, data_fd, room_fd, side, peer_arena, lend_pool, pidfd)``
+        for the shared-memory transport over the Unix socket ``fd``: the
+        doorbells and ``pidfd`` (-1: none) are owned from here on, the
+        memfds stay the caller's.  Buffers the peer lends are read from
+        ``peer_arena`` (its buffer arena's memfd, -1: it lends none); this
+        side lends buffers of ``lend_pool`` (a shared NetworkBufferPool, or
+        None) to the peer process ``pidfd``.  RemoteConnectionError if the
+        region or the arena is not as it should be."""
         cdef Connection conn = Connection.__new__(Connection, _MADE_HERE)
         cdef fb_conn_callbacks_t cb
         cdef fb_transport_t *t
         cdef char err[256]
-        cdef int memfd, data_fd, room_fd, side
+        cdef int memfd, data_fd, room_fd, side, peer_arena = -1, pidfd = -1
+        cdef NetworkBufferPool lend_pool = None
         cb.ctx = <void *>conn           # borrowed: the threads end before conn does
         cb.find_subpartition = _find_subpartition
         cb.describe_failure = _describe_failure
-        cb.release_owner = _release_owner
+        cb.detach_owner = _detach_owner
+        cb.drop_owner = _drop_owner
         conn._lookup = lookup
         conn._local = local
         conn._peer = peer
@@ -138,14 +154,17 @@ cdef class Connection:
             conn._transport = _transport_of(fd)
             t = fb_transport_socket(fd)
         else:
-            memfd, data_fd, room_fd, side = shared
+            if len(shared) == 4:                 # no lending either way
+                shared = (*shared, -1, None, -1)
+            memfd, data_fd, room_fd, side, peer_arena, lend_pool, pidfd = shared
             conn._transport = "shm"
             err[0] = 0
             t = fb_transport_shm(fd, memfd, data_fd, room_fd, side, err, sizeof(err))
             if t == NULL:
                 import os
-                for owned in (fd, data_fd, room_fd):
-                    os.close(owned)
+                for owned in (fd, data_fd, room_fd, pidfd):
+                    if owned >= 0:
+                        os.close(owned)
                 raise RemoteConnectionError(
                     f"cannot share memory with {peer}: {err.decode('utf-8', 'replace')}")
         if t == NULL:
@@ -154,7 +173,21 @@ cdef class Connection:
             raise MemoryError("cannot allocate a connection")
         conn._c = fb_conn_new(t, segment_size, &cb, io_timeout)   # owns t, even if it fails
         if conn._c == NULL:
+            if pidfd >= 0:
+                import os
+                os.close(pidfd)
             raise MemoryError("cannot allocate a connection")
+        if lend_pool is not None and pidfd >= 0:
+            # (what is lent keeps its partition, so its pool and arena, alive)
+            if fb_conn_lend(conn._c, &lend_pool._c, pidfd) != 0:    # takes pidfd
+                import os
+                os.close(pidfd)
+        elif pidfd >= 0:
+            import os
+            os.close(pidfd)
+        if peer_arena >= 0 and fb_conn_borrow(conn._c, peer_arena, err, sizeof(err)) != 0:
+            raise RemoteConnectionError(
+                f"cannot read the buffers {peer} lends: {err.decode('utf-8', 'replace')}")
         fb_conn_set_caller_sends(conn._c, caller_sends)
         fb_conn_set_direct_reads(conn._c, direct_reads)
         if fb_conn_start(conn._c) != FB_OK:
@@ -215,7 +248,9 @@ cdef class Connection:
     def stats(self):
         """Bytes, frames and buffers in and out so far; ``frames_in_direct``:
         of ``frames_in``, those a consumer's thread waiting on its gate read
-        from the socket itself."""
+        from the socket itself; ``buffers_lent`` / ``buffers_borrowed``:
+        over shared memory, this side's buffers the peer reads in place now,
+        and the peer's this side does."""
         self._check()
         cdef fb_conn_stats_t st
         fb_conn_stats(self._c, &st)
@@ -223,7 +258,9 @@ cdef class Connection:
                 "bytes_in": st.bytes_in, "bytes_out": st.bytes_out,
                 "frames_in": st.frames_in, "frames_out": st.frames_out,
                 "buffers_in": st.buffers_in, "buffers_out": st.buffers_out,
-                "frames_in_direct": st.frames_in_direct}
+                "frames_in_direct": st.frames_in_direct,
+                "buffers_lent": fb_conn_lent(self._c),
+                "buffers_borrowed": fb_conn_borrowed(self._c)}
 
     @property
     def num_channels(self):

@@ -9,6 +9,7 @@ import logging
 import os
 import selectors
 import socket
+import struct
 import sys
 import threading
 import time
@@ -30,6 +31,7 @@ from flinkbuf.network._network import (
     Connection,
     FloatingBuffers,
     RemoteInputChannel,
+    _memfd_of,
     _shm_region,
     make_floating_buffers,
 )
@@ -48,11 +50,34 @@ Transport = Literal["auto", "tcp", "unix", "shm"]
 ChannelSpec = tuple[Address, str, int]
 
 
+_SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)
+_UCRED = struct.Struct("3i")
+
+
+def _peer_pidfd(sock: socket.socket) -> int:
+    """A pidfd of the process at the other end of a Unix socket (its end
+    gives back the buffers lent to it), or -1 when that is this process or
+    no pidfd can be had: then nothing is lent."""
+    try:
+        pid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                            _UCRED.size))[0]
+        if pid <= 0 or pid == os.getpid():
+            return -1
+        try:
+            return int(sock.getsockopt(socket.SOL_SOCKET, _SO_PEERPIDFD))
+        except OSError:
+            return os.pidfd_open(pid)
+    except (OSError, AttributeError):
+        return -1
+
+
 class ConnectionCounters(TypedDict):
     """What :meth:`Connection.stats` returns: the transport and the bytes,
     frames and buffers in and out so far (``frames_in_direct``: of
     ``frames_in``, those a consumer's thread waiting on its gate read
-    itself)."""
+    itself), and, over shared memory, the buffers of this side's the peer
+    reads in place now (``buffers_lent``) and the peer's this side does
+    (``buffers_borrowed``)."""
 
     transport: Literal["unix", "tcp", "shm"]
     bytes_in: int
@@ -62,6 +87,8 @@ class ConnectionCounters(TypedDict):
     buffers_in: int
     buffers_out: int
     frames_in_direct: int
+    buffers_lent: int
+    buffers_borrowed: int
 
 
 class ConnectionStats(ConnectionCounters):
@@ -295,7 +322,9 @@ class NetworkEnvironment:
         self._secret = secret
         self._caller_sends = _switch(caller_sends, "caller_sends", "FLINKBUF_NET_CALLER_SENDS")
         self._direct_reads = _switch(direct_reads, "direct_reads", "FLINKBUF_NET_DIRECT_READS")
-        self._nbp = NetworkBufferPool(num_segments, segment_size)
+        # Shared (where Unix sockets are): a peer on this host that connects
+        # over shared memory reads this process's buffers in place.
+        self._nbp = NetworkBufferPool(num_segments, segment_size, shared_memory=_UNIX)
         self._segment_size = segment_size
         self._lock = threading.Lock()
         self._partitions: dict[str, ResultPartition] = {}
@@ -594,8 +623,8 @@ class NetworkEnvironment:
             raise
         shared = None
         if shared_fds is not None:
-            memfd, data_fd, room_fd = shared_fds
-            shared = (memfd, data_fd, room_fd, 1)
+            memfd, data_fd, room_fd, *arena = shared_fds
+            shared = (memfd, data_fd, room_fd, 1, arena[0] if arena else -1, None, -1)
         try:
             return Connection._open(fd, self._segment_size, self._lookup, self._address_text,
                                     address, self._io_timeout, self._caller_sends,
@@ -603,6 +632,8 @@ class NetworkEnvironment:
         finally:
             if shared is not None:
                 os.close(shared[0])             # the memfd: mapped, or refused
+                if shared[4] >= 0:
+                    os.close(shared[4])         # the server's arena: likewise
 
     def _accept_loop(self) -> None:
         """Accept connections and run their handshakes, many at a time in
@@ -693,10 +724,15 @@ class NetworkEnvironment:
             if hs.shared_fds is not None:
                 memfd, data0, room0, data1, room1 = hs.shared_fds
                 hs.shared_fds = None
+                arena = _memfd_of(self._nbp)
+                pidfd = _peer_pidfd(sock) if arena >= 0 else -1   # -1: we lend nothing
+                if pidfd < 0:
+                    arena = -1
                 try:
-                    handshake.send_setup(sock, [memfd, data1, room1])
+                    handshake.send_setup(sock, [memfd, data1, room1]
+                                         + ([arena] if arena >= 0 else []))
                 except OSError as exc:
-                    for fd in (memfd, data0, room0):
+                    for fd in (memfd, data0, room0) + ((pidfd,) if pidfd >= 0 else ()):
                         os.close(fd)
                     sock.close()
                     log.warning("could not pass shared memory to %s: %s", hs.peer[0], exc)
@@ -704,7 +740,7 @@ class NetworkEnvironment:
                 finally:
                     os.close(data1)
                     os.close(room1)
-                shared = (memfd, data0, room0)
+                shared = (memfd, data0, room0, pidfd)
             sock.setblocking(True)
             self._start_accepted(sock.detach(), hs.peer[0], shared)
 
@@ -720,23 +756,26 @@ class NetworkEnvironment:
         return _shm_region(self._segment_size)
 
     def _start_accepted(self, fd: int, advertised: str,
-                        shared: tuple[int, int, int] | None = None) -> None:
+                        shared: tuple[int, int, int, int] | None = None) -> None:
         """Run an authenticated connection; ``shared`` is the shared-memory
-        region's memfd (closed here) and this side's doorbells (owned from
-        here on)."""
+        region's memfd (closed here), this side's doorbells (owned from
+        here on) and a pidfd of the peer process (-1: none; owned from here
+        on), to which this side lends its buffers."""
         try:
             with self._lock:
                 if self._closed:
                     os.close(fd)
                     if shared is not None:
-                        os.close(shared[1])
-                        os.close(shared[2])
+                        for own in shared[1:]:
+                            if own >= 0:
+                                os.close(own)
                     return
                 try:
-                    conn = Connection._open(fd, self._segment_size, self._lookup,
-                                            self._address_text, advertised, self._io_timeout,
-                                            self._caller_sends, self._direct_reads,
-                                            None if shared is None else (*shared, 0))
+                    conn = Connection._open(
+                        fd, self._segment_size, self._lookup, self._address_text, advertised,
+                        self._io_timeout, self._caller_sends, self._direct_reads,
+                        None if shared is None else (shared[0], shared[1], shared[2], 0, -1,
+                                                     self._nbp, shared[3]))
                 except (RemoteConnectionError, MemoryError) as exc:
                     log.warning("could not start a connection from %s: %s", advertised, exc)
                     return

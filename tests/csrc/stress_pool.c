@@ -81,7 +81,7 @@ int main(int argc, char **argv)
     int64_t requested = 0;
     if (argc > 1)
         iterations = atoi(argv[1]);
-    CHECK(fb_netpool_init(&np, NUM_SEGMENTS, SEGMENT_SIZE, 4096) == FB_OK);
+    CHECK(fb_netpool_init(&np, NUM_SEGMENTS, SEGMENT_SIZE, 4096, 0) == FB_OK);
     CHECK(fb_localpool_create(&np, &pools[0], 4, FB_UNBOUNDED, 0, FB_UNBOUNDED, 0) == FB_OK);
     CHECK(fb_localpool_create(&np, &pools[1], 4, 16, 4, 3, 0) == FB_OK);
     CHECK(fb_localpool_create(&np, &pools[2], 2, 4, 0, FB_UNBOUNDED, 2) == FB_OK);

@@ -1,0 +1,319 @@
+/* Lending segments across processes (lease.h). */
+#define _GNU_SOURCE
+#include "network/lease.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "buffer/arena.h"   /* FB_CACHE_LINE (arena.c is not linked here) */
+
+struct fb_lease {
+    fb_localpool_t lp;          /* first: an item's pool is the lease */
+    fb_netpool_t shell;         /* locates segments only (pool.h) */
+    pthread_mutex_t mu;
+    void *map;
+    size_t map_size;
+    uint8_t *held;              /* per segment: lent to us, not yet recycled */
+    int32_t num_held;
+    int refs;                   /* the connection's, and one per held segment */
+    fb_lease_release_t release;
+    void *release_arg;
+};
+
+static size_t stride_of(int32_t segment_size)
+{
+    return ((size_t)segment_size + FB_CACHE_LINE - 1) & ~(size_t)(FB_CACHE_LINE - 1);
+}
+
+static void lease_free(fb_lease_t *l)
+{
+    munmap(l->map, l->map_size);
+    pthread_mutex_destroy(&l->mu);
+    free(l->held);
+    free(l);
+}
+
+static int lease_recycle(fb_localpool_t *lp, int32_t index);
+static int lease_request(fb_localpool_t *lp, int32_t channel, int32_t *index)
+{
+    (void)lp; (void)channel; (void)index;
+    return FB_EDESTROYED;       /* nobody requests a peer's segments */
+}
+
+static const fb_pool_ops_t lease_ops = {lease_request, lease_recycle, NULL, NULL, NULL,
+                                        NULL, NULL, NULL};
+
+static int lease_check(int memfd, int32_t segment_size, struct stat *st, char *err,
+                       size_t errlen)
+{
+    int seals = fcntl(memfd, F_GET_SEALS);
+    if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
+        snprintf(err, errlen, "the peer's buffer arena is not sealed against shrinking");
+        return -1;
+    }
+    if (fstat(memfd, st) != 0 || !S_ISREG(st->st_mode)) {
+        snprintf(err, errlen, "the peer's buffer arena is not a memory file");
+        return -1;
+    }
+    if (segment_size <= 0 || st->st_size < (off_t)stride_of(segment_size)
+            || (uint64_t)st->st_size / stride_of(segment_size) > INT32_MAX) {
+        snprintf(err, errlen, "the peer's buffer arena has %lld bytes, not a whole number "
+                 "of %d-byte segments", (long long)st->st_size, (int)segment_size);
+        return -1;
+    }
+    return 0;
+}
+
+fb_lease_t *fb_lease_map(int memfd, int32_t segment_size, char *err, size_t errlen)
+{
+    struct stat st;
+    fb_lease_t *l;
+    size_t stride;
+    if (lease_check(memfd, segment_size, &st, err, errlen) != 0)
+        return NULL;
+    stride = stride_of(segment_size);
+    l = calloc(1, sizeof(*l));
+    if (l == NULL || pthread_mutex_init(&l->mu, NULL) != 0) {
+        free(l);
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    l->map_size = (size_t)st.st_size;
+    l->shell.num_segments = (int32_t)(l->map_size / stride);
+    l->held = calloc((size_t)l->shell.num_segments, 1);
+    l->map = mmap(NULL, l->map_size, PROT_READ, MAP_SHARED, memfd, 0);
+    if (l->held == NULL || l->map == MAP_FAILED) {
+        snprintf(err, errlen, "cannot map the peer's buffer arena: %s",
+                 l->held == NULL ? "out of memory" : strerror(errno));
+        if (l->map != MAP_FAILED)
+            munmap(l->map, l->map_size);
+        pthread_mutex_destroy(&l->mu);
+        free(l->held);
+        free(l);
+        return NULL;
+    }
+    l->shell.base = l->map;
+    l->shell.stride = stride;
+    l->shell.segment_size = segment_size;
+    l->lp.ops = &lease_ops;
+    l->lp.net = &l->shell;
+    l->refs = 1;
+    return l;
+}
+
+void fb_lease_set_release(fb_lease_t *l, fb_lease_release_t fn, void *arg)
+{
+    pthread_mutex_lock(&l->mu);
+    l->release = fn;
+    l->release_arg = arg;
+    pthread_mutex_unlock(&l->mu);
+}
+
+int fb_lease_take(fb_lease_t *l, uint32_t segment, uint32_t size, fb_item_t *out)
+{
+    pthread_mutex_lock(&l->mu);
+    if (segment >= (uint32_t)l->shell.num_segments || size > (uint32_t)l->shell.segment_size
+            || l->held[segment]) {
+        pthread_mutex_unlock(&l->mu);
+        return EPROTO;
+    }
+    l->held[segment] = 1;
+    l->num_held++;
+    l->refs++;
+    pthread_mutex_unlock(&l->mu);
+    out->data = fb_segment_address(&l->shell, (int32_t)segment);
+    out->pool = &l->lp;
+    out->index = (int32_t)segment;
+    out->kind = FB_ITEM_DATA;
+    out->size = (int32_t)size;
+    return 0;
+}
+
+/* A held segment's recycle (any thread): released to the peer. */
+static int lease_recycle(fb_localpool_t *lp, int32_t index)
+{
+    fb_lease_t *l = (fb_lease_t *)lp;
+    int last;
+    pthread_mutex_lock(&l->mu);
+    if (index < 0 || index >= l->shell.num_segments || !l->held[index]) {
+        pthread_mutex_unlock(&l->mu);
+        return FB_ESTATE;
+    }
+    l->held[index] = 0;
+    l->num_held--;
+    if (l->release != NULL)
+        l->release(l->release_arg, (uint32_t)index);
+    last = --l->refs == 0;
+    pthread_mutex_unlock(&l->mu);
+    if (last)
+        lease_free(l);
+    return FB_OK;
+}
+
+void fb_lease_detach(fb_lease_t *l)
+{
+    int last;
+    pthread_mutex_lock(&l->mu);
+    l->release = NULL;
+    last = --l->refs == 0;
+    pthread_mutex_unlock(&l->mu);
+    if (last)
+        lease_free(l);
+}
+
+int fb_lease_is(const fb_localpool_t *lp)
+{
+    return lp != NULL && lp->ops == &lease_ops;
+}
+
+int32_t fb_lease_segments(const fb_lease_t *l)
+{
+    return l->shell.num_segments;
+}
+
+int32_t fb_lease_held(fb_lease_t *l)
+{
+    int32_t n;
+    pthread_mutex_lock(&l->mu);
+    n = l->num_held;
+    pthread_mutex_unlock(&l->mu);
+    return n;
+}
+
+/* ---- producer side ---------------------------------------------------------- */
+
+fb_owner_ref_t *fb_owner_ref_new(void *owner, void (*drop)(void *, void *), void *ctx)
+{
+    fb_owner_ref_t *ln = malloc(sizeof(*ln));
+    if (ln != NULL) {
+        ln->refs = 1;
+        ln->owner = owner;
+        ln->drop = drop;
+        ln->ctx = ctx;
+    }
+    return ln;
+}
+
+void fb_owner_ref_hold(fb_owner_ref_t *ln)
+{
+    __atomic_add_fetch(&ln->refs, 1, __ATOMIC_RELAXED);
+}
+
+void fb_owner_ref_put(fb_owner_ref_t *ln)
+{
+    if (__atomic_sub_fetch(&ln->refs, 1, __ATOMIC_ACQ_REL) == 0) {
+        ln->drop(ln->ctx, ln->owner);
+        free(ln);
+    }
+}
+
+int fb_lent_init(fb_lent_t *t, const fb_netpool_t *np)
+{
+    memset(t, 0, sizeof(*t));
+    t->pool = calloc((size_t)np->num_segments, sizeof(*t->pool));
+    t->lender = calloc((size_t)np->num_segments, sizeof(*t->lender));
+    if (t->pool == NULL || t->lender == NULL) {
+        fb_lent_free(t);
+        return ENOMEM;
+    }
+    t->np = np;
+    t->num_segments = np->num_segments;
+    return 0;
+}
+
+void fb_lent_put(fb_lent_t *t, int32_t segment, fb_localpool_t *pool, fb_owner_ref_t *ln)
+{
+    fb_owner_ref_hold(ln);
+    t->pool[segment] = pool;
+    t->lender[segment] = ln;
+    t->count++;
+}
+
+int fb_lent_take(fb_lent_t *t, uint32_t segment, fb_localpool_t **pool, fb_owner_ref_t **ln)
+{
+    if (t->np == NULL || segment >= (uint32_t)t->num_segments || t->pool[segment] == NULL)
+        return EPROTO;
+    *pool = t->pool[segment];
+    *ln = t->lender[segment];
+    t->pool[segment] = NULL;
+    t->lender[segment] = NULL;
+    t->count--;
+    return 0;
+}
+
+typedef struct reaper {
+    fb_lent_t t;
+    int pidfd;
+} reaper_t;
+
+static void give_back_all(fb_lent_t *t)
+{
+    int32_t k;
+    for (k = 0; t->count > 0 && k < t->num_segments; k++) {
+        if (t->pool[k] != NULL) {
+            t->pool[k]->ops->recycle(t->pool[k], k);
+            fb_owner_ref_put(t->lender[k]);
+            t->pool[k] = NULL;
+            t->count--;
+        }
+    }
+}
+
+static void *reaper_main(void *arg)
+{
+    reaper_t *r = arg;
+    struct pollfd p = {r->pidfd, POLLIN, 0};
+    while (poll(&p, 1, -1) < 0 && errno == EINTR)
+        ;
+    give_back_all(&r->t);
+    close(r->pidfd);
+    fb_lent_free(&r->t);
+    free(r);
+    return NULL;
+}
+
+void fb_lent_reap(fb_lent_t *t, int pidfd)
+{
+    reaper_t *r;
+    pthread_attr_t attr;
+    pthread_t th;
+    int started = 0;
+    if (t->count == 0 || pidfd < 0) {
+        if (pidfd >= 0)
+            close(pidfd);
+        fb_lent_free(t);     /* (pidfd < 0: what is lent stays out) */
+        return;
+    }
+    r = malloc(sizeof(*r));
+    if (r != NULL && pthread_attr_init(&attr) == 0) {
+        r->t = *t;
+        r->pidfd = pidfd;
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        pthread_attr_setstacksize(&attr, 64 * 1024);
+        started = pthread_create(&th, &attr, reaper_main, r) == 0;
+        pthread_attr_destroy(&attr);
+    }
+    if (started) {
+        memset(t, 0, sizeof(*t));
+        return;
+    }
+    /* No thread to wait with: what is lent stays out (never reused). */
+    free(r);
+    close(pidfd);
+    fb_lent_free(t);
+}
+
+void fb_lent_free(fb_lent_t *t)
+{
+    free(t->pool);
+    free(t->lender);
+    memset(t, 0, sizeof(*t));
+}

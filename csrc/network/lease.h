@@ -1,0 +1,90 @@
+/* Lending segments across processes: over the shared-memory transport a
+ * producer whose pool is a shared arena (buffer/arena.h) sends a consumer
+ * on this host the number of the segment a buffer is in, not its bytes
+ * (BUFFER_LENT); the consumer, which mapped that arena read-only, reads the
+ * segment in place and names it in a RELEASE once its buffer is recycled.
+ *
+ * Consumer side, fb_lease_t: the peer's arena mapped read-only, and which
+ * of its segments this process holds.  A held segment is an fb_item_t whose
+ * pool is the lease's (fb_lease_pool): its recycle, in any thread, hands it
+ * to the release function (which queues the RELEASE) until the connection
+ * detaches; the mapping stays until the last held segment is recycled.
+ *
+ * Producer side, fb_lent_t: what this process lent to one peer (segment ->
+ * the pool it returns to, and its owner's reference).  A segment goes back
+ * to its pool only when the peer released it, or when the peer process
+ * ended (fb_lent_reap): never while the other side may still read it.
+ *
+ * Locking: each lease has its own mutex, held while the release function
+ * runs (which may take its connection's lock: order lease -> connection);
+ * a lent table is the caller's to lock.  No Python API. */
+#ifndef FLINKBUF_LEASE_H
+#define FLINKBUF_LEASE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "buffer/pool.h"
+#include "io/exchange.h"
+
+typedef struct fb_lease fb_lease_t;
+
+/* Called with a released segment's number (the lease's lock held). */
+typedef void (*fb_lease_release_t)(void *arg, uint32_t segment);
+
+/* Map the arena in `memfd` (the peer's; not kept: the caller closes it)
+ * read-only, for segments of segment_size bytes.  It must be sealed
+ * against shrinking (no SIGBUS under a reader).  NULL with why in err. */
+fb_lease_t *fb_lease_map(int memfd, int32_t segment_size, char *err, size_t errlen);
+/* Where releases go from now on (NULL: nowhere). */
+void fb_lease_set_release(fb_lease_t *l, fb_lease_release_t fn, void *arg);
+/* A BUFFER_LENT named `segment` with `size` bytes: *out is the item that
+ * holds it.  0, or EPROTO when the segment is outside the arena or held
+ * already (the producer lent it twice). */
+int fb_lease_take(fb_lease_t *l, uint32_t segment, uint32_t size, fb_item_t *out);
+/* The connection is gone: no more releases; its reference goes (the lease
+ * is freed once nothing is held). */
+void fb_lease_detach(fb_lease_t *l);
+/* 1 if lp is a lease's pool (an item of it is a lent segment). */
+int fb_lease_is(const fb_localpool_t *lp);
+/* Segments held now; segments the arena has. */
+int32_t fb_lease_held(fb_lease_t *l);
+int32_t fb_lease_segments(const fb_lease_t *l);
+
+/* ---- producer side ---------------------------------------------------------- */
+
+/* Who keeps a lent segment's pool alive: a reference-counted owner (the
+ * served partition), dropped with drop(ctx, owner) when the last one goes. */
+typedef struct fb_owner_ref {
+    int refs;                               /* atomic */
+    void *owner;
+    void (*drop)(void *ctx, void *owner);
+    void *ctx;
+} fb_owner_ref_t;
+
+fb_owner_ref_t *fb_owner_ref_new(void *owner, void (*drop)(void *, void *), void *ctx);
+void fb_owner_ref_hold(fb_owner_ref_t *ln);
+void fb_owner_ref_put(fb_owner_ref_t *ln);
+
+typedef struct fb_lent {
+    const fb_netpool_t *np;                 /* the arena lent from */
+    int32_t num_segments;                   /* its segments (np may go before the table) */
+    fb_localpool_t **pool;                  /* per segment: where it returns, NULL: not lent */
+    fb_owner_ref_t **lender;
+    int32_t count;
+} fb_lent_t;
+
+/* 0 or ENOMEM. */
+int fb_lent_init(fb_lent_t *t, const fb_netpool_t *np);
+/* Record a lent segment (takes a reference of ln). */
+void fb_lent_put(fb_lent_t *t, int32_t segment, fb_localpool_t *pool, fb_owner_ref_t *ln);
+/* The peer released `segment`: 0 and what to give it back to, or EPROTO
+ * when it was not lent. */
+int fb_lent_take(fb_lent_t *t, uint32_t segment, fb_localpool_t **pool, fb_owner_ref_t **ln);
+/* The connection is over: whatever is still lent goes back once the peer
+ * process (pidfd, which this takes) has ended, in a thread of its own;
+ * with pidfd < 0, never.  The table is empty afterwards (and freed). */
+void fb_lent_reap(fb_lent_t *t, int pidfd);
+void fb_lent_free(fb_lent_t *t);
+
+#endif

@@ -1,0 +1,161 @@
+/* A connection's side of lending (network/lease.h): buffers of a shared
+ * pool go to a peer on this host as BUFFER_LENT frames naming their
+ * segment, the peer's RELEASE frames give them back; buffers lent by the
+ * peer are read in place from its arena, mapped read-only. */
+#define _GNU_SOURCE
+#include "network/connection_internal.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+int fb_conn_lend(fb_conn_t *c, const fb_netpool_t *np, int pidfd)
+{
+    if (fb_lent_init(&c->lent, np) != 0)
+        return ENOMEM;
+    c->lend_np = np;
+    c->peer_pidfd = pidfd;
+    return 0;
+}
+
+/* A held segment of the peer's was recycled (any thread, the lease's lock
+ * held): the writer names it in its next RELEASE. */
+static void lease_released(void *arg, uint32_t segment)
+{
+    fb_conn_t *c = arg;
+    pthread_mutex_lock(&c->rel_mu);
+    c->rel[c->nrel++] = segment;      /* each segment at most once: held once */
+    pthread_mutex_unlock(&c->rel_mu);
+    notify_writer(c, 0);
+}
+
+int fb_conn_borrow(fb_conn_t *c, int memfd, char *err, size_t errlen)
+{
+    fb_lease_t *l = fb_lease_map(memfd, c->segment_size, err, errlen);
+    if (l == NULL)
+        return -1;
+    c->rel = malloc(sizeof(uint32_t) * (size_t)fb_lease_segments(l));
+    if (c->rel == NULL) {
+        fb_lease_detach(l);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    c->lease = l;
+    fb_lease_set_release(l, lease_released, c);
+    return 0;
+}
+
+int32_t fb_conn_lent(fb_conn_t *c)
+{
+    int32_t n;
+    pthread_mutex_lock(&c->mu);
+    n = c->lent.count;
+    pthread_mutex_unlock(&c->mu);
+    return n;
+}
+
+int32_t fb_conn_borrowed(fb_conn_t *c)
+{
+    return c->lease != NULL ? fb_lease_held(c->lease) : 0;
+}
+
+int lend_locked(fb_conn_t *c, outchan_t *oc, const fb_item_t *item)
+{
+    if (item->pool == NULL || item->pool->net != c->lend_np || item->kind != FB_ITEM_DATA)
+        return 0;
+    fb_lent_put(&c->lent, item->index, item->pool, oc->ref);
+    return 1;
+}
+
+char *put_releases_locked(fb_conn_t *c, char *p, char *end, int *more)
+{
+    uint32_t n;
+    pthread_mutex_lock(&c->rel_mu);
+    while (c->nrel > 0 && end - p >= (ptrdiff_t)FB_NET_MAX_CONTROL_FRAME) {
+        n = (uint32_t)c->nrel < RELEASE_BATCH ? (uint32_t)c->nrel : RELEASE_BATCH;
+        c->nrel -= (int32_t)n;
+        p = fb_wire_put_release(p, c->rel + c->nrel, n);
+    }
+    *more = c->nrel > 0;
+    pthread_mutex_unlock(&c->rel_mu);
+    return p;
+}
+
+int read_lent(fb_conn_t *c, const fb_wire_frame_t *f)
+{
+    const fb_wire_lent_t *b = &f->u.lent;
+    fb_inchan_t *ch;
+    fb_item_t item;
+    int32_t slot;
+    if (c->lease == NULL)
+        return protocol_error(c, "a lent buffer, but no arena of the peer is mapped");
+    if (fb_lease_take(c->lease, b->segment, b->size, &item) != 0)
+        return protocol_error(c, "a lent buffer in segment %u, which is outside the peer's "
+                              "arena or lent already", b->segment);
+    pthread_mutex_lock(&c->mu);
+    slot = in_lookup(c, f->receiver_id);
+    ch = slot >= 0 ? c->ins[slot] : NULL;
+    if (ch == NULL || ch->state != CH_REQUESTED || b->sequence != ch->next_seq) {
+        uint32_t issued = c->next_receiver_id, expected = ch != NULL ? ch->next_seq : 0;
+        int gap = ch != NULL && ch->state == CH_REQUESTED;
+        pthread_mutex_unlock(&c->mu);
+        fb_item_dispose(&item);               /* released at once */
+        if (gap)
+            return protocol_error(c, "sequence gap on receiver id %u: got %u, expected %u",
+                                  f->receiver_id, b->sequence, expected);
+        if (f->receiver_id == 0 || f->receiver_id >= issued)
+            return protocol_error(c, "a buffer for receiver id %u, which was never issued",
+                                  f->receiver_id);
+        return 0;                              /* a channel that ended */
+    }
+    ch->next_seq++;
+    inchan_incref(ch);
+    pthread_mutex_unlock(&c->mu);
+    stat_add(&c->stats.frames_in, 1);
+    stat_add(&c->stats.buffers_in, 1);
+    buffer_deliver(c, ch, &item, 0, 0);       /* no backlog: lent buffers need no credit */
+    fb_inchan_decref(ch);
+    return 0;
+}
+
+int read_release(fb_conn_t *c, const fb_wire_frame_t *f)
+{
+    uint32_t k, segment;
+    fb_localpool_t *pool;
+    fb_owner_ref_t *ref;
+    int rc;
+    for (k = 0; k < f->u.release.count; k++) {
+        segment = fb_wire_release_segment(&f->u.release, k);
+        pthread_mutex_lock(&c->mu);
+        rc = c->lend_np != NULL ? fb_lent_take(&c->lent, segment, &pool, &ref) : EPROTO;
+        pthread_mutex_unlock(&c->mu);
+        if (rc != 0)
+            return protocol_error(c, "a release of segment %u, which was not lent", segment);
+        pool->ops->recycle(pool, (int32_t)segment);
+        fb_owner_ref_put(ref);
+    }
+    return 0;
+}
+
+void lending_detach(fb_conn_t *c)
+{
+    if (c->lease != NULL) {
+        fb_lease_detach(c->lease);     /* waits out a release in progress */
+        c->lease = NULL;
+    }
+}
+
+void lending_end(fb_conn_t *c)
+{
+    pthread_mutex_lock(&c->mu);
+    if (c->lend_np != NULL)
+        fb_lent_reap(&c->lent, c->peer_pidfd);      /* takes the pidfd, empties the table */
+    else if (c->peer_pidfd >= 0)
+        close(c->peer_pidfd);
+    c->lend_np = NULL;
+    c->peer_pidfd = -1;
+    pthread_mutex_unlock(&c->mu);
+    free(c->rel);
+    c->rel = NULL;
+}

@@ -1,0 +1,6 @@
+# csrc/network/lease.h: segments lent across processes over shared memory.
+from flinkbuf.csrc.pool cimport fb_localpool_t
+
+
+cdef extern from "network/lease.h" nogil:
+    int fb_lease_is(const fb_localpool_t *lp)

@@ -1,0 +1,158 @@
+"""Lent buffers over shared memory: a producer in another process on this
+host sends the consumer the segment a buffer is in, not its bytes; the
+consumer reads the producer's arena in place, read-only, and its recycle
+gives the segment back.  Nothing is reused while the other side may read
+it, and a process killed with SIGKILL gives back what it held."""
+
+import fcntl
+import mmap
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from flinkbuf.buffer import NetworkBufferPool
+from flinkbuf.io import RecordWriter, create_partition
+from flinkbuf.network import NetworkEnvironment
+from helpers import wait_until
+from network_helpers import SECRET, pool_arenas_held, shared_memory_held
+
+pytestmark = pytest.mark.one_transport
+
+F_GET_SEALS = getattr(fcntl, "F_GET_SEALS", 1034)
+F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_FUTURE_WRITE = 0x2, 0x4, 0x10
+
+PRODUCER = textwrap.dedent("""
+    import sys
+    from flinkbuf.io import RecordWriter, create_partition
+    from flinkbuf.network import NetworkEnvironment
+    env = NetworkEnvironment(64, 32768, secret=bytes.fromhex(sys.argv[1]), transport="shm")
+    part = create_partition(env.network_buffer_pool, 1, min_buffers=8)
+    env.register_partition("p", part)
+    print("%s:%d" % env.address, flush=True)
+    with RecordWriter(part, codec="bytes", buffer_timeout=0) as w:
+        for i in range(int(sys.argv[2])):
+            w.emit(i.to_bytes(8, "little") * 512)
+    sys.stdin.read()
+""")
+
+CONSUMER = textwrap.dedent("""
+    import sys, time
+    from flinkbuf.network import NetworkEnvironment
+    env = NetworkEnvironment(64, 32768, secret=bytes.fromhex(sys.argv[1]), transport="shm")
+    gate = env.create_input_gate([(sys.argv[2], "p", 0)], codec="bytes")
+    next(gate)
+    print("reading", flush=True)
+    time.sleep(120)           # holds what the channel received, until killed
+""")
+
+
+def arena_fds():
+    fds = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if "memfd:flinkbuf-pool" in os.readlink(f"/proc/self/fd/{fd}"):
+                fds.append(int(fd))
+        except OSError:
+            pass
+    return fds
+
+
+def record(i):
+    return i.to_bytes(8, "little") * 512
+
+
+def spawn(src, *args):
+    return subprocess.Popen([sys.executable, "-c", src, SECRET.hex(), *map(str, args)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+def test_a_shared_pool_can_be_mapped_only_for_reading():
+    """A shared pool's arena is a sealed memfd: it cannot shrink or grow,
+    and nobody given its descriptor can map it writable."""
+    before = arena_fds()
+    with NetworkBufferPool(4, 4096, shared_memory=True) as nbp:
+        assert nbp.shared_memory
+        fds = [fd for fd in arena_fds() if fd not in before]
+        assert len(fds) == 1
+        fd = fds[0]
+        seals = fcntl.fcntl(fd, F_GET_SEALS)
+        assert seals & F_SEAL_SHRINK and seals & F_SEAL_GROW and seals & F_SEAL_FUTURE_WRITE
+        with pytest.raises(PermissionError):
+            mmap.mmap(fd, 4096, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        with pytest.raises(OSError):
+            os.ftruncate(fd, 0)
+        view = mmap.mmap(fd, 4096, mmap.MAP_SHARED, mmap.PROT_READ)
+        buf = nbp.create_buffer_pool(1, 1).request_buffer()
+        buf.write(b"seen by a reader")
+        assert view[:16] == b"seen by a reader"
+        view.close()
+        buf.recycle()
+    assert not NetworkBufferPool(4, 4096).shared_memory
+    with pytest.raises(TypeError):
+        NetworkBufferPool(4, 4096, shared_memory=1)
+
+
+def test_buffers_of_a_producer_in_another_process_are_lent_not_copied():
+    """Records from a producer process arrive exactly, its buffers come as
+    segment numbers (a few bytes per buffer on the wire) and every one is
+    given back once read."""
+    n = 4000
+    prod = spawn(PRODUCER, n)
+    cons = NetworkEnvironment(64, 32768, secret=SECRET, transport="shm")
+    try:
+        address = prod.stdout.readline().strip()
+        gate = cons.create_input_gate([(address, "p", 0)], codec="bytes")
+        got = 0
+        for i, rec in enumerate(gate):
+            assert rec == record(i)
+            got += 1
+        assert got == n
+        [stats] = cons.connection_stats()
+        assert stats["transport"] == "shm"
+        assert stats["buffers_in"] > 0
+        # 4 KiB records: the payload never crossed the rings
+        assert stats["bytes_in"] < 64 * stats["buffers_in"], stats
+        assert stats["buffers_borrowed"] == 0
+        assert any(perm == "r--s" for perm in pool_arenas_held())
+        gate.close()
+    finally:
+        prod.stdin.close()
+        prod.wait(30)
+        cons.close()
+    assert wait_until(lambda: shared_memory_held() == [], 10), shared_memory_held()
+
+
+@pytest.mark.parametrize("held", [True, False])
+def test_a_consumer_killed_holding_lent_buffers_gives_them_back(held):
+    """A consumer process killed with SIGKILL while it holds lent buffers:
+    the producer gets every segment back (its pool is whole again), and
+    nothing is left mapped or open."""
+    env = NetworkEnvironment(64, 32768, secret=SECRET, transport="shm")
+    part = create_partition(env.network_buffer_pool, 1, min_buffers=4, max_buffers=16)
+    env.register_partition("p", part)
+    cons = spawn(CONSUMER, "%s:%d" % env.address)
+    try:
+        w = RecordWriter(part, codec="bytes", buffer_timeout=0)
+        for i in range(12 if held else 1):
+            w.emit(record(i) * 7)
+        w.flush()
+        assert cons.stdout.readline().strip() == "reading"
+        lent = lambda: sum(s["buffers_lent"] for s in env.connection_stats())  # noqa: E731
+        if held:
+            assert wait_until(lambda: lent() >= 2, 10), env.connection_stats()
+        os.kill(cons.pid, signal.SIGKILL)
+        cons.wait(10)
+        # the peer's end returns them: nothing of the pool is out any more
+        pool = part.pool
+        assert wait_until(lambda: pool.num_requested == pool.num_available, 10), \
+            (pool.num_requested, pool.num_available, env.connection_stats())
+    finally:
+        if cons.poll() is None:
+            cons.kill()
+            cons.wait()
+        env.close()
+    assert wait_until(lambda: shared_memory_held() == [], 10), shared_memory_held()
