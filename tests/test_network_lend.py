@@ -156,3 +156,86 @@ def test_a_consumer_killed_holding_lent_buffers_gives_them_back(held):
             cons.wait()
         env.close()
     assert wait_until(lambda: shared_memory_held() == [], 10), shared_memory_held()
+
+
+LIVING_CONSUMER = textwrap.dedent("""
+    import sys, time
+    from flinkbuf.network import NetworkEnvironment
+    env = NetworkEnvironment(64, 32768, secret=bytes.fromhex(sys.argv[1]), transport="shm",
+                             exclusive_buffers_per_channel=2, floating_buffers_per_gate=0)
+    gate = env.create_input_gate([(sys.argv[2], "p", 0)], codec="bytes")
+    for _ in range(int(sys.argv[3])):
+        next(gate)
+    print("reading", flush=True)
+    sys.stdin.readline()
+    gate.close()              # a task ends: its gate, then its environment,
+    env.close()               # and the connection; this process lives on
+    print("closed", flush=True)
+    sys.stdin.read()
+""")
+
+
+@pytest.mark.parametrize("reads", [1, 3])
+def test_a_consumer_that_lives_on_gives_back_what_it_let_go_of(reads):
+    """A consumer process that ends its connection and lives on (a reused
+    worker) gives back every lent segment it no longer holds, those it
+    never read among them, without exiting; while it reads, what it holds
+    lent is bounded by its credit (2 exclusive buffers, no floating)."""
+    env = NetworkEnvironment(64, 32768, secret=SECRET, transport="shm")
+    part = create_partition(env.network_buffer_pool, 1, min_buffers=4, max_buffers=16)
+    env.register_partition("p", part)
+    cons = spawn(LIVING_CONSUMER, "%s:%d" % env.address, reads)
+    pool = part.pool
+    try:
+        w = RecordWriter(part, codec="bytes", buffer_timeout=0)
+        for i in range(12):
+            w.emit(record(i) * 7)
+        w.flush()
+        assert cons.stdout.readline().strip() == "reading"
+        lent = lambda: sum(s["buffers_lent"] for s in env.connection_stats())  # noqa: E731
+        assert wait_until(lambda: lent() == 2, 10), env.connection_stats()
+        assert not wait_until(lambda: lent() > 2, 0.5), env.connection_stats()
+        assert part.subpartition(0).backlog > 0     # the rest waits for credit
+        cons.stdin.write("close\n")
+        cons.stdin.flush()
+        assert cons.stdout.readline().strip() == "closed"
+        assert wait_until(lambda: pool.num_requested == pool.num_available, 10), \
+            (pool.num_requested, pool.num_available, env.connection_stats())
+        assert cons.poll() is None                  # it gave them back alive
+    finally:
+        cons.kill()
+        cons.wait()
+        env.close()
+    assert wait_until(lambda: shared_memory_held() == [], 10), shared_memory_held()
+
+
+def test_a_producer_killed_while_lent_buffers_are_held():
+    """The producer process killed with SIGKILL while this consumer holds
+    its lent buffers: what arrived reads exactly, the gate then fails
+    within its timeout, and nothing of the dead producer stays mapped."""
+    prod = spawn(PRODUCER, 2000)
+    cons = NetworkEnvironment(64, 32768, secret=SECRET, transport="shm", io_timeout=5)
+    try:
+        address = prod.stdout.readline().strip()
+        gate = cons.create_input_gate([(address, "p", 0)], codec="bytes")
+        it = iter(gate)
+        assert next(it) == record(0)
+        held = lambda: sum(s["buffers_borrowed"] for s in cons.connection_stats())  # noqa
+        assert wait_until(lambda: held() >= 2, 10), cons.connection_stats()
+        os.kill(prod.pid, signal.SIGKILL)
+        prod.wait(10)
+        got, error = 1, None
+        try:
+            for i, rec in enumerate(it, start=1):
+                assert rec == record(i)
+                got += 1
+        except Exception as exc:                       # noqa: BLE001 - checked below
+            error = exc
+        assert error is not None and got < 2000, got
+        gate.close()
+    finally:
+        if prod.poll() is None:
+            prod.kill()
+            prod.wait()
+        cons.close()
+    assert wait_until(lambda: shared_memory_held() == [], 10), shared_memory_held()

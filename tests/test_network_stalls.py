@@ -39,7 +39,10 @@ def connect_as_peer(address, transport):
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     _, _, fds = handshake.client(sock, SECRET, "127.0.0.1:1", SEG, 5.0,
                                  shared_memory=transport == "shm")
-    peer = sock if fds is None else RingSocket(sock, *fds, side=1)
+    if fds is not None:
+        for lent in fds[3:]:            # the server's arena and ledger: this peer borrows nothing
+            os.close(lent)
+    peer = sock if fds is None else RingSocket(sock, *fds[:3], side=1)
     peer.settimeout(5.0)
     return peer
 

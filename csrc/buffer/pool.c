@@ -388,10 +388,26 @@ static int localpool_ready(fb_localpool_t *lp)
     return ready;
 }
 
+static void localpool_release_channel(fb_localpool_t *lp, int32_t index)
+{
+    fb_netpool_t *np = lp->net;
+    int32_t ch;
+    pthread_mutex_lock(&np->mu);
+    if (index >= 0 && index < np->num_segments && np->state[index] == FB_SEG_OUT
+            && (ch = np->channel[index]) >= 0) {
+        if (lp->channel_count[ch]-- == lp->max_per_channel) {
+            lp->num_unavailable_channels--;
+            wake_pool_locked(lp);
+        }
+        np->channel[index] = FB_NO_CHANNEL;
+    }
+    pthread_mutex_unlock(&np->mu);
+}
+
 static const fb_pool_ops_t fb_pool_ops = {
     fb_localpool_request, fb_localpool_recycle, fb_localpool_set_recycle_hook,
     localpool_set_waiter, localpool_clear_waiter, localpool_direct_begin,
-    localpool_direct_end, localpool_ready};
+    localpool_direct_end, localpool_ready, localpool_release_channel};
 
 int fb_localpool_create(fb_netpool_t *np, fb_localpool_t *lp, int32_t min_buffers,
                         int32_t max_buffers, int32_t num_subpartitions,

@@ -65,6 +65,10 @@ typedef struct fb_pool_ops {
     void (*direct_end)(fb_localpool_t *lp);
     /* A buffer may be free, or the pool was destroyed (a racy look). */
     int (*ready)(fb_localpool_t *lp);
+    /* A handed-out segment stops counting toward its channel's cap (it left
+     * its subpartition for a consumer that holds it on a credit of its own,
+     * as a copied one would); a blocked request may go on. */
+    void (*release_channel)(fb_localpool_t *lp, int32_t index);
 } fb_pool_ops_t;
 
 typedef struct fb_netpool {

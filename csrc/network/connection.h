@@ -82,12 +82,14 @@ fb_conn_t *fb_conn_new(fb_transport_t *t, int32_t segment_size, const fb_conn_ca
                        double io_timeout);
 /* Before the start, over shared memory with another process on this host:
  * buffers of `np` (a shared pool, whose memfd the peer mapped) are lent,
- * not copied; `pidfd` (taken) is the peer process, whose end gives back
- * what it still holds.  0, or ENOMEM. */
-int fb_conn_lend(fb_conn_t *c, const fb_netpool_t *np, int pidfd);
-/* Before the start: map the peer's arena (memfd, not kept) to read the
- * buffers it lends.  0, or -1 with why in err. */
-int fb_conn_borrow(fb_conn_t *c, int memfd, char *err, size_t errlen);
+ * not copied, each for a credit as a copied one; `pidfd` (taken) is the
+ * peer process, whose end gives back what it still holds; ledger_fd (not
+ * kept: fb_ledger_new, passed to the peer) shows after the connection what
+ * the peer let go of.  0, ENOMEM, or EINVAL (not a ledger for np). */
+int fb_conn_lend(fb_conn_t *c, const fb_netpool_t *np, int pidfd, int ledger_fd);
+/* Before the start: map the peer's arena (memfd) to read the buffers it
+ * lends, and its ledger (neither fd is kept).  0, or -1 with why in err. */
+int fb_conn_borrow(fb_conn_t *c, int memfd, int ledger_fd, char *err, size_t errlen);
 /* Buffers lent to the peer now; the peer's held here now. */
 int32_t fb_conn_lent(fb_conn_t *c);
 int32_t fb_conn_borrowed(fb_conn_t *c);

@@ -110,6 +110,10 @@ struct fb_inchan {
     fb_item_t *failed_items;    /* what the queue held when the channel failed */
     int32_t nfailed_items;
     int64_t buffers_in, bytes_in;
+    /* a credit segment per lent buffer held (lend.c), until it is recycled */
+    int32_t *tokens;
+    uint8_t *token_floating;
+    int32_t ntokens, token_cap, token_busy;
 };
 
 struct fb_conn {
@@ -270,6 +274,11 @@ void lending_end(fb_conn_t *c);
 
 /* inchan.c */
 void want_buffers(fb_inchan_t *ch, int32_t backlog);
+/* Keep the segment a lent buffer's credit stood for (mu held): 0 or ENOMEM. */
+int inchan_token_push(fb_inchan_t *ch, int32_t index, int floating);
+/* A lent buffer of ch was recycled: a kept segment goes back, and with it
+ * the credit (no lock held). */
+void inchan_token_back(fb_inchan_t *ch);
 
 /* reader.c */
 int protocol_error(fb_conn_t *c, const char *fmt, ...);

@@ -22,10 +22,15 @@ struct fb_lease {
     void *map;
     size_t map_size;
     uint8_t *held;              /* per segment: lent to us, not yet recycled */
+    void **tag;                 /* per held segment: its fb_lease_tag */
+    uint8_t *ledger;            /* the lender's ledger, mapped read-write */
+    size_t ledger_size;
     int32_t num_held;
     int refs;                   /* the connection's, and one per held segment */
+    int detached;
     fb_lease_release_t release;
     void *release_arg;
+    fb_lease_untag_t untag;
 };
 
 static size_t stride_of(int32_t segment_size)
@@ -35,10 +40,39 @@ static size_t stride_of(int32_t segment_size)
 
 static void lease_free(fb_lease_t *l)
 {
-    munmap(l->map, l->map_size);
+    if (l->map != NULL && l->map != MAP_FAILED)
+        munmap(l->map, l->map_size);
+    if (l->ledger != NULL && l->ledger != MAP_FAILED)
+        munmap(l->ledger, l->ledger_size);
     pthread_mutex_destroy(&l->mu);
     free(l->held);
+    free(l->tag);
     free(l);
+}
+
+static inline uint32_t *ledger_closed(uint8_t *ledger)
+{
+    return (uint32_t *)ledger;
+}
+
+static inline uint8_t *ledger_entry(uint8_t *ledger, uint32_t segment)
+{
+    return ledger + FB_LEDGER_HEADER + segment;
+}
+
+/* fstat of a memfd sealed against shrinking, or -1 with why in err. */
+static int sealed_file(int fd, const char *what, struct stat *st, char *err, size_t errlen)
+{
+    int seals = fcntl(fd, F_GET_SEALS);
+    if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
+        snprintf(err, errlen, "the peer's %s is not sealed against shrinking", what);
+        return -1;
+    }
+    if (fstat(fd, st) != 0 || !S_ISREG(st->st_mode)) {
+        snprintf(err, errlen, "the peer's %s is not a memory file", what);
+        return -1;
+    }
+    return 0;
 }
 
 static int lease_recycle(fb_localpool_t *lp, int32_t index);
@@ -49,20 +83,13 @@ static int lease_request(fb_localpool_t *lp, int32_t channel, int32_t *index)
 }
 
 static const fb_pool_ops_t lease_ops = {lease_request, lease_recycle, NULL, NULL, NULL,
-                                        NULL, NULL, NULL};
+                                        NULL, NULL, NULL, NULL};
 
 static int lease_check(int memfd, int32_t segment_size, struct stat *st, char *err,
                        size_t errlen)
 {
-    int seals = fcntl(memfd, F_GET_SEALS);
-    if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
-        snprintf(err, errlen, "the peer's buffer arena is not sealed against shrinking");
+    if (sealed_file(memfd, "buffer arena", st, err, errlen) != 0)
         return -1;
-    }
-    if (fstat(memfd, st) != 0 || !S_ISREG(st->st_mode)) {
-        snprintf(err, errlen, "the peer's buffer arena is not a memory file");
-        return -1;
-    }
     if (segment_size <= 0 || st->st_size < (off_t)stride_of(segment_size)
             || (uint64_t)st->st_size / stride_of(segment_size) > INT32_MAX) {
         snprintf(err, errlen, "the peer's buffer arena has %lld bytes, not a whole number "
@@ -72,14 +99,21 @@ static int lease_check(int memfd, int32_t segment_size, struct stat *st, char *e
     return 0;
 }
 
-fb_lease_t *fb_lease_map(int memfd, int32_t segment_size, char *err, size_t errlen)
+fb_lease_t *fb_lease_map(int memfd, int ledger_fd, int32_t segment_size, char *err,
+                         size_t errlen)
 {
-    struct stat st;
+    struct stat st, lst;
     fb_lease_t *l;
     size_t stride;
-    if (lease_check(memfd, segment_size, &st, err, errlen) != 0)
+    if (lease_check(memfd, segment_size, &st, err, errlen) != 0
+            || sealed_file(ledger_fd, "ledger", &lst, err, errlen) != 0)
         return NULL;
     stride = stride_of(segment_size);
+    if (lst.st_size <= FB_LEDGER_HEADER) {
+        snprintf(err, errlen, "the peer's ledger has %lld bytes, too few for a segment",
+                 (long long)lst.st_size);
+        return NULL;
+    }
     l = calloc(1, sizeof(*l));
     if (l == NULL || pthread_mutex_init(&l->mu, NULL) != 0) {
         free(l);
@@ -87,17 +121,19 @@ fb_lease_t *fb_lease_map(int memfd, int32_t segment_size, char *err, size_t errl
         return NULL;
     }
     l->map_size = (size_t)st.st_size;
+    l->ledger_size = (size_t)lst.st_size;
+    /* the segments the ledger has room for (the arena's file may be longer) */
     l->shell.num_segments = (int32_t)(l->map_size / stride);
+    if ((uint64_t)l->shell.num_segments > (uint64_t)lst.st_size - FB_LEDGER_HEADER)
+        l->shell.num_segments = (int32_t)(lst.st_size - FB_LEDGER_HEADER);
     l->held = calloc((size_t)l->shell.num_segments, 1);
+    l->tag = calloc((size_t)l->shell.num_segments, sizeof(*l->tag));
     l->map = mmap(NULL, l->map_size, PROT_READ, MAP_SHARED, memfd, 0);
-    if (l->held == NULL || l->map == MAP_FAILED) {
+    l->ledger = mmap(NULL, l->ledger_size, PROT_READ | PROT_WRITE, MAP_SHARED, ledger_fd, 0);
+    if (l->held == NULL || l->tag == NULL || l->map == MAP_FAILED || l->ledger == MAP_FAILED) {
         snprintf(err, errlen, "cannot map the peer's buffer arena: %s",
-                 l->held == NULL ? "out of memory" : strerror(errno));
-        if (l->map != MAP_FAILED)
-            munmap(l->map, l->map_size);
-        pthread_mutex_destroy(&l->mu);
-        free(l->held);
-        free(l);
+                 l->held == NULL || l->tag == NULL ? "out of memory" : strerror(errno));
+        lease_free(l);
         return NULL;
     }
     l->shell.base = l->map;
@@ -109,11 +145,13 @@ fb_lease_t *fb_lease_map(int memfd, int32_t segment_size, char *err, size_t errl
     return l;
 }
 
-void fb_lease_set_release(fb_lease_t *l, fb_lease_release_t fn, void *arg)
+void fb_lease_set_release(fb_lease_t *l, fb_lease_release_t fn, void *arg,
+                          fb_lease_untag_t untag)
 {
     pthread_mutex_lock(&l->mu);
     l->release = fn;
     l->release_arg = arg;
+    l->untag = untag;
     pthread_mutex_unlock(&l->mu);
 }
 
@@ -121,11 +159,13 @@ int fb_lease_take(fb_lease_t *l, uint32_t segment, uint32_t size, fb_item_t *out
 {
     pthread_mutex_lock(&l->mu);
     if (segment >= (uint32_t)l->shell.num_segments || size > (uint32_t)l->shell.segment_size
-            || l->held[segment]) {
+            || l->held[segment] || l->detached) {
         pthread_mutex_unlock(&l->mu);
         return EPROTO;
     }
     l->held[segment] = 1;
+    l->tag[segment] = NULL;
+    __atomic_store_n(ledger_entry(l->ledger, segment), FB_LEDGER_HELD, __ATOMIC_RELAXED);
     l->num_held++;
     l->refs++;
     pthread_mutex_unlock(&l->mu);
@@ -137,10 +177,19 @@ int fb_lease_take(fb_lease_t *l, uint32_t segment, uint32_t size, fb_item_t *out
     return 0;
 }
 
+void fb_lease_tag(fb_lease_t *l, uint32_t segment, void *tag)
+{
+    pthread_mutex_lock(&l->mu);
+    l->tag[segment] = tag;
+    pthread_mutex_unlock(&l->mu);
+}
+
 /* A held segment's recycle (any thread): released to the peer. */
 static int lease_recycle(fb_localpool_t *lp, int32_t index)
 {
     fb_lease_t *l = (fb_lease_t *)lp;
+    fb_lease_untag_t untag;
+    void *tag;
     int last;
     pthread_mutex_lock(&l->mu);
     if (index < 0 || index >= l->shell.num_segments || !l->held[index]) {
@@ -149,10 +198,17 @@ static int lease_recycle(fb_localpool_t *lp, int32_t index)
     }
     l->held[index] = 0;
     l->num_held--;
+    tag = l->tag[index];
+    l->tag[index] = NULL;
+    untag = l->untag;
+    /* read no more: the lender may reuse it once it sees this (or RELEASE) */
+    __atomic_store_n(ledger_entry(l->ledger, (uint32_t)index), 0, __ATOMIC_RELEASE);
     if (l->release != NULL)
         l->release(l->release_arg, (uint32_t)index);
     last = --l->refs == 0;
     pthread_mutex_unlock(&l->mu);
+    if (tag != NULL && untag != NULL)
+        untag(tag);
     if (last)
         lease_free(l);
     return FB_OK;
@@ -163,6 +219,8 @@ void fb_lease_detach(fb_lease_t *l)
     int last;
     pthread_mutex_lock(&l->mu);
     l->release = NULL;
+    l->detached = 1;
+    __atomic_store_n(ledger_closed(l->ledger), 1, __ATOMIC_RELEASE);
     last = --l->refs == 0;
     pthread_mutex_unlock(&l->mu);
     if (last)
@@ -215,12 +273,40 @@ void fb_owner_ref_put(fb_owner_ref_t *ln)
     }
 }
 
-int fb_lent_init(fb_lent_t *t, const fb_netpool_t *np)
+int fb_ledger_new(int32_t num_segments)
 {
+    int fd, saved;
+    if (num_segments <= 0) {
+        errno = EINVAL;
+        return -1;
+    }
+    fd = memfd_create("flinkbuf-ledger", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0)
+        return -1;
+    if (ftruncate(fd, (off_t)(FB_LEDGER_HEADER + (size_t)num_segments)) != 0
+            || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+        saved = errno;
+        close(fd);
+        errno = saved;
+        return -1;
+    }
+    return fd;
+}
+
+int fb_lent_init(fb_lent_t *t, const fb_netpool_t *np, int ledger_fd)
+{
+    struct stat st;
     memset(t, 0, sizeof(*t));
+    if (fstat(ledger_fd, &st) != 0
+            || (uint64_t)st.st_size < FB_LEDGER_HEADER + (uint64_t)np->num_segments)
+        return EINVAL;
     t->pool = calloc((size_t)np->num_segments, sizeof(*t->pool));
     t->lender = calloc((size_t)np->num_segments, sizeof(*t->lender));
-    if (t->pool == NULL || t->lender == NULL) {
+    t->ledger_size = (size_t)st.st_size;
+    t->ledger = mmap(NULL, t->ledger_size, PROT_READ | PROT_WRITE, MAP_SHARED, ledger_fd, 0);
+    if (t->ledger == MAP_FAILED)
+        t->ledger = NULL;
+    if (t->pool == NULL || t->lender == NULL || t->ledger == NULL) {
         fb_lent_free(t);
         return ENOMEM;
     }
@@ -235,6 +321,8 @@ void fb_lent_put(fb_lent_t *t, int32_t segment, fb_localpool_t *pool, fb_owner_r
     t->pool[segment] = pool;
     t->lender[segment] = ln;
     t->count++;
+    __atomic_store_n(ledger_entry(t->ledger, (uint32_t)segment), FB_LEDGER_LENT,
+                     __ATOMIC_RELEASE);
 }
 
 int fb_lent_take(fb_lent_t *t, uint32_t segment, fb_localpool_t **pool, fb_owner_ref_t **ln)
@@ -254,26 +342,44 @@ typedef struct reaper {
     int pidfd;
 } reaper_t;
 
-static void give_back_all(fb_lent_t *t)
+static void give_back(fb_lent_t *t, int32_t k)
 {
+    t->pool[k]->ops->recycle(t->pool[k], k);
+    fb_owner_ref_put(t->lender[k]);
+    t->pool[k] = NULL;
+    t->count--;
+}
+
+/* Give back what the ledger shows the peer let go of (all: it ended). */
+static void give_back_released(fb_lent_t *t, int all)
+{
+    int closed = all || __atomic_load_n(ledger_closed(t->ledger), __ATOMIC_ACQUIRE) != 0;
+    uint8_t state;
     int32_t k;
     for (k = 0; t->count > 0 && k < t->num_segments; k++) {
-        if (t->pool[k] != NULL) {
-            t->pool[k]->ops->recycle(t->pool[k], k);
-            fb_owner_ref_put(t->lender[k]);
-            t->pool[k] = NULL;
-            t->count--;
-        }
+        if (t->pool[k] == NULL)
+            continue;
+        state = __atomic_load_n(ledger_entry(t->ledger, (uint32_t)k), __ATOMIC_ACQUIRE);
+        /* LENT after the borrower detached: a frame it never read */
+        if (all || state == 0 || (closed && state != FB_LEDGER_HELD))
+            give_back(t, k);
     }
 }
+
+#define REAP_MAX_WAIT_MS 100
 
 static void *reaper_main(void *arg)
 {
     reaper_t *r = arg;
     struct pollfd p = {r->pidfd, POLLIN, 0};
-    while (poll(&p, 1, -1) < 0 && errno == EINTR)
-        ;
-    give_back_all(&r->t);
+    int wait = 1, rc;
+    while (r->t.count > 0) {
+        rc = poll(&p, 1, wait);
+        if (rc < 0 && errno == EINTR)
+            continue;
+        give_back_released(&r->t, rc != 0);          /* the peer ended (or poll failed) */
+        wait = wait < REAP_MAX_WAIT_MS ? wait * 2 : REAP_MAX_WAIT_MS;
+    }
     close(r->pidfd);
     fb_lent_free(&r->t);
     free(r);
@@ -286,6 +392,8 @@ void fb_lent_reap(fb_lent_t *t, int pidfd)
     pthread_attr_t attr;
     pthread_t th;
     int started = 0;
+    if (t->count > 0 && t->ledger != NULL)
+        give_back_released(t, 0);        /* what the peer let go of already */
     if (t->count == 0 || pidfd < 0) {
         if (pidfd >= 0)
             close(pidfd);
@@ -313,6 +421,8 @@ void fb_lent_reap(fb_lent_t *t, int pidfd)
 
 void fb_lent_free(fb_lent_t *t)
 {
+    if (t->ledger != NULL)
+        munmap(t->ledger, t->ledger_size);
     free(t->pool);
     free(t->lender);
     memset(t, 0, sizeof(*t));

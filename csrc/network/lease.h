@@ -8,16 +8,29 @@
  * of its segments this process holds.  A held segment is an fb_item_t whose
  * pool is the lease's (fb_lease_pool): its recycle, in any thread, hands it
  * to the release function (which queues the RELEASE) until the connection
- * detaches; the mapping stays until the last held segment is recycled.
+ * detaches, and then its tag to the untag function; the mapping stays until
+ * the last held segment is recycled.
  *
  * Producer side, fb_lent_t: what this process lent to one peer (segment ->
  * the pool it returns to, and its owner's reference).  A segment goes back
- * to its pool only when the peer released it, or when the peer process
+ * to its pool only when the peer released it, or, once the connection is
+ * over, when the ledger shows the peer let go of it or the peer process
  * ended (fb_lent_reap): never while the other side may still read it.
+ *
+ * The ledger: a small memfd of the lender's, one per connection, that both
+ * map read-write: FB_LEDGER_HEADER bytes (a word the borrower sets when its
+ * connection detached: nothing more will be taken), then one byte per
+ * segment of the arena: FB_LEDGER_LENT (set by the lender before it sends
+ * the frame), FB_LEDGER_HELD (the borrower took it), 0 (the borrower
+ * recycled it).  A live connection goes by its RELEASE frames; the ledger
+ * is read only after it ended, so a peer process that lives on (a reused
+ * worker) gives back what it no longer holds.  A borrower that lies in it
+ * only harms itself: it can make the lender reuse a segment it still reads.
  *
  * Locking: each lease has its own mutex, held while the release function
  * runs (which may take its connection's lock: order lease -> connection);
- * a lent table is the caller's to lock.  No Python API. */
+ * the untag function runs with no lock held; a lent table is the caller's
+ * to lock.  No Python API. */
 #ifndef FLINKBUF_LEASE_H
 #define FLINKBUF_LEASE_H
 
@@ -29,21 +42,36 @@
 
 typedef struct fb_lease fb_lease_t;
 
+#define FB_LEDGER_HEADER 64
+#define FB_LEDGER_LENT 1
+#define FB_LEDGER_HELD 2
+
 /* Called with a released segment's number (the lease's lock held). */
 typedef void (*fb_lease_release_t)(void *arg, uint32_t segment);
+/* Called with a released segment's tag (no lock held), also after detach. */
+typedef void (*fb_lease_untag_t)(void *tag);
 
-/* Map the arena in `memfd` (the peer's; not kept: the caller closes it)
- * read-only, for segments of segment_size bytes.  It must be sealed
- * against shrinking (no SIGBUS under a reader).  NULL with why in err. */
-fb_lease_t *fb_lease_map(int memfd, int32_t segment_size, char *err, size_t errlen);
-/* Where releases go from now on (NULL: nowhere). */
-void fb_lease_set_release(fb_lease_t *l, fb_lease_release_t fn, void *arg);
+/* Map the arena in `memfd` (the peer's) read-only, for segments of
+ * segment_size bytes, and the ledger in `ledger_fd` read-write (neither fd
+ * is kept: the caller closes them).  Both must be sealed against shrinking
+ * (no SIGBUS under a reader), and the ledger must have a byte for every
+ * segment.  NULL with why in err. */
+fb_lease_t *fb_lease_map(int memfd, int ledger_fd, int32_t segment_size, char *err,
+                         size_t errlen);
+/* Where releases go from now on (fn NULL: nowhere), and what is called
+ * with the tag of each recycled segment (set once, before any take). */
+void fb_lease_set_release(fb_lease_t *l, fb_lease_release_t fn, void *arg,
+                          fb_lease_untag_t untag);
 /* A BUFFER_LENT named `segment` with `size` bytes: *out is the item that
  * holds it.  0, or EPROTO when the segment is outside the arena or held
- * already (the producer lent it twice). */
+ * already (the producer lent it twice), or the lease is detached. */
 int fb_lease_take(fb_lease_t *l, uint32_t segment, uint32_t size, fb_item_t *out);
-/* The connection is gone: no more releases; its reference goes (the lease
- * is freed once nothing is held). */
+/* Tag a segment just taken (before its item leaves the caller): the tag
+ * goes to the untag function when the segment is recycled. */
+void fb_lease_tag(fb_lease_t *l, uint32_t segment, void *tag);
+/* The connection is gone: no more takes or releases (the ledger says so to
+ * the lender); its reference goes (the lease is freed once nothing is
+ * held). */
 void fb_lease_detach(fb_lease_t *l);
 /* 1 if lp is a lease's pool (an item of it is a lent segment). */
 int fb_lease_is(const fb_localpool_t *lp);
@@ -72,18 +100,25 @@ typedef struct fb_lent {
     fb_localpool_t **pool;                  /* per segment: where it returns, NULL: not lent */
     fb_owner_ref_t **lender;
     int32_t count;
+    uint8_t *ledger;                        /* mapped, or NULL */
+    size_t ledger_size;
 } fb_lent_t;
 
-/* 0 or ENOMEM. */
-int fb_lent_init(fb_lent_t *t, const fb_netpool_t *np);
-/* Record a lent segment (takes a reference of ln). */
+/* A new ledger for an arena of num_segments segments: a sealed memfd, or
+ * -1 with errno set. */
+int fb_ledger_new(int32_t num_segments);
+/* 0, ENOMEM, or EINVAL when ledger_fd (not kept) is not a ledger for np. */
+int fb_lent_init(fb_lent_t *t, const fb_netpool_t *np, int ledger_fd);
+/* Record a lent segment (takes a reference of ln) and mark it in the
+ * ledger. */
 void fb_lent_put(fb_lent_t *t, int32_t segment, fb_localpool_t *pool, fb_owner_ref_t *ln);
 /* The peer released `segment`: 0 and what to give it back to, or EPROTO
  * when it was not lent. */
 int fb_lent_take(fb_lent_t *t, uint32_t segment, fb_localpool_t **pool, fb_owner_ref_t **ln);
-/* The connection is over: whatever is still lent goes back once the peer
- * process (pidfd, which this takes) has ended, in a thread of its own;
- * with pidfd < 0, never.  The table is empty afterwards (and freed). */
+/* The connection is over: whatever is still lent goes back, in a thread of
+ * its own, as the ledger shows the peer let go of it, and all of it once
+ * the peer process (pidfd, which this takes) has ended; with pidfd < 0,
+ * never.  The table is empty afterwards (and freed). */
 void fb_lent_reap(fb_lent_t *t, int pidfd);
 void fb_lent_free(fb_lent_t *t);
 

@@ -8,12 +8,14 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
-int fb_conn_lend(fb_conn_t *c, const fb_netpool_t *np, int pidfd)
+int fb_conn_lend(fb_conn_t *c, const fb_netpool_t *np, int pidfd, int ledger_fd)
 {
-    if (fb_lent_init(&c->lent, np) != 0)
-        return ENOMEM;
+    int rc = fb_lent_init(&c->lent, np, ledger_fd);
+    if (rc != 0)
+        return rc;
     c->lend_np = np;
     c->peer_pidfd = pidfd;
     return 0;
@@ -30,9 +32,17 @@ static void lease_released(void *arg, uint32_t segment)
     notify_writer(c, 0);
 }
 
-int fb_conn_borrow(fb_conn_t *c, int memfd, char *err, size_t errlen)
+/* A lent segment of `tag` (a channel) was recycled: its credit returns. */
+static void lease_untag(void *tag)
 {
-    fb_lease_t *l = fb_lease_map(memfd, c->segment_size, err, errlen);
+    fb_inchan_t *ch = tag;
+    inchan_token_back(ch);
+    fb_inchan_decref(ch);
+}
+
+int fb_conn_borrow(fb_conn_t *c, int memfd, int ledger_fd, char *err, size_t errlen)
+{
+    fb_lease_t *l = fb_lease_map(memfd, ledger_fd, c->segment_size, err, errlen);
     if (l == NULL)
         return -1;
     c->rel = malloc(sizeof(uint32_t) * (size_t)fb_lease_segments(l));
@@ -42,7 +52,7 @@ int fb_conn_borrow(fb_conn_t *c, int memfd, char *err, size_t errlen)
         return -1;
     }
     c->lease = l;
-    fb_lease_set_release(l, lease_released, c);
+    fb_lease_set_release(l, lease_released, c, lease_untag);
     return 0;
 }
 
@@ -65,6 +75,7 @@ int lend_locked(fb_conn_t *c, outchan_t *oc, const fb_item_t *item)
     if (item->pool == NULL || item->pool->net != c->lend_np || item->kind != FB_ITEM_DATA)
         return 0;
     fb_lent_put(&c->lent, item->index, item->pool, oc->ref);
+    item->pool->ops->release_channel(item->pool, item->index);
     return 1;
 }
 
@@ -82,12 +93,15 @@ char *put_releases_locked(fb_conn_t *c, char *p, char *end, int *more)
     return p;
 }
 
+/* A lent buffer spends a credit as a copied one does: the segment the
+ * credit stood for waits, as a token, until the lent one is recycled. */
 int read_lent(fb_conn_t *c, const fb_wire_frame_t *f)
 {
     const fb_wire_lent_t *b = &f->u.lent;
     fb_inchan_t *ch;
     fb_item_t item;
-    int32_t slot;
+    int32_t slot, index;
+    int floating, rc = 0;
     if (c->lease == NULL)
         return protocol_error(c, "a lent buffer, but no arena of the peer is mapped");
     if (fb_lease_take(c->lease, b->segment, b->size, &item) != 0)
@@ -96,25 +110,44 @@ int read_lent(fb_conn_t *c, const fb_wire_frame_t *f)
     pthread_mutex_lock(&c->mu);
     slot = in_lookup(c, f->receiver_id);
     ch = slot >= 0 ? c->ins[slot] : NULL;
-    if (ch == NULL || ch->state != CH_REQUESTED || b->sequence != ch->next_seq) {
+    if (ch == NULL || ch->state != CH_REQUESTED || b->sequence != ch->next_seq
+            || ch->cr.nheld == 0) {
         uint32_t issued = c->next_receiver_id, expected = ch != NULL ? ch->next_seq : 0;
-        int gap = ch != NULL && ch->state == CH_REQUESTED;
+        int open = ch != NULL && ch->state == CH_REQUESTED;
+        int gap = open && b->sequence != expected;
         pthread_mutex_unlock(&c->mu);
         fb_item_dispose(&item);               /* released at once */
         if (gap)
             return protocol_error(c, "sequence gap on receiver id %u: got %u, expected %u",
                                   f->receiver_id, b->sequence, expected);
+        if (open)
+            return protocol_error(c, "a data buffer without credit on receiver id %u",
+                                  f->receiver_id);
         if (f->receiver_id == 0 || f->receiver_id >= issued)
             return protocol_error(c, "a buffer for receiver id %u, which was never issued",
                                   f->receiver_id);
         return 0;                              /* a channel that ended */
     }
+    fb_credit_consume(&ch->cr, &index, &floating);
+    if (inchan_token_push(ch, index, floating) != 0)
+        rc = -1;
     ch->next_seq++;
     inchan_incref(ch);
+    if (rc == 0)
+        inchan_incref(ch);                     /* the tag's */
     pthread_mutex_unlock(&c->mu);
+    if (rc != 0) {
+        fb_localpool_t *pool = floating ? ch->floating->pool : ch->exclusive;
+        fb_item_dispose(&item);
+        pool->ops->recycle(pool, index);       /* the credit it stood for */
+        fb_inchan_decref(ch);
+        return protocol_error(c, "out of memory for a lent buffer on receiver id %u",
+                              f->receiver_id);
+    }
+    fb_lease_tag(c->lease, b->segment, ch);
     stat_add(&c->stats.frames_in, 1);
     stat_add(&c->stats.buffers_in, 1);
-    buffer_deliver(c, ch, &item, 0, 0);       /* no backlog: lent buffers need no credit */
+    buffer_deliver(c, ch, &item, 0, (int32_t)b->backlog);
     fb_inchan_decref(ch);
     return 0;
 }
@@ -148,14 +181,21 @@ void lending_detach(fb_conn_t *c)
 
 void lending_end(fb_conn_t *c)
 {
+    fb_lent_t lent;
+    int pidfd, lends;
     pthread_mutex_lock(&c->mu);
-    if (c->lend_np != NULL)
-        fb_lent_reap(&c->lent, c->peer_pidfd);      /* takes the pidfd, empties the table */
-    else if (c->peer_pidfd >= 0)
-        close(c->peer_pidfd);
+    lent = c->lent;
+    memset(&c->lent, 0, sizeof(c->lent));
+    lends = c->lend_np != NULL;
+    pidfd = c->peer_pidfd;
     c->lend_np = NULL;
     c->peer_pidfd = -1;
     pthread_mutex_unlock(&c->mu);
+    /* (no lock held: giving segments back runs their pools' recycle hooks) */
+    if (lends)
+        fb_lent_reap(&lent, pidfd);        /* takes the pidfd, empties the table */
+    else if (pidfd >= 0)
+        close(pidfd);
     free(c->rel);
     c->rel = NULL;
 }

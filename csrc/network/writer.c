@@ -202,8 +202,7 @@ static void take_buffer(fb_conn_t *c, batch_t *b, int32_t slot)
         return;
     }
     fr = &b->frames[b->nframes];
-    /* Lent buffers need no credit: the producer's pool bounds them. */
-    rc = fb_subpart_poll_credit(oc->sp, oc->lends ? INT32_MAX : oc->credit, oc->event_credit,
+    rc = fb_subpart_poll_credit(oc->sp, oc->credit, oc->event_credit,
                                 &fr->item, &last);
     if (rc == FB_EMPTY) {
         pthread_mutex_unlock(&c->mu);
@@ -236,8 +235,8 @@ static void take_buffer(fb_conn_t *c, batch_t *b, int32_t slot)
                            (uint32_t)fr->item.size);
     if (fr->item.kind != FB_ITEM_DATA)
         oc->event_credit--;
-    else if (!fr->lent)
-        oc->credit--;
+    else
+        oc->credit--;                /* lent or copied: a credit each */
     fr->ended = NULL;
     if (last) {                      /* its last item: the channel ends once it is sent */
         outchan_free_slot(c, oc);

@@ -6,6 +6,7 @@
 # Compiler directives live in setup.py.
 
 cimport cython
+from libc.errno cimport errno
 from cpython.ref cimport Py_DECREF, Py_INCREF
 from libc.stdint cimport int32_t, int64_t, uint32_t
 from libc.string cimport memcpy, strlen
@@ -15,7 +16,7 @@ from flinkbuf.capi cimport write_unraisable
 from flinkbuf.csrc.clock cimport fb_deadline_after
 from flinkbuf.csrc.connection cimport *
 from flinkbuf.csrc.exchange cimport *
-from flinkbuf.csrc.lease cimport fb_lease_is
+from flinkbuf.csrc.lease cimport fb_lease_is, fb_ledger_new
 from flinkbuf.csrc.pool cimport FB_NO_CHANNEL, fb_netpool_memfd
 from flinkbuf.csrc.status cimport *
 from flinkbuf.csrc.shm cimport *

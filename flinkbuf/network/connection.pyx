@@ -85,6 +85,16 @@ def _memfd_of(NetworkBufferPool pool not None):
     return fb_netpool_memfd(&pool._c)
 
 
+def _new_ledger(NetworkBufferPool pool not None):
+    """A new ledger (a sealed memfd, the caller's to close) for lending
+    buffers of ``pool``'s arena over one connection."""
+    cdef int fd = fb_ledger_new(pool._c.num_segments)
+    if fd < 0:
+        import os
+        raise OSError(errno, f"cannot make a ledger: {os.strerror(errno)}")
+    return fd
+
+
 def _shm_region(int32_t segment_size):
     """A fresh region for the shared-memory transport, sized for
     ``segment_size``: its descriptors (memfd, the server's data and room
@@ -128,19 +138,21 @@ cdef class Connection:
         from here on).  ``lookup(partition_id)`` finds a registered
         partition or returns None; ``caller_sends`` and ``direct_reads``
         are the environment's (see NetworkEnvironment).  ``shared`` is
-        ``(memfd, data_fd, room_fd, side, peer_arena, lend_pool, pidfd)``
-        for the shared-memory transport over the Unix socket ``fd``: the
-        doorbells and ``pidfd`` (-1: none) are owned from here on, the
-        memfds stay the caller's.  Buffers the peer lends are read from
-        ``peer_arena`` (its buffer arena's memfd, -1: it lends none); this
-        side lends buffers of ``lend_pool`` (a shared NetworkBufferPool, or
-        None) to the peer process ``pidfd``.  RemoteConnectionError if the
-        region or the arena is not as it should be."""
+        ``(memfd, data_fd, room_fd, side, peer_arena, lend_pool, pidfd,
+        ledger)`` for the shared-memory transport over the Unix socket
+        ``fd``: the doorbells and ``pidfd`` (-1: none) are owned from here
+        on, the memfds stay the caller's.  Buffers the peer lends are read
+        from ``peer_arena`` (its buffer arena's memfd, -1: it lends none);
+        this side lends buffers of ``lend_pool`` (a shared
+        NetworkBufferPool, or None) to the peer process ``pidfd``.
+        ``ledger`` is the lending side's ledger (:func:`_new_ledger`), -1
+        when nothing is lent.  RemoteConnectionError if the region, the
+        arena or the ledger is not as it should be."""
         cdef Connection conn = Connection.__new__(Connection, _MADE_HERE)
         cdef fb_conn_callbacks_t cb
         cdef fb_transport_t *t
         cdef char err[256]
-        cdef int memfd, data_fd, room_fd, side, peer_arena = -1, pidfd = -1
+        cdef int memfd, data_fd, room_fd, side, peer_arena = -1, pidfd = -1, ledger = -1
         cdef NetworkBufferPool lend_pool = None
         cb.ctx = <void *>conn           # borrowed: the threads end before conn does
         cb.find_subpartition = _find_subpartition
@@ -155,8 +167,8 @@ cdef class Connection:
             t = fb_transport_socket(fd)
         else:
             if len(shared) == 4:                 # no lending either way
-                shared = (*shared, -1, None, -1)
-            memfd, data_fd, room_fd, side, peer_arena, lend_pool, pidfd = shared
+                shared = (*shared, -1, None, -1, -1)
+            memfd, data_fd, room_fd, side, peer_arena, lend_pool, pidfd, ledger = shared
             conn._transport = "shm"
             err[0] = 0
             t = fb_transport_shm(fd, memfd, data_fd, room_fd, side, err, sizeof(err))
@@ -177,15 +189,16 @@ cdef class Connection:
                 import os
                 os.close(pidfd)
             raise MemoryError("cannot allocate a connection")
-        if lend_pool is not None and pidfd >= 0:
+        if lend_pool is not None and pidfd >= 0 and ledger >= 0:
             # (what is lent keeps its partition, so its pool and arena, alive)
-            if fb_conn_lend(conn._c, &lend_pool._c, pidfd) != 0:    # takes pidfd
+            if fb_conn_lend(conn._c, &lend_pool._c, pidfd, ledger) != 0:    # takes pidfd
                 import os
                 os.close(pidfd)
         elif pidfd >= 0:
             import os
             os.close(pidfd)
-        if peer_arena >= 0 and fb_conn_borrow(conn._c, peer_arena, err, sizeof(err)) != 0:
+        if peer_arena >= 0 and fb_conn_borrow(conn._c, peer_arena, ledger, err,
+                                              sizeof(err)) != 0:
             raise RemoteConnectionError(
                 f"cannot read the buffers {peer} lends: {err.decode('utf-8', 'replace')}")
         fb_conn_set_caller_sends(conn._c, caller_sends)

@@ -32,6 +32,7 @@ from flinkbuf.network._network import (
     FloatingBuffers,
     RemoteInputChannel,
     _memfd_of,
+    _new_ledger,
     _shm_region,
     make_floating_buffers,
 )
@@ -623,17 +624,18 @@ class NetworkEnvironment:
             raise
         shared = None
         if shared_fds is not None:
-            memfd, data_fd, room_fd, *arena = shared_fds
-            shared = (memfd, data_fd, room_fd, 1, arena[0] if arena else -1, None, -1)
+            memfd, data_fd, room_fd, *lent = shared_fds     # lent: the arena and ledger
+            arena, ledger = lent if lent else (-1, -1)
+            shared = (memfd, data_fd, room_fd, 1, arena, None, -1, ledger)
         try:
             return Connection._open(fd, self._segment_size, self._lookup, self._address_text,
                                     address, self._io_timeout, self._caller_sends,
                                     self._direct_reads, shared)
         finally:
             if shared is not None:
-                os.close(shared[0])             # the memfd: mapped, or refused
-                if shared[4] >= 0:
-                    os.close(shared[4])         # the server's arena: likewise
+                for mapped in (shared[0], shared[4], shared[7]):   # mapped, or refused
+                    if mapped >= 0:
+                        os.close(mapped)
 
     def _accept_loop(self) -> None:
         """Accept connections and run their handshakes, many at a time in
@@ -724,15 +726,12 @@ class NetworkEnvironment:
             if hs.shared_fds is not None:
                 memfd, data0, room0, data1, room1 = hs.shared_fds
                 hs.shared_fds = None
-                arena = _memfd_of(self._nbp)
-                pidfd = _peer_pidfd(sock) if arena >= 0 else -1   # -1: we lend nothing
-                if pidfd < 0:
-                    arena = -1
+                lent = self._loan_terms(sock)       # (pidfd, arena, ledger) or None
                 try:
                     handshake.send_setup(sock, [memfd, data1, room1]
-                                         + ([arena] if arena >= 0 else []))
+                                         + (list(lent[1:]) if lent else []))
                 except OSError as exc:
-                    for fd in (memfd, data0, room0) + ((pidfd,) if pidfd >= 0 else ()):
+                    for fd in (memfd, data0, room0) + ((lent[0], lent[2]) if lent else ()):
                         os.close(fd)
                     sock.close()
                     log.warning("could not pass shared memory to %s: %s", hs.peer[0], exc)
@@ -740,7 +739,7 @@ class NetworkEnvironment:
                 finally:
                     os.close(data1)
                     os.close(room1)
-                shared = (memfd, data0, room0, pidfd)
+                shared = (memfd, data0, room0) + ((lent[0], lent[2]) if lent else (-1, -1))
             sock.setblocking(True)
             self._start_accepted(sock.detach(), hs.peer[0], shared)
 
@@ -755,18 +754,35 @@ class NetworkEnvironment:
     def _new_region(self) -> list[int]:
         return _shm_region(self._segment_size)
 
+    def _loan_terms(self, sock: socket.socket) -> tuple[int, int, int] | None:
+        """What lending this pool's buffers to the process at the other
+        end of ``sock`` takes: a pidfd of it, the arena's memfd (the
+        pool's: not to close) and a new ledger; None when nothing is lent
+        (the pool is not shared, the peer is this process, or no pidfd)."""
+        arena = _memfd_of(self._nbp)
+        pidfd = _peer_pidfd(sock) if arena >= 0 else -1
+        if pidfd < 0:
+            return None
+        try:
+            return pidfd, arena, _new_ledger(self._nbp)
+        except OSError as exc:
+            os.close(pidfd)
+            log.warning("lending no buffers over a connection: %s", exc)
+            return None
+
     def _start_accepted(self, fd: int, advertised: str,
-                        shared: tuple[int, int, int, int] | None = None) -> None:
+                        shared: tuple[int, int, int, int, int] | None = None) -> None:
         """Run an authenticated connection; ``shared`` is the shared-memory
-        region's memfd (closed here), this side's doorbells (owned from
-        here on) and a pidfd of the peer process (-1: none; owned from here
-        on), to which this side lends its buffers."""
+        region's memfd (closed here), this side's doorbells (owned from here
+        on), a pidfd of the peer process (-1: none; owned from here on), to
+        which this side lends its buffers, and the ledger of those loans
+        (-1: none; closed here)."""
         try:
             with self._lock:
                 if self._closed:
                     os.close(fd)
                     if shared is not None:
-                        for own in shared[1:]:
+                        for own in shared[1:4]:
                             if own >= 0:
                                 os.close(own)
                     return
@@ -775,7 +791,7 @@ class NetworkEnvironment:
                         fd, self._segment_size, self._lookup, self._address_text, advertised,
                         self._io_timeout, self._caller_sends, self._direct_reads,
                         None if shared is None else (shared[0], shared[1], shared[2], 0, -1,
-                                                     self._nbp, shared[3]))
+                                                     self._nbp, shared[3], shared[4]))
                 except (RemoteConnectionError, MemoryError) as exc:
                     log.warning("could not start a connection from %s: %s", advertised, exc)
                     return
@@ -783,6 +799,8 @@ class NetworkEnvironment:
         finally:
             if shared is not None:
                 os.close(shared[0])
+                if shared[4] >= 0:
+                    os.close(shared[4])
 
     def _add_accepted(self, conn: Connection, advertised: str) -> None:
         """Keep an accepted connection (the lock held)."""

@@ -4,7 +4,7 @@ nonces, compared in constant time) before anything else is exchanged, and
 tell each other their server address and segment size; a client on the
 same host may ask for the shared-memory transport, whose region the server
 then passes right after (SHM_SETUP, with the descriptors attached, and the
-server's buffer arena when it lends its buffers)."""
+server's buffer arena and ledger when it lends its buffers)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ VERSION: Final = 2
 HELLO, CHALLENGE, AUTH, AUTH_OK, DUPLICATE, SHM_SETUP = 16, 17, 18, 19, 20, 21
 STREAM, SHARED_MEMORY = 0, 1                # the transport field of AUTH and AUTH_OK
 SHM_FDS: Final = 3                          # the region's memfd and the client's doorbells
-SHM_MAX_FDS: Final = 4                      # ... and the server's buffer arena
+SHM_LEND_FDS: Final = 5                     # ... and the server's buffer arena and ledger
 MAX_FRAME: Final = 256
 NONCE: Final = 32
 _HEADER = struct.Struct(">IIB")
@@ -155,7 +155,7 @@ def _recv_setup(sock: socket.socket, deadline: float) -> list[int]:
         raise _handshake_timed_out()
     sock.settimeout(remaining)
     try:
-        data, fds, flags, _ = socket.recv_fds(sock, _HEADER.size, SHM_MAX_FDS,
+        data, fds, flags, _ = socket.recv_fds(sock, _HEADER.size, SHM_LEND_FDS,
                                               getattr(socket, "MSG_CMSG_CLOEXEC", 0))
     except socket.timeout:
         raise _handshake_timed_out() from None
@@ -165,7 +165,7 @@ def _recv_setup(sock: socket.socket, deadline: float) -> list[int]:
         if len(data) < _HEADER.size:
             data += _recv_exact(sock, _HEADER.size - len(data), deadline)
         if (_HEADER.unpack(data) != (_HEADER.size, MAGIC, SHM_SETUP)
-                or not SHM_FDS <= len(fds) <= SHM_MAX_FDS
+                or len(fds) not in (SHM_FDS, SHM_LEND_FDS)
                 or flags & getattr(socket, "MSG_CTRUNC", 0)):
             raise RemoteConnectionError("the peer sent a malformed shared memory set-up")
     except BaseException:
@@ -178,7 +178,7 @@ def send_setup(sock: socket.socket, fds: list[int]) -> None:
     """Pass the shared-memory region's descriptors to the client (the
     server's step after AUTH_OK said SHARED_MEMORY): the memfd, the
     client's two doorbells and, if the server lends its buffers, the memfd
-    of its buffer arena."""
+    of its buffer arena and the ledger of this connection's loans."""
     socket.send_fds(sock, [_frame(SHM_SETUP, b"")], fds)
 
 
@@ -187,8 +187,8 @@ def client(sock: socket.socket, secret: bytes, address: str, segment_size: int,
     """Authenticate a connected socket as the client; returns the server's
     address and segment size, and, when ``shared_memory`` was asked for and
     the server agreed, the region's descriptors (memfd, data and room
-    doorbells, and the server's buffer arena if it lends buffers: the
-    caller's to close), else None.  AuthenticationError if
+    doorbells, and the server's buffer arena and ledger if it lends
+    buffers: the caller's to close), else None.  AuthenticationError if
     either side fails to prove the secret; RemoteConnectionError if the
     segment sizes differ; DuplicateConnection if the server keeps another
     connection to this process."""
