@@ -27,6 +27,14 @@ def set_ref_count(Buffer buffer not None, Py_ssize_t count):
     buffer._refcnt = count
 
 
+def make_read_only(Buffer buffer not None):
+    """Make a live buffer read-only, as a buffer lent by another process is
+    (its memory stays writable: the tests check that nothing writes it)."""
+    buffer._check()
+    buffer._readonly = True
+    return buffer
+
+
 def redistribute_now(NetworkBufferPool pool not None):
     """Run one redistribution of ``pool``'s local pools (normally automatic)."""
     pool._redistribute_now()

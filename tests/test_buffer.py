@@ -1,10 +1,13 @@
 """Buffer: indices, views, reference counting, exactly-once return, misuse."""
 
+import io
+
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
 import flinkbuf as fb
+from flinkbuf._testing import make_read_only
 
 
 @pytest.fixture
@@ -152,3 +155,58 @@ def test_recycled_memory_is_not_visible_through_old_views(pool):
 def test_dropped_buffer_is_recycled(pool):
     pool.request_buffer().write(b"x")  # dropped at once
     assert pool.num_available == 1 and pool.num_requested == 1
+
+
+def _writes(buf, other):
+    """Every way to write a buffer's memory: each must refuse a read-only one."""
+    seg = buf.segment
+    return {
+        "write": lambda: buf.write(b"x"),
+        "writable-view": lambda: io.BytesIO(b"x").readinto(buf),
+        "segment-writable-view": lambda: io.BytesIO(b"x").readinto(seg),
+        "put_int8": lambda: seg.put_int8(0, 1),
+        "put_uint16": lambda: seg.put_uint16(0, 1, True),
+        "put_int32": lambda: seg.put_int32(0, 1),
+        "put_uint64": lambda: seg.put_uint64(0, 1),
+        "put_float64": lambda: seg.put_float64(0, 1.0),
+        "put_bytes": lambda: seg.put_bytes(0, b"xy"),
+        "copy_to": lambda: other.segment.copy_to(0, seg, 0, 1),
+    }
+
+
+WRITES = ["write", "writable-view", "segment-writable-view", "put_int8", "put_uint16",
+          "put_int32", "put_uint64", "put_float64", "put_bytes", "copy_to"]
+
+
+@given(data=st.binary(min_size=1, max_size=4096),
+       tries=st.lists(st.sampled_from(WRITES), min_size=1, max_size=6))
+def test_a_read_only_buffer_refuses_every_write_and_reads_as_before(data, tries):
+    """A read-only buffer (one lent by another process): every write of its
+    memory raises ReadOnlyBufferError (a FlinkbufError and a BufferError),
+    its bytes stay what they were, and it reads and recycles as any other."""
+    nbp = fb.NetworkBufferPool(4, 4096)
+    lp = nbp.create_buffer_pool(2, 2)
+    other = lp.request_buffer()
+    buf = lp.request_buffer()
+    try:
+        other.write(b"\xee" * 8)
+        buf.write(data)
+        make_read_only(buf)
+        assert buf.is_read_only
+        writes = _writes(buf, other)
+        assert memoryview(buf).readonly and memoryview(buf.segment).readonly
+        for name in tries:
+            # (CPython's own functions turn a refused writable view into TypeError)
+            with pytest.raises(TypeError if "view" in name else fb.ReadOnlyBufferError,
+                               match="read-write|read-only"):
+                writes[name]()
+            assert bytes(buf) == data, name
+        assert buf.read(len(data)) == data
+        assert np.frombuffer(memoryview(other), dtype=np.uint8)[0] == 0xEE
+    finally:
+        buf.recycle()
+        other.recycle()
+        lp.destroy()
+        nbp.destroy()
+    assert issubclass(fb.ReadOnlyBufferError, fb.FlinkbufError)
+    assert issubclass(fb.ReadOnlyBufferError, BufferError)

@@ -8,17 +8,27 @@ import fcntl
 import mmap
 import os
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
+from helpers import wait_until
+from network_helpers import (
+    SECRET,
+    RingSocket,
+    frame,
+    pool_arenas_held,
+    shared_memory_held,
+)
 
 from flinkbuf.buffer import NetworkBufferPool
 from flinkbuf.io import RecordWriter, create_partition
-from flinkbuf.network import NetworkEnvironment
-from helpers import wait_until
-from network_helpers import SECRET, pool_arenas_held, shared_memory_held
+from flinkbuf.network import NetworkEnvironment, handshake
+from flinkbuf.network._network import _shm_region
 
 pytestmark = pytest.mark.one_transport
 
@@ -32,7 +42,7 @@ PRODUCER = textwrap.dedent("""
     env = NetworkEnvironment(64, 32768, secret=bytes.fromhex(sys.argv[1]), transport="shm")
     part = create_partition(env.network_buffer_pool, 1, min_buffers=8)
     env.register_partition("p", part)
-    print("%s:%d" % env.address, flush=True)
+    print("{}:{}".format(*env.address), flush=True)
     with RecordWriter(part, codec="bytes", buffer_timeout=0) as w:
         for i in range(int(sys.argv[2])):
             w.emit(i.to_bytes(8, "little") * 512)
@@ -121,8 +131,13 @@ def test_buffers_of_a_producer_in_another_process_are_lent_not_copied():
         gate.close()
     finally:
         prod.stdin.close()
-        prod.wait(30)
-        cons.close()
+        try:
+            prod.wait(30)
+        finally:
+            if prod.poll() is None:         # (stuck: no orphan left behind)
+                prod.kill()
+                prod.wait()
+            cons.close()
     assert wait_until(lambda: shared_memory_held() == [], 10), shared_memory_held()
 
 
@@ -134,14 +149,14 @@ def test_a_consumer_killed_holding_lent_buffers_gives_them_back(held):
     env = NetworkEnvironment(64, 32768, secret=SECRET, transport="shm")
     part = create_partition(env.network_buffer_pool, 1, min_buffers=4, max_buffers=16)
     env.register_partition("p", part)
-    cons = spawn(CONSUMER, "%s:%d" % env.address)
+    cons = spawn(CONSUMER, "{}:{}".format(*env.address))
     try:
         w = RecordWriter(part, codec="bytes", buffer_timeout=0)
         for i in range(12 if held else 1):
             w.emit(record(i) * 7)
         w.flush()
         assert cons.stdout.readline().strip() == "reading"
-        lent = lambda: sum(s["buffers_lent"] for s in env.connection_stats())  # noqa: E731
+        lent = lambda: sum(s["buffers_lent"] for s in env.connection_stats())
         if held:
             assert wait_until(lambda: lent() >= 2, 10), env.connection_stats()
         os.kill(cons.pid, signal.SIGKILL)
@@ -184,7 +199,7 @@ def test_a_consumer_that_lives_on_gives_back_what_it_let_go_of(reads):
     env = NetworkEnvironment(64, 32768, secret=SECRET, transport="shm")
     part = create_partition(env.network_buffer_pool, 1, min_buffers=4, max_buffers=16)
     env.register_partition("p", part)
-    cons = spawn(LIVING_CONSUMER, "%s:%d" % env.address, reads)
+    cons = spawn(LIVING_CONSUMER, "{}:{}".format(*env.address), reads)
     pool = part.pool
     try:
         w = RecordWriter(part, codec="bytes", buffer_timeout=0)
@@ -192,7 +207,7 @@ def test_a_consumer_that_lives_on_gives_back_what_it_let_go_of(reads):
             w.emit(record(i) * 7)
         w.flush()
         assert cons.stdout.readline().strip() == "reading"
-        lent = lambda: sum(s["buffers_lent"] for s in env.connection_stats())  # noqa: E731
+        lent = lambda: sum(s["buffers_lent"] for s in env.connection_stats())
         assert wait_until(lambda: lent() == 2, 10), env.connection_stats()
         assert not wait_until(lambda: lent() > 2, 0.5), env.connection_stats()
         assert part.subpartition(0).backlog > 0     # the rest waits for credit
@@ -220,7 +235,7 @@ def test_a_producer_killed_while_lent_buffers_are_held():
         gate = cons.create_input_gate([(address, "p", 0)], codec="bytes")
         it = iter(gate)
         assert next(it) == record(0)
-        held = lambda: sum(s["buffers_borrowed"] for s in cons.connection_stats())  # noqa
+        held = lambda: sum(s["buffers_borrowed"] for s in cons.connection_stats())
         assert wait_until(lambda: held() >= 2, 10), cons.connection_stats()
         os.kill(prod.pid, signal.SIGKILL)
         prod.wait(10)
@@ -238,4 +253,133 @@ def test_a_producer_killed_while_lent_buffers_are_held():
             prod.kill()
             prod.wait()
         cons.close()
+    assert wait_until(lambda: shared_memory_held() == [], 10), shared_memory_held()
+
+
+STRIDE = 32768            # the segment size: a multiple of the cache line
+
+
+def sealed_memfd(name, size, seals=0x2 | 0x4):
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, size)
+    if seals:
+        fcntl.fcntl(fd, getattr(fcntl, "F_ADD_SEALS", 1033), seals)
+    return fd
+
+
+class HostileLender:
+    """A server on this host that passes the handshake over shared memory,
+    passes an arena of 4 segments and a ledger of ``ledger`` bytes, takes
+    one partition request and then sends ``lent(receiver)``'s frames."""
+
+    def __init__(self, lent, *, ledger=64 + 4, seal_arena=True):
+        self.lent, self.ledger, self.seal_arena = lent, ledger, seal_arena
+        self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.listener.bind(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.unix.bind(f"\0flinkbuf-tcp-{self.port}")
+        self.unix.listen(1)
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        sock, _ = self.unix.accept()
+        with sock:
+            sock.settimeout(5)
+            hs = handshake.ServerHandshake(SECRET, f"127.0.0.1:{self.port}", STRIDE,
+                                        shared_memory=lambda: _shm_region(STRIDE))
+            while not hs.done:
+                sock.sendall(hs.feed(sock.recv(handshake.MAX_FRAME)))
+            memfd, data0, room0, data1, room1 = hs.shared_fds
+            arena = sealed_memfd("hostile-arena", 4 * STRIDE,
+                                 0x2 | 0x4 if self.seal_arena else 0)
+            ledger = sealed_memfd("hostile-ledger", self.ledger)
+            handshake.send_setup(sock, [memfd, data1, room1, arena, ledger])
+            for fd in (data1, room1, arena, ledger):
+                os.close(fd)
+            ring = RingSocket(sock, memfd, data0, room0, side=0)
+            ring.settimeout(5)
+            try:
+                head = ring.recv(9)
+                while len(head) < 9:
+                    head += ring.recv(9 - len(head))
+                body = b""
+                while len(body) < int.from_bytes(head[:4], "big") - 9:
+                    body += ring.recv(4096)
+                receiver = int.from_bytes(body[:4], "big")
+                for data in self.lent(receiver):
+                    ring.sendall(data)
+                self.done.wait(10)
+            except OSError:
+                pass                            # the consumer closed on us
+            finally:
+                ring.close()
+
+    @property
+    def address(self):
+        return f"127.0.0.1:{self.port}"
+
+    def close(self):
+        self.done.set()
+        self.thread.join(10)
+        self.listener.close()
+        self.unix.close()
+
+
+def lent_frame(receiver, seq, segment, size=16, backlog=0):
+    return frame(8, struct.pack(">IIIBII", receiver, seq, backlog, 0, size, segment))
+
+
+HOSTILE_LENDS = {
+    "outside-the-arena": (lambda r: [lent_frame(r, 0, 4)], "outside the peer's arena"),
+    "far-outside": (lambda r: [lent_frame(r, 0, 0xFFFFFFFF)], "outside the peer's arena"),
+    "lent-twice": (lambda r: [lent_frame(r, 0, 1), lent_frame(r, 1, 1)], "lent already"),
+    "without-credit": (lambda r: [lent_frame(r, k, k) for k in range(3)], "without credit"),
+    "sequence-gap": (lambda r: [lent_frame(r, 5, 0)], "sequence gap"),
+    "never-issued": (lambda r: [lent_frame(r + 7, 0, 0)], "never issued"),
+    "oversized": (lambda r: [lent_frame(r, 0, 0, size=STRIDE + 1)], "lent buffer"),
+    "empty": (lambda r: [lent_frame(r, 0, 0, size=0)], "empty data buffer"),
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", sorted(HOSTILE_LENDS))
+def test_a_lender_breaking_the_rules_fails_the_connection_not_the_process(name):
+    """A peer that lends segments outside its arena, twice, beyond the
+    credit it was given or out of sequence fails this connection with a
+    protocol error that says so; nothing of it stays mapped here."""
+    lent, reason = HOSTILE_LENDS[name]
+    hostile = HostileLender(lent)
+    env = NetworkEnvironment(16, STRIDE, secret=SECRET, transport="shm",
+                             exclusive_buffers_per_channel=2, floating_buffers_per_gate=0)
+    gate = env.create_input_gate([(hostile.address, "p", 0)], codec="bytes")
+    try:
+        with pytest.raises(Exception, match=reason) as info:
+            for _ in gate:          # (what came before the bad frame may be read first)
+                pass
+        assert not isinstance(info.value, AssertionError)
+    finally:
+        gate.close()
+        env.close()
+        hostile.close()
+    assert wait_until(lambda: shared_memory_held() == [], 10), shared_memory_held()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("ledger, seal_arena, reason", [
+    (64 + 4, False, "not sealed against shrinking"),
+    (64, True, "too few for a segment"),
+], ids=["arena-not-sealed", "ledger-too-small"])
+def test_an_arena_or_ledger_not_as_it_should_be_is_refused(ledger, seal_arena, reason):
+    hostile = HostileLender(lambda r: [], ledger=ledger, seal_arena=seal_arena)
+    env = NetworkEnvironment(16, STRIDE, secret=SECRET, transport="shm")
+    try:
+        with pytest.raises(Exception, match=reason):
+            gate = env.create_input_gate([(hostile.address, "p", 0)], codec="bytes")
+            next(iter(gate))
+    finally:
+        env.close()
+        hostile.close()
     assert wait_until(lambda: shared_memory_held() == [], 10), shared_memory_held()
