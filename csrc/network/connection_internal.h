@@ -266,6 +266,21 @@ void conn_release(void *arg);
 
 /* lend.c */
 int lend_locked(fb_conn_t *c, outchan_t *oc, const fb_item_t *item);
+
+/* A consumer's thread reads the socket, or did a moment ago (the lend): what
+ * it leaves for the writer (credit, releases) goes out with its next read. */
+static inline int consumer_reads(fb_conn_t *c)
+{
+    return __atomic_load_n(&c->rd_owner, __ATOMIC_RELAXED) == RD_DIRECT
+           || fb_monotonic_ns() < __atomic_load_n(&c->rd_lent_until, __ATOMIC_RELAXED);
+}
+
+/* Control frames wait to be written: messages, or releases (unlocked look). */
+static inline int control_waits(fb_conn_t *c)
+{
+    return __atomic_load_n(&c->nctl, __ATOMIC_RELAXED) > 0
+           || __atomic_load_n(&c->nrel, __ATOMIC_RELAXED) > 0;
+}
 char *put_releases_locked(fb_conn_t *c, char *p, char *end, int *more);
 int read_lent(fb_conn_t *c, const fb_wire_frame_t *f);
 int read_release(fb_conn_t *c, const fb_wire_frame_t *f);

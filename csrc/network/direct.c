@@ -66,10 +66,10 @@ static int read_until(fb_conn_t *c, const waiting_t *w, int64_t deadline_ns)
             now = fb_monotonic_ns();
             if (now >= deadline_ns || stalled(c, now))
                 break;
-            /* Credit deferred for this read goes out before the wait: the
+            /* Credit (and releases) deferred for this read go out before the wait: the
              * buffers that came since may have left the sender short, and
              * the reader thread, which would send it, does not read now. */
-            if (__atomic_load_n(&c->nctl, __ATOMIC_RELAXED) > 0) {
+            if (control_waits(c)) {
                 if (c->caller_sends) {
                     fb_gate_mark(&c->out, 0);
                     conn_ready(c);

@@ -14,13 +14,6 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-/* A consumer's thread reads the socket, or did a moment ago (the lend). */
-static int consumer_reads(fb_conn_t *c)
-{
-    return __atomic_load_n(&c->rd_owner, __ATOMIC_RELAXED) == RD_DIRECT
-           || fb_monotonic_ns() < __atomic_load_n(&c->rd_lent_until, __ATOMIC_RELAXED);
-}
-
 /* Act on a credit decision (mu held): queue the message it calls for.
  * Returns how the caller (unlocked) is to wake the writer (writer_kick), or 0. */
 static int credit_act(fb_conn_t *c, fb_inchan_t *ch, fb_credit_action_t a, uint8_t msg)

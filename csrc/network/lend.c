@@ -26,10 +26,16 @@ int fb_conn_lend(fb_conn_t *c, const fb_netpool_t *np, int pidfd, int ledger_fd)
 static void lease_released(void *arg, uint32_t segment)
 {
     fb_conn_t *c = arg;
+    int32_t n;
     pthread_mutex_lock(&c->rel_mu);
-    c->rel[c->nrel++] = segment;      /* each segment at most once: held once */
+    c->rel[c->nrel] = segment;        /* each segment at most once: held once */
+    n = c->nrel + 1;
+    __atomic_store_n(&c->nrel, n, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&c->rel_mu);
-    notify_writer(c, 0);
+    /* As deferred credit: a consumer that reads the connection itself sends
+     * them with its next read, many in one frame, and wakes nobody. */
+    if (!consumer_reads(c) || n >= RELEASE_BATCH)
+        notify_writer(c, 0);
 }
 
 /* A lent segment of `tag` (a channel) was recycled: its credit returns. */
@@ -85,7 +91,7 @@ char *put_releases_locked(fb_conn_t *c, char *p, char *end, int *more)
     pthread_mutex_lock(&c->rel_mu);
     while (c->nrel > 0 && end - p >= (ptrdiff_t)FB_NET_MAX_CONTROL_FRAME) {
         n = (uint32_t)c->nrel < RELEASE_BATCH ? (uint32_t)c->nrel : RELEASE_BATCH;
-        c->nrel -= (int32_t)n;
+        __atomic_store_n(&c->nrel, c->nrel - (int32_t)n, __ATOMIC_RELAXED);
         p = fb_wire_put_release(p, c->rel + c->nrel, n);
     }
     *more = c->nrel > 0;

@@ -632,8 +632,8 @@ static void reader_loop(fb_conn_t *c)
         }
         __atomic_store_n(&c->rd_owner, RD_THREAD, __ATOMIC_RELAXED);
         pthread_mutex_unlock(&c->rd_mu);
-        if (__atomic_load_n(&c->nctl, __ATOMIC_RELAXED) > 0)
-            notify_writer(c, 0);         /* credit a consumer left for its next read */
+        if (control_waits(c))
+            notify_writer(c, 0);         /* what a consumer left for its next read */
         r = read_available(c);
         /* In the middle of a frame the rest is coming: wait for it holding
          * the socket (a closing channel's abort and a shutdown wake this). */
