@@ -64,11 +64,12 @@ def connection_stress_exe(tmp_path_factory):
     return build
 
 
-@pytest.mark.parametrize("transport", ["unix", "tcp", "shm"])
+@pytest.mark.parametrize("transport", ["unix", "tcp", "shm", "lend"])
 @pytest.mark.parametrize("sanitizer", ["thread", "address,undefined"])
 def test_connection_stress_under_sanitizer(connection_stress_exe, sanitizer, transport):
     """Two connections in one process (a socket pair, TCP loopback, or
-    shared memory over a socket pair):
+    shared memory over a socket pair, copying or lending the producers'
+    buffers):
     producers serving subpartitions under backpressure, consumers reading
     them through remote channels with exclusive and floating buffers, with
     direct reads and caller sends on and off, channels cancelled and

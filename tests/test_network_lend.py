@@ -287,7 +287,7 @@ class HostileLender:
     def _run(self):
         sock, _ = self.unix.accept()
         with sock:
-            sock.settimeout(5)
+            sock.settimeout(30)           # (a loaded machine: no early close)
             hs = handshake.ServerHandshake(SECRET, f"127.0.0.1:{self.port}", STRIDE,
                                         shared_memory=lambda: _shm_region(STRIDE))
             while not hs.done:
@@ -300,7 +300,7 @@ class HostileLender:
             for fd in (data1, room1, arena, ledger):
                 os.close(fd)
             ring = RingSocket(sock, memfd, data0, room0, side=0)
-            ring.settimeout(5)
+            ring.settimeout(30)
             try:
                 head = ring.recv(9)
                 while len(head) < 9:
@@ -383,3 +383,107 @@ def test_an_arena_or_ledger_not_as_it_should_be_is_refused(ledger, seal_arena, r
         env.close()
         hostile.close()
     assert wait_until(lambda: shared_memory_held() == [], 10), shared_memory_held()
+
+
+CLIENT_PRODUCER = textwrap.dedent("""
+    import sys
+    from flinkbuf.io import RecordWriter, create_partition
+    from flinkbuf.network import NetworkEnvironment
+    env = NetworkEnvironment(64, 32768, secret=bytes.fromhex(sys.argv[1]), transport="shm")
+    part = create_partition(env.network_buffer_pool, 1, min_buffers=8)
+    env.register_partition("p", part)
+    for _ in env.create_input_gate([(sys.argv[2], "c", 0)]):   # this side connects first
+        pass
+    print("{}:{}".format(*env.address), flush=True)
+    with RecordWriter(part, codec="bytes", buffer_timeout=0) as w:
+        for i in range(int(sys.argv[3])):
+            w.emit(i.to_bytes(8, "little") * 512)
+    assert part.wait_consumed(60)
+    sys.stdin.read()
+""")
+
+
+def test_a_client_lends_its_buffers_to_the_server_too():
+    """The process that opened the connection (the client) produces: its
+    buffers are lent to the server's process over the same connection,
+    read exactly, and all given back."""
+    n = 3000
+    cons = NetworkEnvironment(64, 32768, secret=SECRET, transport="shm")
+    mine = create_partition(cons.network_buffer_pool, 1, min_buffers=2)
+    cons.register_partition("c", mine)
+    RecordWriter(mine).close()                  # nothing: the client reads it to its end
+    prod = spawn(CLIENT_PRODUCER, "{}:{}".format(*cons.address), n)
+    try:
+        address = prod.stdout.readline().strip()
+        gate = cons.create_input_gate([(address, "p", 0)], codec="bytes")
+        for i, rec in enumerate(gate):
+            assert rec == record(i)
+        assert i == n - 1
+        [stats] = cons.connection_stats()          # the one connection the client opened
+        assert stats["transport"] == "shm" and stats["buffers_in"] > 0
+        assert stats["bytes_in"] < 64 * stats["buffers_in"], stats
+        assert wait_until(lambda: cons.connection_stats()[0]["buffers_borrowed"] == 0, 10)
+        gate.close()
+    finally:
+        prod.stdin.close()
+        try:
+            prod.wait(30)
+        finally:
+            if prod.poll() is None:
+                prod.kill()
+                prod.wait()
+            cons.close()
+    assert prod.returncode == 0
+    assert wait_until(lambda: shared_memory_held() == [], 10), shared_memory_held()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("passed", ["three", "unsealed", "not-memory"])
+def test_a_client_passing_wrong_descriptors_is_refused_and_the_server_serves_on(passed):
+    """A client (with the secret) that passes more descriptors with its
+    AUTH than a lender does, or an arena and ledger that are not sealed
+    memory files, gets no connection; nothing of them stays open in the
+    server, which serves the next client."""
+    env = NetworkEnvironment(16, STRIDE, secret=SECRET, transport="shm")
+    mine = create_partition(env.network_buffer_pool, 1, min_buffers=2)
+    env.register_partition("c", mine)
+    RecordWriter(mine).close()
+    before = set(os.listdir("/proc/self/fd"))
+    if passed == "not-memory":
+        fds = [os.open("/dev/null", os.O_RDONLY), os.open("/dev/null", os.O_RDONLY)]
+    else:
+        fds = [sealed_memfd("a", 4 * STRIDE, 0), sealed_memfd("l", 64 + 4, 0)]
+        if passed == "three":
+            fds.append(os.dup(fds[0]))
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(f"\0flinkbuf-tcp-{env.address[1]}")
+        try:
+            handshake.client(sock, SECRET, "127.0.0.1:1", STRIDE, 5.0, shared_memory=True,
+                             lend_fds=fds)
+        except (OSError, handshake.AuthenticationError):
+            pass                                       # refused in the handshake
+        sock.settimeout(5.0)
+        try:
+            while sock.recv(4096):                     # or closed right after it
+                pass
+        except OSError:
+            pass
+    finally:
+        sock.close()
+        handshake.close_fds(fds)
+    peer = NetworkEnvironment(16, STRIDE, secret=SECRET, transport="shm")
+    try:
+        assert list(peer.create_input_gate([("{}:{}".format(*env.address), "c", 0)])) == []
+    finally:
+        peer.close()
+    def theirs():                 # what the server may still hold of the client's
+        links = []
+        for fd in set(os.listdir("/proc/self/fd")) - before:
+            try:
+                links.append(os.readlink(f"/proc/self/fd/{fd}"))
+            except OSError:
+                pass
+        return [ln for ln in links if ln.startswith(("/memfd:a ", "/memfd:l ", "/dev/null"))]
+    assert wait_until(lambda: theirs() == [], 10), theirs()
+    env.close()

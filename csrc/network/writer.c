@@ -146,7 +146,19 @@ static ctl_t *take_control_locked(fb_conn_t *c, batch_t *b)
 {
     ctl_t *m, *taken = NULL, **tail = &taken;
     char *p = c->ctlbuf + b->ctl_used, *end;
-    while ((m = c->ctl_head) != NULL) {
+    /* Segments of the peer's we recycled go first: before a CLOSE_REQUEST
+     * (after which the peer reads nothing), and before the credit they free. */
+    if (c->rel != NULL) {
+        int more;
+        end = put_releases_locked(c, p, c->ctlbuf + CTL_CAP, &more);
+        b->frames_out += end > p;
+        p = end;
+        if (more) {
+            notify_writer(c, 0);
+            b->ctl_full = 1;
+        }
+    }
+    while (!b->ctl_full && (m = c->ctl_head) != NULL) {
         if ((size_t)(p - c->ctlbuf) + FB_NET_MAX_CONTROL_FRAME + m->len > CTL_CAP) {
             notify_writer(c, 0);             /* the rest in the next batch */
             b->ctl_full = 1;
@@ -164,16 +176,6 @@ static ctl_t *take_control_locked(fb_conn_t *c, batch_t *b)
         m->next = NULL;
         *tail = m;
         tail = &m->next;
-    }
-    if (c->rel != NULL && !b->ctl_full) {       /* segments of the peer's we recycled */
-        int more;
-        char *end = put_releases_locked(c, p, c->ctlbuf + CTL_CAP, &more);
-        b->frames_out += end > p;
-        p = end;
-        if (more) {
-            notify_writer(c, 0);
-            b->ctl_full = 1;
-        }
     }
     if (p > c->ctlbuf + b->ctl_used) {
         batch_iov(b, c->ctlbuf + b->ctl_used, (size_t)(p - (c->ctlbuf + b->ctl_used)));

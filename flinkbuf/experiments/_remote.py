@@ -20,6 +20,9 @@ from flinkbuf.experiments._args import check_choice, fail
 from flinkbuf.experiments._failures import RunFailed
 
 _BATCH = 64
+# Buffers lent to the consumers' process come back moments after it let go
+# of them (its last releases, or its connection's ledger once it ended).
+_RETURN_S = 5.0
 
 # NetworkEnvironment's transports: "auto" (the fastest on this host), and
 # each of them by name.
@@ -107,6 +110,15 @@ def _child(stderr, conn, producer_address, secret, specs, segment_size, exclusiv
                 return
     finally:
         env.close()
+
+
+def buffers_not_returned(pool):
+    """``pool``'s buffers still handed out, once those the consumers'
+    process let go of have had the time to come back."""
+    deadline = time.monotonic() + _RETURN_S
+    while pool.num_requested > pool.num_available and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return pool.num_requested - pool.num_available
 
 
 class RemoteConsumers:

@@ -74,6 +74,7 @@ from flinkbuf.experiments._output import (
 from flinkbuf.experiments._remote import (
     MetricsProxy,
     RemoteConsumers,
+    buffers_not_returned,
     check_transport,
     describe_transport,
     new_secret,
@@ -273,8 +274,7 @@ class _RemotePipeline(_Pipeline):
             raise RuntimeError(f"tasks did not stop within {timeout} s")
         if errors:
             self.errors.append(RunFailed(f"the remote consumer failed: {errors[0]}"))
-        pool = self.partition.pool
-        leaked = pool.num_requested - pool.num_available
+        leaked = buffers_not_returned(self.partition.pool)
         self.env.close()
         return leaked
 

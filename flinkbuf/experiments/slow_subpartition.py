@@ -60,6 +60,7 @@ from flinkbuf.experiments._output import (
 from flinkbuf.experiments._failures import RunFailed
 from flinkbuf.experiments._remote import (
     RemoteConsumers,
+    buffers_not_returned,
     check_transport,
     describe_transport,
     new_secret,
@@ -293,8 +294,7 @@ class _RemoteModeRun(_ModeRun):
             raise self.errors[0]
         if errors:
             raise RunFailed(f"a remote consumer failed: {errors[0]}")
-        pool = self.partition.pool
-        leaked = pool.num_requested - pool.num_available
+        leaked = buffers_not_returned(self.partition.pool)
         self.env.close()
         return leaked
 

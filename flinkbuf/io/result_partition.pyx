@@ -395,7 +395,8 @@ cdef class ResultPartition:
 
     cdef int _reader_detached(self) except -1:
         """That reader is done (it sent the subpartition's last item or its
-        error, its reader went away, or its connection ended)."""
+        error, its reader went away, or its connection ended) and holds
+        nothing of the partition (no buffer of it is lent any more)."""
         self._readers -= 1
         if self._signal is not None:
             fb_signal_post(&self._signal._c)
@@ -418,7 +419,8 @@ cdef class ResultPartition:
         something of it in flight (a connection of a
         :class:`~flinkbuf.network.NetworkEnvironment` sending a
         subpartition's last buffers and EndOfPartition, or the producer's
-        error; a connection that drops ends its readers at once).
+        error; a connection that drops ends its readers at once) or holds
+        one of its buffers lent over shared memory.
 
         True once that is so (at once if it is already), False if
         ``timeout`` seconds (None: no limit) pass first.  With

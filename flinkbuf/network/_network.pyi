@@ -32,7 +32,7 @@ class Connection:
         caller_sends: bool = True,
         direct_reads: bool = True,
         shared: tuple[int, int, int, int]
-        | tuple[int, int, int, int, int, NetworkBufferPool | None, int]
+        | tuple[int, int, int, int, int, int, NetworkBufferPool | None, int, int]
         | None = None,
     ) -> Connection: ...
     def close(self) -> None: ...

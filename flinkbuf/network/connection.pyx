@@ -38,7 +38,7 @@ cdef int _find_subpartition(void *ctx, const char *partition_id, size_t n,
                        f"subpartition {<object>subpartition}", err, errlen)
             return FB_NET_ERR_REFUSED
         Py_INCREF(part)
-        part._reader_attached()         # until _detach_owner
+        part._reader_attached()         # until _drop_owner
         owner[0] = <void *>part
         sp[0] = &(<ResultSubpartition>part._subpartitions[subpartition])._c
         pool[0] = &part._pool._c if part._pool is not None else NULL
@@ -64,20 +64,23 @@ cdef void _describe_failure(void *ctx, void *owner, char *tname, size_t tlen,
         write_unraisable(part)
 
 
-cdef void _detach_owner(void *ctx, void *owner) noexcept with gil:
+cdef void _detach_owner(void *ctx, void *owner) noexcept nogil:
     """The subpartition of a partition _find_subpartition gave the
-    connection has no reader any more (or the request was not served)."""
+    connection has no reader any more (or the request was not served):
+    nothing to do until _drop_owner, when no buffer of it is lent either."""
+    pass
+
+
+cdef void _drop_owner(void *ctx, void *owner) noexcept with gil:
+    """The reference _find_subpartition took goes (after _detach_owner,
+    once no buffer of the partition is lent to the peer): the partition's
+    reader in another process is done."""
     cdef ResultPartition part = <ResultPartition>owner
     try:
         part._reader_detached()
     except BaseException:
         write_unraisable(part)
-
-
-cdef void _drop_owner(void *ctx, void *owner) noexcept with gil:
-    """The reference _find_subpartition took goes (after _detach_owner,
-    once no buffer of the partition is lent to the peer)."""
-    Py_DECREF(<object>owner)
+    Py_DECREF(part)
 
 
 def _memfd_of(NetworkBufferPool pool not None):
@@ -138,21 +141,22 @@ cdef class Connection:
         from here on).  ``lookup(partition_id)`` finds a registered
         partition or returns None; ``caller_sends`` and ``direct_reads``
         are the environment's (see NetworkEnvironment).  ``shared`` is
-        ``(memfd, data_fd, room_fd, side, peer_arena, lend_pool, pidfd,
-        ledger)`` for the shared-memory transport over the Unix socket
-        ``fd``: the doorbells and ``pidfd`` (-1: none) are owned from here
-        on, the memfds stay the caller's.  Buffers the peer lends are read
-        from ``peer_arena`` (its buffer arena's memfd, -1: it lends none);
-        this side lends buffers of ``lend_pool`` (a shared
-        NetworkBufferPool, or None) to the peer process ``pidfd``.
-        ``ledger`` is the lending side's ledger (:func:`_new_ledger`), -1
-        when nothing is lent.  RemoteConnectionError if the region, the
-        arena or the ledger is not as it should be."""
+        ``(memfd, data_fd, room_fd, side, peer_arena, peer_ledger,
+        lend_pool, pidfd, ledger)`` for the shared-memory transport over
+        the Unix socket ``fd``: the doorbells and ``pidfd`` (-1: none) are
+        owned from here on, the memfds stay the caller's.  Buffers the peer
+        lends are read from ``peer_arena`` (its buffer arena's memfd, -1:
+        it lends none), its loans kept in ``peer_ledger``; this side lends
+        buffers of ``lend_pool`` (a shared NetworkBufferPool, or None) to
+        the peer process ``pidfd``, its loans kept in ``ledger``
+        (:func:`_new_ledger`, -1: none).  RemoteConnectionError if the
+        region, the arena or a ledger is not as it should be."""
         cdef Connection conn = Connection.__new__(Connection, _MADE_HERE)
         cdef fb_conn_callbacks_t cb
         cdef fb_transport_t *t
         cdef char err[256]
         cdef int memfd, data_fd, room_fd, side, peer_arena = -1, pidfd = -1, ledger = -1
+        cdef int peer_ledger = -1
         cdef NetworkBufferPool lend_pool = None
         cb.ctx = <void *>conn           # borrowed: the threads end before conn does
         cb.find_subpartition = _find_subpartition
@@ -167,8 +171,9 @@ cdef class Connection:
             t = fb_transport_socket(fd)
         else:
             if len(shared) == 4:                 # no lending either way
-                shared = (*shared, -1, None, -1, -1)
-            memfd, data_fd, room_fd, side, peer_arena, lend_pool, pidfd, ledger = shared
+                shared = (*shared, -1, -1, None, -1, -1)
+            (memfd, data_fd, room_fd, side, peer_arena, peer_ledger, lend_pool, pidfd,
+             ledger) = shared
             conn._transport = "shm"
             err[0] = 0
             t = fb_transport_shm(fd, memfd, data_fd, room_fd, side, err, sizeof(err))
@@ -197,7 +202,7 @@ cdef class Connection:
         elif pidfd >= 0:
             import os
             os.close(pidfd)
-        if peer_arena >= 0 and fb_conn_borrow(conn._c, peer_arena, ledger, err,
+        if peer_arena >= 0 and fb_conn_borrow(conn._c, peer_arena, peer_ledger, err,
                                               sizeof(err)) != 0:
             raise RemoteConnectionError(
                 f"cannot read the buffers {peer} lends: {err.decode('utf-8', 'replace')}")

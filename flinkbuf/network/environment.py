@@ -55,6 +55,20 @@ _SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)
 _UCRED = struct.Struct("3i")
 
 
+def _recv_handshake(sock: socket.socket, fds: list[int]) -> bytes:
+    """What a client sent during its handshake; over a Unix socket the
+    descriptors it passed join ``fds`` (a client that lends passes its
+    arena and ledger with its AUTH; any more: AuthenticationError)."""
+    if sock.family != socket.AF_UNIX:
+        return sock.recv(handshake.MAX_FRAME)
+    data, got, flags, _ = socket.recv_fds(sock, handshake.MAX_FRAME, handshake.LEND_FDS,
+                                          getattr(socket, "MSG_CMSG_CLOEXEC", 0))
+    fds.extend(got)
+    if len(fds) > handshake.LEND_FDS or flags & getattr(socket, "MSG_CTRUNC", 0):
+        raise AuthenticationError("the client passed more descriptors than a lender does")
+    return data
+
+
 def _peer_pidfd(sock: socket.socket) -> int:
     """A pidfd of the process at the other end of a Unix socket (its end
     gives back the buffers lent to it), or -1 when that is this process or
@@ -602,38 +616,61 @@ class NetworkEnvironment:
             sock = self._open_socket(host, port)
         except OSError as exc:
             raise RemoteConnectionError(f"cannot connect to {address}: {exc}") from exc
+        want_shm = self._want_shm and sock.family == socket.AF_UNIX
+        lent = self._loan_terms(sock) if want_shm else None    # this side lends too
         try:
-            _tune(sock)
-            peer, _, shared_fds = handshake.client(
-                sock, self._secret, self._address_text, self._segment_size,
-                self._connect_timeout,
-                shared_memory=self._want_shm and sock.family == socket.AF_UNIX)
-            sock.settimeout(None)
-            fd = sock.detach()
-        except AuthenticationError as exc:
-            sock.close()
-            raise AuthenticationError(f"connecting to {address}: {exc}") from None
-        except handshake.DuplicateConnection:
-            sock.close()
-            raise
-        except OSError as exc:
-            sock.close()
-            raise RemoteConnectionError(f"connecting to {address}: {exc}") from exc
+            try:
+                _tune(sock)
+                peer, _, shared_fds = handshake.client(
+                    sock, self._secret, self._address_text, self._segment_size,
+                    self._connect_timeout, shared_memory=want_shm,
+                    lend_fds=None if lent is None else [lent[1], lent[2]])
+                sock.settimeout(None)
+                fd = sock.detach()
+            except AuthenticationError as exc:
+                sock.close()
+                raise AuthenticationError(f"connecting to {address}: {exc}") from None
+            except handshake.DuplicateConnection:
+                sock.close()
+                raise
+            except OSError as exc:
+                sock.close()
+                raise RemoteConnectionError(f"connecting to {address}: {exc}") from exc
+            except BaseException:
+                sock.close()
+                raise
         except BaseException:
-            sock.close()
+            if lent is not None:
+                os.close(lent[0])
+                os.close(lent[2])
             raise
+        return self._open_connected(fd, address, shared_fds, lent)
+
+    def _open_connected(self, fd: int, address: str, shared_fds: list[int] | None,
+                        lent: tuple[int, int, int] | None) -> Connection:
+        """Run the connection this side opened to ``address`` (``fd``, past
+        the handshake): over shared memory if ``shared_fds`` (the region's,
+        then the server's arena and ledger if it lends; closed here), this
+        side lending as ``lent`` (:meth:`_loan_terms`: its pidfd is owned
+        from here on, its ledger closed here) if shared memory it is."""
         shared = None
         if shared_fds is not None:
-            memfd, data_fd, room_fd, *lent = shared_fds     # lent: the arena and ledger
-            arena, ledger = lent if lent else (-1, -1)
-            shared = (memfd, data_fd, room_fd, 1, arena, None, -1, ledger)
+            memfd, data_fd, room_fd, *peer_lent = shared_fds
+            arena, ledger = peer_lent if peer_lent else (-1, -1)
+            pidfd, _, own_ledger = lent if lent is not None else (-1, -1, -1)
+            shared = (memfd, data_fd, room_fd, 1, arena, ledger,
+                      self._nbp if lent is not None else None, pidfd, own_ledger)
+        elif lent is not None:
+            os.close(lent[0])                  # a stream after all: nothing is lent
         try:
             return Connection._open(fd, self._segment_size, self._lookup, self._address_text,
                                     address, self._io_timeout, self._caller_sends,
                                     self._direct_reads, shared)
         finally:
+            if lent is not None:
+                os.close(lent[2])
             if shared is not None:
-                for mapped in (shared[0], shared[4], shared[7]):   # mapped, or refused
+                for mapped in (shared[0], shared[4], shared[5]):   # mapped, or refused
                     if mapped >= 0:
                         os.close(mapped)
 
@@ -642,7 +679,7 @@ class NetworkEnvironment:
         this one thread (non-blocking sockets, a state machine each); an
         authenticated one becomes a Connection run by its C threads."""
         sel = self._selector
-        pending: _Pending = {}           # socket -> [handshake, deadline, peer]
+        pending: _Pending = {}           # socket -> [handshake, deadline, peer, fds]
         try:
             while not self._closed:
                 self._reap()
@@ -662,12 +699,13 @@ class NetworkEnvironment:
                     else:
                         self._handshake_step(sel, pending, cast(socket.socket, key.fileobj))
                 now = time.monotonic()
-                for sock, (_, deadline, peer) in list(pending.items()):
+                for sock, (_, deadline, _, _) in list(pending.items()):
                     if deadline <= now:
                         self._refuse(sel, pending, sock, "it did not complete the handshake "
                                      f"within {self._connect_timeout:g} s")
         finally:
-            for sock in list(pending):
+            for sock, (_, _, _, fds) in list(pending.items()):
+                handshake.close_fds(fds)
                 sock.close()
             sel.close()
 
@@ -689,7 +727,7 @@ class NetworkEnvironment:
             hs = handshake.ServerHandshake(
                 self._secret, self._address_text, self._segment_size, keep=self._keep_incoming,
                 shared_memory=self._new_region if sock.family == socket.AF_UNIX else None)
-            pending[sock] = [hs, time.monotonic() + self._connect_timeout, peer]
+            pending[sock] = [hs, time.monotonic() + self._connect_timeout, peer, []]
             sel.register(sock, selectors.EVENT_READ, True)
             if len(pending) > _MAX_PENDING_HANDSHAKES:
                 oldest = min(pending, key=lambda s: pending[s][1])
@@ -698,9 +736,9 @@ class NetworkEnvironment:
 
     def _handshake_step(self, sel: selectors.BaseSelector, pending: _Pending,
                         sock: socket.socket) -> None:
-        hs, _, peer = pending[sock]
+        hs, _, peer, fds = pending[sock]
         try:
-            data = sock.recv(handshake.MAX_FRAME)
+            data = _recv_handshake(sock, fds)
             if not data:
                 raise AuthenticationError("the peer closed the connection during the handshake")
             reply = hs.feed(data)
@@ -718,11 +756,15 @@ class NetworkEnvironment:
             sel.unregister(sock)
             del pending[sock]
             if hs.duplicate:             # the peer uses the connection this process keeps
+                handshake.close_fds(fds)
                 sock.close()
                 log.debug("closed a second connection from %s: one connection joins two "
                           "processes", hs.peer[0])
                 return
             shared = None
+            if hs.shared_fds is None or len(fds) != handshake.LEND_FDS:
+                handshake.close_fds(fds)     # a client that lends passes its arena and ledger
+                fds = [-1, -1]
             if hs.shared_fds is not None:
                 memfd, data0, room0, data1, room1 = hs.shared_fds
                 hs.shared_fds = None
@@ -731,22 +773,24 @@ class NetworkEnvironment:
                     handshake.send_setup(sock, [memfd, data1, room1]
                                          + (list(lent[1:]) if lent else []))
                 except OSError as exc:
-                    for fd in (memfd, data0, room0) + ((lent[0], lent[2]) if lent else ()):
-                        os.close(fd)
+                    handshake.close_fds([memfd, data0, room0, *fds]
+                                        + ([lent[0], lent[2]] if lent else []))
                     sock.close()
                     log.warning("could not pass shared memory to %s: %s", hs.peer[0], exc)
                     return
                 finally:
                     os.close(data1)
                     os.close(room1)
-                shared = (memfd, data0, room0) + ((lent[0], lent[2]) if lent else (-1, -1))
+                shared = ((memfd, data0, room0) + ((lent[0], lent[2]) if lent else (-1, -1))
+                          + (fds[0], fds[1]))
             sock.setblocking(True)
             self._start_accepted(sock.detach(), hs.peer[0], shared)
 
     def _refuse(self, sel: selectors.BaseSelector, pending: _Pending, sock: socket.socket,
                 why: str) -> None:
-        hs, _, peer = pending.pop(sock)
+        hs, _, peer, fds = pending.pop(sock)
         hs.discard()                     # a region made for it, if its AUTH_OK did not go
+        handshake.close_fds(fds)         # descriptors it passed
         sel.unregister(sock)
         sock.close()
         log.warning("refused a connection from %s:%s: %s", peer[0], peer[1], why)
@@ -771,12 +815,13 @@ class NetworkEnvironment:
             return None
 
     def _start_accepted(self, fd: int, advertised: str,
-                        shared: tuple[int, int, int, int, int] | None = None) -> None:
+                        shared: tuple[int, ...] | None = None) -> None:
         """Run an authenticated connection; ``shared`` is the shared-memory
         region's memfd (closed here), this side's doorbells (owned from here
         on), a pidfd of the peer process (-1: none; owned from here on), to
-        which this side lends its buffers, and the ledger of those loans
-        (-1: none; closed here)."""
+        which this side lends its buffers, the ledger of those loans, and
+        the arena and ledger of the buffers the peer lends (each -1: none;
+        closed here)."""
         try:
             with self._lock:
                 if self._closed:
@@ -790,17 +835,16 @@ class NetworkEnvironment:
                     conn = Connection._open(
                         fd, self._segment_size, self._lookup, self._address_text, advertised,
                         self._io_timeout, self._caller_sends, self._direct_reads,
-                        None if shared is None else (shared[0], shared[1], shared[2], 0, -1,
-                                                     self._nbp, shared[3], shared[4]))
+                        None if shared is None else (shared[0], shared[1], shared[2], 0,
+                                                     shared[5], shared[6], self._nbp,
+                                                     shared[3], shared[4]))
                 except (RemoteConnectionError, MemoryError) as exc:
                     log.warning("could not start a connection from %s: %s", advertised, exc)
                     return
                 self._add_accepted(conn, advertised)
         finally:
             if shared is not None:
-                os.close(shared[0])
-                if shared[4] >= 0:
-                    os.close(shared[4])
+                handshake.close_fds([fd for fd in (shared[0], *shared[4:]) if fd >= 0])
 
     def _add_accepted(self, conn: Connection, advertised: str) -> None:
         """Keep an accepted connection (the lock held)."""

@@ -4,7 +4,8 @@ nonces, compared in constant time) before anything else is exchanged, and
 tell each other their server address and segment size; a client on the
 same host may ask for the shared-memory transport, whose region the server
 then passes right after (SHM_SETUP, with the descriptors attached, and the
-server's buffer arena and ledger when it lends its buffers)."""
+server's buffer arena and ledger when it lends its buffers); a client that
+lends its buffers passes its arena and ledger with its AUTH."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ HELLO, CHALLENGE, AUTH, AUTH_OK, DUPLICATE, SHM_SETUP = 16, 17, 18, 19, 20, 21
 STREAM, SHARED_MEMORY = 0, 1                # the transport field of AUTH and AUTH_OK
 SHM_FDS: Final = 3                          # the region's memfd and the client's doorbells
 SHM_LEND_FDS: Final = 5                     # ... and the server's buffer arena and ledger
+LEND_FDS: Final = 2                         # a lender's arena and ledger (with AUTH: the client's)
 MAX_FRAME: Final = 256
 NONCE: Final = 32
 _HEADER = struct.Struct(">IIB")
@@ -140,7 +142,8 @@ def _tail(address: str, segment_size: int, transport: int) -> bytes:
     return _address_field(address) + struct.pack(">IB", segment_size, transport)
 
 
-def _close_fds(fds: list[int]) -> None:
+def close_fds(fds: list[int]) -> None:
+    """Close descriptors, ignoring those closed already."""
     for fd in fds:
         try:
             os.close(fd)
@@ -169,7 +172,7 @@ def _recv_setup(sock: socket.socket, deadline: float) -> list[int]:
                 or flags & getattr(socket, "MSG_CTRUNC", 0)):
             raise RemoteConnectionError("the peer sent a malformed shared memory set-up")
     except BaseException:
-        _close_fds(list(fds))
+        close_fds(list(fds))
         raise
     return list(fds)
 
@@ -183,12 +186,16 @@ def send_setup(sock: socket.socket, fds: list[int]) -> None:
 
 
 def client(sock: socket.socket, secret: bytes, address: str, segment_size: int,
-           timeout: float, *, shared_memory: bool = False) -> tuple[str, int, list[int] | None]:
+           timeout: float, *, shared_memory: bool = False,
+           lend_fds: list[int] | None = None) -> tuple[str, int, list[int] | None]:
     """Authenticate a connected socket as the client; returns the server's
     address and segment size, and, when ``shared_memory`` was asked for and
     the server agreed, the region's descriptors (memfd, data and room
     doorbells, and the server's buffer arena and ledger if it lends
-    buffers: the caller's to close), else None.  AuthenticationError if
+    buffers: the caller's to close), else None.  ``lend_fds`` (with
+    ``shared_memory``): this side's arena and ledger, passed with AUTH for
+    the server to read the buffers this side lends (they stay the
+    caller's).  AuthenticationError if
     either side fails to prove the secret; RemoteConnectionError if the
     segment sizes differ; DuplicateConnection if the server keeps another
     connection to this process."""
@@ -206,8 +213,12 @@ def client(sock: socket.socket, secret: bytes, address: str, segment_size: int,
     if not hmac.compare_digest(server_proof,
                                _proof(secret, b"flinkbuf-server", client_nonce, server_nonce)):
         raise AuthenticationError("the server did not prove that it knows the shared secret")
-    _send(sock, AUTH, _proof(secret, b"flinkbuf-client", server_nonce, client_nonce)
-          + _tail(address, segment_size, SHARED_MEMORY if shared_memory else STREAM))
+    auth = _frame(AUTH, _proof(secret, b"flinkbuf-client", server_nonce, client_nonce)
+                  + _tail(address, segment_size, SHARED_MEMORY if shared_memory else STREAM))
+    if shared_memory and lend_fds:
+        socket.send_fds(sock, [auth], lend_fds)     # (a few hundred bytes: sent whole)
+    else:
+        sock.sendall(auth)
     try:
         reply = _recv(sock, AUTH_OK, deadline, alternative=DUPLICATE)
     except _Alternative as dup:
@@ -292,7 +303,7 @@ class ServerHandshake:
         """Close the shared-memory region's descriptors, if any (a
         connection that will not be used)."""
         if self.shared_fds is not None:
-            _close_fds(self.shared_fds)
+            close_fds(self.shared_fds)
             self.shared_fds = None
 
     def _step(self, body: bytes) -> bytes:

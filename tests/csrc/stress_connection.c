@@ -8,11 +8,14 @@
  * buffers, user events and a final EndOfPartition; the consumer side reads
  * them through remote input channels (exclusive and floating buffers) in
  * NGATES gates, one consumer thread per gate, which checks every buffer and
- * recycles it.  Rounds vary direct reads and caller sends, cancel channels
+ * recycles it.  Over "lend" (shared memory, the producers' pool a shared
+ * arena) the producer side lends its data buffers instead of copying them:
+ * the consumers read them in place, their recycles go back as RELEASE, and
+ * after a connection ends the ledger gives back what was let go of.  Rounds vary direct reads and caller sends, cancel channels
  * from the consumer side mid-stream, and close either connection while
  * everybody is busy.  After every round all segments must be back.
  *
- * Usage: stress_connection [buffers per channel] [unix|tcp|shm]
+ * Usage: stress_connection [buffers per channel] [unix|tcp|shm|lend]
  * Prints "ok" and exits 0, or prints why not and exits 1. */
 #define _GNU_SOURCE
 #include <netinet/in.h>
@@ -23,11 +26,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "buffer/pool.h"
 #include "io/exchange.h"
 #include "network/connection.h"
+#include "network/lease.h"
 #include "network/shm.h"
 
 #define SEG 1024                /* segment size on both sides */
@@ -167,6 +172,7 @@ typedef struct world {
     fb_netpool_t prod_np, cons_np;
     fb_conn_t *conn[2];                 /* PRODUCER_SIDE, CONSUMER_SIDE */
     server_t *server;
+    int lend;                           /* the producer side lends its buffers */
 } world_t;
 
 typedef struct producer {
@@ -527,11 +533,18 @@ static void await(session_t *s, int (*cond)(session_t *), const char *what)
     }
 }
 
+/* (Lending: an owner lives on while its segments are lent, until the
+ * consumer side recycles them: no_owners_left, after its teardown.) */
 static int no_channels_left(session_t *s)
 {
-    return live_owners(s->w->server) == 0
+    return (s->w->lend || live_owners(s->w->server) == 0)
            && fb_conn_num_channels(s->w->conn[PRODUCER_SIDE]) == 0
            && fb_conn_num_channels(s->w->conn[CONSUMER_SIDE]) == 0;
+}
+
+static int no_owners_left(session_t *s)
+{
+    return live_owners(s->w->server) == 0;
 }
 
 static int busy_enough(session_t *s)
@@ -658,6 +671,7 @@ static void run_session(world_t *w, const round_t *rd, uint32_t nbuf, int index)
     }
     check_channels(s);
     close_consumer_side(s);
+    await(s, no_owners_left, "every lent segment came back");
     close_producer_side(s);
     free(s);
 }
@@ -696,9 +710,9 @@ static void socket_pair(int tcp, int small_buffers, int fds[2])
     }
 }
 
-enum { OVER_UNIX, OVER_TCP, OVER_SHM };
+enum { OVER_UNIX, OVER_TCP, OVER_SHM, OVER_LEND };
 
-static fb_conn_t *start_conn(fb_transport_t *t, const fb_conn_callbacks_t *cb, const round_t *rd)
+static fb_conn_t *new_conn(fb_transport_t *t, const fb_conn_callbacks_t *cb, const round_t *rd)
 {
     fb_conn_t *c;
     CHECK(t != NULL);
@@ -706,32 +720,50 @@ static fb_conn_t *start_conn(fb_transport_t *t, const fb_conn_callbacks_t *cb, c
     CHECK(c != NULL);
     fb_conn_set_caller_sends(c, rd->caller_sends);
     fb_conn_set_direct_reads(c, rd->direct_reads);
-    CHECK(fb_conn_start(c) == FB_OK);
     return c;
 }
 
+/* The producer side lends buffers of its shared pool to the consumer side,
+ * "another process" that is this one (its pidfd never ends: the ledger
+ * brings the loans back). */
+static void lend_pair(world_t *w, fb_conn_t *pair[2])
+{
+    char err[256];
+    int ledger = fb_ledger_new(w->prod_np.num_segments);
+    int pidfd = (int)syscall(SYS_pidfd_open, getpid(), 0);
+    CHECK(ledger >= 0 && pidfd >= 0);
+    CHECK(fb_conn_lend(pair[0], &w->prod_np, pidfd, ledger) == 0);
+    if (fb_conn_borrow(pair[1], fb_netpool_memfd(&w->prod_np), ledger, err, sizeof(err)) != 0)
+        die("cannot borrow: %s", err);
+    close(ledger);
+}
+
 /* Both ends of a connection pair over `over` (small socket buffers: the
- * smallest rings). */
-static void open_pair(int over, const round_t *rd, const fb_conn_callbacks_t *serving,
-                      const fb_conn_callbacks_t *reading, fb_conn_t *out[2])
+ * smallest rings), started. */
+static void open_pair(world_t *w, int over, const round_t *rd,
+                      const fb_conn_callbacks_t *serving, const fb_conn_callbacks_t *reading,
+                      fb_conn_t *out[2])
 {
     int fds[2], region[FB_SHM_NFDS];
     char err[256];
     socket_pair(over == OVER_TCP, rd->small_socket_buffers, fds);
-    if (over != OVER_SHM) {
-        out[0] = start_conn(fb_transport_socket(fds[0]), serving, rd);
-        out[1] = start_conn(fb_transport_socket(fds[1]), reading, rd);
-        return;
+    if (over == OVER_UNIX || over == OVER_TCP) {
+        out[0] = new_conn(fb_transport_socket(fds[0]), serving, rd);
+        out[1] = new_conn(fb_transport_socket(fds[1]), reading, rd);
+    } else {
+        CHECK(fb_shm_region_new(fb_shm_ring_size(rd->small_socket_buffers ? 256 : SEG),
+                                region) == 0);
+        out[0] = new_conn(fb_transport_shm(fds[0], region[FB_SHM_MEMFD], region[FB_SHM_DATA0],
+                                           region[FB_SHM_ROOM0], 0, err, sizeof(err)),
+                          serving, rd);
+        out[1] = new_conn(fb_transport_shm(fds[1], region[FB_SHM_MEMFD], region[FB_SHM_DATA1],
+                                           region[FB_SHM_ROOM1], 1, err, sizeof(err)),
+                          reading, rd);
+        close(region[FB_SHM_MEMFD]);
+        if (over == OVER_LEND)
+            lend_pair(w, out);
     }
-    CHECK(fb_shm_region_new(fb_shm_ring_size(rd->small_socket_buffers ? 256 : SEG),
-                            region) == 0);
-    out[0] = start_conn(fb_transport_shm(fds[0], region[FB_SHM_MEMFD], region[FB_SHM_DATA0],
-                                         region[FB_SHM_ROOM0], 0, err, sizeof(err)),
-                        serving, rd);
-    out[1] = start_conn(fb_transport_shm(fds[1], region[FB_SHM_MEMFD], region[FB_SHM_DATA1],
-                                         region[FB_SHM_ROOM1], 1, err, sizeof(err)),
-                        reading, rd);
-    close(region[FB_SHM_MEMFD]);
+    CHECK(fb_conn_start(out[0]) == FB_OK && fb_conn_start(out[1]) == FB_OK);
 }
 
 /* Every segment of a side is back in its network pool, which goes. */
@@ -757,6 +789,9 @@ static void check_traffic(world_t *w, const round_t *rd, uint32_t nbuf)
         die("%lld buffers sent, %lld received, %lld produced", (long long)out.buffers_out,
             (long long)in.buffers_in, (long long)want);
     CHECK(in.bytes_in <= out.bytes_out && out.bytes_in <= in.bytes_out);
+    if (w->lend && in.bytes_in >= want * 64)     /* data came as segment numbers */
+        die("lent, yet %lld bytes came for %lld buffers", (long long)in.bytes_in,
+            (long long)want);
 }
 
 static void run_round(const round_t *rd, uint32_t nbuf, int over)
@@ -771,9 +806,10 @@ static void run_round(const round_t *rd, uint32_t nbuf, int over)
     set_phase(rd->name);
     memset(&w, 0, sizeof(w));
     w.server = &srv;
-    CHECK(fb_netpool_init(&w.prod_np, PRODUCER_SEGMENTS, SEG, 64, 0) == FB_OK);
+    w.lend = over == OVER_LEND;
+    CHECK(fb_netpool_init(&w.prod_np, PRODUCER_SEGMENTS, SEG, 64, w.lend) == FB_OK);
     CHECK(fb_netpool_init(&w.cons_np, CONSUMER_SEGMENTS, SEG, 64, 0) == FB_OK);
-    open_pair(over, rd, &serving, &reading, pair);
+    open_pair(&w, over, rd, &serving, &reading, pair);
     w.conn[PRODUCER_SIDE] = pair[0];
     w.conn[CONSUMER_SIDE] = pair[1];
     for (int i = 0; i < rd->sessions; i++)
@@ -810,14 +846,15 @@ static const round_t ROUNDS[] = {
 int main(int argc, char **argv)
 {
     uint32_t nbuf = argc > 1 ? (uint32_t)atoi(argv[1]) : 300;
-    const char *names[] = {"unix", "tcp", "shm"};
+    const char *names[] = {"unix", "tcp", "shm", "lend"};
     int over = argc > 2 ? -1 : OVER_UNIX;
     pthread_t watchdog;
-    for (int i = 0; argc > 2 && i < 3; i++)
+    for (int i = 0; argc > 2 && i < 4; i++)
         if (strcmp(argv[2], names[i]) == 0)
             over = i;
     if (nbuf < 100 || over < 0 || argc > 3) {
-        fprintf(stderr, "usage: %s [buffers per channel >= 100] [unix|tcp|shm]\n", argv[0]);
+        fprintf(stderr, "usage: %s [buffers per channel >= 100] [unix|tcp|shm|lend]\n",
+                argv[0]);
         return 2;
     }
     CHECK(pthread_create(&watchdog, NULL, watchdog_main, NULL) == 0);
