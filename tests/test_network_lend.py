@@ -459,8 +459,9 @@ def test_a_client_passing_wrong_descriptors_is_refused_and_the_server_serves_on(
     try:
         sock.connect(f"\0flinkbuf-tcp-{env.address[1]}")
         try:
-            handshake.client(sock, SECRET, "127.0.0.1:1", STRIDE, 5.0, shared_memory=True,
-                             lend_fds=fds)
+            _, _, region = handshake.client(sock, SECRET, "127.0.0.1:1", STRIDE, 5.0,
+                                            shared_memory=True, lend_fds=fds)
+            handshake.close_fds(region or [])          # (not used: refused after it)
         except (OSError, handshake.AuthenticationError):
             pass                                       # refused in the handshake
         sock.settimeout(5.0)
@@ -487,3 +488,4 @@ def test_a_client_passing_wrong_descriptors_is_refused_and_the_server_serves_on(
         return [ln for ln in links if ln.startswith(("/memfd:a ", "/memfd:l ", "/dev/null"))]
     assert wait_until(lambda: theirs() == [], 10), theirs()
     env.close()
+    assert wait_until(lambda: shared_memory_held() == [], 10), shared_memory_held()
