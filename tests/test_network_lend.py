@@ -39,7 +39,8 @@ PRODUCER = textwrap.dedent("""
     import sys
     from flinkbuf.io import RecordWriter, create_partition
     from flinkbuf.network import NetworkEnvironment
-    env = NetworkEnvironment(64, 32768, secret=bytes.fromhex(sys.argv[1]), transport="shm")
+    env = NetworkEnvironment(64, 32768, secret=bytes.fromhex(sys.argv[1]), transport="shm",
+                         lend_buffers=True)
     part = create_partition(env.network_buffer_pool, 1, min_buffers=8)
     env.register_partition("p", part)
     print("{}:{}".format(*env.address), flush=True)
@@ -73,6 +74,18 @@ def arena_fds():
 
 def record(i):
     return i.to_bytes(8, "little") * 512
+
+
+def end(proc):
+    """Let a child process finish (its stdin closed), or kill it if it is
+    stuck: no orphan is left behind."""
+    proc.stdin.close()
+    try:
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def spawn(src, *args):
@@ -130,13 +143,9 @@ def test_buffers_of_a_producer_in_another_process_are_lent_not_copied():
         assert any(perm == "r--s" for perm in pool_arenas_held())
         gate.close()
     finally:
-        prod.stdin.close()
         try:
-            prod.wait(30)
+            end(prod)
         finally:
-            if prod.poll() is None:         # (stuck: no orphan left behind)
-                prod.kill()
-                prod.wait()
             cons.close()
     assert wait_until(lambda: shared_memory_held() == [], 10), shared_memory_held()
 
@@ -146,7 +155,8 @@ def test_a_consumer_killed_holding_lent_buffers_gives_them_back(held):
     """A consumer process killed with SIGKILL while it holds lent buffers:
     the producer gets every segment back (its pool is whole again), and
     nothing is left mapped or open."""
-    env = NetworkEnvironment(64, 32768, secret=SECRET, transport="shm")
+    env = NetworkEnvironment(64, 32768, secret=SECRET, transport="shm",
+                             lend_buffers=True)
     part = create_partition(env.network_buffer_pool, 1, min_buffers=4, max_buffers=16)
     env.register_partition("p", part)
     cons = spawn(CONSUMER, "{}:{}".format(*env.address))
@@ -196,7 +206,8 @@ def test_a_consumer_that_lives_on_gives_back_what_it_let_go_of(reads):
     worker) gives back every lent segment it no longer holds, those it
     never read among them, without exiting; while it reads, what it holds
     lent is bounded by its credit (2 exclusive buffers, no floating)."""
-    env = NetworkEnvironment(64, 32768, secret=SECRET, transport="shm")
+    env = NetworkEnvironment(64, 32768, secret=SECRET, transport="shm",
+                             lend_buffers=True)
     part = create_partition(env.network_buffer_pool, 1, min_buffers=4, max_buffers=16)
     env.register_partition("p", part)
     cons = spawn(LIVING_CONSUMER, "{}:{}".format(*env.address), reads)
@@ -389,7 +400,8 @@ CLIENT_PRODUCER = textwrap.dedent("""
     import sys
     from flinkbuf.io import RecordWriter, create_partition
     from flinkbuf.network import NetworkEnvironment
-    env = NetworkEnvironment(64, 32768, secret=bytes.fromhex(sys.argv[1]), transport="shm")
+    env = NetworkEnvironment(64, 32768, secret=bytes.fromhex(sys.argv[1]), transport="shm",
+                             lend_buffers=True)
     part = create_partition(env.network_buffer_pool, 1, min_buffers=8)
     env.register_partition("p", part)
     for _ in env.create_input_gate([(sys.argv[2], "c", 0)]):   # this side connects first
@@ -425,13 +437,9 @@ def test_a_client_lends_its_buffers_to_the_server_too():
         assert wait_until(lambda: cons.connection_stats()[0]["buffers_borrowed"] == 0, 10)
         gate.close()
     finally:
-        prod.stdin.close()
         try:
-            prod.wait(30)
+            end(prod)
         finally:
-            if prod.poll() is None:
-                prod.kill()
-                prod.wait()
             cons.close()
     assert prod.returncode == 0
     assert wait_until(lambda: shared_memory_held() == [], 10), shared_memory_held()
@@ -489,3 +497,23 @@ def test_a_client_passing_wrong_descriptors_is_refused_and_the_server_serves_on(
     assert wait_until(lambda: theirs() == [], 10), theirs()
     env.close()
     assert wait_until(lambda: shared_memory_held() == [], 10), shared_memory_held()
+
+
+def test_nothing_is_lent_unless_asked(monkeypatch):
+    """Lending is off by default (the pool is not shared, so nothing can
+    be lent); ``lend_buffers=True`` or FLINKBUF_NET_LEND_BUFFERS=1 turns it
+    on, and anything but a bool or None is refused."""
+    with NetworkEnvironment(8, 4096, secret=SECRET, transport="shm") as env:
+        assert not env.network_buffer_pool.shared_memory
+    with NetworkEnvironment(8, 4096, secret=SECRET, transport="shm", lend_buffers=True) as env:
+        assert env.network_buffer_pool.shared_memory
+    monkeypatch.setenv("FLINKBUF_NET_LEND_BUFFERS", "1")
+    with NetworkEnvironment(8, 4096, secret=SECRET, transport="shm") as env:
+        assert env.network_buffer_pool.shared_memory
+    with NetworkEnvironment(8, 4096, secret=SECRET, lend_buffers=False) as env:
+        assert not env.network_buffer_pool.shared_memory
+    monkeypatch.setenv("FLINKBUF_NET_LEND_BUFFERS", "yes")
+    with pytest.raises(ValueError, match="FLINKBUF_NET_LEND_BUFFERS"):
+        NetworkEnvironment(8, 4096, secret=SECRET)
+    with pytest.raises(TypeError, match="lend_buffers"):
+        NetworkEnvironment(8, 4096, secret=SECRET, lend_buffers=1)

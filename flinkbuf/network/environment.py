@@ -129,15 +129,15 @@ def _close_all() -> None:
             log.exception("closing a network environment at exit")
 
 
-def _switch(value: object, name: str, variable: str) -> bool:
+def _switch(value: object, name: str, variable: str, default: bool = True) -> bool:
     """An on/off keyword: True or False as given; None: the environment
-    variable ``variable`` if it is set (``0`` or ``1``), else on."""
+    variable ``variable`` if it is set (``0`` or ``1``), else ``default``."""
     if value is None:
         setting = os.environ.get(variable, "")
         if setting not in ("", "0", "1"):
             raise ValueError(f"the environment variable {variable} must be 0 or 1 (or unset), "
                              f"got {setting!r}")
-        return setting != "0"
+        return default if setting == "" else setting == "1"
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be True, False or None, got {type(value).__name__}")
     return value
@@ -305,6 +305,18 @@ class NetworkEnvironment:
     (the tasks of a Spark job); ``True`` or ``False`` here wins over the
     variable.  Likewise ``FLINKBUF_NET_TRANSPORT`` (``tcp``, ``unix`` or
     ``shm``) says what ``transport="auto"`` means.
+
+    ``lend_buffers`` (off by default; ``FLINKBUF_NET_LEND_BUFFERS`` as
+    above): over shared memory, data buffers of this environment's pool
+    are lent to a peer in another process instead of copied through the
+    rings: the peer reads them in place (as read-only buffers) and
+    its recycle gives them back; credit bounds them as it bounds copied
+    ones, and a buffer is never reused while the peer may still read it,
+    whether its process ends or lives on.  It saves the two copies through
+    the rings, at the price of buffers that stay out until the consumer is
+    done with them (a larger working set); on a 2-vCPU host the copying
+    rings measured as fast or faster (docs/ARCHITECTURE.md).  The pool is
+    then a shared one (:class:`NetworkBufferPool` ``shared_memory``).
     """
 
     def __init__(self, num_segments: int, segment_size: int = 32768, *,
@@ -312,7 +324,8 @@ class NetworkEnvironment:
                  exclusive_buffers_per_channel: int = 2, floating_buffers_per_gate: int = 8,
                  connect_timeout: float = 10.0, request_timeout: float = 30.0,
                  io_timeout: float = 60.0, transport: Transport = "auto",
-                 caller_sends: bool | None = None, direct_reads: bool | None = None) -> None:
+                 caller_sends: bool | None = None, direct_reads: bool | None = None,
+                 lend_buffers: bool | None = None) -> None:
         if not isinstance(secret, (bytes, bytearray, memoryview)):
             raise TypeError(f"secret must be bytes, got {type(secret).__name__}")
         secret = bytes(secret)
@@ -337,9 +350,10 @@ class NetworkEnvironment:
         self._secret = secret
         self._caller_sends = _switch(caller_sends, "caller_sends", "FLINKBUF_NET_CALLER_SENDS")
         self._direct_reads = _switch(direct_reads, "direct_reads", "FLINKBUF_NET_DIRECT_READS")
-        # Shared (where Unix sockets are): a peer on this host that connects
-        # over shared memory reads this process's buffers in place.
-        self._nbp = NetworkBufferPool(num_segments, segment_size, shared_memory=_UNIX)
+        lend = _switch(lend_buffers, "lend_buffers", "FLINKBUF_NET_LEND_BUFFERS", default=False)
+        # Shared, to lend: a peer on this host that connects over shared
+        # memory reads this process's buffers in place.
+        self._nbp = NetworkBufferPool(num_segments, segment_size, shared_memory=lend and _UNIX)
         self._segment_size = segment_size
         self._lock = threading.Lock()
         self._partitions: dict[str, ResultPartition] = {}
