@@ -52,11 +52,14 @@ test-fast: build-debug
 # throws C++ exceptions that trip ASan's __cxa_throw interceptor (a CHECK
 # failure inside matplotlib, not a report on our code); they are left out here.
 # The Spark tests start a JVM, which does not run with the sanitizer's runtime
-# preloaded (its launch script hangs); the Python side of flinkbuf.spark is
-# covered by the tests of it that need no JVM.
+# preloaded (its launch script hangs): so do the spark-demo command's tests and
+# the README's Spark example; the Python side of flinkbuf.spark is covered by
+# the tests of it that need no JVM.
 ASAN_DESELECT := --deselect tests/test_experiments.py::test_backpressure_experiment \
                  --deselect tests/test_experiments.py::test_slow_subpartition_experiment \
-                 --ignore tests/test_spark.py --ignore tests/test_spark_cluster.py
+                 --ignore tests/test_spark.py --ignore tests/test_spark_cluster.py \
+                 --ignore tests/test_spark_demo.py \
+                 --deselect tests/test_readme.py::test_readme_spark_example_runs_without_warnings_of_its_own
 asan: build-asan
 	LD_PRELOAD=$$(gcc -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 \
 	  HYPOTHESIS_PROFILE=ci PYTHONMALLOC=malloc $(PY) -X faulthandler -m pytest -q -p no:benchmark \
