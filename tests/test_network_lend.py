@@ -88,6 +88,16 @@ def end(proc):
             proc.wait()
 
 
+def came_lent(env):
+    """The stats of ``env``'s one connection, whose data buffers came lent:
+    as segment numbers, a few bytes each (4 KiB records: the payload never
+    crossed the rings)."""
+    [stats] = env.connection_stats()
+    assert stats["transport"] == "shm" and stats["buffers_in"] > 0, stats
+    assert stats["bytes_in"] < 64 * stats["buffers_in"], stats
+    return stats
+
+
 def spawn(src, *args):
     return subprocess.Popen([sys.executable, "-c", src, SECRET.hex(), *map(str, args)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -134,11 +144,7 @@ def test_buffers_of_a_producer_in_another_process_are_lent_not_copied():
             assert rec == record(i)
             got += 1
         assert got == n
-        [stats] = cons.connection_stats()
-        assert stats["transport"] == "shm"
-        assert stats["buffers_in"] > 0
-        # 4 KiB records: the payload never crossed the rings
-        assert stats["bytes_in"] < 64 * stats["buffers_in"], stats
+        stats = came_lent(cons)
         assert stats["buffers_borrowed"] == 0
         assert any(perm == "r--s" for perm in pool_arenas_held())
         gate.close()
@@ -431,9 +437,7 @@ def test_a_client_lends_its_buffers_to_the_server_too():
         for i, rec in enumerate(gate):
             assert rec == record(i)
         assert i == n - 1
-        [stats] = cons.connection_stats()          # the one connection the client opened
-        assert stats["transport"] == "shm" and stats["buffers_in"] > 0
-        assert stats["bytes_in"] < 64 * stats["buffers_in"], stats
+        came_lent(cons)                            # over the one connection the client opened
         assert wait_until(lambda: cons.connection_stats()[0]["buffers_borrowed"] == 0, 10)
         gate.close()
     finally:

@@ -10,13 +10,6 @@
 
 int fb_is_pow2(size_t x) { return x != 0 && (x & (x - 1)) == 0; }
 
-size_t fb_stride(size_t segment_size)
-{
-    if (segment_size > SIZE_MAX - (FB_CACHE_LINE - 1))
-        return 0;
-    return (segment_size + FB_CACHE_LINE - 1) & ~(size_t)(FB_CACHE_LINE - 1);
-}
-
 /* Reserve an anonymous mapping that holds size bytes at an alignment-
  * aligned address (mmap is page aligned; larger alignments over-map). */
 static int arena_reserve(fb_arena_t *a, size_t size, size_t alignment)

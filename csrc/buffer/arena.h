@@ -21,7 +21,12 @@ typedef struct fb_arena {
 int fb_is_pow2(size_t x);
 
 /* Segment stride: size rounded up to a cache line; 0 on overflow. */
-size_t fb_stride(size_t segment_size);
+static inline size_t fb_stride(size_t segment_size)
+{
+    if (segment_size > SIZE_MAX - (FB_CACHE_LINE - 1))
+        return 0;
+    return (segment_size + FB_CACHE_LINE - 1) & ~(size_t)(FB_CACHE_LINE - 1);
+}
 
 /* Map size bytes aligned to alignment (a power of two >= 64). 0 or an errno. */
 int fb_arena_alloc(fb_arena_t *a, size_t size, size_t alignment);

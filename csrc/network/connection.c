@@ -184,7 +184,6 @@ void outchan_end(fb_conn_t *c, outchan_t *oc, int release)
         if (n > 0)
             fb_items_dispose(items, n);
     }
-    c->cb.detach_owner(c->cb.ctx, oc->owner);
     fb_owner_ref_put(oc->ref);       /* the owner goes once nothing of it is lent */
     free(oc);
 }

@@ -49,21 +49,19 @@ typedef struct fb_floating fb_floating_t;
 typedef struct fb_conn_callbacks {
     void *ctx;
     /* A PARTITION_REQUEST: the subpartition to serve, the pool its buffers
-     * come from, and an owner reference that keeps both alive (given back
-     * with detach_owner, then drop_owner), or an FB_NET_ERR_* code with a
-     * message in errbuf. */
+     * come from, and an owner reference that keeps both alive (released with
+     * release_owner), or an FB_NET_ERR_* code with a message in errbuf. */
     int (*find_subpartition)(void *ctx, const char *partition_id, size_t len,
                              uint32_t subpartition, fb_subpart_t **sp, void **owner,
                              fb_localpool_t **pool, char *errbuf, size_t errlen);
     /* A served subpartition failed: its cause's type name and message. */
     void (*describe_failure)(void *ctx, void *owner, char *type, size_t tlen,
                              char *message, size_t mlen);
-    /* The subpartition's reader ended (or the request was not served). */
-    void (*detach_owner)(void *ctx, void *owner);
-    /* The reference goes: after detach_owner, once no buffer of the pool is
-     * lent to the peer any more (possibly in another thread, after the
-     * connection was freed: it must not use ctx). */
-    void (*drop_owner)(void *ctx, void *owner);
+    /* The reference goes: the subpartition's reader ended (or the request
+     * was not served) and no buffer of the pool is lent to the peer any more
+     * (possibly in another thread, after the connection was freed: it must
+     * not use the connection). */
+    void (*release_owner)(void *ctx, void *owner);
 } fb_conn_callbacks_t;
 
 /* Per-connection counters (read without a lock; monotonic). */

@@ -110,10 +110,7 @@ struct fb_inchan {
     fb_item_t *failed_items;    /* what the queue held when the channel failed */
     int32_t nfailed_items;
     int64_t buffers_in, bytes_in;
-    /* a credit segment per lent buffer held (lend.c), until it is recycled */
-    int32_t *tokens;
-    uint8_t *token_floating;
-    int32_t ntokens, token_cap, token_busy;
+    int32_t kept_busy;          /* kept segments on their way back (lend.c) */
 };
 
 struct fb_conn {
@@ -289,14 +286,14 @@ void lending_end(fb_conn_t *c);
 
 /* inchan.c */
 void want_buffers(fb_inchan_t *ch, int32_t backlog);
-/* Keep the segment a lent buffer's credit stood for (mu held): 0 or ENOMEM. */
-int inchan_token_push(fb_inchan_t *ch, int32_t index, int floating);
-/* A lent buffer of ch was recycled: a kept segment goes back, and with it
- * the credit (no lock held). */
-void inchan_token_back(fb_inchan_t *ch);
+/* A lent buffer of ch was recycled: a segment its credit kept aside goes
+ * back, and with it the credit (no lock held). */
+void inchan_return_kept(fb_inchan_t *ch);
 
 /* reader.c */
 int protocol_error(fb_conn_t *c, const char *fmt, ...);
+fb_inchan_t *buffer_target(fb_conn_t *c, uint32_t id, uint32_t seq, uint8_t type,
+                          uint32_t size, fb_item_t *item, int *rc);
 void buffer_deliver(fb_conn_t *c, fb_inchan_t *ch, fb_item_t *item, int received,
                     int32_t backlog);
 int read_step(fb_conn_t *c);

@@ -19,12 +19,12 @@ void fb_credit_free(fb_credit_t *cr)
     free(cr->held_floating);
     cr->held = NULL;
     cr->held_floating = NULL;
-    cr->nheld = cr->cap = 0;
+    cr->nheld = cr->nkept = cr->cap = 0;
 }
 
 int fb_credit_add_exclusive(fb_credit_t *cr, int32_t index)
 {
-    if (cr->nheld >= cr->cap)
+    if (cr->nheld + cr->nkept >= cr->cap)
         return FB_ESTATE;
     cr->held[cr->nheld] = index;
     cr->held_floating[cr->nheld++] = 0;
@@ -34,7 +34,7 @@ int fb_credit_add_exclusive(fb_credit_t *cr, int32_t index)
 
 int fb_credit_hold(fb_credit_t *cr, int32_t index, int floating)
 {
-    if (cr->nheld >= cr->cap)
+    if (cr->nheld + cr->nkept >= cr->cap)
         return 0;
     cr->held[cr->nheld] = index;
     cr->held_floating[cr->nheld++] = (uint8_t)(floating != 0);
@@ -101,21 +101,42 @@ int fb_credit_consume(fb_credit_t *cr, int32_t *index, int *floating)
     return 0;
 }
 
+void fb_credit_keep(fb_credit_t *cr, int32_t index, int floating)
+{
+    int32_t at = cr->cap - ++cr->nkept;
+    cr->held[at] = index;
+    cr->held_floating[at] = (uint8_t)(floating != 0);
+}
+
+int fb_credit_unkeep(fb_credit_t *cr, int32_t *index, int *floating)
+{
+    int32_t at = cr->cap - cr->nkept;
+    if (cr->nkept == 0)
+        return -1;
+    cr->nkept--;
+    *index = cr->held[at];
+    *floating = cr->held_floating[at];
+    return 0;
+}
+
 void fb_credit_release_all(fb_credit_t *cr, const int32_t **held, const uint8_t **floating,
                            int32_t *n)
 {
+    int32_t kept_at = cr->cap - cr->nkept;
+    memmove(cr->held + cr->nheld, cr->held + kept_at, sizeof(int32_t) * (size_t)cr->nkept);
+    memmove(cr->held_floating + cr->nheld, cr->held_floating + kept_at, (size_t)cr->nkept);
     *held = cr->held;
     *floating = cr->held_floating;
-    *n = cr->nheld;
-    cr->nheld = 0;
+    *n = cr->nheld + cr->nkept;
+    cr->nheld = cr->nkept = 0;
     cr->unannounced = 0;
 }
 
 int32_t fb_credit_need(fb_credit_t *cr, int32_t backlog)
 {
     int64_t need = (int64_t)backlog + cr->num_exclusive - cr->nheld;
-    if (need > cr->cap - cr->nheld)
-        need = cr->cap - cr->nheld;
+    if (need > cr->cap - cr->nheld - cr->nkept)
+        need = cr->cap - cr->nheld - cr->nkept;
     return need > 0 ? (int32_t)need : 0;
 }
 

@@ -25,9 +25,10 @@
 #define FB_CREDIT_EVENT_WINDOW 16
 
 typedef struct fb_credit {
-    int32_t *held;              /* segments held for the sender (a stack) */
+    int32_t *held;              /* segments held for the sender (a stack), and at the
+                                 * top of the array the kept ones (fb_credit_keep) */
     uint8_t *held_floating;     /* 1: borrowed from the gate's floating buffers */
-    int32_t nheld, cap;
+    int32_t nheld, nkept, cap;
     int32_t num_exclusive;
     int32_t unannounced;        /* held, and not told to the sender yet */
     int32_t backlog;            /* buffers the sender said it has queued */
@@ -73,8 +74,16 @@ int32_t fb_credit_take_initial(fb_credit_t *cr);
 /* A data buffer arrives: the segment it goes into (0), or -1 when the
  * sender had no credit (a protocol error). */
 int fb_credit_consume(fb_credit_t *cr, int32_t *index, int *floating);
-/* The channel ends: every held segment is given up (*n of them, the arrays
- * stay valid until fb_credit_free); no credit is left to announce. */
+/* A lent buffer arrived instead (it needs no segment of ours): keep the one
+ * its credit consumed aside until the lent buffer is recycled (always room:
+ * the consume made it). */
+void fb_credit_keep(fb_credit_t *cr, int32_t index, int floating);
+/* A lent buffer was recycled: a kept segment to give back (0; the caller
+ * holds it for the sender again), or -1 when none is kept. */
+int fb_credit_unkeep(fb_credit_t *cr, int32_t *index, int *floating);
+/* The channel ends: every held and kept segment is given up (*n of them,
+ * the arrays stay valid until fb_credit_free); no credit is left to
+ * announce. */
 void fb_credit_release_all(fb_credit_t *cr, const int32_t **held, const uint8_t **floating,
                            int32_t *n);
 /* The sender has `backlog` buffers queued: floating segments wanted to hold

@@ -130,43 +130,23 @@ void want_buffers(fb_inchan_t *ch, int32_t backlog)
     }
 }
 
-int inchan_token_push(fb_inchan_t *ch, int32_t index, int floating)
-{
-    if (ch->ntokens == ch->token_cap) {
-        int32_t cap = ch->token_cap ? ch->token_cap * 2 : 8;
-        int32_t *t = realloc(ch->tokens, sizeof(*t) * (size_t)cap);
-        uint8_t *fl;
-        if (t == NULL)
-            return ENOMEM;
-        ch->tokens = t;
-        fl = realloc(ch->token_floating, (size_t)cap);
-        if (fl == NULL)
-            return ENOMEM;
-        ch->token_floating = fl;
-        ch->token_cap = cap;
-    }
-    ch->tokens[ch->ntokens] = index;
-    ch->token_floating[ch->ntokens++] = (uint8_t)(floating != 0);
-    return 0;
-}
-
-void inchan_token_back(fb_inchan_t *ch)
+void inchan_return_kept(fb_inchan_t *ch)
 {
     fb_conn_t *c = ch->conn;
     fb_localpool_t *pool;
     int32_t index;
+    int floating;
     pthread_mutex_lock(&c->mu);
-    if (ch->ntokens == 0) {              /* the channel closed: they went back then */
-        pthread_mutex_unlock(&c->mu);
+    if (fb_credit_unkeep(&ch->cr, &index, &floating) != 0) {
+        pthread_mutex_unlock(&c->mu);    /* the channel closed: they went back then */
         return;
     }
-    index = ch->tokens[--ch->ntokens];
-    pool = ch->token_floating[ch->ntokens] ? ch->floating->pool : ch->exclusive;
-    ch->token_busy++;                    /* a close waits: the pools must exist */
+    pool = floating ? ch->floating->pool : ch->exclusive;
+    ch->kept_busy++;                     /* a close waits: the pools must exist */
     pthread_mutex_unlock(&c->mu);
     pool->ops->recycle(pool, index);     /* its hook holds it for the sender again */
     pthread_mutex_lock(&c->mu);
-    if (--ch->token_busy == 0 && ch->state == CH_CLOSED)
+    if (--ch->kept_busy == 0 && ch->state == CH_CLOSED)
         pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
 }
@@ -294,9 +274,7 @@ void fb_inchan_close(fb_inchan_t *ch)
     fb_item_t *items = NULL;
     const int32_t *held;
     const uint8_t *floating;
-    int32_t *tokens;
-    uint8_t *token_floating;
-    int32_t n, k, nheld, ntokens;
+    int32_t n, k, nheld;
     int registered = 0;
     pthread_mutex_lock(&c->mu);
     if (ch->state == CH_CLOSED) {
@@ -325,13 +303,7 @@ void fb_inchan_close(fb_inchan_t *ch)
         pthread_cond_wait(&c->cv, &c->mu);
     }
     fb_credit_release_all(&ch->cr, &held, &floating, &nheld);   /* closed: none held after */
-    tokens = ch->tokens;
-    token_floating = ch->token_floating;
-    ntokens = ch->ntokens;
-    ch->tokens = NULL;
-    ch->token_floating = NULL;
-    ch->ntokens = ch->token_cap = 0;
-    while (ch->token_busy > 0)           /* a token on its way back to our pools */
+    while (ch->kept_busy > 0)            /* a kept segment on its way back to our pools */
         pthread_cond_wait(&c->cv, &c->mu);
     pthread_mutex_unlock(&c->mu);
     /* Everything the channel holds goes back now, in the closing thread,
@@ -347,12 +319,6 @@ void fb_inchan_close(fb_inchan_t *ch)
         fb_localpool_t *pool = floating[k] ? ch->floating->pool : ch->exclusive;
         pool->ops->recycle(pool, held[k]);
     }
-    for (k = 0; k < ntokens; k++) {          /* lent buffers still out keep no credit */
-        fb_localpool_t *pool = token_floating[k] ? ch->floating->pool : ch->exclusive;
-        pool->ops->recycle(pool, tokens[k]);
-    }
-    free(tokens);
-    free(token_floating);
     if (ch->nfailed_items > 0) {
         fb_items_dispose(ch->failed_items, ch->nfailed_items);
         ch->nfailed_items = 0;
@@ -395,8 +361,6 @@ void fb_inchan_decref(fb_inchan_t *ch)
     fb_floating_decref(ch->floating);
     fb_conn_decref(ch->conn);
     fb_credit_free(&ch->cr);
-    free(ch->tokens);
-    free(ch->token_floating);
     free(ch);
 }
 

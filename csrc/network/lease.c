@@ -13,7 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "buffer/arena.h"   /* FB_CACHE_LINE (arena.c is not linked here) */
+#include "buffer/arena.h"   /* fb_stride (inline: arena.c is not linked here) */
 
 struct fb_lease {
     fb_localpool_t lp;          /* first: an item's pool is the lease */
@@ -32,11 +32,6 @@ struct fb_lease {
     void *release_arg;
     fb_lease_untag_t untag;
 };
-
-static size_t stride_of(int32_t segment_size)
-{
-    return ((size_t)segment_size + FB_CACHE_LINE - 1) & ~(size_t)(FB_CACHE_LINE - 1);
-}
 
 static void lease_free(fb_lease_t *l)
 {
@@ -90,8 +85,8 @@ static int lease_check(int memfd, int32_t segment_size, struct stat *st, char *e
 {
     if (sealed_file(memfd, "buffer arena", st, err, errlen) != 0)
         return -1;
-    if (segment_size <= 0 || st->st_size < (off_t)stride_of(segment_size)
-            || (uint64_t)st->st_size / stride_of(segment_size) > INT32_MAX) {
+    if (segment_size <= 0 || st->st_size < (off_t)fb_stride((size_t)segment_size)
+            || (uint64_t)st->st_size / fb_stride((size_t)segment_size) > INT32_MAX) {
         snprintf(err, errlen, "the peer's buffer arena has %lld bytes, not a whole number "
                  "of %d-byte segments", (long long)st->st_size, (int)segment_size);
         return -1;
@@ -108,7 +103,7 @@ fb_lease_t *fb_lease_map(int memfd, int ledger_fd, int32_t segment_size, char *e
     if (lease_check(memfd, segment_size, &st, err, errlen) != 0
             || sealed_file(ledger_fd, "ledger", &lst, err, errlen) != 0)
         return NULL;
-    stride = stride_of(segment_size);
+    stride = fb_stride((size_t)segment_size);
     if (lst.st_size <= FB_LEDGER_HEADER) {
         snprintf(err, errlen, "the peer's ledger has %lld bytes, too few for a segment",
                  (long long)lst.st_size);
@@ -344,10 +339,12 @@ typedef struct reaper {
 
 static void give_back(fb_lent_t *t, int32_t k)
 {
-    t->pool[k]->ops->recycle(t->pool[k], k);
-    fb_owner_ref_put(t->lender[k]);
-    t->pool[k] = NULL;
-    t->count--;
+    fb_localpool_t *pool;
+    fb_owner_ref_t *ln;
+    if (fb_lent_take(t, (uint32_t)k, &pool, &ln) == 0) {
+        pool->ops->recycle(pool, k);
+        fb_owner_ref_put(ln);
+    }
 }
 
 /* Give back what the ledger shows the peer let go of (all: it ended). */

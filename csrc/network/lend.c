@@ -42,7 +42,7 @@ static void lease_released(void *arg, uint32_t segment)
 static void lease_untag(void *tag)
 {
     fb_inchan_t *ch = tag;
-    inchan_token_back(ch);
+    inchan_return_kept(ch);
     fb_inchan_decref(ch);
 }
 
@@ -100,56 +100,27 @@ char *put_releases_locked(fb_conn_t *c, char *p, char *end, int *more)
 }
 
 /* A lent buffer spends a credit as a copied one does: the segment the
- * credit stood for waits, as a token, until the lent one is recycled. */
+ * credit stood for is kept aside until the lent one is recycled. */
 int read_lent(fb_conn_t *c, const fb_wire_frame_t *f)
 {
     const fb_wire_lent_t *b = &f->u.lent;
     fb_inchan_t *ch;
-    fb_item_t item;
-    int32_t slot, index;
-    int floating, rc = 0;
+    fb_item_t item, credit;
+    int rc;
     if (c->lease == NULL)
         return protocol_error(c, "a lent buffer, but no arena of the peer is mapped");
     if (fb_lease_take(c->lease, b->segment, b->size, &item) != 0)
         return protocol_error(c, "a lent buffer in segment %u, which is outside the peer's "
                               "arena or lent already", b->segment);
-    pthread_mutex_lock(&c->mu);
-    slot = in_lookup(c, f->receiver_id);
-    ch = slot >= 0 ? c->ins[slot] : NULL;
-    if (ch == NULL || ch->state != CH_REQUESTED || b->sequence != ch->next_seq
-            || ch->cr.nheld == 0) {
-        uint32_t issued = c->next_receiver_id, expected = ch != NULL ? ch->next_seq : 0;
-        int open = ch != NULL && ch->state == CH_REQUESTED;
-        int gap = open && b->sequence != expected;
-        pthread_mutex_unlock(&c->mu);
+    ch = buffer_target(c, f->receiver_id, b->sequence, FB_WIRE_DATA, b->size, &credit, &rc);
+    if (ch == NULL) {
         fb_item_dispose(&item);               /* released at once */
-        if (gap)
-            return protocol_error(c, "sequence gap on receiver id %u: got %u, expected %u",
-                                  f->receiver_id, b->sequence, expected);
-        if (open)
-            return protocol_error(c, "a data buffer without credit on receiver id %u",
-                                  f->receiver_id);
-        if (f->receiver_id == 0 || f->receiver_id >= issued)
-            return protocol_error(c, "a buffer for receiver id %u, which was never issued",
-                                  f->receiver_id);
-        return 0;                              /* a channel that ended */
+        return rc;
     }
-    fb_credit_consume(&ch->cr, &index, &floating);
-    if (inchan_token_push(ch, index, floating) != 0)
-        rc = -1;
-    ch->next_seq++;
-    inchan_incref(ch);
-    if (rc == 0)
-        inchan_incref(ch);                     /* the tag's */
+    pthread_mutex_lock(&c->mu);
+    fb_credit_keep(&ch->cr, credit.index, credit.pool != ch->exclusive);
+    inchan_incref(ch);                        /* the tag's */
     pthread_mutex_unlock(&c->mu);
-    if (rc != 0) {
-        fb_localpool_t *pool = floating ? ch->floating->pool : ch->exclusive;
-        fb_item_dispose(&item);
-        pool->ops->recycle(pool, index);       /* the credit it stood for */
-        fb_inchan_decref(ch);
-        return protocol_error(c, "out of memory for a lent buffer on receiver id %u",
-                              f->receiver_id);
-    }
     fb_lease_tag(c->lease, b->segment, ch);
     stat_add(&c->stats.frames_in, 1);
     stat_add(&c->stats.buffers_in, 1);

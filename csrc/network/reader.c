@@ -91,10 +91,11 @@ int protocol_error(fb_conn_t *c, const char *fmt, ...)
     return -1;
 }
 
-/* The channel a BUFFER_RESPONSE is for, with a reference and marked as
- * being received into, and where its body goes (*item); NULL with *rc 0 to
- * drop the body (a channel that ended), or with *rc -1 on a protocol error. */
-static fb_inchan_t *buffer_target(fb_conn_t *c, uint32_t id, uint32_t seq, uint8_t type,
+/* The channel a BUFFER_RESPONSE (or BUFFER_LENT) is for, with a reference
+ * and marked as being received into, and where its body goes (*item: for a
+ * data buffer, the segment its credit stood for); NULL with *rc 0 to drop
+ * the body (a channel that ended), or with *rc -1 on a protocol error. */
+fb_inchan_t *buffer_target(fb_conn_t *c, uint32_t id, uint32_t seq, uint8_t type,
                                   uint32_t size, fb_item_t *item, int *rc)
 {
     int32_t slot, index;
@@ -388,7 +389,7 @@ static int read_partition_request(fb_conn_t *c, const fb_wire_frame_t *f)
     pthread_mutex_lock(&c->mu);
     if (rc == 0 && c->state == CONN_OPEN && c->nfree_outs > 0
             && idmap_get(&c->out_ids, id) < 0 && (oc = calloc(1, sizeof(*oc))) != NULL
-            && ((oc->ref = fb_owner_ref_new(owner, c->cb.drop_owner, c->cb.ctx)) != NULL
+            && ((oc->ref = fb_owner_ref_new(owner, c->cb.release_owner, c->cb.ctx)) != NULL
                 || (free(oc), 0))) {
         slot = c->free_outs[--c->nfree_outs];
         oc->receiver_id = id;
@@ -425,10 +426,8 @@ static int read_partition_request(fb_conn_t *c, const fb_wire_frame_t *f)
         ctl_error(c, id, rc, rc == FB_NET_ERR_NOT_FOUND ? "PartitionNotFoundError" : "ValueError",
                   err);
     pthread_mutex_unlock(&c->mu);
-    if (owner != NULL) {
-        c->cb.detach_owner(c->cb.ctx, owner);
-        c->cb.drop_owner(c->cb.ctx, owner);
-    }
+    if (owner != NULL)
+        c->cb.release_owner(c->cb.ctx, owner);
     return 0;
 }
 

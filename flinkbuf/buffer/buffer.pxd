@@ -22,7 +22,6 @@ cdef class Buffer:
     cdef int _detach(self) except -1
 
 
-# A read-only Buffer over a segment lent by another process (`lp` is where
-# its recycle goes: a pool whose ops are not this module's).
-cdef Buffer lent_buffer(fb_localpool_t *lp, int32_t index, char *data, Py_ssize_t capacity,
-                        Py_ssize_t size)
+# A read-only Buffer of `size` bytes over a segment lent by another process
+# (`lp` is where its recycle goes: a pool whose ops are not this module's).
+cdef Buffer lent_buffer(fb_localpool_t *lp, int32_t index, Py_ssize_t size)

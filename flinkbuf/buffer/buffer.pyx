@@ -254,16 +254,22 @@ cdef class Buffer:
                 f"capacity={self._capacity} ref_count={self._refcnt}>")
 
 
-cdef Buffer lent_buffer(fb_localpool_t *lp, int32_t index, char *data, Py_ssize_t capacity,
-                        Py_ssize_t size):
+cdef Buffer segment_buffer(LocalBufferPool pool, fb_localpool_t *lp, int32_t index):
+    """A Buffer over segment ``index`` of ``lp`` (where its recycle goes),
+    whose Python pool is ``pool`` (None: a lender's)."""
     cdef Buffer buf = Buffer.__new__(Buffer)
-    buf._pool = None
+    buf._pool = pool
     buf._lp = lp
     buf._index = index
-    buf._data = data
-    buf._capacity = capacity
-    buf._writer = size
-    buf._readonly = True
+    buf._data = fb_segment_address(lp.net, index)
+    buf._capacity = lp.net.segment_size
     buf._refcnt = 1
     FB_DBG_ADD(FB_DBG_BUFFERS, 1)
+    return buf
+
+
+cdef Buffer lent_buffer(fb_localpool_t *lp, int32_t index, Py_ssize_t size):
+    cdef Buffer buf = segment_buffer(None, lp, index)
+    buf._writer = size
+    buf._readonly = True
     return buf

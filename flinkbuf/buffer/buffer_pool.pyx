@@ -408,15 +408,7 @@ cdef class LocalBufferPool:
             self._created = False
 
     cdef Buffer _wrap(self, int32_t index):
-        cdef Buffer buf = Buffer.__new__(Buffer)
-        buf._pool = self
-        buf._lp = &self._c
-        buf._index = index
-        buf._data = fb_segment_address(self._c.net, index)
-        buf._capacity = self._c.net.segment_size
-        buf._refcnt = 1
-        FB_DBG_ADD(FB_DBG_BUFFERS, 1)
-        return buf
+        return segment_buffer(self, &self._c, index)
 
     cdef int _recycled_in_c(self) except -1:
         """C code returned segments of this pool (through its ops): call

@@ -22,8 +22,7 @@ cdef extern from "network/connection.h" nogil:
                                  fb_localpool_t **pool, char *errbuf, size_t errlen) noexcept
         void (*describe_failure)(void *ctx, void *owner, char *type, size_t tlen,
                                  char *message, size_t mlen) noexcept
-        void (*detach_owner)(void *ctx, void *owner) noexcept
-        void (*drop_owner)(void *ctx, void *owner) noexcept
+        void (*release_owner)(void *ctx, void *owner) noexcept
 
     ctypedef struct fb_conn_stats_t:
         int64_t bytes_in, bytes_out, frames_in, frames_out, buffers_in, buffers_out

@@ -38,7 +38,7 @@ cdef int _find_subpartition(void *ctx, const char *partition_id, size_t n,
                        f"subpartition {<object>subpartition}", err, errlen)
             return FB_NET_ERR_REFUSED
         Py_INCREF(part)
-        part._reader_attached()         # until _drop_owner
+        part._reader_attached()         # until _release_owner
         owner[0] = <void *>part
         sp[0] = &(<ResultSubpartition>part._subpartitions[subpartition])._c
         pool[0] = &part._pool._c if part._pool is not None else NULL
@@ -64,17 +64,11 @@ cdef void _describe_failure(void *ctx, void *owner, char *tname, size_t tlen,
         write_unraisable(part)
 
 
-cdef void _detach_owner(void *ctx, void *owner) noexcept nogil:
-    """The subpartition of a partition _find_subpartition gave the
-    connection has no reader any more (or the request was not served):
-    nothing to do until _drop_owner, when no buffer of it is lent either."""
-    pass
-
-
-cdef void _drop_owner(void *ctx, void *owner) noexcept with gil:
-    """The reference _find_subpartition took goes (after _detach_owner,
-    once no buffer of the partition is lent to the peer): the partition's
-    reader in another process is done."""
+cdef void _release_owner(void *ctx, void *owner) noexcept with gil:
+    """The connection is done with a partition _find_subpartition gave it
+    (the subpartition's reader ended, or the request was not served) and no
+    buffer of it is lent to the peer any more: its reader in another
+    process is done."""
     cdef ResultPartition part = <ResultPartition>owner
     try:
         part._reader_detached()
@@ -161,8 +155,7 @@ cdef class Connection:
         cb.ctx = <void *>conn           # borrowed: the threads end before conn does
         cb.find_subpartition = _find_subpartition
         cb.describe_failure = _describe_failure
-        cb.detach_owner = _detach_owner
-        cb.drop_owner = _drop_owner
+        cb.release_owner = _release_owner
         conn._lookup = lookup
         conn._local = local
         conn._peer = peer

@@ -69,6 +69,17 @@ def _recv_handshake(sock: socket.socket, fds: list[int]) -> bytes:
     return data
 
 
+# Connection._open's ``shared``: (memfd, data_fd, room_fd, side, peer_arena,
+# peer_ledger, lend_pool, pidfd, ledger).
+SharedSpec = tuple[int, int, int, int, int, int, NetworkBufferPool | None, int, int]
+
+
+def _close_mapped(shared: SharedSpec) -> None:
+    """Close what Connection._open maps, or refuses, and does not keep: the
+    region's memfd, the peer's arena and ledger, and this side's ledger."""
+    handshake.close_fds([fd for fd in (shared[0], shared[4], shared[5], shared[8]) if fd >= 0])
+
+
 def _peer_pidfd(sock: socket.socket) -> int:
     """A pidfd of the process at the other end of a Unix socket (its end
     gives back the buffers lent to it), or -1 when that is this process or
@@ -667,7 +678,7 @@ class NetworkEnvironment:
         then the server's arena and ledger if it lends; closed here), this
         side lending as ``lent`` (:meth:`_loan_terms`: its pidfd is owned
         from here on, its ledger closed here) if shared memory it is."""
-        shared = None
+        shared: SharedSpec | None = None
         if shared_fds is not None:
             memfd, data_fd, room_fd, *peer_lent = shared_fds
             arena, ledger = peer_lent if peer_lent else (-1, -1)
@@ -675,18 +686,14 @@ class NetworkEnvironment:
             shared = (memfd, data_fd, room_fd, 1, arena, ledger,
                       self._nbp if lent is not None else None, pidfd, own_ledger)
         elif lent is not None:
-            os.close(lent[0])                  # a stream after all: nothing is lent
+            handshake.close_fds([lent[0], lent[2]])   # a stream after all: nothing is lent
         try:
             return Connection._open(fd, self._segment_size, self._lookup, self._address_text,
                                     address, self._io_timeout, self._caller_sends,
                                     self._direct_reads, shared)
         finally:
-            if lent is not None:
-                os.close(lent[2])
             if shared is not None:
-                for mapped in (shared[0], shared[4], shared[5]):   # mapped, or refused
-                    if mapped >= 0:
-                        os.close(mapped)
+                _close_mapped(shared)
 
     def _accept_loop(self) -> None:
         """Accept connections and run their handshakes, many at a time in
@@ -775,7 +782,7 @@ class NetworkEnvironment:
                 log.debug("closed a second connection from %s: one connection joins two "
                           "processes", hs.peer[0])
                 return
-            shared = None
+            shared: SharedSpec | None = None
             if hs.shared_fds is None or len(fds) != handshake.LEND_FDS:
                 handshake.close_fds(fds)     # a client that lends passes its arena and ledger
                 fds = [-1, -1]
@@ -795,8 +802,8 @@ class NetworkEnvironment:
                 finally:
                     os.close(data1)
                     os.close(room1)
-                shared = ((memfd, data0, room0) + ((lent[0], lent[2]) if lent else (-1, -1))
-                          + (fds[0], fds[1]))
+                pidfd, _, own_ledger = lent if lent is not None else (-1, -1, -1)
+                shared = (memfd, data0, room0, 0, fds[0], fds[1], self._nbp, pidfd, own_ledger)
             sock.setblocking(True)
             self._start_accepted(sock.detach(), hs.peer[0], shared)
 
@@ -829,36 +836,28 @@ class NetworkEnvironment:
             return None
 
     def _start_accepted(self, fd: int, advertised: str,
-                        shared: tuple[int, ...] | None = None) -> None:
-        """Run an authenticated connection; ``shared`` is the shared-memory
-        region's memfd (closed here), this side's doorbells (owned from here
-        on), a pidfd of the peer process (-1: none; owned from here on), to
-        which this side lends its buffers, the ledger of those loans, and
-        the arena and ledger of the buffers the peer lends (each -1: none;
-        closed here)."""
+                        shared: SharedSpec | None = None) -> None:
+        """Run an authenticated connection; ``shared``: over shared memory,
+        what Connection._open takes (its memfds closed here)."""
         try:
             with self._lock:
                 if self._closed:
                     os.close(fd)
-                    if shared is not None:
-                        for own in shared[1:4]:
-                            if own >= 0:
-                                os.close(own)
+                    if shared is not None:     # this side's doorbells and pidfd
+                        handshake.close_fds([fd for fd in (shared[1], shared[2], shared[7])
+                                             if fd >= 0])
                     return
                 try:
                     conn = Connection._open(
                         fd, self._segment_size, self._lookup, self._address_text, advertised,
-                        self._io_timeout, self._caller_sends, self._direct_reads,
-                        None if shared is None else (shared[0], shared[1], shared[2], 0,
-                                                     shared[5], shared[6], self._nbp,
-                                                     shared[3], shared[4]))
+                        self._io_timeout, self._caller_sends, self._direct_reads, shared)
                 except (RemoteConnectionError, MemoryError) as exc:
                     log.warning("could not start a connection from %s: %s", advertised, exc)
                     return
                 self._add_accepted(conn, advertised)
         finally:
             if shared is not None:
-                handshake.close_fds([fd for fd in (shared[0], *shared[4:]) if fd >= 0])
+                _close_mapped(shared)
 
     def _add_accepted(self, conn: Connection, advertised: str) -> None:
         """Keep an accepted connection (the lock held)."""

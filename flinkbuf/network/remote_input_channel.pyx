@@ -156,8 +156,7 @@ cdef class RemoteInputChannel(InputChannel):
     cdef object _take(self, fb_item_t *item):
         cdef LocalBufferPool pool = None
         if fb_lease_is(item.pool):           # lent by the producer: read in place
-            return lent_buffer(item.pool, item.index, item.data, item.pool.net.segment_size,
-                               item.size)
+            return lent_buffer(item.pool, item.index, item.size)
         if item.pool == &self._exclusive._c:
             pool = self._exclusive
         elif self._floating is not None and item.pool == &self._floating._pool._c:

@@ -267,11 +267,6 @@ static void describe_failure(void *ctx, void *owner, char *type, size_t tlen, ch
     snprintf(message, mlen, "no producer fails in this test");
 }
 
-static void detach_owner(void *ctx, void *owner)
-{
-    (void)ctx, (void)owner;
-}
-
 static void release_owner(void *ctx, void *owner)
 {
     server_t *srv = ctx;
@@ -798,10 +793,8 @@ static void run_round(const round_t *rd, uint32_t nbuf, int over)
 {
     world_t w;
     server_t srv = {PTHREAD_MUTEX_INITIALIZER, NULL, 0};
-    fb_conn_callbacks_t serving = {&srv, find_subpartition, describe_failure, detach_owner,
-                                  release_owner};
-    fb_conn_callbacks_t reading = {NULL, serves_nothing, describe_failure, detach_owner,
-                                  release_owner};
+    fb_conn_callbacks_t serving = {&srv, find_subpartition, describe_failure, release_owner};
+    fb_conn_callbacks_t reading = {NULL, serves_nothing, describe_failure, release_owner};
     fb_conn_t *pair[2];
     set_phase(rd->name);
     memset(&w, 0, sizeof(w));
