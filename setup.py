@@ -149,15 +149,30 @@ CSRC = {
                 "csrc/network/credit.c", "csrc/network/transport.c", "csrc/network/shm.c",
                 "csrc/network/connection.c", "csrc/network/inchan.c", "csrc/network/reader.c",
                 "csrc/network/direct.c", "csrc/network/writer.c", "csrc/network/lease.c",
-                "csrc/network/lend.c"],
+                "csrc/network/lend.c", "csrc/network/seal.c"],
 }
+# Sealed connections use OpenSSL's libcrypto (AES-256-GCM).
+LIBRARIES = {"network": ["crypto"]}
 
 
-def ext(name, csrc=()):
+def _check_libcrypto():
+    import sysconfig
+    dirs = [sysconfig.get_config_var("INCLUDEDIR") or "/usr/include", "/usr/include",
+            "/usr/local/include"]
+    if not any(os.path.exists(os.path.join(d, "openssl", "evp.h")) for d in dirs):
+        sys.exit("flinkbuf needs the headers of OpenSSL's libcrypto to build "
+                 "(Debian/Ubuntu: apt-get install libssl-dev; Fedora: dnf install openssl-devel)")
+
+
+_check_libcrypto()
+
+
+def ext(name, csrc=(), libraries=()):
     pyx = name.replace(".", "/") + ".pyx"
     return Extension(
         name,
         [pyx, *csrc],
+        libraries=list(libraries),
         include_dirs=["csrc", "flinkbuf/serialization/codecs", numpy.get_include()],
         define_macros=macros,
         extra_compile_args=cflags,
@@ -169,7 +184,7 @@ extensions = [
     ext("flinkbuf.buffer._buffer", CSRC["buffer"]),
     ext("flinkbuf.serialization._serialization"),
     ext("flinkbuf.io._io", CSRC["io"]),
-    ext("flinkbuf.network._network", CSRC["network"]),
+    ext("flinkbuf.network._network", CSRC["network"], LIBRARIES["network"]),
     ext("flinkbuf._testing", ["csrc/common/clock.c", "csrc/network/wire.c",
                               "csrc/network/credit.c"]),  # test hooks
 ]

@@ -185,14 +185,16 @@ def _fb_env(spec):
     # Flink's defaults on the reading side: 2 exclusive buffers per channel,
     # 8 floating per gate (experiments: exclusive=N floating=N); the
     # environment's direct reads and caller's sends (direct_reads=0,
-    # caller_sends=0 turn them off), lending over shared memory (lend_buffers=1).
+    # caller_sends=0 turn them off), lending over shared memory (lend_buffers=1),
+    # sealed frames (encryption=1).
     return NetworkEnvironment(512, SEGMENT, secret=SECRET,
                               exclusive_buffers_per_channel=spec.get("exclusive", 2),
                               floating_buffers_per_gate=spec.get("floating", 8),
                               transport=spec.get("transport", "auto"),
                               direct_reads=_switch(spec, "direct_reads"),
                               caller_sends=_switch(spec, "caller_sends"),
-                              lend_buffers=_switch(spec, "lend_buffers"))
+                              lend_buffers=_switch(spec, "lend_buffers"),
+                              encryption=_switch(spec, "encryption"))
 
 
 def _out_buffers(spec, ch):

@@ -14,6 +14,11 @@ fi
 if ! command -v gcc >/dev/null 2>&1; then
     apt-get update -qq && apt-get install -y -qq build-essential
 fi
+# Sealed connections (AES-256-GCM) build against OpenSSL's libcrypto.
+if [ ! -e /usr/include/openssl/evp.h ] && [ ! -e /usr/local/include/openssl/evp.h ]; then
+    echo "bootstrap: no OpenSSL headers; installing libssl-dev" >&2
+    apt-get update -qq && apt-get install -y -qq libssl-dev
+fi
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip "setuptools>=68" wheel
 "$VENV/bin/python" -m pip install -q "Cython>=3.0,<4" "numpy>=1.26"

@@ -55,7 +55,7 @@ def connection_stress_exe(tmp_path_factory):
                                    "-Werror=implicit-function-declaration",
                                    "-Werror=incompatible-pointer-types", "-Icsrc",
                                    *CONNECTION_SOURCES,
-                                   "-lpthread", "-lm", "-o", str(exe)],
+                                   "-lcrypto", "-lpthread", "-lm", "-o", str(exe)],
                                   cwd=ROOT, check=False, capture_output=True, text=True)
             assert proc.returncode == 0, proc.stderr
             built[sanitizer] = exe
@@ -64,12 +64,12 @@ def connection_stress_exe(tmp_path_factory):
     return build
 
 
-@pytest.mark.parametrize("transport", ["unix", "tcp", "shm", "lend"])
+@pytest.mark.parametrize("transport", ["unix", "tcp", "shm", "lend", "sealed"])
 @pytest.mark.parametrize("sanitizer", ["thread", "address,undefined"])
 def test_connection_stress_under_sanitizer(connection_stress_exe, sanitizer, transport):
     """Two connections in one process (a socket pair, TCP loopback, or
     shared memory over a socket pair, copying or lending the producers'
-    buffers):
+    buffers, or TCP sealed both ways):
     producers serving subpartitions under backpressure, consumers reading
     them through remote channels with exclusive and floating buffers, with
     direct reads and caller sends on and off, channels cancelled and

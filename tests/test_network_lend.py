@@ -471,7 +471,7 @@ def test_a_client_passing_wrong_descriptors_is_refused_and_the_server_serves_on(
     try:
         sock.connect(f"\0flinkbuf-tcp-{env.address[1]}")
         try:
-            _, _, region = handshake.client(sock, SECRET, "127.0.0.1:1", STRIDE, 5.0,
+            _, _, region, _ = handshake.client(sock, SECRET, "127.0.0.1:1", STRIDE, 5.0,
                                             shared_memory=True, lend_fds=fds)
             handshake.close_fds(region or [])          # (not used: refused after it)
         except (OSError, handshake.AuthenticationError):

@@ -118,7 +118,8 @@ def test_a_duplicate_reply_names_the_server_and_is_not_an_authentication():
 
             t, res = run_in_thread(serve)
             if keep:
-                assert handshake.client(cs, SECRET, "client:2", 1024, 5.0) == ("server:1", 1024, None)
+                assert handshake.client(cs, SECRET, "client:2", 1024, 5.0) == ("server:1", 1024, None,
+                                                                               None)
             else:
                 with pytest.raises(handshake.DuplicateConnection) as err:
                     handshake.client(cs, SECRET, "client:2", 1024, 5.0)

@@ -37,7 +37,7 @@ def connect_as_peer(address, transport):
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.connect((host, int(port)))
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    _, _, fds = handshake.client(sock, SECRET, "127.0.0.1:1", SEG, 5.0,
+    _, _, fds, _ = handshake.client(sock, SECRET, "127.0.0.1:1", SEG, 5.0,
                                  shared_memory=transport == "shm")
     if fds is not None:
         for lent in fds[3:]:            # the server's arena and ledger: this peer borrows nothing

@@ -83,9 +83,11 @@ static int read_until(fb_conn_t *c, const waiting_t *w, int64_t deadline_ns)
             if (w->ready(w->target))
                 break;
         }
-        /* A frame staged whole would wait for no input: the reader thread
-         * would not see it.  What is staged now is a frame's start only. */
-        while (r >= 0 && r != RX_YIELD && c->rx_phase == RX_FRAME && frame_staged(c))
+        /* A frame staged whole, or input waiting inside the transport,
+         * would wait for no input: the reader thread would not see it.
+         * What is staged now is a frame's start only. */
+        while (r >= 0 && r != RX_YIELD && ((c->rx_phase == RX_FRAME && frame_staged(c))
+                                           || fb_transport_pending(c->t)))
             if ((r = read_step(c)) == 1)
                 stat_add(&c->stats.frames_in_direct, 1);
     }

@@ -38,6 +38,8 @@ static ssize_t rx_recv(fb_conn_t *c, char *dst, size_t n, char *more, size_t nmo
             return 0;
         if (r == 0)
             conn_fail_peer_closed(c, mid_frame(c));
+        else if (fb_transport_why(c->t) != NULL)
+            conn_fail(c, FB_NET_ERR_CONNECTION, "%s", fb_transport_why(c->t));
         else
             conn_fail(c, FB_NET_ERR_CONNECTION, "reading from the connection failed: %s",
                       strerror(errno));

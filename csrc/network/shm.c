@@ -413,7 +413,7 @@ static void shm_destroy(fb_transport_t *t)
 }
 
 static const fb_transport_ops_t SHM_OPS = {
-    shm_send, shm_recv, shm_wait, shm_shutdown, shm_close, shm_destroy,
+    shm_send, shm_recv, shm_wait, shm_shutdown, shm_close, shm_destroy, NULL,
 };
 
 /* ---- attaching ------------------------------------------------------------------------- */

@@ -41,11 +41,29 @@ typedef struct fb_transport_ops {
     void (*close)(fb_transport_t *t);
     /* Free it (closed first). */
     void (*destroy)(fb_transport_t *t);
+    /* Why the last receive failed, where errno alone does not say (the
+     * sealed transport: which record and how); NULL, or no such op: errno
+     * says it. */
+    const char *(*why)(fb_transport_t *t);
+    /* Whether input waits inside the transport, ready to receive without
+     * the stream (the sealed transport's opened records); asked by the
+     * thread that reads, before it lets another read.  No such op: never. */
+    int (*pending)(fb_transport_t *t);
 } fb_transport_ops_t;
 
 struct fb_transport {
     const fb_transport_ops_t *ops;
 };
+
+static inline const char *fb_transport_why(fb_transport_t *t)
+{
+    return t->ops->why != NULL ? t->ops->why(t) : NULL;
+}
+
+static inline int fb_transport_pending(fb_transport_t *t)
+{
+    return t->ops->pending != NULL && t->ops->pending(t);
+}
 
 /* A transport over a connected stream socket, which it owns from here on
  * (closed by close or destroy).  NULL when out of memory (the socket stays the

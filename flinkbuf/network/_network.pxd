@@ -12,6 +12,7 @@ cdef class Connection:
     cdef str _local             # this side's address, for messages
     cdef str _peer              # the peer's server address
     cdef str _transport         # "unix", "tcp" or "shm"
+    cdef bint _sealed           # frames sealed (AES-256-GCM), both ways
     cdef int _check(self) except -1
     cdef object _error(self)
 

@@ -34,6 +34,7 @@ class Connection:
         shared: tuple[int, int, int, int]
         | tuple[int, int, int, int, int, int, NetworkBufferPool | None, int, int]
         | None = None,
+        keys: tuple[bytes, bytes] | None = None,
     ) -> Connection: ...
     def close(self) -> None: ...
     @property

@@ -20,6 +20,7 @@ from flinkbuf.csrc.lease cimport fb_lease_is, fb_ledger_new
 from flinkbuf.csrc.pool cimport FB_NO_CHANNEL, fb_netpool_memfd
 from flinkbuf.csrc.status cimport *
 from flinkbuf.csrc.shm cimport *
+from flinkbuf.csrc.seal cimport FB_SEAL_KEY, fb_transport_sealed
 from flinkbuf.csrc.transport cimport fb_transport_socket, fb_transport_t
 from flinkbuf.csrc.wire cimport *
 from flinkbuf.io._io cimport (InputChannel, InputGate, ResultPartition, ResultSubpartition,

@@ -130,7 +130,7 @@ cdef class Connection:
 
     @staticmethod
     def _open(int fd, int32_t segment_size, lookup, str local, str peer, double io_timeout,
-              bint caller_sends=True, bint direct_reads=True, shared=None):
+              bint caller_sends=True, bint direct_reads=True, shared=None, keys=None):
         """Start a connection over ``fd`` (connected, authenticated, owned
         from here on).  ``lookup(partition_id)`` finds a registered
         partition or returns None; ``caller_sends`` and ``direct_reads``
@@ -143,8 +143,10 @@ cdef class Connection:
         it lends none), its loans kept in ``peer_ledger``; this side lends
         buffers of ``lend_pool`` (a shared NetworkBufferPool, or None) to
         the peer process ``pidfd``, its loans kept in ``ledger``
-        (:func:`_new_ledger`, -1: none).  RemoteConnectionError if the
-        region, the arena or a ledger is not as it should be."""
+        (:func:`_new_ledger`, -1: none).  ``keys``: ``(send, receive)``, 32
+        bytes each, to seal every frame with (AES-256-GCM; None: plain).
+        RemoteConnectionError if the region, the arena or a ledger is not
+        as it should be."""
         cdef Connection conn = Connection.__new__(Connection, _MADE_HERE)
         cdef fb_conn_callbacks_t cb
         cdef fb_transport_t *t
@@ -152,6 +154,14 @@ cdef class Connection:
         cdef int memfd, data_fd, room_fd, side, peer_arena = -1, pidfd = -1, ledger = -1
         cdef int peer_ledger = -1
         cdef NetworkBufferPool lend_pool = None
+        cdef const unsigned char *tx_key = NULL
+        cdef const unsigned char *rx_key = NULL
+        if keys is not None:
+            tx, rx = keys
+            if (not isinstance(tx, bytes) or not isinstance(rx, bytes)
+                    or len(tx) != FB_SEAL_KEY or len(rx) != FB_SEAL_KEY):
+                raise ValueError(f"keys are two byte strings of {FB_SEAL_KEY} bytes")
+            tx_key, rx_key = tx, rx
         cb.ctx = <void *>conn           # borrowed: the threads end before conn does
         cb.find_subpartition = _find_subpartition
         cb.describe_failure = _describe_failure
@@ -181,6 +191,14 @@ cdef class Connection:
             import os
             os.close(fd)
             raise MemoryError("cannot allocate a connection")
+        if tx_key != NULL:
+            t = fb_transport_sealed(t, tx_key, rx_key)       # owns t, even if it fails
+            if t == NULL:
+                if pidfd >= 0:
+                    import os
+                    os.close(pidfd)
+                raise MemoryError("cannot allocate a sealed connection")
+            conn._sealed = True
         conn._c = fb_conn_new(t, segment_size, &cb, io_timeout)   # owns t, even if it fails
         if conn._c == NULL:
             if pidfd >= 0:
@@ -261,11 +279,12 @@ cdef class Connection:
         of ``frames_in``, those a consumer's thread waiting on its gate read
         from the socket itself; ``buffers_lent`` / ``buffers_borrowed``:
         over shared memory, this side's buffers the peer reads in place now,
-        and the peer's this side does."""
+        and the peer's this side does; ``sealed``: every frame is sealed
+        (authenticated and encrypted)."""
         self._check()
         cdef fb_conn_stats_t st
         fb_conn_stats(self._c, &st)
-        return {"transport": self._transport,
+        return {"transport": self._transport, "sealed": self._sealed,
                 "bytes_in": st.bytes_in, "bytes_out": st.bytes_out,
                 "frames_in": st.frames_in, "frames_out": st.frames_out,
                 "buffers_in": st.buffers_in, "buffers_out": st.buffers_out,

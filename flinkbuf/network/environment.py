@@ -101,11 +101,13 @@ class ConnectionCounters(TypedDict):
     """What :meth:`Connection.stats` returns: the transport and the bytes,
     frames and buffers in and out so far (``frames_in_direct``: of
     ``frames_in``, those a consumer's thread waiting on its gate read
-    itself), and, over shared memory, the buffers of this side's the peer
+    itself), whether its frames are sealed (``encryption``), and, over
+    shared memory, the buffers of this side's the peer
     reads in place now (``buffers_lent``) and the peer's this side does
     (``buffers_borrowed``)."""
 
     transport: Literal["unix", "tcp", "shm"]
+    sealed: bool
     bytes_in: int
     bytes_out: int
     frames_in: int
@@ -230,6 +232,10 @@ KEEPALIVE: tuple[int, int, int] = (10, 5, 3)
 # net.core.wmem_max / rmem_max.
 SOCKET_BUFFER = 2 << 20
 
+# Whether connections are sealed when neither the caller nor
+# FLINKBUF_NET_ENCRYPTION says (NetworkEnvironment's docstring says why).
+ENCRYPTION_DEFAULT = False
+
 
 def _tune(sock: socket.socket) -> None:
     for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
@@ -328,6 +334,17 @@ class NetworkEnvironment:
     done with them (a larger working set); on a 2-vCPU host the copying
     rings measured as fast or faster (docs/ARCHITECTURE.md).  The pool is
     then a shared one (:class:`NetworkBufferPool` ``shared_memory``).
+
+    ``encryption`` (off by default; ``FLINKBUF_NET_ENCRYPTION`` as above):
+    every frame after the handshake is sealed, AES-256-GCM with one key per
+    direction derived from ``secret`` and the handshake's fresh nonces, so
+    that nobody without the secret can read a record or alter, drop,
+    duplicate, reorder or replay one without the connection failing at
+    that frame (nothing of it is delivered).  A connection is sealed when
+    either side asks; ``connection_stats()`` says which are.  It excludes
+    ``lend_buffers`` (a lent buffer is read in place).  Bulk records cost
+    the most (the cipher runs at a few GB/s a core), small records and
+    round trips little (docs/PROTOCOL.md, section 2.2; README).
     """
 
     def __init__(self, num_segments: int, segment_size: int = 32768, *,
@@ -336,7 +353,7 @@ class NetworkEnvironment:
                  connect_timeout: float = 10.0, request_timeout: float = 30.0,
                  io_timeout: float = 60.0, transport: Transport = "auto",
                  caller_sends: bool | None = None, direct_reads: bool | None = None,
-                 lend_buffers: bool | None = None) -> None:
+                 lend_buffers: bool | None = None, encryption: bool | None = None) -> None:
         if not isinstance(secret, (bytes, bytearray, memoryview)):
             raise TypeError(f"secret must be bytes, got {type(secret).__name__}")
         secret = bytes(secret)
@@ -361,7 +378,13 @@ class NetworkEnvironment:
         self._secret = secret
         self._caller_sends = _switch(caller_sends, "caller_sends", "FLINKBUF_NET_CALLER_SENDS")
         self._direct_reads = _switch(direct_reads, "direct_reads", "FLINKBUF_NET_DIRECT_READS")
-        lend = _switch(lend_buffers, "lend_buffers", "FLINKBUF_NET_LEND_BUFFERS", default=False)
+        self._seal = _switch(encryption, "encryption", "FLINKBUF_NET_ENCRYPTION",
+                             default=ENCRYPTION_DEFAULT)
+        if self._seal and lend_buffers:
+            raise ValueError("lend_buffers=True and encryption=True exclude each other: a lent "
+                             "buffer is read in place, never sealed")
+        lend = not self._seal and _switch(lend_buffers, "lend_buffers",
+                                          "FLINKBUF_NET_LEND_BUFFERS", default=False)
         # Shared, to lend: a peer on this host that connects over shared
         # memory reads this process's buffers in place.
         self._nbp = NetworkBufferPool(num_segments, segment_size, shared_memory=lend and _UNIX)
@@ -646,10 +669,10 @@ class NetworkEnvironment:
         try:
             try:
                 _tune(sock)
-                peer, _, shared_fds = handshake.client(
+                peer, _, shared_fds, keys = handshake.client(
                     sock, self._secret, self._address_text, self._segment_size,
                     self._connect_timeout, shared_memory=want_shm,
-                    lend_fds=None if lent is None else [lent[1], lent[2]])
+                    lend_fds=None if lent is None else [lent[1], lent[2]], seal=self._seal)
                 sock.settimeout(None)
                 fd = sock.detach()
             except AuthenticationError as exc:
@@ -669,15 +692,17 @@ class NetworkEnvironment:
                 os.close(lent[0])
                 os.close(lent[2])
             raise
-        return self._open_connected(fd, address, shared_fds, lent)
+        return self._open_connected(fd, address, shared_fds, lent, keys)
 
     def _open_connected(self, fd: int, address: str, shared_fds: list[int] | None,
-                        lent: tuple[int, int, int] | None) -> Connection:
+                        lent: tuple[int, int, int] | None,
+                        keys: handshake.Keys | None) -> Connection:
         """Run the connection this side opened to ``address`` (``fd``, past
         the handshake): over shared memory if ``shared_fds`` (the region's,
         then the server's arena and ledger if it lends; closed here), this
         side lending as ``lent`` (:meth:`_loan_terms`: its pidfd is owned
-        from here on, its ledger closed here) if shared memory it is."""
+        from here on, its ledger closed here) if shared memory it is;
+        sealed with ``keys`` if given."""
         shared: SharedSpec | None = None
         if shared_fds is not None:
             memfd, data_fd, room_fd, *peer_lent = shared_fds
@@ -690,7 +715,7 @@ class NetworkEnvironment:
         try:
             return Connection._open(fd, self._segment_size, self._lookup, self._address_text,
                                     address, self._io_timeout, self._caller_sends,
-                                    self._direct_reads, shared)
+                                    self._direct_reads, shared, keys)
         finally:
             if shared is not None:
                 _close_mapped(shared)
@@ -747,7 +772,8 @@ class NetworkEnvironment:
             _tune(sock)
             hs = handshake.ServerHandshake(
                 self._secret, self._address_text, self._segment_size, keep=self._keep_incoming,
-                shared_memory=self._new_region if sock.family == socket.AF_UNIX else None)
+                shared_memory=self._new_region if sock.family == socket.AF_UNIX else None,
+                seal=self._seal)
             pending[sock] = [hs, time.monotonic() + self._connect_timeout, peer, []]
             sel.register(sock, selectors.EVENT_READ, True)
             if len(pending) > _MAX_PENDING_HANDSHAKES:
@@ -805,7 +831,7 @@ class NetworkEnvironment:
                 pidfd, _, own_ledger = lent if lent is not None else (-1, -1, -1)
                 shared = (memfd, data0, room0, 0, fds[0], fds[1], self._nbp, pidfd, own_ledger)
             sock.setblocking(True)
-            self._start_accepted(sock.detach(), hs.peer[0], shared)
+            self._start_accepted(sock.detach(), hs.peer[0], shared, hs.keys)
 
     def _refuse(self, sel: selectors.BaseSelector, pending: _Pending, sock: socket.socket,
                 why: str) -> None:
@@ -835,10 +861,11 @@ class NetworkEnvironment:
             log.warning("lending no buffers over a connection: %s", exc)
             return None
 
-    def _start_accepted(self, fd: int, advertised: str,
-                        shared: SharedSpec | None = None) -> None:
+    def _start_accepted(self, fd: int, advertised: str, shared: SharedSpec | None = None,
+                        keys: handshake.Keys | None = None) -> None:
         """Run an authenticated connection; ``shared``: over shared memory,
-        what Connection._open takes (its memfds closed here)."""
+        what Connection._open takes (its memfds closed here); ``keys``: sealed
+        with them."""
         try:
             with self._lock:
                 if self._closed:
@@ -850,7 +877,7 @@ class NetworkEnvironment:
                 try:
                     conn = Connection._open(
                         fd, self._segment_size, self._lookup, self._address_text, advertised,
-                        self._io_timeout, self._caller_sends, self._direct_reads, shared)
+                        self._io_timeout, self._caller_sends, self._direct_reads, shared, keys)
                 except (RemoteConnectionError, MemoryError) as exc:
                     log.warning("could not start a connection from %s: %s", advertised, exc)
                     return

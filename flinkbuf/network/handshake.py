@@ -5,7 +5,11 @@ tell each other their server address and segment size; a client on the
 same host may ask for the shared-memory transport, whose region the server
 then passes right after (SHM_SETUP, with the descriptors attached, and the
 server's buffer arena and ledger when it lends its buffers); a client that
-lends its buffers passes its arena and ledger with its AUTH."""
+lends its buffers passes its arena and ledger with its AUTH.  Every reply
+after the challenge is bound to both nonces and to what it says by the
+secret, and when either side asks for sealed frames, both derive one key per
+direction from the secret and the nonces (HKDF-SHA256) for the frames that
+follow (csrc/network/seal.h)."""
 
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ from typing import Final, cast
 from flinkbuf.errors import AuthenticationError, RemoteConnectionError
 
 MAGIC: Final = 0x46425546
-VERSION: Final = 2
+VERSION: Final = 3
 HELLO, CHALLENGE, AUTH, AUTH_OK, DUPLICATE, SHM_SETUP = 16, 17, 18, 19, 20, 21
 STREAM, SHARED_MEMORY = 0, 1                # the transport field of AUTH and AUTH_OK
 SHM_FDS: Final = 3                          # the region's memfd and the client's doorbells
@@ -29,11 +33,32 @@ SHM_LEND_FDS: Final = 5                     # ... and the server's buffer arena 
 LEND_FDS: Final = 2                         # a lender's arena and ledger (with AUTH: the client's)
 MAX_FRAME: Final = 256
 NONCE: Final = 32
+PROOF: Final = 32
+SEALED: Final = 1                           # the flags of AUTH (asked for) and AUTH_OK (agreed)
 _HEADER = struct.Struct(">IIB")
+Keys = tuple[bytes, bytes]                  # a sealed connection's (send, receive) keys
 
 
-def _proof(secret: bytes, label: bytes, first: bytes, second: bytes) -> bytes:
-    return hmac.new(secret, label + first + second, hashlib.sha256).digest()
+def _proof(secret: bytes, label: bytes, first: bytes, second: bytes,
+           said: bytes = b"") -> bytes:
+    return hmac.new(secret, label + first + second + said, hashlib.sha256).digest()
+
+
+def _hkdf(secret: bytes, salt: bytes, info: bytes) -> bytes:
+    """32 bytes of HKDF-SHA256 (RFC 5869) of ``secret``."""
+    prk = hmac.new(salt, secret, hashlib.sha256).digest()
+    return hmac.new(prk, info + b"\x01", hashlib.sha256).digest()
+
+
+def session_keys(secret: bytes, client_nonce: bytes, server_nonce: bytes,
+                 client: bool) -> Keys:
+    """A sealed connection's keys, (send, receive) for the client's side
+    (``client``) or the server's: one key per direction, fresh for every
+    connection (both nonces are in the salt)."""
+    salt = client_nonce + server_nonce
+    to_server = _hkdf(secret, salt, b"flinkbuf 3 client to server")
+    to_client = _hkdf(secret, salt, b"flinkbuf 3 server to client")
+    return (to_server, to_client) if client else (to_client, to_server)
 
 
 def _frame(msg_id: int, body: bytes) -> bytes:
@@ -124,22 +149,34 @@ def _address_field(address: str) -> bytes:
     return struct.pack(">H", len(raw)) + raw
 
 
-def _parse_tail(body: bytes, what: str) -> tuple[str, int, int]:
-    """A string, a u32 and a u8 (the transport) at the end of a handshake
-    body."""
+def _parse_tail(body: bytes, what: str) -> tuple[str, int, int, int]:
+    """A string, a u32 (the segment size), a u8 (the transport) and a u8
+    (flags) at the end of a handshake body."""
     try:
         (n,) = struct.unpack_from(">H", body, 0)
         address = body[2:2 + n].decode("utf-8")
-        segment_size, transport = struct.unpack_from(">IB", body, 2 + n)
+        segment_size, transport, flags = struct.unpack_from(">IBB", body, 2 + n)
     except (struct.error, UnicodeDecodeError):
         raise AuthenticationError(f"a malformed {what}") from None
-    if len(body) != 2 + n + 5 or transport not in (STREAM, SHARED_MEMORY):
+    if (len(body) != 2 + n + 6 or transport not in (STREAM, SHARED_MEMORY)
+            or flags & ~SEALED):
         raise AuthenticationError(f"a malformed {what}")
-    return address, segment_size, transport
+    return address, segment_size, transport, flags
 
 
-def _tail(address: str, segment_size: int, transport: int) -> bytes:
-    return _address_field(address) + struct.pack(">IB", segment_size, transport)
+def _tail(address: str, segment_size: int, transport: int, flags: int = 0) -> bytes:
+    return _address_field(address) + struct.pack(">IBB", segment_size, transport, flags)
+
+
+def _proven(body: bytes, secret: bytes, label: bytes, first: bytes, second: bytes,
+            what: str) -> bytes:
+    """The rest of a reply that starts with the proof of ``label`` over the
+    nonces and that rest; AuthenticationError if the proof is wrong."""
+    if len(body) < PROOF or not hmac.compare_digest(
+            body[:PROOF], _proof(secret, label, first, second, body[PROOF:])):
+        raise AuthenticationError(f"the {what} does not prove that it comes from a holder of "
+                                  f"the shared secret (altered on the way?)")
+    return body[PROOF:]
 
 
 def close_fds(fds: list[int]) -> None:
@@ -187,7 +224,8 @@ def send_setup(sock: socket.socket, fds: list[int]) -> None:
 
 def client(sock: socket.socket, secret: bytes, address: str, segment_size: int,
            timeout: float, *, shared_memory: bool = False,
-           lend_fds: list[int] | None = None) -> tuple[str, int, list[int] | None]:
+           lend_fds: list[int] | None = None,
+           seal: bool = False) -> tuple[str, int, list[int] | None, Keys | None]:
     """Authenticate a connected socket as the client; returns the server's
     address and segment size, and, when ``shared_memory`` was asked for and
     the server agreed, the region's descriptors (memfd, data and room
@@ -195,7 +233,9 @@ def client(sock: socket.socket, secret: bytes, address: str, segment_size: int,
     buffers: the caller's to close), else None.  ``lend_fds`` (with
     ``shared_memory``): this side's arena and ledger, passed with AUTH for
     the server to read the buffers this side lends (they stay the
-    caller's).  AuthenticationError if
+    caller's).  ``seal``: ask for sealed frames; the last item is the
+    connection's (send, receive) keys when either side asked for them, else
+    None.  AuthenticationError if
     either side fails to prove the secret; RemoteConnectionError if the
     segment sizes differ; DuplicateConnection if the server keeps another
     connection to this process."""
@@ -213,8 +253,10 @@ def client(sock: socket.socket, secret: bytes, address: str, segment_size: int,
     if not hmac.compare_digest(server_proof,
                                _proof(secret, b"flinkbuf-server", client_nonce, server_nonce)):
         raise AuthenticationError("the server did not prove that it knows the shared secret")
-    auth = _frame(AUTH, _proof(secret, b"flinkbuf-client", server_nonce, client_nonce)
-                  + _tail(address, segment_size, SHARED_MEMORY if shared_memory else STREAM))
+    tail = _tail(address, segment_size, SHARED_MEMORY if shared_memory else STREAM,
+                 SEALED if seal else 0)
+    auth = _frame(AUTH, _proof(secret, b"flinkbuf-client", server_nonce, client_nonce, tail)
+                  + tail)
     if shared_memory and lend_fds:
         socket.send_fds(sock, [auth], lend_fds)     # (a few hundred bytes: sent whole)
     else:
@@ -222,16 +264,24 @@ def client(sock: socket.socket, secret: bytes, address: str, segment_size: int,
     try:
         reply = _recv(sock, AUTH_OK, deadline, alternative=DUPLICATE)
     except _Alternative as dup:
-        raise DuplicateConnection(_parse_tail(dup.args[0], "duplicate reply")[0]) from None
-    peer, peer_segment_size, transport = _parse_tail(reply, "authentication reply")
+        said = _proven(dup.args[0], secret, b"flinkbuf-duplicate", client_nonce, server_nonce,
+                       "duplicate reply")
+        raise DuplicateConnection(_parse_tail(said, "duplicate reply")[0]) from None
+    said = _proven(reply, secret, b"flinkbuf-accept", client_nonce, server_nonce,
+                   "authentication reply")
+    peer, peer_segment_size, transport, flags = _parse_tail(said, "authentication reply")
     if transport == SHARED_MEMORY and not shared_memory:
         raise AuthenticationError("the server chose shared memory, which was not asked for")
+    if seal and not flags & SEALED:
+        raise AuthenticationError("the server did not agree to seal the connection")
     if peer_segment_size != segment_size:
         raise RemoteConnectionError(
             f"the peer at {peer} uses segments of {peer_segment_size} bytes, this side "
             f"{segment_size}: both sides of a connection need the same segment size")
     fds = _recv_setup(sock, deadline) if transport == SHARED_MEMORY else None
-    return peer, peer_segment_size, fds
+    keys = (session_keys(secret, client_nonce, server_nonce, client=True)
+            if flags & SEALED else None)
+    return peer, peer_segment_size, fds, keys
 
 
 class ServerHandshake:
@@ -249,12 +299,17 @@ class ServerHandshake:
     asks for shared memory and ``shared_memory`` is given, it is called for
     a region (its descriptors; OSError: the connection stays a stream):
     ``shared_fds`` holds them once AUTH_OK said so, for the server to pass
-    on (:func:`send_setup`) and to close."""
+    on (:func:`send_setup`) and to close.  The connection is sealed when
+    the client asks for it or ``seal`` is set: ``keys`` then holds the
+    server's (send, receive) keys once done, else None."""
 
     def __init__(self, secret: bytes, address: str, segment_size: int,
                  keep: Callable[[str], bool] | None = None,
-                 shared_memory: Callable[[], list[int]] | None = None) -> None:
+                 shared_memory: Callable[[], list[int]] | None = None,
+                 seal: bool = False) -> None:
         self._secret = secret
+        self._seal = seal
+        self.keys: Keys | None = None
         self._keep = keep
         self._shared_memory = shared_memory
         self.shared_fds: list[int] | None = None
@@ -320,34 +375,45 @@ class ServerHandshake:
             return _frame(CHALLENGE, struct.pack(">H", VERSION) + self._server_nonce
                           + _proof(self._secret, b"flinkbuf-server", self._client_nonce,
                                    self._server_nonce))
-        if len(body) < NONCE:
-            raise AuthenticationError("a malformed authentication")
-        if not hmac.compare_digest(body[:NONCE],
-                                   _proof(self._secret, b"flinkbuf-client",
-                                          cast(bytes, self._server_nonce),
-                                          cast(bytes, self._client_nonce))):
+        client_nonce, server_nonce = cast(bytes, self._client_nonce), cast(bytes,
+                                                                          self._server_nonce)
+        if len(body) < PROOF or not hmac.compare_digest(
+                body[:PROOF], _proof(self._secret, b"flinkbuf-client", server_nonce,
+                                     client_nonce, body[PROOF:])):
             raise AuthenticationError("the client did not prove that it knows the shared secret")
-        address, segment_size, transport = _parse_tail(body[NONCE:], "authentication")
+        address, segment_size, transport, flags = _parse_tail(body[PROOF:], "authentication")
         self.peer = (address, segment_size)
         self.done = True
         if (segment_size == self._segment_size and self._keep is not None
                 and not self._keep(address)):
             self.duplicate = True
-            return _frame(DUPLICATE, _tail(self._address, self._segment_size, STREAM))
+            return self._reply(DUPLICATE, b"flinkbuf-duplicate",
+                               _tail(self._address, self._segment_size, STREAM))
         if (transport == SHARED_MEMORY and segment_size == self._segment_size
                 and self._shared_memory is not None):
             try:
                 self.shared_fds = self._shared_memory()
             except OSError:
                 self.shared_fds = None       # out of memory or descriptors: a stream it is
-        return _frame(AUTH_OK, _tail(self._address, self._segment_size,
-                                     STREAM if self.shared_fds is None else SHARED_MEMORY))
+        sealed = self._seal or bool(flags & SEALED)
+        if sealed:
+            self.keys = session_keys(self._secret, client_nonce, server_nonce, client=False)
+        return self._reply(AUTH_OK, b"flinkbuf-accept",
+                           _tail(self._address, self._segment_size,
+                                 STREAM if self.shared_fds is None else SHARED_MEMORY,
+                                 SEALED if sealed else 0))
+
+    def _reply(self, msg_id: int, label: bytes, said: bytes) -> bytes:
+        return _frame(msg_id, _proof(self._secret, label, cast(bytes, self._client_nonce),
+                                     cast(bytes, self._server_nonce), said) + said)
 
 
 def server(sock: socket.socket, secret: bytes, address: str, segment_size: int,
            timeout: float) -> tuple[str, int]:
     """Authenticate an accepted socket as the server, blocking; returns the
-    client's (address, segment_size).  See :class:`ServerHandshake`."""
+    client's (address, segment_size).  For a peer that then speaks its own
+    protocol over the socket: a client that asks for sealed frames is
+    refused.  See :class:`ServerHandshake`."""
     deadline = time.monotonic() + timeout
     hs = ServerHandshake(secret, address, segment_size)
     while not hs.done:
@@ -369,5 +435,8 @@ def server(sock: socket.socket, secret: bytes, address: str, segment_size: int,
         except RemoteConnectionError:
             sock.sendall(hs.reply_before_refusal)
             raise
+        if hs.keys is not None:
+            raise AuthenticationError("the client asked for sealed frames, which this server "
+                                      "does not speak")
         sock.sendall(reply)
     return cast("tuple[str, int]", hs.peer)

@@ -33,6 +33,7 @@
 #include "io/exchange.h"
 #include "network/connection.h"
 #include "network/lease.h"
+#include "network/seal.h"
 #include "network/shm.h"
 
 #define SEG 1024                /* segment size on both sides */
@@ -705,7 +706,16 @@ static void socket_pair(int tcp, int small_buffers, int fds[2])
     }
 }
 
-enum { OVER_UNIX, OVER_TCP, OVER_SHM, OVER_LEND };
+enum { OVER_UNIX, OVER_TCP, OVER_SHM, OVER_LEND, OVER_SEALED };
+
+/* A TCP socket sealed both ways (keys as a handshake would pair them). */
+static fb_transport_t *sealed_socket(int fd, int side)
+{
+    unsigned char a[FB_SEAL_KEY], b[FB_SEAL_KEY];
+    memset(a, 0xa5, sizeof(a));
+    memset(b, 0x5a, sizeof(b));
+    return fb_transport_sealed(fb_transport_socket(fd), side ? b : a, side ? a : b);
+}
 
 static fb_conn_t *new_conn(fb_transport_t *t, const fb_conn_callbacks_t *cb, const round_t *rd)
 {
@@ -741,8 +751,11 @@ static void open_pair(world_t *w, int over, const round_t *rd,
 {
     int fds[2], region[FB_SHM_NFDS];
     char err[256];
-    socket_pair(over == OVER_TCP, rd->small_socket_buffers, fds);
-    if (over == OVER_UNIX || over == OVER_TCP) {
+    socket_pair(over == OVER_TCP || over == OVER_SEALED, rd->small_socket_buffers, fds);
+    if (over == OVER_SEALED) {
+        out[0] = new_conn(sealed_socket(fds[0], 0), serving, rd);
+        out[1] = new_conn(sealed_socket(fds[1], 1), reading, rd);
+    } else if (over == OVER_UNIX || over == OVER_TCP) {
         out[0] = new_conn(fb_transport_socket(fds[0]), serving, rd);
         out[1] = new_conn(fb_transport_socket(fds[1]), reading, rd);
     } else {
@@ -839,14 +852,14 @@ static const round_t ROUNDS[] = {
 int main(int argc, char **argv)
 {
     uint32_t nbuf = argc > 1 ? (uint32_t)atoi(argv[1]) : 300;
-    const char *names[] = {"unix", "tcp", "shm", "lend"};
+    const char *names[] = {"unix", "tcp", "shm", "lend", "sealed"};
     int over = argc > 2 ? -1 : OVER_UNIX;
     pthread_t watchdog;
-    for (int i = 0; argc > 2 && i < 4; i++)
+    for (int i = 0; argc > 2 && i < (int)NUM(names); i++)
         if (strcmp(argv[2], names[i]) == 0)
             over = i;
     if (nbuf < 100 || over < 0 || argc > 3) {
-        fprintf(stderr, "usage: %s [buffers per channel >= 100] [unix|tcp|shm|lend]\n",
+        fprintf(stderr, "usage: %s [buffers per channel >= 100] [unix|tcp|shm|lend|sealed]\n",
                 argv[0]);
         return 2;
     }
