@@ -380,11 +380,11 @@ class NetworkEnvironment:
         self._direct_reads = _switch(direct_reads, "direct_reads", "FLINKBUF_NET_DIRECT_READS")
         self._seal = _switch(encryption, "encryption", "FLINKBUF_NET_ENCRYPTION",
                              default=ENCRYPTION_DEFAULT)
+        lend = _switch(lend_buffers, "lend_buffers", "FLINKBUF_NET_LEND_BUFFERS", default=False)
         if self._seal and lend_buffers:
             raise ValueError("lend_buffers=True and encryption=True exclude each other: a lent "
                              "buffer is read in place, never sealed")
-        lend = not self._seal and _switch(lend_buffers, "lend_buffers",
-                                          "FLINKBUF_NET_LEND_BUFFERS", default=False)
+        lend = lend and not self._seal
         # Shared, to lend: a peer on this host that connects over shared
         # memory reads this process's buffers in place.
         self._nbp = NetworkBufferPool(num_segments, segment_size, shared_memory=lend and _UNIX)

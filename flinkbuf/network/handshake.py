@@ -44,20 +44,16 @@ def _proof(secret: bytes, label: bytes, first: bytes, second: bytes,
     return hmac.new(secret, label + first + second + said, hashlib.sha256).digest()
 
 
-def _hkdf(secret: bytes, salt: bytes, info: bytes) -> bytes:
-    """32 bytes of HKDF-SHA256 (RFC 5869) of ``secret``."""
-    prk = hmac.new(salt, secret, hashlib.sha256).digest()
-    return hmac.new(prk, info + b"\x01", hashlib.sha256).digest()
-
-
 def session_keys(secret: bytes, client_nonce: bytes, server_nonce: bytes,
                  client: bool) -> Keys:
     """A sealed connection's keys, (send, receive) for the client's side
     (``client``) or the server's: one key per direction, fresh for every
-    connection (both nonces are in the salt)."""
-    salt = client_nonce + server_nonce
-    to_server = _hkdf(secret, salt, b"flinkbuf 3 client to server")
-    to_client = _hkdf(secret, salt, b"flinkbuf 3 server to client")
+    connection (both nonces are in the salt).  HKDF-SHA256 (RFC 5869): one
+    extract, then a 32-byte expand per direction."""
+    prk = hmac.new(client_nonce + server_nonce, secret, hashlib.sha256).digest()
+    to_server, to_client = (hmac.new(prk, info + b"\x01", hashlib.sha256).digest()
+                            for info in (b"flinkbuf 3 client to server",
+                                         b"flinkbuf 3 server to client"))
     return (to_server, to_client) if client else (to_client, to_server)
 
 
@@ -169,14 +165,19 @@ def _tail(address: str, segment_size: int, transport: int, flags: int = 0) -> by
 
 
 def _proven(body: bytes, secret: bytes, label: bytes, first: bytes, second: bytes,
-            what: str) -> bytes:
-    """The rest of a reply that starts with the proof of ``label`` over the
-    nonces and that rest; AuthenticationError if the proof is wrong."""
+            refusal: str) -> bytes:
+    """The rest of a message that starts with the proof of ``label`` over
+    the nonces and that rest; AuthenticationError(refusal) if the proof is
+    wrong."""
     if len(body) < PROOF or not hmac.compare_digest(
             body[:PROOF], _proof(secret, label, first, second, body[PROOF:])):
-        raise AuthenticationError(f"the {what} does not prove that it comes from a holder of "
-                                  f"the shared secret (altered on the way?)")
+        raise AuthenticationError(refusal)
     return body[PROOF:]
+
+
+def _reply_refused(what: str) -> str:
+    return (f"the {what} does not prove that it comes from a holder of the shared secret "
+            f"(altered on the way?)")
 
 
 def close_fds(fds: list[int]) -> None:
@@ -265,10 +266,10 @@ def client(sock: socket.socket, secret: bytes, address: str, segment_size: int,
         reply = _recv(sock, AUTH_OK, deadline, alternative=DUPLICATE)
     except _Alternative as dup:
         said = _proven(dup.args[0], secret, b"flinkbuf-duplicate", client_nonce, server_nonce,
-                       "duplicate reply")
+                       _reply_refused("duplicate reply"))
         raise DuplicateConnection(_parse_tail(said, "duplicate reply")[0]) from None
     said = _proven(reply, secret, b"flinkbuf-accept", client_nonce, server_nonce,
-                   "authentication reply")
+                   _reply_refused("authentication reply"))
     peer, peer_segment_size, transport, flags = _parse_tail(said, "authentication reply")
     if transport == SHARED_MEMORY and not shared_memory:
         raise AuthenticationError("the server chose shared memory, which was not asked for")
@@ -377,11 +378,9 @@ class ServerHandshake:
                                    self._server_nonce))
         client_nonce, server_nonce = cast(bytes, self._client_nonce), cast(bytes,
                                                                           self._server_nonce)
-        if len(body) < PROOF or not hmac.compare_digest(
-                body[:PROOF], _proof(self._secret, b"flinkbuf-client", server_nonce,
-                                     client_nonce, body[PROOF:])):
-            raise AuthenticationError("the client did not prove that it knows the shared secret")
-        address, segment_size, transport, flags = _parse_tail(body[PROOF:], "authentication")
+        said = _proven(body, self._secret, b"flinkbuf-client", server_nonce, client_nonce,
+                       "the client did not prove that it knows the shared secret")
+        address, segment_size, transport, flags = _parse_tail(said, "authentication")
         self.peer = (address, segment_size)
         self.done = True
         if (segment_size == self._segment_size and self._keep is not None
