@@ -27,6 +27,13 @@ Groups:
     next only after the previous came back; time per op = the round trip's
     percentile over every sample of every round.
 
+  * ``net sealed ...``: sealed connections (``encryption=True``) against
+    plaintext ones, over TCP and over a Unix socket, for 32 KiB records,
+    int64 records (1 channel, 1 ms flush) and the round trip p50; with raw
+    TCP and TLS 1.3 through Python's ``ssl`` module (a certificate made for
+    the run) as peers.  Targets: sealed at least 70 % of plaintext's
+    throughput, and a round trip at most 10 us longer.
+
 The flinkbuf row of each group is measured after its peers, so its
 ``target`` column says, from this pass's peers, whether the target is met.
 """
@@ -185,3 +192,61 @@ def test_net_latency(benchmark, placement, stat, row):
         benchmark.extra_info["target"] = (
             "p50 <= pyzmq's: not measured in this run" if zmq is None else
             f"p50 <= pyzmq's: {_met(ns <= zmq, f'{ns / zmq:.2f}x pyzmq')}")
+
+
+# ---- sealed against plaintext --------------------------------------------------------------
+
+SEALED_ROWS = {                                # row -> (impl, flinkbuf's spec options)
+    "raw_tcp": ("raw_tcp", {}),
+    "raw_tls": ("raw_tls", {}),
+    "flinkbuf_tcp": ("flinkbuf", {"transport": "tcp", "encryption": 0}),
+    "flinkbuf_tcp_sealed": ("flinkbuf", {"transport": "tcp", "encryption": 1}),
+    "flinkbuf_unix": ("flinkbuf", {"transport": "unix", "encryption": 0}),
+    "flinkbuf_unix_sealed": ("flinkbuf", {"transport": "unix", "encryption": 1}),
+}
+SEALED_KINDS = {"bulk 32 KiB": "bytes32k", "int64 1ch flush 1ms": "int64",
+                "round trip p50": "ping"}
+
+
+def _sealed_target(group, row, ns, ping):
+    plain = _measured.get((group, row.removesuffix("_sealed")))
+    if plain is None:
+        return "vs plaintext: not measured in this run"
+    if ping:
+        extra = (ns - plain) / 1e3
+        return f"p50 +<=10 us of plaintext: {_met(extra <= 10, f'{extra:+.1f} us')}"
+    share = plain / ns
+    return f">=70% of plaintext: {_met(share >= 0.7, f'{100 * share:.0f}%')}"
+
+
+@pytest.mark.parametrize("kind,row", [
+    pytest.param(kind, row, id=f"{kind.split()[0]}-{row}")
+    for kind in SEALED_KINDS for row in SEALED_ROWS
+    if not (SEALED_KINDS[kind] == "int64" and row.startswith("raw"))])
+def test_net_sealed(benchmark, kind, row):
+    impl, opts = SEALED_ROWS[row]
+    if impl == "raw_tls" and not network_peers.tls_available():
+        pytest.skip("the TLS peer needs the openssl command for its certificate")
+    group = f"net sealed: {kind}"
+    benchmark.group = group
+    benchmark.extra_info.update(subject=row.endswith("_sealed"), **opts)
+    what = SEALED_KINDS[kind]
+    if what == "ping":
+        rtts = []
+        spec = {"n": PINGS, "warmup": WARMUP, **opts}
+
+        def one():
+            rtts.extend(run_ping_pong(impl, spec)["rtt_ns"])
+
+        benchmark.pedantic(one, rounds=ROUNDS, iterations=1, warmup_rounds=0)
+        rtts.sort()
+        ns = rtts[len(rtts) // 2]
+        benchmark.extra_info.update(ops=1, ns_per_op=ns, samples=len(rtts))
+    else:
+        n = BULK_N if what == "bytes32k" else N
+        spec = {"kind": what, "n": n, "channels": 1, "batch": 1,
+                "buffer_timeout": 0.1 if what == "bytes32k" else 0.001, **opts}
+        ns = _measure_pairs(benchmark, impl, spec)
+    _measured[(group, row)] = ns
+    if row.endswith("_sealed"):
+        benchmark.extra_info["target"] = _sealed_target(group, row, ns, what == "ping")

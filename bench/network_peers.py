@@ -312,15 +312,77 @@ def _raw_tune(sock, spec):
             sock.setsockopt(socket.SOL_SOCKET, opt, spec[name])
 
 
-def _raw_producer(family):
+# ---- TLS 1.3 through Python's ssl module (the usual way to encrypt a socket) ------------
+#
+# The raw TCP peers with each socket wrapped: a certificate made for the run
+# (ECDSA P-256, by the openssl command, made once in the parent before the
+# fork), TLS 1.3, the cipher suite OpenSSL picks (AES-256-GCM where the CPU
+# has AES instructions).  The handshake happens before the clock starts.
+
+_TLS_FILES = None
+
+
+def tls_available():
+    """Whether the TLS peer can run here (the openssl command makes its
+    certificate)."""
+    import shutil   # noqa: PLC0415
+    return shutil.which("openssl") is not None
+
+
+def _tls_files():
+    global _TLS_FILES
+    if _TLS_FILES is None:
+        import subprocess   # noqa: PLC0415
+        import tempfile   # noqa: PLC0415
+        d = tempfile.mkdtemp(prefix="flinkbuf-netbench-tls-")
+        cert, key = os.path.join(d, "cert.pem"), os.path.join(d, "key.pem")
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                        "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", key, "-out", cert,
+                        "-days", "1", "-subj", "/CN=localhost"], check=True,
+                       capture_output=True)
+        _TLS_FILES = (cert, key)
+    return _TLS_FILES
+
+
+def _tls_wrap(sock, server):
+    import ssl   # noqa: PLC0415
+    cert, key = _tls_files()
+    if server:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(cert, key)
+    else:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.load_verify_locations(cert)
+        ctx.check_hostname = False
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    tls = ctx.wrap_socket(sock, server_side=server)
+    tls.do_handshake()
+    return tls
+
+
+def _connected(family, link, spec, tls):
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    _raw_tune(sock, spec)
+    sock.connect(link.recv())
+    return _tls_wrap(sock, server=False) if tls else sock
+
+
+def _accepted(family, link, spec, tls):
+    srv = _raw_listen(family)
+    with srv:
+        link.send(srv.getsockname())
+        conn, _ = srv.accept()
+    _raw_tune(conn, spec)
+    return _tls_wrap(conn, server=True) if tls else conn
+
+
+def _raw_producer(family, tls=False):
     def producer(link, spec):
         n, chunk = spec["n"], spec.get("chunk", SEGMENT)
         data = b"\xab" * chunk
         total = n * SEGMENT
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock = _connected(family, link, spec, tls)
         with sock:
-            _raw_tune(sock, spec)
-            sock.connect(link.recv())
             link.wait()
             t0 = monotonic_ns()
             sendall = sock.sendall
@@ -334,16 +396,12 @@ def _raw_producer(family):
     return producer
 
 
-def _raw_consumer(family):
+def _raw_consumer(family, tls=False):
     def consumer(link, spec):
         n, chunk = spec["n"], spec.get("chunk", SEGMENT)
         total = n * SEGMENT
-        srv = _raw_listen(family)
-        with srv:
-            link.send(srv.getsockname())
-            conn, _ = srv.accept()
+        conn = _accepted(family, link, spec, tls)
         with conn:
-            _raw_tune(conn, spec)
             buf = bytearray(chunk)
             recv_into = conn.recv_into
             link.wait()
@@ -359,14 +417,12 @@ def _raw_consumer(family):
     return consumer
 
 
-def _raw_pinger(family):
+def _raw_pinger(family, tls=False):
     def pinger(link, spec):
-        sock = socket.socket(family, socket.SOCK_STREAM)
         pack, unpack = struct.Struct("<q").pack, struct.Struct("<q").unpack
         rtt = []
+        sock = _connected(family, link, spec, tls)
         with sock:
-            _raw_tune(sock, spec)
-            sock.connect(link.recv())
             link.wait()
             send, recv = sock.sendall, sock.recv
             for i in range(spec["warmup"] + spec["n"]):
@@ -382,14 +438,10 @@ def _raw_pinger(family):
     return pinger
 
 
-def _raw_ponger(family):
+def _raw_ponger(family, tls=False):
     def ponger(link, spec):
-        srv = _raw_listen(family)
-        with srv:
-            link.send(srv.getsockname())
-            conn, _ = srv.accept()
+        conn = _accepted(family, link, spec, tls)
         with conn:
-            _raw_tune(conn, spec)
             link.wait()
             send, recv = conn.sendall, conn.recv
             for _ in range(spec["warmup"] + spec["n"]):
@@ -710,6 +762,8 @@ IMPLS = {
     "flinkbuf": (fb_producer, fb_consumer, None),
     "raw_tcp": (_raw_producer(socket.AF_INET), _raw_consumer(socket.AF_INET), None),
     "raw_uds": (_raw_producer(socket.AF_UNIX), _raw_consumer(socket.AF_UNIX), None),
+    "raw_tls": (_raw_producer(socket.AF_INET, tls=True), _raw_consumer(socket.AF_INET, tls=True),
+                lambda mpc, spec: _tls_files()),
     "pyzmq": (zmq_producer, zmq_consumer, None),
     "mp_queue": (mpq_producer, mpq_consumer, mpq_shared),
 }
@@ -718,6 +772,8 @@ PING_IMPLS = {
     "flinkbuf": (fb_pinger, fb_ponger, None),
     "raw_tcp": (_raw_pinger(socket.AF_INET), _raw_ponger(socket.AF_INET), None),
     "raw_uds": (_raw_pinger(socket.AF_UNIX), _raw_ponger(socket.AF_UNIX), None),
+    "raw_tls": (_raw_pinger(socket.AF_INET, tls=True), _raw_ponger(socket.AF_INET, tls=True),
+                lambda mpc, spec: _tls_files()),
     "pyzmq": (zmq_pinger, zmq_ponger, None),
     "mp_queue": (mpq_pinger, mpq_ponger, lambda mpc, spec: [mpc.Queue(), mpc.Queue()]),
 }

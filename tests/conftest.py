@@ -25,9 +25,19 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 # Network tests that do not choose a transport themselves run once per
 # transport between processes on this host, through FLINKBUF_NET_TRANSPORT
-# (what transport="auto" means; child processes inherit it).
-NET_TRANSPORTS = ["unix", "tcp", "shm"]
+# (what transport="auto" means; child processes inherit it), and once more
+# over TCP with every connection sealed (FLINKBUF_NET_ENCRYPTION=1), as
+# connections between hosts are by default.  Tests that speak the wire
+# format in plaintext themselves (a raw peer) are marked ``plaintext_wire``
+# and run unsealed only.
+NET_TRANSPORTS = ["unix", "tcp", "shm", "tcp-sealed"]
 SOCKETLESS_MODULES = {"test_network_wire", "test_network_credit", "test_network_buffer_pool"}
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "plaintext_wire: the test speaks the wire format in plaintext itself, so "
+        "its environments are not sealed")
 
 
 def pytest_generate_tests(metafunc):
@@ -36,7 +46,9 @@ def pytest_generate_tests(metafunc):
             and "transport" not in metafunc.fixturenames
             and metafunc.definition.get_closest_marker("one_transport") is None):
         metafunc.fixturenames.append("net_transport")
-        metafunc.parametrize("net_transport", NET_TRANSPORTS)
+        plain = metafunc.definition.get_closest_marker("plaintext_wire") is not None
+        metafunc.parametrize("net_transport",
+                             [t for t in NET_TRANSPORTS if not (plain and t.endswith("-sealed"))])
 
 
 @pytest.fixture
@@ -49,7 +61,12 @@ def _net_transport_variable(request, monkeypatch):
     """Set before the test's other fixtures make their environments."""
     callspec = getattr(request.node, "callspec", None)
     if callspec is not None and "net_transport" in callspec.params:
-        monkeypatch.setenv("FLINKBUF_NET_TRANSPORT", callspec.params["net_transport"])
+        transport, _, sealed = callspec.params["net_transport"].partition("-")
+        monkeypatch.setenv("FLINKBUF_NET_TRANSPORT", transport)
+        if sealed:
+            monkeypatch.setenv("FLINKBUF_NET_ENCRYPTION", "1")
+    elif request.node.get_closest_marker("plaintext_wire") is not None:
+        monkeypatch.setenv("FLINKBUF_NET_ENCRYPTION", "0")
 
 
 def pytest_sessionstart(session):

@@ -70,10 +70,15 @@ def expected_streams(tag, plan, num_subpartitions):
 
 
 def rss_bytes(pid="self"):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
+    """The resident set of a process; 0 if it cannot be read now (a
+    process out of descriptors: tests that flood one)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return 0
 
 
@@ -463,7 +468,8 @@ def _env(cfg):
         request_timeout=cfg.get("request_timeout", 30.0),
         io_timeout=cfg.get("io_timeout", 60.0),
         # consumers' threads read sockets themselves (default on)
-        direct_reads=cfg.get("direct_reads"))
+        direct_reads=cfg.get("direct_reads"),
+        max_connections=cfg.get("max_connections", 256))
 
 
 def _addr(env):
@@ -933,6 +939,10 @@ def main():
     else:
         cfg = json.loads(arg)
     faulthandler.dump_traceback_later(cfg.get("life", 60), exit=True)
+    if "rlimit_nofile" in cfg:           # a process with few descriptors to spare
+        import resource   # noqa: PLC0415
+        resource.setrlimit(resource.RLIMIT_NOFILE,
+                           (cfg["rlimit_nofile"], resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(name)s %(levelname)s %(message)s")
     cmds = _Stdin()

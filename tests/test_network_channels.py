@@ -76,6 +76,7 @@ def test_one_connection_carries_200_channels(children):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.plaintext_wire                 # (a raw peer asks for the 4097th channel)
 def test_channel_cap_is_refused_clearly(children):
     """A gate of 4097 channels to one process: RemoteConnectionError naming
     the cap of 4096, every buffer back; the connection goes on carrying

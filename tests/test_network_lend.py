@@ -306,7 +306,8 @@ class HostileLender:
         with sock:
             sock.settimeout(30)           # (a loaded machine: no early close)
             hs = handshake.ServerHandshake(SECRET, f"127.0.0.1:{self.port}", STRIDE,
-                                        shared_memory=lambda: _shm_region(STRIDE))
+                                        shared_memory=lambda: _shm_region(STRIDE),
+                                        unix_peer=handshake.unix_peer(sock))
             while not hs.done:
                 sock.sendall(hs.feed(sock.recv(handshake.MAX_FRAME)))
             memfd, data0, room0, data1, room1 = hs.shared_fds

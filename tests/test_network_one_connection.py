@@ -73,8 +73,10 @@ def test_peers_that_connect_to_each_other_at_once_share_one_connection(monkeypat
 
 
 def test_the_rule_that_decides_which_connection_is_kept():
-    """An open connection wins over a new one; of two made at once, the one
-    made by the smaller address; with neither, the new one is kept."""
+    """An open connection this side made wins over a new one; of two made
+    at once, the one made by the smaller address; with neither, the new one
+    is kept (an accepted connection does not refuse another: its peer is
+    only who it says it is)."""
     a, b = make_env(), make_env()
     try:
         small, large = sorted([a, b], key=lambda e: e._address_text)
@@ -92,8 +94,8 @@ def test_the_rule_that_decides_which_connection_is_kept():
         large.register_partition("p", part)
         gate = small.create_input_gate([(large.address, "p", 0)], codec="bytes")
         assert wait_until(lambda: open_connections(large) == 1, 5)
-        assert not large._keep_incoming(small._address_text)    # an open one wins
-        assert not small._keep_incoming(large._address_text)
+        assert not small._keep_incoming(large._address_text)    # the one it made wins
+        assert large._keep_incoming(small._address_text)        # one it accepted does not
         gate.close()
         part.release()
     finally:
@@ -108,7 +110,8 @@ def test_a_duplicate_reply_names_the_server_and_is_not_an_authentication():
     for keep in (False, True):
         cs, ss = socket.socketpair()
         with cs, ss:
-            hs = handshake.ServerHandshake(SECRET, "server:1", 1024, keep=lambda peer: keep)
+            hs = handshake.ServerHandshake(SECRET, "server:1", 1024, keep=lambda peer: keep,
+                                           unix_peer=handshake.unix_peer(ss))
 
             def serve():
                 while not hs.done:
@@ -150,3 +153,45 @@ def test_a_refused_duplicate_waits_for_the_kept_connection_only_so_long(monkeypa
     finally:
         b.close()
         a.close()
+
+
+@pytest.mark.parametrize("transport", ["tcp", "unix", "shm"])
+@pytest.mark.parametrize("order", ["before", "after"])
+def test_a_peer_that_claims_another_process_s_address_does_not_lock_it_out(order, transport):
+    """A holder of the secret that connects first (or later) claiming to
+    be process P does not make P's own connection fail: the server keeps
+    a connection from P as it arrives, and reads from P over the newest
+    one that said it is P.  Only a connection this side made itself (whose
+    peer answered at P's address) refuses another."""
+    from network_helpers import connect_raw
+    with make_env(transport=transport) as server, make_env(transport=transport) as p:
+        p_address = f"{p.address[0]}:{p.address[1]}"
+        server_address = f"{server.address[0]}:{server.address[1]}"
+        parts = []
+        for env in (server, p):
+            part = create_partition(env.network_buffer_pool, 1, min_buffers=4)
+            parts.append(part)
+            env.register_partition("p", part)
+            writer = RecordWriter(part, "round_robin", codec="bytes", buffer_timeout=0.001)
+            writer.emit(b"from " + env.address[1].to_bytes(2, "big"))
+            writer.close()
+        impostors = []
+        if order == "before":
+            impostors.append(connect_raw(server_address, SECRET, 1024, own_address=p_address))
+            assert wait_until(lambda: open_connections(server) == 1, 5)
+        gate = p.create_input_gate([(server.address, "p", 0)], codec="bytes")
+        assert list(gate) == [b"from " + server.address[1].to_bytes(2, "big")]
+        gate.close()
+        if order == "after":
+            impostors.append(connect_raw(server_address, SECRET, 1024, own_address=p_address))
+            assert wait_until(lambda: open_connections(server) == 2, 5)
+        # The server reading from P: over P's own connection when P's is the
+        # newest, and never stuck.
+        if order == "before":
+            gate = server.create_input_gate([(p.address, "p", 0)], codec="bytes")
+            assert list(gate) == [b"from " + p.address[1].to_bytes(2, "big")]
+            gate.close()
+        for s in impostors:
+            s.close()
+        for part in parts:
+            part.release()

@@ -37,7 +37,9 @@ from network_helpers import (
 )
 
 # A thread of the engine that dies with an exception fails the test.
-pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+# A fake producer speaks the wire format in plaintext to a real consumer.
+pytestmark = [pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning"),
+              pytest.mark.plaintext_wire]
 
 SEG = 256
 ALL = 0xFFFFFFFF

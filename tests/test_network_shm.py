@@ -289,7 +289,7 @@ def test_a_client_gone_before_auth_ok_leaves_no_region_behind():
                                           struct.pack(">H", handshake.VERSION) + nonce))
             body = sock.recv(handshake.MAX_FRAME)[9:]
             server_nonce = body[2:2 + handshake.NONCE]
-            tail = handshake._tail("127.0.0.1:1", 1024, handshake.SHARED_MEMORY)
+            tail = handshake._tail("127.0.0.1:1", 1024, handshake.SHARED_MEMORY, local=True)
             proof = handshake._proof(SECRET, b"flinkbuf-client", server_nonce, nonce, tail)
             sock.sendall(handshake._frame(handshake.AUTH, proof + tail))
             sock.close()                 # before AUTH_OK: the server's send fails

@@ -54,7 +54,8 @@ def accept_as_peer(sock, address, transport):
         handshake.server(sock, SECRET, address, SEG, 5.0)
         return sock
     hs = handshake.ServerHandshake(SECRET, address, SEG,
-                                   shared_memory=lambda: _shm_region(SEG))
+                                   shared_memory=lambda: _shm_region(SEG),
+                                   unix_peer=handshake.unix_peer(sock))
     sock.settimeout(5.0)
     while not hs.done:
         sock.sendall(hs.feed(sock.recv(handshake.MAX_FRAME)))

@@ -792,3 +792,60 @@ def test_arrow_exchange_failure_and_arguments(spark):
     with pytest.raises(TypeError, match="fn"):
         arrow_exchange(df, None, "k", "k long")
     assert leftovers(spark.sparkContext, SLOTS) == []
+
+
+def _sealed_and_count(records):
+    # Before reading: the task is connected to its peers, and they are all
+    # still open (a peer done with its output may close them later).
+    sealed = sorted({s["sealed"] for s in current_task().environment.connection_stats()})
+    yield (sum(1 for _ in records), sealed)
+
+
+@pytest.mark.parametrize("encryption", [True, None])
+def test_encryption_seals_the_exchange_between_tasks(sc, encryption):
+    """encryption=True seals every connection between the tasks; None (this
+    session does not encrypt its own traffic, and every task is on this
+    host) leaves them plain.  The records are the same either way."""
+    rdd = sc.parallelize(range(3000), 3)
+    out = pipelined_exchange(rdd, _sealed_and_count, selector="round_robin",
+                             encryption=encryption).collect()
+    assert sum(n for n, _ in out) == 3000
+    assert {tuple(sealed) for _, sealed in out} == {(encryption is True,)}
+
+
+def test_the_session_s_own_encryption_turns_the_exchange_s_on():
+    from flinkbuf.spark._task import session_encryption
+
+    class Conf(dict):
+        def get(self, key, default=None):
+            return dict.get(self, key, default)
+
+    class Context:
+        def __init__(self, **conf):
+            self.conf = Conf({k.replace("_", "."): v for k, v in conf.items()})
+
+        def getConf(self):   # noqa: N802 - SparkContext's name
+            return self.conf
+
+    assert session_encryption(Context(), None) is None
+    assert session_encryption(Context(spark_network_crypto_enabled="true"), None) is True
+    assert session_encryption(Context(spark_ssl_enabled="TRUE"), None) is True
+    assert session_encryption(Context(spark_ssl_enabled="false"), None) is None
+    # What the caller says wins.
+    assert session_encryption(Context(spark_network_crypto_enabled="true"), False) is False
+    assert session_encryption(Context(), True) is True
+
+
+def test_the_rendezvous_knows_which_task_attempt_ids_spark_has_issued(sc):
+    """On a real SparkContext the driver's rendezvous can tell an id Spark
+    issued from one it has not (a registration with a made-up id, such as
+    2**63 - 1, would otherwise make every real task look older)."""
+    from flinkbuf.spark._task import _issued_task_ids
+
+    issued = _issued_task_ids(sc)
+    assert issued is not None
+    before = issued()
+    sc.parallelize(range(8), 4).count()
+    after = issued()
+    assert isinstance(before, int) and after >= before + 4
+    assert 2**63 - 1 >= after

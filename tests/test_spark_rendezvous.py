@@ -14,6 +14,7 @@ from flinkbuf.errors import AuthenticationError, RemoteConnectionError
 from flinkbuf.network import handshake
 from flinkbuf.spark import _rendezvous
 from flinkbuf.spark._rendezvous import RendezvousServer, register
+from helpers import wait_until
 
 SECRET = b"s" * 32
 
@@ -179,21 +180,94 @@ def test_garbage_and_malformed_requests_are_dropped_and_others_served(caplog):
     assert sum("dropped a peer" in m for m in messages) >= 7
 
 
-def test_connections_are_capped():
-    with RendezvousServer(SECRET, 2, timeout=3.0, max_connections=3) as server:
+def test_unauthenticated_sockets_have_their_own_budget():
+    """Past its budget of sockets that have not authenticated, the oldest
+    is dropped: idle sockets cannot fill the rendezvous."""
+    with RendezvousServer(SECRET, 2, timeout=3.0, max_unauthenticated=3) as server:
         idle = [socket.create_connection(server.address, timeout=3) for _ in range(3)]
         try:
             time.sleep(0.3)
             extra = socket.create_connection(server.address, timeout=3)
-            assert extra.recv(1) == b""                     # closed at once
+            assert idle[0].recv(1) == b""                   # the oldest went
+            threads, results = _register_all(server, 2)     # and tasks still get in
+            _join(threads)
+            assert results[0] == results[1] and isinstance(results[0], list)
             extra.close()
         finally:
             for s in idle:
                 s.close()
-        time.sleep(0.3)
+
+
+def test_a_flood_of_silent_sockets_does_not_keep_the_tasks_out(caplog):
+    """Silent sockets re-opened as fast as they are dropped, far more than
+    the budget: every task of the stage still registers, and the log says
+    so a few times, not once per socket."""
+    caplog.set_level(logging.WARNING, logger="flinkbuf.spark")
+    with RendezvousServer(SECRET, 4, timeout=5.0) as server:
+        stop = threading.Event()
+        opened = [0]
+
+        def flood():
+            held = []
+            while not stop.is_set():
+                try:
+                    held.append(socket.create_connection(server.address, timeout=1))
+                    opened[0] += 1
+                except OSError:
+                    pass
+                if len(held) > 100:
+                    held.pop(0).close()
+            for s in held:
+                s.close()
+
+        flooders = [threading.Thread(target=flood) for _ in range(2)]
+        for t in flooders:
+            t.start()
+        try:
+            # Well past the budget before the tasks come, and on while they do.
+            assert wait_until(lambda: opened[0] > 2 * _rendezvous.UNAUTHENTICATED_BUDGET, 20)
+            threads, results = _register_all(server, 4)
+            _join(threads)
+        finally:
+            stop.set()
+            for t in flooders:
+                t.join(10)
+        assert all(isinstance(results[i], list) for i in range(4)), results
+        assert caplog.text.count("had not authenticated yet") <= server._log_limited.burst
+
+
+def test_authenticated_connections_are_capped():
+    with RendezvousServer(SECRET, 2, timeout=2.0, max_connections=1) as server:
+        first, results = _register_all(server, 2, indexes=[0])
+        time.sleep(0.3)                                  # task 0 waits, authenticated
+        with pytest.raises(RemoteConnectionError, match="gave no answer"):
+            register(server.address, SECRET, stage=1, task_attempt_id=1, index=1, num_tasks=2,
+                     address="10.0.0.1:1001", timeout=2.0)
+        _join(first)
+        assert server.refused >= 1
+
+
+def test_a_task_attempt_id_is_registered_once():
+    with RendezvousServer(SECRET, 3, timeout=1.0) as server:
+        first, _ = _register_all(server, 3, indexes=[0])
+        time.sleep(0.2)
+        with pytest.raises(RemoteConnectionError, match="task attempt 0 registered already"):
+            register(server.address, SECRET, stage=1, task_attempt_id=0, index=1,
+                     num_tasks=3, address="10.0.0.9:9", timeout=2.0)
+        _join(first)
+
+
+def test_a_task_attempt_id_spark_has_not_issued_cannot_poison_the_stage():
+    """A registration with an id beyond what Spark issued (2**63 - 1 would
+    make every real task look older) is refused; the real tasks proceed."""
+    with RendezvousServer(SECRET, 2, timeout=3.0, issued_task_ids=lambda: 10) as server:
+        with pytest.raises(RemoteConnectionError):
+            register(server.address, SECRET, stage=1, task_attempt_id=2**63 - 1, index=0,
+                     num_tasks=2, address="10.0.0.9:9", timeout=2.0)
         threads, results = _register_all(server, 2)
         _join(threads)
-        assert results[0] == results[1]
+        assert isinstance(results[0], list) and results[0] == results[1]
+        assert server.attempts_started == 1
 
 
 def test_close_drops_waiting_tasks_and_leaves_nothing():

@@ -28,6 +28,10 @@
 #define RETRY_FIRST_NS 50000000LL   /* not-found requests: 50 ms, doubling ... */
 #define RETRY_MAX_NS 1000000000LL   /* ... up to 1 s */
 #define RX_YIELD 2                  /* read_step: left to the reader thread */
+/* Partition requests a peer may send: REQUEST_BURST at once (a gate of as
+ * many channels as a connection carries), then REQUEST_RATE a second. */
+#define REQUEST_RATE 10000
+#define REQUEST_BURST FB_NET_MAX_CHANNELS
 /* Where the frame being read is (c->rx_phase). */
 enum { RX_FRAME, RX_BODY, RX_SKIP };
 /* Control messages queued for the writer; past this the reader reads no more
@@ -164,6 +168,7 @@ struct fb_conn {
     int32_t rx_backlog;
     size_t rx_left;              /* RX_BODY, RX_SKIP: body bytes still to come */
     int64_t rx_since;            /* when the last byte came */
+    int64_t rq_tat;              /* the budget of partition requests (reader.c) */
     /* The right to read the socket (rd_mu): the reader thread takes it when
      * the socket is readable and nobody has it; a consumer's thread waiting
      * on its gate takes it when it is free, receives what comes itself

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Every receive is non-blocking: a thread that would wait for input waits in
@@ -477,6 +478,21 @@ static int read_credit(fb_conn_t *c, const fb_wire_frame_t *f)
     return 0;
 }
 
+/* How long the next partition request must wait within the peer's budget
+ * (0: it goes now, and is counted).  A request costs this side a lookup in
+ * the caller's code and an answer; a peer that sends more than the budget
+ * finds its frames waiting in its socket (GCRA: rq_tat is when the budget
+ * is full again). */
+static int64_t request_wait_ns(fb_conn_t *c, int64_t now)
+{
+    const int64_t interval = 1000000000LL / REQUEST_RATE;
+    int64_t tat = c->rq_tat > now ? c->rq_tat : now;
+    if (tat - now > (int64_t)REQUEST_BURST * interval)
+        return tat - now - (int64_t)REQUEST_BURST * interval;
+    c->rq_tat = tat + interval;
+    return 0;
+}
+
 /* Read and act on what the socket has now, as far as the frame at hand
  * goes, without waiting: 1 a frame was handled; 0 the socket has nothing
  * more now (in the middle of a frame, or at its start); RX_YIELD a thread
@@ -504,6 +520,17 @@ int read_step(fb_conn_t *c)
     if (f.msg == FB_MSG_PARTITION_REQUEST && c->rd_owner == RD_DIRECT
             && __atomic_load_n(&c->nctl, __ATOMIC_RELAXED) >= CTL_MAX)
         return RX_YIELD;
+    if (f.msg == FB_MSG_PARTITION_REQUEST) {
+        int64_t wait;
+        while ((wait = request_wait_ns(c, fb_monotonic_ns())) > 0) {
+            struct timespec ts = {0, wait < 1000000 ? (long)wait : 1000000L};
+            if (c->rd_owner == RD_DIRECT)
+                return RX_YIELD;          /* the reader thread waits, not a consumer */
+            if (__atomic_load_n(&c->rd_stop, __ATOMIC_RELAXED))
+                return 0;
+            nanosleep(&ts, NULL);
+        }
+    }
     c->rd_pos += FB_NET_HEADER + (size_t)h.staged;  /* f points into the staging buffer */
     switch (f.msg) {
     case FB_MSG_BUFFER:

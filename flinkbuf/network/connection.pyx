@@ -27,7 +27,11 @@ cdef int _find_subpartition(void *ctx, const char *partition_id, size_t n,
     cdef Connection conn = <Connection>ctx
     cdef ResultPartition part
     try:
-        pid = partition_id[:n].decode("utf-8")
+        try:
+            pid = partition_id[:n].decode("utf-8")
+        except UnicodeDecodeError:          # a peer's bytes: an answer, not a traceback
+            _copy_utf8("a partition id is UTF-8, and this one is not", err, errlen)
+            return FB_NET_ERR_NOT_FOUND
         found = conn._lookup(pid)
         if found is None:
             _copy_utf8(f"no partition {pid!r} is registered at {conn._local}", err, errlen)

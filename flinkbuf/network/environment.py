@@ -5,11 +5,11 @@ other processes whose partitions its input gates read."""
 from __future__ import annotations
 
 import atexit
+import errno
 import logging
 import os
 import selectors
 import socket
-import struct
 import sys
 import threading
 import time
@@ -27,6 +27,7 @@ from flinkbuf.errors import (
 )
 from flinkbuf.io import InputGate, LocalInputChannel, ResultPartition
 from flinkbuf.network import handshake
+from flinkbuf.network.log_limit import LogLimiter
 from flinkbuf.network._network import (
     Connection,
     FloatingBuffers,
@@ -52,7 +53,6 @@ ChannelSpec = tuple[Address, str, int]
 
 
 _SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)
-_UCRED = struct.Struct("3i")
 
 
 def _recv_handshake(sock: socket.socket, fds: list[int]) -> bytes:
@@ -85,8 +85,8 @@ def _peer_pidfd(sock: socket.socket) -> int:
     gives back the buffers lent to it), or -1 when that is this process or
     no pidfd can be had: then nothing is lent."""
     try:
-        pid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                            _UCRED.size))[0]
+        peer = handshake.unix_peer(sock)
+        pid = peer[0] if peer is not None else 0
         if pid <= 0 or pid == os.getpid():
             return -1
         try:
@@ -128,9 +128,15 @@ class ConnectionStats(ConnectionCounters):
 log = logging.getLogger("flinkbuf.network")
 
 _LIVE: "weakref.WeakSet[NetworkEnvironment]" = weakref.WeakSet()   # closed at exit
-# Connections accepted and not authenticated yet; past this the oldest is
-# dropped (a flood of idle sockets cannot lock legitimate peers out).
-_MAX_PENDING_HANDSHAKES = 1024
+# Connections accepted and not authenticated yet, per environment; past this
+# the one that has waited longest for its next message is dropped (a flood
+# of idle sockets cannot lock legitimate peers out, nor take the descriptors
+# authenticated connections need).
+MAX_PENDING_HANDSHAKES = 128
+# Out of descriptors, the acceptor stops accepting for a back-off from
+# ACCEPT_BACKOFF[0] s, doubling up to ACCEPT_BACKOFF[1] s while it lasts.
+ACCEPT_BACKOFF = (0.01, 0.5)
+_OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
 @atexit.register
@@ -142,7 +148,8 @@ def _close_all() -> None:
             log.exception("closing a network environment at exit")
 
 
-def _switch(value: object, name: str, variable: str, default: bool = True) -> bool:
+def _switch(value: object, name: str, variable: str,
+            default: bool | None = True) -> bool | None:
     """An on/off keyword: True or False as given; None: the environment
     variable ``variable`` if it is set (``0`` or ``1``), else ``default``."""
     if value is None:
@@ -232,10 +239,6 @@ KEEPALIVE: tuple[int, int, int] = (10, 5, 3)
 # net.core.wmem_max / rmem_max.
 SOCKET_BUFFER = 2 << 20
 
-# Whether connections are sealed when neither the caller nor
-# FLINKBUF_NET_ENCRYPTION says (NetworkEnvironment's docstring says why).
-ENCRYPTION_DEFAULT = False
-
 
 def _tune(sock: socket.socket) -> None:
     for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
@@ -255,9 +258,31 @@ def _tune(sock: socket.socket) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 
 
+class _Unproven(Exception):
+    """A handshake over the same-host socket failed before the server
+    proved itself (its cause says how): TCP is tried next."""
+
+
 _WAKE = object()                     # the selector key of the acceptor's wake-up socket
-# A handshake in progress: socket -> [handshake, deadline, peer address].
-_Pending = dict[socket.socket, list[Any]]
+
+
+class _PendingHandshake:
+    """A connection accepted and not authenticated yet: its handshake, the
+    time by which it must end, the peer's address, the descriptors it
+    passed, and when it last sent something."""
+
+    __slots__ = ("hs", "deadline", "peer", "fds", "progress")
+
+    def __init__(self, hs: handshake.ServerHandshake, deadline: float, peer: Any,
+                 progress: float) -> None:
+        self.hs = hs
+        self.deadline = deadline
+        self.peer = peer
+        self.fds: list[int] = []
+        self.progress = progress
+
+
+_Pending = dict[socket.socket, _PendingHandshake]
 
 class NetworkEnvironment:
     """The network stack of one process (Flink's NetworkEnvironment).
@@ -335,13 +360,25 @@ class NetworkEnvironment:
     rings measured as fast or faster (docs/ARCHITECTURE.md).  The pool is
     then a shared one (:class:`NetworkBufferPool` ``shared_memory``).
 
-    ``encryption`` (off by default; ``FLINKBUF_NET_ENCRYPTION`` as above):
-    every frame after the handshake is sealed, AES-256-GCM with one key per
-    direction derived from ``secret`` and the handshake's fresh nonces, so
-    that nobody without the secret can read a record or alter, drop,
-    duplicate, reorder or replay one without the connection failing at
-    that frame (nothing of it is delivered).  A connection is sealed when
-    either side asks; ``connection_stats()`` says which are.  It excludes
+    ``max_connections``: the connections this environment keeps open at
+    most, made and accepted (each costs two threads and a few
+    descriptors); beyond it, a connection is refused with a clear error on
+    both sides.  Connections accepted and not authenticated yet are bounded
+    apart (``MAX_PENDING_HANDSHAKES`` of this module, 128), so that a flood
+    of sockets that never authenticate cannot take their place.
+
+    ``encryption``: whether frames after the handshake are sealed,
+    AES-256-GCM with one key per direction derived from ``secret`` and the
+    handshake's fresh nonces, so that nobody without the secret can read a
+    record or alter, drop, duplicate, reorder or replay one without the
+    connection failing at that frame (nothing of it is delivered).
+    ``None`` (the default, unless ``FLINKBUF_NET_ENCRYPTION`` is ``0`` or
+    ``1``): connections to other hosts are sealed, connections within this
+    host are not (their bytes never leave the kernel, and the same-host
+    socket is bound to the process the kernel names at its other end);
+    ``True``: every connection; ``False``: none this side makes (a peer
+    that asks still gets a sealed one: a connection is sealed when either
+    side asks).  ``connection_stats()`` says which are.  ``True`` excludes
     ``lend_buffers`` (a lent buffer is read in place).  Bulk records cost
     the most (the cipher runs at a few GB/s a core), small records and
     round trips little (docs/PROTOCOL.md, section 2.2; README).
@@ -353,7 +390,8 @@ class NetworkEnvironment:
                  connect_timeout: float = 10.0, request_timeout: float = 30.0,
                  io_timeout: float = 60.0, transport: Transport = "auto",
                  caller_sends: bool | None = None, direct_reads: bool | None = None,
-                 lend_buffers: bool | None = None, encryption: bool | None = None) -> None:
+                 lend_buffers: bool | None = None, encryption: bool | None = None,
+                 max_connections: int = 256) -> None:
         if not isinstance(secret, (bytes, bytearray, memoryview)):
             raise TypeError(f"secret must be bytes, got {type(secret).__name__}")
         secret = bytes(secret)
@@ -375,16 +413,19 @@ class NetworkEnvironment:
         self._connect_timeout = check_seconds(connect_timeout, "connect_timeout")
         self._request_timeout = check_seconds(request_timeout, "request_timeout")
         self._io_timeout = check_seconds(io_timeout, "io_timeout")
+        self._max_connections = check_int(max_connections, "max_connections", 1)
         self._secret = secret
-        self._caller_sends = _switch(caller_sends, "caller_sends", "FLINKBUF_NET_CALLER_SENDS")
-        self._direct_reads = _switch(direct_reads, "direct_reads", "FLINKBUF_NET_DIRECT_READS")
-        self._seal = _switch(encryption, "encryption", "FLINKBUF_NET_ENCRYPTION",
-                             default=ENCRYPTION_DEFAULT)
+        self._caller_sends = bool(_switch(caller_sends, "caller_sends",
+                                          "FLINKBUF_NET_CALLER_SENDS"))
+        self._direct_reads = bool(_switch(direct_reads, "direct_reads",
+                                          "FLINKBUF_NET_DIRECT_READS"))
+        # None: sealed when the client is on another host than its server.
+        self._seal = _switch(encryption, "encryption", "FLINKBUF_NET_ENCRYPTION", default=None)
         lend = _switch(lend_buffers, "lend_buffers", "FLINKBUF_NET_LEND_BUFFERS", default=False)
         if self._seal and lend_buffers:
             raise ValueError("lend_buffers=True and encryption=True exclude each other: a lent "
                              "buffer is read in place, never sealed")
-        lend = lend and not self._seal
+        lend = bool(lend) and self._seal is not True
         # Shared, to lend: a peer on this host that connects over shared
         # memory reads this process's buffers in place.
         self._nbp = NetworkBufferPool(num_segments, segment_size, shared_memory=lend and _UNIX)
@@ -393,11 +434,19 @@ class NetworkEnvironment:
         self._partitions: dict[str, ResultPartition] = {}
         self._connections: dict[str, Connection] = {}   # peer address -> Connection we reuse
         self._all_connections: list[Connection] = []    # every Connection, to close
+        # The connections this process made: their peer answered at the
+        # address dialed, so they are the peer's (an accepted one is only
+        # who it says it is).
+        self._dialed: set[Connection] = set()
         self._connecting: dict[str, threading.Lock] = {}   # peer address -> lock while connecting
         self._dialing: set[str] = set()  # peer addresses this process is connecting to
         # A partition or a connection was registered, or the environment closed.
         self._changed = threading.Condition(self._lock)
         self._closed = False
+        # The acceptor's log: per cause, 10 messages at once, then one per 5 s.
+        self._log_limited = LogLimiter(log)
+        self._backoff = 0.0              # the acceptor's, while out of descriptors
+        self._paused_until = 0.0
         try:
             self._server = socket.create_server((host, port), backlog=128)
         except BaseException:
@@ -476,6 +525,7 @@ class NetworkEnvironment:
             if not dead:
                 return
             self._all_connections = [c for c in self._all_connections if c.is_open]
+            self._dialed.difference_update(dead)
             for address, conn in list(self._connections.items()):
                 if not conn.is_open:
                     del self._connections[address]
@@ -605,23 +655,36 @@ class NetworkEnvironment:
                         self._check_open()
                     self._connections[address] = conn
                     self._all_connections.append(conn)
+                    self._dialed.add(conn)
                     self._changed.notify_all()
                 return conn
 
     def _keep_incoming(self, peer: str) -> bool:
         """Whether a connection the process at ``peer`` made to this one is
         kept (the handshake's ``keep``).  One connection joins two processes:
-        an open one wins over a new one; when both are connecting to each
-        other at once, the connection made by the smaller address wins (the
-        other side's is refused with DUPLICATE, and that side waits for
-        this one)."""
+        an open one this process made to ``peer`` wins over a new one; when
+        both are connecting to each other at once, the connection made by the
+        smaller address wins (the other side's is refused with DUPLICATE,
+        and that side waits for this one).  A connection accepted earlier
+        from a process that said it is at ``peer`` does not refuse a new
+        one: anyone with the secret may say so, and the process really at
+        ``peer`` would then wait for a connection that never comes."""
         with self._lock:
             conn = self._connections.get(peer)
-            if conn is not None and conn.is_open:
+            if conn is not None and conn.is_open and conn in self._dialed:
                 return False
             if peer in self._dialing:
                 return self._address_text > peer
             return True
+
+    def _admit(self) -> str | None:
+        """Why one more connection cannot be taken, or None."""
+        with self._lock:
+            n = sum(1 for c in self._all_connections if c.is_open)
+        if n >= self._max_connections:
+            return (f"{self._address_text} has {n} connections open, as many as it takes "
+                    f"(max_connections)")
+        return None
 
     def _await_connection_from(self, address: str, peer: str) -> Connection:
         """The connection the process at ``address`` (which calls itself
@@ -645,25 +708,41 @@ class NetworkEnvironment:
     def _is_this_host(self, host: str) -> bool:
         return host.startswith(_LOCAL_HOSTS) or host == self._address[0]
 
-    def _open_socket(self, host: str, port: int) -> socket.socket:
-        """A connected socket to the environment at ``host:port``: its Unix
-        socket when it is on this host (and the transport is not TCP), else TCP."""
+    def _connect(self, address: str) -> Connection:
+        """A new connection to the environment at ``address``: over its Unix
+        socket when it is on this host (and the transport is not TCP), else,
+        or when that fails short of a proven answer, over TCP."""
+        host, port = _split(address)
+        full = self._admit()
+        if full is not None:
+            raise RemoteConnectionError(f"cannot connect to {address}: {full}")
         if self._use_unix and self._is_this_host(host):
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.settimeout(self._connect_timeout)
             try:
                 sock.connect(_unix_name(port))
-                return sock
             except OSError:
                 sock.close()             # another network namespace, or no Unix socket
-        return socket.create_connection((host, port), timeout=self._connect_timeout)
-
-    def _connect(self, address: str) -> Connection:
-        host, port = _split(address)
+            else:
+                try:
+                    return self._connect_over(sock, address, fallback=True)
+                except _Unproven as exc:
+                    # Whoever holds the name (a process of another user, a
+                    # relay) proved nothing; the TCP port is the server's own.
+                    log.warning("connecting to %s over its Unix socket failed (%s): "
+                                "connecting over TCP", address, exc.__cause__)
         try:
-            sock = self._open_socket(host, port)
+            sock = socket.create_connection((host, port), timeout=self._connect_timeout)
         except OSError as exc:
             raise RemoteConnectionError(f"cannot connect to {address}: {exc}") from exc
+        return self._connect_over(sock, address)
+
+    def _connect_over(self, sock: socket.socket, address: str,
+                      fallback: bool = False) -> Connection:
+        """Authenticate ``sock``, connected to ``address``, and run a
+        connection over it (the socket is this method's: closed on error).
+        ``fallback``: a handshake that fails by an AuthenticationError or an
+        OSError raises :class:`_Unproven` (from that error) instead."""
         want_shm = self._want_shm and sock.family == socket.AF_UNIX
         lent = self._loan_terms(sock) if want_shm else None    # this side lends too
         try:
@@ -672,17 +751,23 @@ class NetworkEnvironment:
                 peer, _, shared_fds, keys = handshake.client(
                     sock, self._secret, self._address_text, self._segment_size,
                     self._connect_timeout, shared_memory=want_shm,
-                    lend_fds=None if lent is None else [lent[1], lent[2]], seal=self._seal)
+                    lend_fds=None if lent is None else [lent[1], lent[2]],
+                    seal=self._seal if self._seal is not None else not self._is_this_host(
+                        _split(address)[0]))
                 sock.settimeout(None)
                 fd = sock.detach()
             except AuthenticationError as exc:
                 sock.close()
+                if fallback:
+                    raise _Unproven from exc
                 raise AuthenticationError(f"connecting to {address}: {exc}") from None
             except handshake.DuplicateConnection:
                 sock.close()
                 raise
             except OSError as exc:
                 sock.close()
+                if fallback:
+                    raise _Unproven from exc
                 raise RemoteConnectionError(f"connecting to {address}: {exc}") from exc
             except BaseException:
                 sock.close()
@@ -723,16 +808,22 @@ class NetworkEnvironment:
     def _accept_loop(self) -> None:
         """Accept connections and run their handshakes, many at a time in
         this one thread (non-blocking sockets, a state machine each); an
-        authenticated one becomes a Connection run by its C threads."""
+        authenticated one becomes a Connection run by its C threads.  No
+        peer can end it: a connection that cannot be set up is refused and
+        logged (at a limited rate), and while this process is out of
+        descriptors it stops accepting for a while instead of spinning."""
         sel = self._selector
-        pending: _Pending = {}           # socket -> [handshake, deadline, peer, fds]
+        pending: _Pending = {}
         try:
             while not self._closed:
                 self._reap()
                 now = time.monotonic()
-                wait = min([p[1] for p in pending.values()] + [now + 0.2]) - now
+                self._resume_accepting(sel, now)
+                wakes = [p.deadline for p in pending.values()] + [now + 0.2]
+                if self._paused_until:
+                    wakes.append(self._paused_until)
                 try:
-                    events = sel.select(max(0.0, wait))
+                    events = sel.select(max(0.0, min(wakes) - now))
                 except OSError:            # the server socket was closed under us
                     if self._closed:
                         return
@@ -740,54 +831,115 @@ class NetworkEnvironment:
                 for key, _ in events:
                     if key.data is _WAKE:
                         continue             # close(): the loop sees _closed
-                    if key.data is not True:
-                        self._accept_new(sel, pending, key.data)
-                    else:
-                        self._handshake_step(sel, pending, cast(socket.socket, key.fileobj))
+                    sock = cast(socket.socket, key.fileobj)
+                    try:
+                        if key.data is not True:
+                            self._accept_new(sel, pending, key.data)
+                        else:
+                            self._handshake_step(sel, pending, sock)
+                    except Exception as exc:    # noqa: BLE001 - the acceptor goes on
+                        self._log_limited(logging.ERROR, "acceptor: " + type(exc).__name__,
+                                          "the acceptor of %s: %s: %s", self._address_text,
+                                          type(exc).__name__, exc, exc_info=True)
+                        if sock in pending:
+                            self._refuse(sel, pending, sock, f"{type(exc).__name__}: {exc}")
                 now = time.monotonic()
-                for sock, (_, deadline, _, _) in list(pending.items()):
-                    if deadline <= now:
+                for sock, p in list(pending.items()):
+                    if p.deadline <= now:
                         self._refuse(sel, pending, sock, "it did not complete the handshake "
                                      f"within {self._connect_timeout:g} s")
         finally:
-            for sock, (_, _, _, fds) in list(pending.items()):
-                handshake.close_fds(fds)
+            for sock, p in list(pending.items()):
+                handshake.close_fds(p.fds)
                 sock.close()
             sel.close()
 
+    def _listeners(self) -> list[socket.socket]:
+        return [s for s in (self._server, self._unix_server) if s is not None]
+
+    def _pause_accepting(self, sel: selectors.BaseSelector, exc: OSError) -> None:
+        """Out of descriptors (or kernel memory): stop watching the listening
+        sockets for a back-off that doubles while it lasts (up to
+        ACCEPT_BACKOFF[1] s), so that the acceptor neither spins on a backlog
+        it cannot take nor stops for good; connections wait in the backlog."""
+        low, high = ACCEPT_BACKOFF
+        self._backoff = min(high, self._backoff * 2) if self._backoff else low
+        self._paused_until = time.monotonic() + self._backoff
+        for server in self._listeners():
+            try:
+                sel.unregister(server)
+            except (KeyError, ValueError):
+                pass
+        self._log_limited(logging.WARNING, f"accept: {exc.errno}",
+                          "%s cannot accept connections now (%s): it tries again in %g s",
+                          self._address_text, exc, self._backoff)
+
+    def _resume_accepting(self, sel: selectors.BaseSelector, now: float) -> None:
+        if not self._paused_until or now < self._paused_until or self._closed:
+            return
+        self._paused_until = 0.0
+        for server in self._listeners():
+            try:
+                sel.register(server, selectors.EVENT_READ, server)
+            except (KeyError, ValueError):
+                pass
+
     def _accept_new(self, sel: selectors.BaseSelector, pending: _Pending,
                     server: socket.socket) -> None:
-        while len(pending) <= _MAX_PENDING_HANDSHAKES:
+        while True:
             try:
                 sock, peer = server.accept()
-                if not isinstance(peer, tuple):          # a Unix socket's peer
-                    peer = ("unix", sock.fileno())
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError:
-                if not self._closed:
-                    log.exception("accepting a connection failed")
+            except OSError as exc:
+                if self._closed:
+                    return
+                if exc.errno in _OUT_OF_RESOURCES:
+                    self._pause_accepting(sel, exc)
+                else:                    # the peer gave up in the backlog: the next one
+                    self._log_limited(logging.INFO, f"accept: {exc.errno}",
+                                      "accepting a connection failed: %s", exc)
+                    continue
                 return
-            sock.setblocking(False)
-            _tune(sock)
-            hs = handshake.ServerHandshake(
-                self._secret, self._address_text, self._segment_size, keep=self._keep_incoming,
-                shared_memory=self._new_region if sock.family == socket.AF_UNIX else None,
-                seal=self._seal)
-            pending[sock] = [hs, time.monotonic() + self._connect_timeout, peer, []]
-            sel.register(sock, selectors.EVENT_READ, True)
-            if len(pending) > _MAX_PENDING_HANDSHAKES:
-                oldest = min(pending, key=lambda s: pending[s][1])
-                self._refuse(sel, pending, oldest, f"more than {_MAX_PENDING_HANDSHAKES} "
-                             "connections were waiting for their handshake")
+            self._backoff = 0.0
+            try:
+                if not isinstance(peer, tuple):          # a Unix socket's peer
+                    peer = ("unix", sock.fileno())
+                sock.setblocking(False)
+                _tune(sock)
+                local = handshake.unix_peer(sock)
+                hs = handshake.ServerHandshake(
+                    self._secret, self._address_text, self._segment_size,
+                    keep=self._keep_incoming, admit=self._admit,
+                    shared_memory=self._new_region if local is not None else None,
+                    seal=self._seal is True, unix_peer=local)
+                now = time.monotonic()
+                pending[sock] = _PendingHandshake(hs, now + self._connect_timeout, peer, now)
+                sel.register(sock, selectors.EVENT_READ, True)
+            except (OSError, ValueError) as exc:
+                pending.pop(sock, None)
+                sock.close()
+                self._log_limited(logging.WARNING, f"set-up: {type(exc).__name__}",
+                                  "could not set up a connection from %s: %s", peer, exc)
+                continue
+            if len(pending) > MAX_PENDING_HANDSHAKES:
+                # The one waited on longest for its next message goes: a
+                # peer that holds a socket silent cannot push out one whose
+                # handshake is moving.
+                stalest = min(pending, key=lambda s: pending[s].progress)
+                self._refuse(sel, pending, stalest, f"more than {MAX_PENDING_HANDSHAKES} "
+                             "connections were waiting for their handshake, and this one "
+                             "had waited longest for its next message")
 
     def _handshake_step(self, sel: selectors.BaseSelector, pending: _Pending,
                         sock: socket.socket) -> None:
-        hs, _, peer, fds = pending[sock]
+        p = pending[sock]
+        hs, fds = p.hs, p.fds
         try:
             data = _recv_handshake(sock, fds)
             if not data:
                 raise AuthenticationError("the peer closed the connection during the handshake")
+            p.progress = time.monotonic()
             reply = hs.feed(data)
             if reply:
                 sock.sendall(reply)     # a few hundred bytes: the socket buffer takes them
@@ -800,13 +952,14 @@ class NetworkEnvironment:
             self._refuse(sel, pending, sock, str(exc))
             return
         if hs.done:
+            advertised = cast("tuple[str, int]", hs.peer)[0]
             sel.unregister(sock)
             del pending[sock]
             if hs.duplicate:             # the peer uses the connection this process keeps
                 handshake.close_fds(fds)
                 sock.close()
                 log.debug("closed a second connection from %s: one connection joins two "
-                          "processes", hs.peer[0])
+                          "processes", advertised)
                 return
             shared: SharedSpec | None = None
             if hs.shared_fds is None or len(fds) != handshake.LEND_FDS:
@@ -823,7 +976,8 @@ class NetworkEnvironment:
                     handshake.close_fds([memfd, data0, room0, *fds]
                                         + ([lent[0], lent[2]] if lent else []))
                     sock.close()
-                    log.warning("could not pass shared memory to %s: %s", hs.peer[0], exc)
+                    self._log_limited(logging.WARNING, "pass shared memory",
+                                      "could not pass shared memory to %s: %s", advertised, exc)
                     return
                 finally:
                     os.close(data1)
@@ -831,16 +985,20 @@ class NetworkEnvironment:
                 pidfd, _, own_ledger = lent if lent is not None else (-1, -1, -1)
                 shared = (memfd, data0, room0, 0, fds[0], fds[1], self._nbp, pidfd, own_ledger)
             sock.setblocking(True)
-            self._start_accepted(sock.detach(), hs.peer[0], shared, hs.keys)
+            self._start_accepted(sock.detach(), advertised, shared, hs.keys)
 
     def _refuse(self, sel: selectors.BaseSelector, pending: _Pending, sock: socket.socket,
                 why: str) -> None:
-        hs, _, peer, fds = pending.pop(sock)
-        hs.discard()                     # a region made for it, if its AUTH_OK did not go
-        handshake.close_fds(fds)         # descriptors it passed
-        sel.unregister(sock)
+        p = pending.pop(sock)
+        p.hs.discard()                   # a region made for it, if its AUTH_OK did not go
+        handshake.close_fds(p.fds)       # descriptors it passed
+        try:
+            sel.unregister(sock)
+        except (KeyError, ValueError):
+            pass
         sock.close()
-        log.warning("refused a connection from %s:%s: %s", peer[0], peer[1], why)
+        self._log_limited(logging.WARNING, "refused: " + why,
+                          "refused a connection from %s:%s: %s", p.peer[0], p.peer[1], why)
 
     def _new_region(self) -> list[int]:
         return _shm_region(self._segment_size)
@@ -878,8 +1036,10 @@ class NetworkEnvironment:
                     conn = Connection._open(
                         fd, self._segment_size, self._lookup, self._address_text, advertised,
                         self._io_timeout, self._caller_sends, self._direct_reads, shared, keys)
-                except (RemoteConnectionError, MemoryError) as exc:
-                    log.warning("could not start a connection from %s: %s", advertised, exc)
+                except (RemoteConnectionError, MemoryError, OSError) as exc:
+                    self._log_limited(logging.WARNING, f"start: {type(exc).__name__}",
+                                      "could not start a connection from %s: %s",
+                                      advertised, exc)
                     return
                 self._add_accepted(conn, advertised)
         finally:
@@ -890,8 +1050,8 @@ class NetworkEnvironment:
         """Keep an accepted connection (the lock held)."""
         self._all_connections.append(conn)
         current = self._connections.get(advertised)
-        if current is None or not current.is_open:
-            self._connections[advertised] = conn
+        if current is None or not current.is_open or current not in self._dialed:
+            self._connections[advertised] = conn      # the newest accepted one
         self._changed.notify_all()
 
     # ---- lifecycle ----------------------------------------------------------------------
@@ -910,6 +1070,7 @@ class NetworkEnvironment:
             self._closed = True
             conns = list(self._all_connections)
             self._all_connections.clear()
+            self._dialed.clear()
             self._connections.clear()
             self._partitions.clear()
             self._changed.notify_all()      # waiters raise: the environment is closed

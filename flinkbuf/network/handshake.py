@@ -9,7 +9,10 @@ lends its buffers passes its arena and ledger with its AUTH.  Every reply
 after the challenge is bound to both nonces and to what it says by the
 secret, and when either side asks for sealed frames, both derive one key per
 direction from the secret and the nonces (HKDF-SHA256) for the frames that
-follow (csrc/network/seal.h)."""
+follow (csrc/network/seal.h).  Over a Unix socket each side also says its
+process id, and checks it against the kernel's word for who is at the other
+end (``SO_PEERCRED``), so that a process holding the socket's name can
+neither relay a handshake nor pass for a peer of another user."""
 
 from __future__ import annotations
 
@@ -25,8 +28,8 @@ from typing import Final, cast
 from flinkbuf.errors import AuthenticationError, RemoteConnectionError
 
 MAGIC: Final = 0x46425546
-VERSION: Final = 3
-HELLO, CHALLENGE, AUTH, AUTH_OK, DUPLICATE, SHM_SETUP = 16, 17, 18, 19, 20, 21
+VERSION: Final = 4
+HELLO, CHALLENGE, AUTH, AUTH_OK, DUPLICATE, SHM_SETUP, REFUSED = 16, 17, 18, 19, 20, 21, 22
 STREAM, SHARED_MEMORY = 0, 1                # the transport field of AUTH and AUTH_OK
 SHM_FDS: Final = 3                          # the region's memfd and the client's doorbells
 SHM_LEND_FDS: Final = 5                     # ... and the server's buffer arena and ledger
@@ -35,7 +38,9 @@ MAX_FRAME: Final = 256
 NONCE: Final = 32
 PROOF: Final = 32
 SEALED: Final = 1                           # the flags of AUTH (asked for) and AUTH_OK (agreed)
+LOCAL: Final = 2                            # the flags: sent over a Unix socket (with a pid)
 _HEADER = struct.Struct(">IIB")
+_UCRED = struct.Struct("3i")                # struct ucred: pid, uid, gid
 Keys = tuple[bytes, bytes]                  # a sealed connection's (send, receive) keys
 
 
@@ -119,11 +124,16 @@ class DuplicateConnection(RemoteConnectionError):
         self.peer = peer
 
 
+class Refused(RemoteConnectionError):
+    """The server proved the secret and refused this connection (it has
+    as many connections as it takes); the message says why."""
+
+
 def _recv(sock: socket.socket, expected: int, deadline: float,
-          alternative: int | None = None) -> bytes:
+          alternatives: tuple[int, ...] = ()) -> bytes:
     length, magic, msg_id = _HEADER.unpack(_recv_exact(sock, _HEADER.size, deadline))
-    if msg_id == alternative and magic == MAGIC and _HEADER.size <= length <= MAX_FRAME:
-        raise _Alternative(_recv_exact(sock, length - _HEADER.size, deadline))
+    if msg_id in alternatives and magic == MAGIC and _HEADER.size <= length <= MAX_FRAME:
+        raise _Alternative(msg_id, _recv_exact(sock, length - _HEADER.size, deadline))
     if magic != MAGIC:
         raise AuthenticationError(f"the peer does not speak flinkbuf's protocol "
                                   f"(magic number 0x{magic:08x})")
@@ -135,7 +145,7 @@ def _recv(sock: socket.socket, expected: int, deadline: float,
 
 
 class _Alternative(Exception):
-    """The other message _recv was told to accept came (its body)."""
+    """Another message _recv was told to accept came (its id and body)."""
 
 
 def _address_field(address: str) -> bytes:
@@ -145,23 +155,94 @@ def _address_field(address: str) -> bytes:
     return struct.pack(">H", len(raw)) + raw
 
 
-def _parse_tail(body: bytes, what: str) -> tuple[str, int, int, int]:
-    """A string, a u32 (the segment size), a u8 (the transport) and a u8
-    (flags) at the end of a handshake body."""
-    try:
-        (n,) = struct.unpack_from(">H", body, 0)
-        address = body[2:2 + n].decode("utf-8")
-        segment_size, transport, flags = struct.unpack_from(">IBB", body, 2 + n)
-    except (struct.error, UnicodeDecodeError):
-        raise AuthenticationError(f"a malformed {what}") from None
-    if (len(body) != 2 + n + 6 or transport not in (STREAM, SHARED_MEMORY)
-            or flags & ~SEALED):
-        raise AuthenticationError(f"a malformed {what}")
-    return address, segment_size, transport, flags
+def _reason_field(reason: str) -> bytes:
+    raw = reason.encode("utf-8")[:200]
+    return struct.pack(">H", len(raw)) + raw
 
 
-def _tail(address: str, segment_size: int, transport: int, flags: int = 0) -> bytes:
-    return _address_field(address) + struct.pack(">IBB", segment_size, transport, flags)
+def _parse_reason(body: bytes) -> str:
+    if len(body) < 2 or struct.unpack_from(">H", body)[0] != len(body) - 2:
+        raise AuthenticationError("a malformed refusal")
+    return body[2:].decode("utf-8", "replace")
+
+
+class Said:
+    """What a side says of itself in AUTH, AUTH_OK and DUPLICATE: its
+    server's address, its segment size, the transport (asked for or
+    granted), its flags and, with ``LOCAL``, its process id."""
+
+    __slots__ = ("address", "segment_size", "transport", "flags", "pid")
+
+    def __init__(self, address: str, segment_size: int, transport: int, flags: int,
+                 pid: int) -> None:
+        self.address = address
+        self.segment_size = segment_size
+        self.transport = transport
+        self.flags = flags
+        self.pid = pid
+
+    def encode(self) -> bytes:
+        return _address_field(self.address) + struct.pack(
+            ">IBBI", self.segment_size, self.transport, self.flags, self.pid)
+
+    @classmethod
+    def decode(cls, body: bytes, what: str) -> Said:
+        """AuthenticationError("a malformed <what>") unless ``body`` is one."""
+        try:
+            (n,) = struct.unpack_from(">H", body, 0)
+            address = body[2:2 + n].decode("utf-8")
+            segment_size, transport, flags, pid = struct.unpack_from(">IBBI", body, 2 + n)
+        except (struct.error, UnicodeDecodeError):
+            raise AuthenticationError(f"a malformed {what}") from None
+        if (len(body) != 2 + n + 10 or transport not in (STREAM, SHARED_MEMORY)
+                or flags & ~(SEALED | LOCAL) or (pid != 0) != bool(flags & LOCAL)):
+            raise AuthenticationError(f"a malformed {what}")
+        return cls(address, segment_size, transport, flags, pid)
+
+
+def _tail(address: str, segment_size: int, transport: int, flags: int = 0,
+          local: bool = False) -> bytes:
+    """What a side says (:class:`Said`), encoded; ``local``: over a Unix
+    socket (the LOCAL flag and this process's id)."""
+    return Said(address, segment_size, transport, flags | (LOCAL if local else 0),
+                os.getpid() if local else 0).encode()
+
+
+def unix_peer(sock: socket.socket) -> tuple[int, int] | None:
+    """(pid, uid) of the process at the other end of a Unix socket, as the
+    kernel recorded them when it connected (pid 0: in a pid namespace this
+    process cannot see); None for any other socket."""
+    if sock.family != getattr(socket, "AF_UNIX", None):
+        return None
+    pid, uid, _ = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                _UCRED.size))
+    return pid, uid
+
+
+def check_same_user(peer: tuple[int, int] | None, who: str) -> None:
+    """AuthenticationError unless the process at the other end of a Unix
+    socket (``peer``, from :func:`unix_peer`) runs as this process's user."""
+    if peer is not None and peer[1] != os.getuid():
+        raise AuthenticationError(
+            f"the {who} at the other end of the Unix socket (pid {peer[0]}) runs as another "
+            f"user (uid {peer[1]}, this process {os.getuid()}): refused")
+
+
+def _check_local(said: Said, peer: tuple[int, int] | None, who: str) -> None:
+    """AuthenticationError unless ``said`` came straight from the process at
+    the other end of this socket: over a Unix socket (``peer``) it says that
+    it was sent over one, with that process's id; over any other socket it
+    says it was not.  A mismatch means that another process relayed it."""
+    if peer is None:
+        if said.flags & LOCAL:
+            raise AuthenticationError(
+                f"the {who} sent its handshake over a Unix socket, and it arrived over TCP: "
+                "another process relayed it (one holding this host's socket name?)")
+    elif not said.flags & LOCAL or said.pid != peer[0]:
+        raise AuthenticationError(
+            f"the {who} that proved the secret (pid {said.pid or 'unknown'}) is not the "
+            f"process at the other end of the Unix socket (pid {peer[0]}): another process "
+            "holds this host's socket name and relays")
 
 
 def _proven(body: bytes, secret: bytes, label: bytes, first: bytes, second: bytes,
@@ -239,8 +320,12 @@ def client(sock: socket.socket, secret: bytes, address: str, segment_size: int,
     None.  AuthenticationError if
     either side fails to prove the secret; RemoteConnectionError if the
     segment sizes differ; DuplicateConnection if the server keeps another
-    connection to this process."""
+    connection to this process.  Over a Unix socket, AuthenticationError
+    too if the process at the other end runs as another user or is not the
+    one that proves the secret (a relay)."""
     deadline = time.monotonic() + timeout
+    local = unix_peer(sock)
+    check_same_user(local, "server")
     client_nonce = os.urandom(NONCE)
     _send(sock, HELLO, struct.pack(">H", VERSION) + client_nonce)
     body = _recv(sock, CHALLENGE, deadline)
@@ -255,7 +340,7 @@ def client(sock: socket.socket, secret: bytes, address: str, segment_size: int,
                                _proof(secret, b"flinkbuf-server", client_nonce, server_nonce)):
         raise AuthenticationError("the server did not prove that it knows the shared secret")
     tail = _tail(address, segment_size, SHARED_MEMORY if shared_memory else STREAM,
-                 SEALED if seal else 0)
+                 SEALED if seal else 0, local=local is not None)
     auth = _frame(AUTH, _proof(secret, b"flinkbuf-client", server_nonce, client_nonce, tail)
                   + tail)
     if shared_memory and lend_fds:
@@ -263,14 +348,25 @@ def client(sock: socket.socket, secret: bytes, address: str, segment_size: int,
     else:
         sock.sendall(auth)
     try:
-        reply = _recv(sock, AUTH_OK, deadline, alternative=DUPLICATE)
-    except _Alternative as dup:
-        said = _proven(dup.args[0], secret, b"flinkbuf-duplicate", client_nonce, server_nonce,
+        reply = _recv(sock, AUTH_OK, deadline, alternatives=(DUPLICATE, REFUSED))
+    except _Alternative as alt:
+        msg_id, body = alt.args
+        if msg_id == REFUSED:
+            said = _proven(body, secret, b"flinkbuf-refused", client_nonce, server_nonce,
+                           _reply_refused("refusal"))
+            raise Refused(f"the server refused the connection: {_parse_reason(said)}") \
+                from None
+        said = _proven(body, secret, b"flinkbuf-duplicate", client_nonce, server_nonce,
                        _reply_refused("duplicate reply"))
-        raise DuplicateConnection(_parse_tail(said, "duplicate reply")[0]) from None
+        duplicate = Said.decode(said, "duplicate reply")
+        _check_local(duplicate, local, "server")
+        raise DuplicateConnection(duplicate.address) from None
     said = _proven(reply, secret, b"flinkbuf-accept", client_nonce, server_nonce,
                    _reply_refused("authentication reply"))
-    peer, peer_segment_size, transport, flags = _parse_tail(said, "authentication reply")
+    accepted = Said.decode(said, "authentication reply")
+    _check_local(accepted, local, "server")
+    peer, peer_segment_size = accepted.address, accepted.segment_size
+    transport, flags = accepted.transport, accepted.flags
     if transport == SHARED_MEMORY and not shared_memory:
         raise AuthenticationError("the server chose shared memory, which was not asked for")
     if seal and not flags & SEALED:
@@ -302,13 +398,22 @@ class ServerHandshake:
     ``shared_fds`` holds them once AUTH_OK said so, for the server to pass
     on (:func:`send_setup`) and to close.  The connection is sealed when
     the client asks for it or ``seal`` is set: ``keys`` then holds the
-    server's (send, receive) keys once done, else None."""
+    server's (send, receive) keys once done, else None.  ``admit()``
+    (optional), once the client proved the secret, returns why this
+    connection cannot be taken (then the reply is REFUSED, with that reason,
+    and ``feed`` raises RemoteConnectionError after it), or None.  ``unix_peer``:
+    the client's (pid, uid) when the connection is a Unix socket
+    (:func:`unix_peer`), None for TCP; a client of another user, or one
+    whose AUTH another process relayed, is refused."""
 
     def __init__(self, secret: bytes, address: str, segment_size: int,
                  keep: Callable[[str], bool] | None = None,
                  shared_memory: Callable[[], list[int]] | None = None,
-                 seal: bool = False) -> None:
+                 seal: bool = False, unix_peer: tuple[int, int] | None = None,
+                 admit: Callable[[], str | None] | None = None) -> None:
         self._secret = secret
+        self._admit = admit
+        self._unix_peer = unix_peer
         self._seal = seal
         self.keys: Keys | None = None
         self._keep = keep
@@ -323,7 +428,9 @@ class ServerHandshake:
         self._server_nonce: bytes | None = None
         self.done = False
         self.peer: tuple[str, int] | None = None
-        self.reply_before_refusal = b""     # AUTH_OK, sent before a size mismatch ends it
+        # AUTH_OK or REFUSED, sent before a size mismatch or a refusal ends it.
+        self.reply_before_refusal = b""
+        self.refused: str | None = None
 
     def feed(self, data: bytes) -> bytes:
         if self.done:
@@ -348,6 +455,9 @@ class ServerHandshake:
         if self.done and self._buf:
             self.discard()
             raise AuthenticationError("the client sent more before the handshake ended")
+        if self.refused is not None:
+            self.reply_before_refusal = bytes(out)
+            raise RemoteConnectionError(self.refused)
         if self.done and self.peer[1] != self._segment_size:
             self.reply_before_refusal = bytes(out)
             raise RemoteConnectionError(
@@ -364,6 +474,7 @@ class ServerHandshake:
 
     def _step(self, body: bytes) -> bytes:
         if self._expect == HELLO:
+            check_same_user(self._unix_peer, "client")
             if len(body) != 2 + NONCE:
                 raise AuthenticationError("a malformed hello")
             (version,) = struct.unpack_from(">H", body)
@@ -380,14 +491,22 @@ class ServerHandshake:
                                                                           self._server_nonce)
         said = _proven(body, self._secret, b"flinkbuf-client", server_nonce, client_nonce,
                        "the client did not prove that it knows the shared secret")
-        address, segment_size, transport, flags = _parse_tail(said, "authentication")
+        claim = Said.decode(said, "authentication")
+        _check_local(claim, self._unix_peer, "client")
+        address, segment_size, transport, flags = (claim.address, claim.segment_size,
+                                                   claim.transport, claim.flags)
         self.peer = (address, segment_size)
         self.done = True
+        reason = self._admit() if self._admit is not None else None
+        if reason is not None:
+            self.refused = reason
+            return self._reply(REFUSED, b"flinkbuf-refused", _reason_field(reason))
         if (segment_size == self._segment_size and self._keep is not None
                 and not self._keep(address)):
             self.duplicate = True
             return self._reply(DUPLICATE, b"flinkbuf-duplicate",
-                               _tail(self._address, self._segment_size, STREAM))
+                               _tail(self._address, self._segment_size, STREAM,
+                                     local=self._unix_peer is not None))
         if (transport == SHARED_MEMORY and segment_size == self._segment_size
                 and self._shared_memory is not None):
             try:
@@ -400,7 +519,7 @@ class ServerHandshake:
         return self._reply(AUTH_OK, b"flinkbuf-accept",
                            _tail(self._address, self._segment_size,
                                  STREAM if self.shared_fds is None else SHARED_MEMORY,
-                                 SEALED if sealed else 0))
+                                 SEALED if sealed else 0, local=self._unix_peer is not None))
 
     def _reply(self, msg_id: int, label: bytes, said: bytes) -> bytes:
         return _frame(msg_id, _proof(self._secret, label, cast(bytes, self._client_nonce),
@@ -414,7 +533,7 @@ def server(sock: socket.socket, secret: bytes, address: str, segment_size: int,
     protocol over the socket: a client that asks for sealed frames is
     refused.  See :class:`ServerHandshake`."""
     deadline = time.monotonic() + timeout
-    hs = ServerHandshake(secret, address, segment_size)
+    hs = ServerHandshake(secret, address, segment_size, unix_peer=unix_peer(sock))
     while not hs.done:
         remaining = deadline - time.monotonic()
         if remaining <= 0:

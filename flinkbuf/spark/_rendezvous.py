@@ -1,8 +1,10 @@
 """The address rendezvous of an exchange, hosted by the driver.
 
 Before the job runs, :func:`~flinkbuf.spark.pipelined_exchange` starts a
-:class:`RendezvousServer` on the driver (one thread, plus one per waiting
-task, at most ``max_connections``).  Each task of the barrier stage connects,
+:class:`RendezvousServer` on the driver (one thread, plus one per
+connection: at most ``max_unauthenticated`` that have not proven the secret
+yet, the oldest of which is dropped to make room for a new one, and at most
+``max_connections`` that have).  Each task of the barrier stage connects,
 proves the exchange's secret (flinkbuf's handshake: HMAC-SHA256 over fresh
 nonces in both directions, compared in constant time), sends its stage id,
 task attempt id (which tells its stage attempt), partition index and server
@@ -12,7 +14,8 @@ This replaces ``BarrierTaskContext.allGather``, which Spark answers on a
 one-second poll.
 
 A stage attempt that Spark retries registers afresh; a task of an older
-attempt than the newest one seen for its stage is refused.  A peer that
+attempt than the newest one seen for its stage is refused, and so is a task
+attempt id registered already or (on Spark) one that Spark has not issued.  A peer that
 fails the handshake, sends a malformed request or waits too long is dropped
 with a log line; the others are not affected.
 """
@@ -28,12 +31,16 @@ import weakref
 
 from flinkbuf.errors import AuthenticationError, RemoteConnectionError
 from flinkbuf.network import handshake
+from flinkbuf.network.log_limit import LogLimiter
 
 _LOG = logging.getLogger("flinkbuf.spark")
 _LEN = struct.Struct(">I")
 _SEGMENT_SIZE = 0            # the handshake's segment-size field: unused here
 MAX_REQUEST = 4096           # bytes of a registration
 _ACCEPT_SLICE = 0.2
+# Connections that have not proven the secret yet, per rendezvous; past this
+# the oldest is dropped.
+UNAUTHENTICATED_BUDGET = 32
 
 # The rendezvous servers of this process that are still open.
 _LIVE: "weakref.WeakSet[RendezvousServer]" = weakref.WeakSet()
@@ -78,15 +85,23 @@ class RendezvousServer:
     per stage attempt, authenticated with ``secret``.  ``address`` is the
     ``(host, port)`` tasks connect to (``advertise`` as host, the bound
     port).  Every wait lasts at most ``timeout`` seconds.  :meth:`close`
-    (idempotent) stops the thread and closes every socket."""
+    (idempotent) stops the thread and closes every socket.
+    ``issued_task_ids()``, if given, returns the task attempt id Spark will
+    issue next (None: unknown): a registration with that id or a later one
+    is refused, as nobody could have it yet."""
 
     def __init__(self, secret, num_tasks, *, host="127.0.0.1", advertise=None, timeout=60.0,
-                 max_connections=None):
+                 max_connections=None, max_unauthenticated=None, issued_task_ids=None):
         self._secret = secret
         self._num_tasks = num_tasks
         self._timeout = timeout
         self._max_connections = (max_connections if max_connections is not None
                                  else 2 * num_tasks + 16)
+        self._max_unauthenticated = (max_unauthenticated if max_unauthenticated is not None
+                                     else UNAUTHENTICATED_BUDGET)
+        self._issued_task_ids = issued_task_ids
+        self._unauthenticated = {}   # connection -> when it was accepted
+        self._log_limited = LogLimiter(_LOG)   # per cause: 10 lines at once, then one per 5 s
         self._lock = threading.Condition()
         self._attempts = {}          # stage id -> its newest attempt
         self.attempts_started = 0
@@ -186,17 +201,28 @@ class RendezvousServer:
                     time.sleep(_ACCEPT_SLICE)
                     continue
                 with self._lock:
-                    full = len(self._conns) >= self._max_connections or self._closed
-                    if not full:
-                        self._conns.add(conn)
-                        self._last_activity = time.monotonic()
-                if full:
+                    if self._closed:
+                        conn.close()
+                        continue
+                    # Sockets that have not proven the secret have a budget of
+                    # their own: past it the oldest goes, so that a flood of
+                    # them cannot keep the tasks out (a task proves it at once).
+                    oldest = None
+                    if len(self._unauthenticated) >= self._max_unauthenticated:
+                        oldest = min(self._unauthenticated, key=self._unauthenticated.get)
+                        del self._unauthenticated[oldest]
+                    self._unauthenticated[conn] = time.monotonic()
+                    self._conns.add(conn)
+                if oldest is not None:
                     self._count_refused()
-                    _LOG.warning("flinkbuf rendezvous: refused a connection from %s: "
-                                 "%d connections open already", peer,
-                                 self._max_connections)
-                    conn.close()
-                    continue
+                    self._log_limited(logging.WARNING, "evicted",
+                                      "flinkbuf rendezvous: dropped a connection that had not "
+                                      "authenticated yet: %d others were waiting",
+                                      self._max_unauthenticated)
+                    try:
+                        oldest.shutdown(socket.SHUT_RDWR)   # its handler sees the end
+                    except OSError:
+                        pass
                 handler = threading.Thread(target=self._handle, args=(conn, peer), daemon=True,
                                            name=f"flinkbuf-rendezvous-{self.address[1]}-peer")
                 self._handlers.add(handler)
@@ -221,6 +247,13 @@ class RendezvousServer:
                 host, port = self.address
                 handshake.server(conn, self._secret, f"{host}:{port}", _SEGMENT_SIZE,
                                  self._timeout)
+                with self._lock:
+                    self._unauthenticated.pop(conn, None)
+                    authenticated = len(self._conns) - len(self._unauthenticated)
+                    if authenticated > self._max_connections:
+                        raise RemoteConnectionError(
+                            f"{authenticated - 1} authenticated connections open already")
+                    self._last_activity = time.monotonic()
                 request = _recv_message(conn, MAX_REQUEST, deadline)
                 stage, tid, index, address = self._parse(request)
                 reply = self._register(stage, tid, index, address)
@@ -234,10 +267,13 @@ class RendezvousServer:
                     ValueError, OSError) as exc:
                 self._count_refused()
                 if not self._closed:
-                    _LOG.warning("flinkbuf rendezvous: dropped a peer at %s: %s", peer, exc)
+                    self._log_limited(logging.WARNING, type(exc).__name__,
+                                      "flinkbuf rendezvous: dropped a "
+                                      "peer at %s: %s", peer, exc)
         finally:
             with self._lock:
                 self._conns.discard(conn)
+                self._unauthenticated.pop(conn, None)
                 self._last_activity = time.monotonic()
             conn.close()
             self._handlers.discard(threading.current_thread())
@@ -253,6 +289,11 @@ class RendezvousServer:
         if num_tasks != self._num_tasks or index >= self._num_tasks:
             raise ValueError(f"task {index} of {num_tasks}: this exchange has "
                              f"{self._num_tasks} tasks")
+        if self._issued_task_ids is not None:
+            issued = self._issued_task_ids()
+            if issued is not None and tid >= issued:
+                raise ValueError(f"task attempt {tid}: Spark has issued task attempt ids "
+                                 f"below {issued} only")
         return stage, tid, index, address
 
     def _attempt_of(self, stage, tid, index):
@@ -269,6 +310,9 @@ class RendezvousServer:
         n = self._num_tasks
         current = self._attempts.get(stage)
         if current is not None:
+            if tid in current.tids:
+                return (f"task attempt {tid} registered already, as task "
+                        f"{current.tids.index(tid)}")
             taken = current.tids[index]
             lo, hi = min(t for t in current.tids if t is not None), \
                 max(t for t in current.tids if t is not None)

@@ -189,7 +189,8 @@ def run_task(spec, iterator):
         spec.segment_size, host=bind, secret=spec.secret,
         exclusive_buffers_per_channel=spec.buffers_per_channel,
         floating_buffers_per_gate=spec.floating_buffers,
-        connect_timeout=spec.timeout, request_timeout=spec.timeout, io_timeout=spec.timeout)
+        connect_timeout=spec.timeout, request_timeout=spec.timeout, io_timeout=spec.timeout,
+        encryption=spec.encryption)
     producer = None
     gate = None
     writer = None
@@ -338,7 +339,7 @@ def _cleanup(env, partition, writer, gate, producer, failed, timeout):
 def make_spec(n, fn, *, num_partitions, key, selector, codec, segment_size,
                buffers_per_channel, floating_buffers, buffer_timeout, max_record_size,
                max_parallelism, host, timeout, monitor, rendezvous="driver",
-               produce=emit_all, read=_records):
+               produce=emit_all, read=_records, encryption=None):
     """Check the arguments of an exchange of ``n`` tasks (on the driver)
     and make what its tasks need, the exchange's secret included."""
     if fn is not None and not callable(fn):
@@ -376,12 +377,29 @@ def make_spec(n, fn, *, num_partitions, key, selector, codec, segment_size,
     if monitor is not None and not callable(monitor):
         raise TypeError(f"monitor must be callable or None, got {type(monitor).__name__}")
     check_choice(rendezvous, "rendezvous", RENDEZVOUS)
-    return _Spec(rendezvous=rendezvous, fn=fn, key=key, produce=produce, read=read, selector=selector, codec=codec,
+    if encryption is not None and not isinstance(encryption, bool):
+        raise TypeError(f"encryption must be True, False or None, got "
+                        f"{type(encryption).__name__}")
+    return _Spec(encryption=encryption, rendezvous=rendezvous, fn=fn, key=key, produce=produce, read=read, selector=selector, codec=codec,
                  segment_size=segment_size, buffers_per_channel=buffers_per_channel, floating_buffers=floating_buffers,
                  buffer_timeout=buffer_timeout, max_record_size=max_record_size,
                  max_parallelism=max_parallelism, host=host, timeout=timeout, monitor=monitor,
                  secret=secrets.token_bytes(32),
                  exchange_id=f"flinkbuf-exchange-{secrets.token_hex(8)}")
+
+
+def session_encryption(sc, encryption):
+    """``encryption`` of an exchange as its tasks take it: as given, or,
+    when None, True if the Spark session encrypts its own traffic
+    (``spark.network.crypto.enabled`` or ``spark.ssl.enabled``), else None
+    (sealed between hosts only, as NetworkEnvironment does by default)."""
+    if encryption is not None:
+        return encryption
+    conf = sc.getConf()
+    for key in ("spark.network.crypto.enabled", "spark.ssl.enabled"):
+        if str(conf.get(key, "false")).strip().lower() == "true":
+            return True
+    return None
 
 
 _SLOT_POLL = 0.1
@@ -439,6 +457,25 @@ def _driver_addresses(sc):
     return bind.strip("[]"), host.strip("[]")
 
 
+def _issued_task_ids(sc):
+    """A function that returns the task attempt id the driver's task
+    scheduler issues next (None if it cannot say), or None when this Spark
+    does not tell it."""
+    def issued():
+        try:
+            value = scheduler.nextTaskId()
+            # A long in some Spark versions, an AtomicLong in others.
+            return int(value if isinstance(value, int) else value.get())
+        except Exception:              # noqa: BLE001 - the JVM is going away
+            return None
+
+    try:
+        scheduler = sc._jsc.sc().taskScheduler()
+    except Exception:                  # noqa: BLE001 - not a JVM-backed SparkContext
+        return None
+    return issued if issued() is not None else None
+
+
 def start_rendezvous(sc, spec, n):
     """Start the driver's rendezvous of an exchange whose spec says so (the
     caller ties its lifetime to the result with :func:`serve_while`)."""
@@ -447,7 +484,8 @@ def start_rendezvous(sc, spec, n):
         return None
     bind, advertised = _driver_addresses(sc)
     server = _rendezvous.RendezvousServer(spec.secret, n, host=bind, advertise=advertised,
-                                          timeout=spec.timeout)
+                                          timeout=spec.timeout,
+                                          issued_task_ids=_issued_task_ids(sc))
     spec.rendezvous = server.address
     return server
 

@@ -15,7 +15,14 @@ import numpy as np
 
 from flinkbuf.checks import check_int
 from flinkbuf.io import assign_keys_to_operators, default_max_parallelism, java_hash_code
-from flinkbuf.spark._task import check_slots, make_spec, run_task, serve_while, start_rendezvous
+from flinkbuf.spark._task import (
+    check_slots,
+    make_spec,
+    run_task,
+    serve_while,
+    session_encryption,
+    start_rendezvous,
+)
 
 __all__ = ["arrow_exchange", "key_partitions"]
 
@@ -220,7 +227,7 @@ def _batches(task):
 def arrow_exchange(df, fn, key, schema, *, segment_size=32768, buffers_per_channel=2,
                    floating_buffers=8, buffer_timeout=0.1, max_record_size=256 << 20,
                    max_parallelism=None, host=None, timeout=60.0, monitor=None,
-                   rendezvous="driver"):
+                   rendezvous="driver", encryption=None):
     """Exchange the rows of DataFrame ``df`` by ``key`` (a column name)
     between the tasks of one barrier stage and return the DataFrame of
     ``fn``'s output (``schema``, as for ``mapInArrow``): each task's
@@ -235,7 +242,7 @@ def arrow_exchange(df, fn, key, schema, *, segment_size=32768, buffers_per_chann
     :func:`key_partitions`), sent as Arrow IPC messages through flinkbuf
     (one message per piece of an input batch, so ``max_record_size`` must
     hold the largest piece), and read in place from the received record.  Slots, memory,
-    timeouts, failures, ``host``, ``monitor`` and ``rendezvous``: as
+    timeouts, failures, ``host``, ``monitor``, ``rendezvous`` and ``encryption``: as
     :func:`pipelined_exchange`, except that the driver's rendezvous serves
     as long as the returned DataFrame itself is referenced (a DataFrame
     made from it does not keep it up), then until no task has registered
@@ -273,9 +280,10 @@ def arrow_exchange(df, fn, key, schema, *, segment_size=32768, buffers_per_chann
                       floating_buffers=floating_buffers, buffer_timeout=buffer_timeout,
                       max_record_size=max_record_size, max_parallelism=max_parallelism,
                       host=host, timeout=timeout, monitor=monitor, rendezvous=rendezvous,
-                      produce=_route(key, max_parallelism), read=_batches)
+                      encryption=encryption, produce=_route(key, max_parallelism), read=_batches)
 
     sc = df.sparkSession.sparkContext
+    spec.encryption = session_encryption(sc, spec.encryption)
     check_slots(sc, n, spec.timeout)
 
     def task(batches):

@@ -34,4 +34,5 @@ def arrow_exchange(
     timeout: float = 60.0,
     monitor: Callable[[ExchangeTask], Callable[[], object] | None] | None = None,
     rendezvous: Literal["driver", "barrier"] = "driver",
+    encryption: bool | None = None,
 ) -> DataFrame: ...

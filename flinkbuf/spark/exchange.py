@@ -27,6 +27,7 @@ from flinkbuf.spark._task import (
     check_slots,
     current_task,
     make_spec,
+    session_encryption,
     run_task,
     serve_while,
     start_rendezvous,
@@ -48,7 +49,7 @@ def pipelined_exchange(rdd, fn=None, *, num_partitions=None, key=None, selector=
                        codec="typed", segment_size=32768, buffers_per_channel=2,
                        floating_buffers=8, buffer_timeout=0.1, max_record_size=64 << 20,
                        max_parallelism=None, host=None, timeout=60.0, monitor=None,
-                       rendezvous="driver"):
+                       rendezvous="driver", encryption=None):
     """Exchange the records of ``rdd`` between the tasks of one barrier
     stage and return the RDD of ``fn``'s output: partition ``j`` of the
     result is ``fn(iterator of the records routed to j)``, as
@@ -124,6 +125,12 @@ def pipelined_exchange(rdd, fn=None, *, num_partitions=None, key=None, selector=
     executor's host as Spark knows it (``SPARK_LOCAL_IP`` if that is
     unknown).  The exchange's secret is made here, on the driver, for this
     exchange only, and travels to the tasks inside the stage's closure.
+    encryption: whether the connections between tasks are sealed
+    (authenticated encryption, as :class:`~flinkbuf.network.NetworkEnvironment`
+    says).  None (the default): sealed when the Spark session encrypts its
+    own traffic (``spark.network.crypto.enabled`` or ``spark.ssl.enabled``),
+    else sealed between tasks on different hosts only; True: every
+    connection; False: none.
     monitor: a picklable callable run in each task with its
     :class:`ExchangeTask` before records flow; it may return a callable
     that is run when the task ends.
@@ -144,8 +151,10 @@ def pipelined_exchange(rdd, fn=None, *, num_partitions=None, key=None, selector=
                       buffers_per_channel=buffers_per_channel,
                       floating_buffers=floating_buffers, buffer_timeout=buffer_timeout,
                       max_record_size=max_record_size, max_parallelism=max_parallelism,
-                      host=host, timeout=timeout, monitor=monitor, rendezvous=rendezvous)
+                      host=host, timeout=timeout, monitor=monitor, rendezvous=rendezvous,
+                      encryption=encryption)
 
+    spec.encryption = session_encryption(rdd.context, spec.encryption)
     check_slots(rdd.context, n, spec.timeout)
 
     def task(iterator):

@@ -74,4 +74,5 @@ def pipelined_exchange(
     timeout: float = 60.0,
     monitor: Callable[[ExchangeTask], Callable[[], object] | None] | None = None,
     rendezvous: Literal["driver", "barrier"] = "driver",
+    encryption: bool | None = None,
 ) -> RDD[Any]: ...
