@@ -152,6 +152,18 @@ def test_net_bulk(benchmark, row):
             f">=80% of raw_tcp: {_met(raw / ns >= 0.8, f'{100 * raw / ns:.0f}%')}")
 
 
+def _measure_round_trips(benchmark, impl, spec):
+    """Every round trip of ROUNDS ping-pong runs, sorted (ns)."""
+    rtts = []
+
+    def one():
+        rtts.extend(run_ping_pong(impl, spec)["rtt_ns"])
+
+    benchmark.pedantic(one, rounds=ROUNDS, iterations=1, warmup_rounds=0)
+    rtts.sort()
+    return rtts
+
+
 _CPU0 = min(os.sched_getaffinity(0))
 PLACEMENTS = {
     "": None,                                  # where the scheduler puts them
@@ -171,16 +183,10 @@ def test_net_latency(benchmark, placement, stat, row):
     benchmark.group = group
     benchmark.extra_info.update(subject=row == "flinkbuf")
     _needs(row)
-    rtts = []
     spec = {"n": PINGS, "warmup": WARMUP}
     if PLACEMENTS[placement]:
         spec["pin"] = PLACEMENTS[placement]
-
-    def one():
-        rtts.extend(run_ping_pong(row, spec)["rtt_ns"])
-
-    benchmark.pedantic(one, rounds=ROUNDS, iterations=1, warmup_rounds=0)
-    rtts.sort()
+    rtts = _measure_round_trips(benchmark, row, spec)
     q = {"p50": 0.50, "p99": 0.99}[stat]
     ns = rtts[min(len(rtts) - 1, int(len(rtts) * q))]
     benchmark.extra_info.update(ops=1, ns_per_op=ns, samples=len(rtts),
@@ -232,14 +238,7 @@ def test_net_sealed(benchmark, kind, row):
     benchmark.extra_info.update(subject=row.endswith("_sealed"), **opts)
     what = SEALED_KINDS[kind]
     if what == "ping":
-        rtts = []
-        spec = {"n": PINGS, "warmup": WARMUP, **opts}
-
-        def one():
-            rtts.extend(run_ping_pong(impl, spec)["rtt_ns"])
-
-        benchmark.pedantic(one, rounds=ROUNDS, iterations=1, warmup_rounds=0)
-        rtts.sort()
+        rtts = _measure_round_trips(benchmark, impl, {"n": PINGS, "warmup": WARMUP, **opts})
         ns = rtts[len(rtts) // 2]
         benchmark.extra_info.update(ops=1, ns_per_op=ns, samples=len(rtts))
     else:

@@ -76,6 +76,16 @@ def pytest_sessionstart(session):
             "run `make test` (it builds the debug extension)")
 
 
+@pytest.fixture
+def children():
+    """Child processes of network_helpers started by one test, all stopped
+    (and checked for crashes) at its end."""
+    from network_helpers import Children
+    c = Children()
+    yield c
+    c.stop_all()
+
+
 @pytest.fixture(autouse=True)
 def no_leaks():
     """Every test must give back every buffer and segment it took."""

@@ -18,7 +18,7 @@ from flinkbuf.network import NetworkEnvironment, handshake
 from flinkbuf.network import environment as environment_module
 from flinkbuf.network.log_limit import LogLimiter
 from helpers import wait_until
-from network_helpers import SECRET, Children, connect_raw
+from network_helpers import SECRET, connect_raw
 
 pytestmark = pytest.mark.one_transport
 
@@ -98,13 +98,6 @@ def _authenticated_flood(address, limit, timeout=1.0):
             error = exc
             break
     return socks, error
-
-
-@pytest.fixture
-def children():
-    c = Children()
-    yield c
-    c.stop_all()
 
 
 @pytest.mark.timeout(180)

@@ -10,7 +10,6 @@ import time
 
 import pytest
 
-from network_helpers import Children
 
 # A thread of the engine that dies with an exception fails the test.
 pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
@@ -34,13 +33,6 @@ def _asan_quarantine():
 SLACK += _asan_quarantine() + (100 * MB if _asan_quarantine() else 0)   # + its redzones
 RECORD = 32 * 1024
 TOTAL = int(os.environ.get("NETTEST_BACKPRESSURE_BYTES", str(1 << 30)))
-
-
-@pytest.fixture
-def children():
-    c = Children()
-    yield c
-    c.stop_all()
 
 
 class RssWatch:

@@ -16,7 +16,6 @@ from network_helpers import (
     MSG_ERROR,
     MSG_CLOSE,
     SECRET,
-    Children,
     connect_raw,
     expected_streams,
     frame,
@@ -31,13 +30,6 @@ from network_helpers import (
 pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
 
 CLEAN = {"standalone_segments": 0, "live_buffers": 0, "segments_out": 0}
-
-
-@pytest.fixture
-def children():
-    c = Children()
-    yield c
-    c.stop_all()
 
 
 def assert_clean(report):

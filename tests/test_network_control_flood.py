@@ -10,7 +10,6 @@ import time
 import pytest
 
 from network_helpers import (
-    Children,
     connect_raw,
     credit_frame,
     request_frame,
@@ -21,13 +20,6 @@ pytestmark = pytest.mark.one_transport
 SEG = 4096
 # A connection's budget of partition requests (csrc/network/connection_internal.h).
 REQUEST_BURST, REQUEST_RATE = 4096, 10_000
-
-
-@pytest.fixture
-def children():
-    c = Children()
-    yield c
-    c.stop_all()
 
 
 def _serve(children):

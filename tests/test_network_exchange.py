@@ -19,13 +19,6 @@ pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExce
 SEGMENT_SIZES = [64, 128, 256, 1024, 4096, 32768]
 
 
-@pytest.fixture
-def children():
-    c = Children()
-    yield c
-    c.stop_all()
-
-
 def assert_clean(report, who):
     assert report["counters"] in (None, {"standalone_segments": 0, "live_buffers": 0,
                                          "segments_out": 0}), (who, report)

@@ -7,19 +7,12 @@ import time
 
 import pytest
 
-from network_helpers import Children, expected_streams, record_bytes  # noqa: F401
+from network_helpers import expected_streams, record_bytes  # noqa: F401
 
 # A thread of the engine that dies with an exception fails the test.
 pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
 
 CLEAN = {"standalone_segments": 0, "live_buffers": 0, "segments_out": 0}
-
-
-@pytest.fixture
-def children():
-    c = Children()
-    yield c
-    c.stop_all()
 
 
 def assert_clean(report):

@@ -11,6 +11,7 @@ import logging
 import os
 import pwd
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -18,6 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from flinkbuf.errors import AuthenticationError
 from flinkbuf.io import RecordWriter, create_partition
@@ -160,7 +163,6 @@ def _unix_client(server, tail):
     """Run a handshake with the server's Unix socket by hand, saying
     ``tail`` in AUTH with a valid proof; the server's reply (b'' if it
     closed)."""
-    import struct
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(5)
         s.connect(f"\0flinkbuf-tcp-{server.address[1]}")
@@ -231,10 +233,6 @@ def test_the_client_refuses_a_server_that_is_not_the_process_at_the_other_end(
         else:
             assert "runs as another user" in str(err.value)
             assert not hs.done and hs._client_nonce is None  # not a byte was sent
-
-
-from hypothesis import given  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
 
 
 @given(st.text(max_size=50), st.integers(0, 2**32 - 1),

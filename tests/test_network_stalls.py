@@ -15,7 +15,7 @@ import pytest
 
 from flinkbuf.network import handshake
 from flinkbuf.network._network import _shm_region
-from network_helpers import SECRET, Children, RingSocket, frame, request_frame
+from network_helpers import SECRET, RingSocket, frame, request_frame
 
 SEG = 4096
 IO_TIMEOUT = 30.0        # far longer than the tests: a stall is never ended by it
@@ -94,13 +94,6 @@ class Progress:
     def reset(self):
         self.sample()
         self.longest = 0.0
-
-
-@pytest.fixture
-def children():
-    c = Children()
-    yield c
-    c.stop_all()
 
 
 def producer_with_a_peer_as_pool_waiter(children, transport):

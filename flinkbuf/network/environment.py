@@ -716,6 +716,7 @@ class NetworkEnvironment:
         full = self._admit()
         if full is not None:
             raise RemoteConnectionError(f"cannot connect to {address}: {full}")
+        seal = self._seal if self._seal is not None else not self._is_this_host(host)
         if self._use_unix and self._is_this_host(host):
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.settimeout(self._connect_timeout)
@@ -725,7 +726,7 @@ class NetworkEnvironment:
                 sock.close()             # another network namespace, or no Unix socket
             else:
                 try:
-                    return self._connect_over(sock, address, fallback=True)
+                    return self._connect_over(sock, address, seal, fallback=True)
                 except _Unproven as exc:
                     # Whoever holds the name (a process of another user, a
                     # relay) proved nothing; the TCP port is the server's own.
@@ -735,12 +736,13 @@ class NetworkEnvironment:
             sock = socket.create_connection((host, port), timeout=self._connect_timeout)
         except OSError as exc:
             raise RemoteConnectionError(f"cannot connect to {address}: {exc}") from exc
-        return self._connect_over(sock, address)
+        return self._connect_over(sock, address, seal)
 
-    def _connect_over(self, sock: socket.socket, address: str,
+    def _connect_over(self, sock: socket.socket, address: str, seal: bool,
                       fallback: bool = False) -> Connection:
         """Authenticate ``sock``, connected to ``address``, and run a
-        connection over it (the socket is this method's: closed on error).
+        connection over it, asking for sealed frames if ``seal`` (the socket
+        is this method's: closed on error).
         ``fallback``: a handshake that fails by an AuthenticationError or an
         OSError raises :class:`_Unproven` (from that error) instead."""
         want_shm = self._want_shm and sock.family == socket.AF_UNIX
@@ -751,9 +753,7 @@ class NetworkEnvironment:
                 peer, _, shared_fds, keys = handshake.client(
                     sock, self._secret, self._address_text, self._segment_size,
                     self._connect_timeout, shared_memory=want_shm,
-                    lend_fds=None if lent is None else [lent[1], lent[2]],
-                    seal=self._seal if self._seal is not None else not self._is_this_host(
-                        _split(address)[0]))
+                    lend_fds=None if lent is None else [lent[1], lent[2]], seal=seal)
                 sock.settimeout(None)
                 fd = sock.detach()
             except AuthenticationError as exc:
@@ -1075,12 +1075,11 @@ class NetworkEnvironment:
             self._partitions.clear()
             self._changed.notify_all()      # waiters raise: the environment is closed
         _LIVE.discard(self)
-        for server in (self._server, self._unix_server):
-            if server is not None:
-                try:
-                    server.close()
-                except OSError:
-                    pass
+        for server in self._listeners():
+            try:
+                server.close()
+            except OSError:
+                pass
         try:
             self._wake[1].send(b"x")
         except OSError:

@@ -15,9 +15,9 @@ one-second poll.
 
 A stage attempt that Spark retries registers afresh; a task of an older
 attempt than the newest one seen for its stage is refused, and so is a task
-attempt id registered already or (on Spark) one that Spark has not issued.  A peer that
-fails the handshake, sends a malformed request or waits too long is dropped
-with a log line; the others are not affected.
+attempt id registered already or (on Spark) one that Spark has not issued.
+A peer that fails the handshake, sends a malformed request or waits too long
+is dropped with a log line (at a limited rate); the others are not affected.
 """
 
 import atexit
