@@ -142,12 +142,20 @@ int fb_seal_open(fb_seal_t *s, const unsigned char *rec, size_t n, const struct 
 /* ---- the sealed transport ---------------------------------------------------------- */
 
 #define RECORD_MAX (FB_SEAL_OVERHEAD + FB_SEAL_MAX_RECORD)
-#define IN_CAP (2 * RECORD_MAX)
+#define IN_CAP (4 * RECORD_MAX)            /* few moves of a partial record to the front */
+#define OUT_CAP (2 * RECORD_MAX)
+/* A vector this long (a buffer's body) is sealed as records of its own, so
+ * that the receiver opens it straight into the segment it goes to instead
+ * of into a staging area and copying it on; shorter ones (frame headers,
+ * control frames, small buffers) share a record, since a record's own cost
+ * (its tag, its set-up) is about that of copying a few KiB. */
+#define SEAL_ALONE 4096
+#define RECORD_IOV 64
 
 typedef struct sealed {
     fb_transport_t base;
     fb_transport_t *inner;
-    /* the writer's: one sealed record on its way */
+    /* the writer's: sealed records on their way */
     fb_seal_t *tx;
     unsigned char *out;
     size_t out_len, out_sent, out_plain;
@@ -163,12 +171,52 @@ typedef struct sealed {
     char why[192];
 } sealed_t;
 
-static size_t iov_total(const struct iovec *iov, int iovcnt)
+/* The next record's worth of the vectors from (*i, *off) on, gathered into
+ * rec (moving the cursor past it): its length, 0 when none is left.  A long
+ * vector makes records alone; short ones share one, up to the next long one. */
+static size_t next_record(const struct iovec *iov, int iovcnt, int *i, size_t *off,
+                          struct iovec *rec, int *reccnt)
 {
-    size_t n = 0;
-    for (int i = 0; i < iovcnt; i++)
-        n += iov[i].iov_len;
+    size_t n = 0, take, left;
+    *reccnt = 0;
+    while (*i < iovcnt && *reccnt < RECORD_IOV) {
+        left = iov[*i].iov_len - *off;
+        if (left == 0) {
+            ++*i;
+            *off = 0;
+            continue;
+        }
+        if (iov[*i].iov_len >= SEAL_ALONE && n > 0)
+            break;                      /* a long one starts a record of its own */
+        take = left < FB_SEAL_MAX_RECORD - n ? left : FB_SEAL_MAX_RECORD - n;
+        rec[*reccnt].iov_base = (char *)iov[*i].iov_base + *off;
+        rec[(*reccnt)++].iov_len = take;
+        n += take;
+        *off += take;
+        if (iov[*i].iov_len >= SEAL_ALONE || n == FB_SEAL_MAX_RECORD)
+            break;
+    }
     return n;
+}
+
+/* Seal records of the vectors into s->out while they fit: the plain bytes
+ * taken, or -1 if libcrypto failed. */
+static ssize_t seal_out(sealed_t *s, const struct iovec *iov, int iovcnt)
+{
+    struct iovec rec[RECORD_IOV];
+    int i = 0, reccnt;
+    size_t off = 0, n, taken = 0;
+    s->out_len = 0;
+    for (;;) {
+        n = next_record(iov, iovcnt, &i, &off, rec, &reccnt);
+        if (n == 0 || s->out_len + FB_SEAL_OVERHEAD + n > OUT_CAP)
+            break;
+        if (fb_seal_record(s->tx, rec, reccnt, n, s->out + s->out_len) != 0)
+            return -1;
+        s->out_len += FB_SEAL_OVERHEAD + n;
+        taken += n;
+    }
+    return (ssize_t)taken;
 }
 
 static ssize_t sealed_send(fb_transport_t *t, const struct iovec *iov, int iovcnt, int nowait)
@@ -176,20 +224,17 @@ static ssize_t sealed_send(fb_transport_t *t, const struct iovec *iov, int iovcn
     sealed_t *s = (sealed_t *)t;
     struct iovec rest;
     ssize_t r;
-    size_t n;
     if (s->out_len == 0) {
-        n = iov_total(iov, iovcnt);
-        if (n == 0)
-            return 0;
-        if (n > FB_SEAL_MAX_RECORD)
-            n = FB_SEAL_MAX_RECORD;
-        if (fb_seal_record(s->tx, iov, iovcnt, n, s->out) != 0) {
+        r = seal_out(s, iov, iovcnt);
+        if (r < 0) {
+            s->out_len = 0;
             errno = EIO;
             return -1;
         }
-        s->out_len = FB_SEAL_OVERHEAD + n;
+        if (r == 0)
+            return 0;
         s->out_sent = 0;
-        s->out_plain = n;
+        s->out_plain = (size_t)r;
     }
     while (s->out_sent < s->out_len) {
         rest.iov_base = s->out + s->out_sent;
@@ -361,7 +406,7 @@ fb_transport_t *fb_transport_sealed(fb_transport_t *inner, const unsigned char t
         s->inner = inner;
         s->tx = fb_seal_new(tx_key, 1);
         s->rx = fb_seal_new(rx_key, 0);
-        s->out = malloc(RECORD_MAX);
+        s->out = malloc(OUT_CAP);
         s->in = malloc(IN_CAP);
         s->plain = malloc(FB_SEAL_MAX_RECORD);
         if (s->tx && s->rx && s->out && s->in && s->plain)
