@@ -40,8 +40,13 @@ build-debug: $(DEV_STAMP)
 build-asan: $(DEV_STAMP)
 	FLINKBUF_SANITIZE=address $(PY) setup.py -q build_ext --inplace
 
+# Two workers (a test file stays on one), then the tests that measure rates
+# alone, so that a neighbour's load cannot skew what they measure.
+TEST_WORKERS ?= 2
 test: build-debug
-	HYPOTHESIS_PROFILE=$(HYPOTHESIS_PROFILE) $(PY) -X faulthandler -m pytest -q tests
+	HYPOTHESIS_PROFILE=$(HYPOTHESIS_PROFILE) $(PY) -X faulthandler -m pytest -q \
+	  -n $(TEST_WORKERS) --dist loadfile -m "not serial" tests
+	HYPOTHESIS_PROFILE=$(HYPOTHESIS_PROFILE) $(PY) -X faulthandler -m pytest -q -m serial tests
 	$(PY) -m mypy.stubtest flinkbuf --allowlist tests/stubtest-allowlist.txt
 
 test-fast: build-debug

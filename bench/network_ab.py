@@ -12,13 +12,19 @@ A VARIANT is a peer (``raw_tcp``, ``raw_uds``, ``pyzmq``, ``mp_queue``) or
 ``flinkbuf`` with spec options after colons, e.g. ``flinkbuf:transport=tcp``,
 ``flinkbuf:exclusive=8:floating=32`` or ``flinkbuf:direct_reads=0`` (also
 ``caller_sends=0``: NetworkEnvironment's switches); ``env.NAME=value`` sets
-an environment variable for that variant's processes.  Run on a release
-build.
+an environment variable for that variant's processes.  ``flinkbuf@DIR``
+measures the flinkbuf built in place in checkout DIR instead of the one
+this interpreter imports (in a child process with DIR first on its path),
+so that two builds are compared round by round in one run, e.g.
+``flinkbuf@../before:transport=auto flinkbuf:transport=shm``.  Run on
+release builds.
 """
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -28,7 +34,8 @@ import network_peers as np_  # noqa: E402
 
 def parse(variant):
     impl, *opts = variant.split(":")
-    extra = {}
+    impl, _, build = impl.partition("@")
+    extra = {"build": os.path.abspath(build)} if build else {}
     for o in opts:
         k, _, v = o.partition("=")
         try:
@@ -39,10 +46,61 @@ def parse(variant):
     return impl, extra
 
 
+def measure(a, impl, extra):
+    """One measurement of one variant in this process's flinkbuf: a tuple
+    (MiB/s, Mrec/s, or p50 and p99 round trips in ns)."""
+    env = {k[4:]: str(extra.pop(k)) for k in list(extra) if k.startswith("env.")}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        if a.what == "latency":
+            spec = {"n": a.pings, "warmup": 300, **extra}
+            if a.pin:
+                cpu = min(os.sched_getaffinity(0))
+                spec["pin"] = {"pinger": {cpu}, "ponger": {cpu}}
+            rtt = sorted(np_.run_ping_pong(impl, spec)["rtt_ns"])
+            return (rtt[len(rtt) // 2], rtt[int(len(rtt) * 0.99)])
+        if a.what == "records":
+            spec = {"kind": a.kind, "n": a.n, "channels": a.channels, "batch": 1,
+                    "buffer_timeout": a.flush_ms / 1e3, **extra}
+            out = np_.run_pair(impl, spec)
+            return (a.n / out["ns"] * 1e9 / 1e6,)
+        spec = {"kind": "bytes32k", "n": a.n, "channels": 1, "batch": 1,
+                "buffer_timeout": 0.1, **extra}
+        out = np_.run_pair(impl, spec)
+        return (a.n * np_.SEGMENT / out["ns"] * 1e9 / 2**20,)
+    finally:
+        for k, old in saved.items():
+            if old is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = old
+
+
+def measure_in(build, a, variant):
+    """One measurement of ``variant`` (``impl@build:opts``) by a child
+    process that imports the flinkbuf built in place in ``build``."""
+    impl, _, rest = variant.partition("@")
+    rest = rest.partition(":")[2]
+    one = impl + (":" + rest if rest else "")
+    argv = [sys.executable, os.path.abspath(__file__), a.what, "--one", one,
+            "--pings", str(a.pings), "--n", str(a.n), "--kind", a.kind,
+            "--channels", str(a.channels), "--flush-ms", str(a.flush_ms)]
+    if a.pin:
+        argv.append("--pin")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [build] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    out = subprocess.run(argv, env=env, cwd=build, capture_output=True, text=True,
+                         check=False)
+    if out.returncode != 0:
+        raise SystemExit(f"{variant}: the measurement failed:\n{out.stderr[-3000:]}")
+    return tuple(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("what", choices=["latency", "bulk", "records"])
-    ap.add_argument("variants", nargs="+")
+    ap.add_argument("variants", nargs="*")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--pings", type=int, default=3000)
     ap.add_argument("--n", type=int, default=20000)
@@ -51,36 +109,19 @@ def main():
                     help="records: what each record is")
     ap.add_argument("--channels", type=int, default=1, help="records: channels")
     ap.add_argument("--flush-ms", type=float, default=100, help="records: buffer_timeout")
-    a = ap.parse_args()
+    ap.add_argument("--one", help=argparse.SUPPRESS)   # a child's single measurement
+    a = ap.parse_intermixed_args()
+    if a.one:
+        print(json.dumps(measure(a, *parse(a.one))))
+        return
+    if not a.variants:
+        ap.error("name at least one variant")
     res = {v: [] for v in a.variants}
     for r in range(a.rounds):
         for v in a.variants:
             impl, extra = parse(v)
-            env = {k[4:]: str(extra.pop(k)) for k in list(extra) if k.startswith("env.")}
-            saved = {k: os.environ.get(k) for k in env}
-            os.environ.update(env)
-            if a.what == "latency":
-                spec = {"n": a.pings, "warmup": 300, **extra}
-                if a.pin:
-                    cpu = min(os.sched_getaffinity(0))
-                    spec["pin"] = {"pinger": {cpu}, "ponger": {cpu}}
-                rtt = sorted(np_.run_ping_pong(impl, spec)["rtt_ns"])
-                val = (rtt[len(rtt) // 2], rtt[int(len(rtt) * 0.99)])
-            elif a.what == "records":
-                spec = {"kind": a.kind, "n": a.n, "channels": a.channels, "batch": 1,
-                        "buffer_timeout": a.flush_ms / 1e3, **extra}
-                out = np_.run_pair(impl, spec)
-                val = (a.n / out["ns"] * 1e9 / 1e6,)
-            else:
-                spec = {"kind": "bytes32k", "n": a.n, "channels": 1, "batch": 1,
-                        "buffer_timeout": 0.1, **extra}
-                out = np_.run_pair(impl, spec)
-                val = (a.n * np_.SEGMENT / out["ns"] * 1e9 / 2**20,)
-            for k, old in saved.items():
-                if old is None:
-                    del os.environ[k]
-                else:
-                    os.environ[k] = old
+            build = extra.pop("build", None)
+            val = measure(a, impl, extra) if build is None else measure_in(build, a, v)
             res[v].append(val)
             print(f"round {r}: {v:<40} " + " ".join(f"{x:,.2f}" if x < 100 else f"{x:,.0f}"
                                                     for x in val), flush=True)

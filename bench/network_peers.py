@@ -187,14 +187,15 @@ def _fb_env(spec):
     # environment's direct reads and caller's sends (direct_reads=0,
     # caller_sends=0 turn them off), lending over shared memory (lend_buffers=1),
     # sealed frames (encryption=1).
+    # Switches are passed only when the spec sets them, so that a build
+    # from before they existed can be measured too (network_ab.py's @BUILD).
+    switches = {name: _switch(spec, name)
+                for name in ("direct_reads", "caller_sends", "lend_buffers", "encryption")
+                if spec.get(name) is not None}
     return NetworkEnvironment(512, SEGMENT, secret=SECRET,
                               exclusive_buffers_per_channel=spec.get("exclusive", 2),
                               floating_buffers_per_gate=spec.get("floating", 8),
-                              transport=spec.get("transport", "auto"),
-                              direct_reads=_switch(spec, "direct_reads"),
-                              caller_sends=_switch(spec, "caller_sends"),
-                              lend_buffers=_switch(spec, "lend_buffers"),
-                              encryption=_switch(spec, "encryption"))
+                              transport=spec.get("transport", "auto"), **switches)
 
 
 def _out_buffers(spec, ch):

@@ -21,6 +21,9 @@ from flinkbuf.experiments.slow_subpartition import check_slow_subpartition
 from flinkbuf.experiments.spark_demo import DEFAULT_SCHEDULE, _steer, interval_row
 from network_helpers import AUTO_SAME_HOST
 
+# The experiments measure rates: make test runs them alone.
+pytestmark = pytest.mark.serial
+
 
 def _read_csv(path):
     with open(path, newline="") as f:

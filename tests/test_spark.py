@@ -615,7 +615,7 @@ def test_arrow_exchange_with_either_rendezvous(spark):
         F.concat(F.lit("k"), (F.col("id") % 13).cast("string")).alias("name"), F.col("id"))
     for rendezvous in ("driver", "barrier"):
         out = arrow_exchange(df, _count_per_string_key, "name", "name string, n long",
-                             rendezvous=rendezvous, timeout=1)
+                             rendezvous=rendezvous, timeout=3)
         assert sorted((r["name"], r["n"]) for r in out.collect()) == sorted(
             (f"k{k}", len(range(k, 10_000, 13))) for k in range(13))
         assert len(_servers()) == (rendezvous == "driver")
