@@ -30,7 +30,10 @@ def _spark_warnings(code, tmp_path, name):
 
     script = tmp_path / name
     script.write_text(code + "\nspark.stop()\n")
-    env = dict(os.environ, PYTHONPATH=ROOT)
+    # No web UI: another Spark application on this machine (a test running
+    # beside this one) would make it warn that its port is taken.
+    env = dict(os.environ, PYTHONPATH=ROOT,
+               PYSPARK_SUBMIT_ARGS="--conf spark.ui.enabled=false pyspark-shell")
     env.pop("PYSPARK_PYTHON", None)
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                          timeout=300, env=env, cwd=tmp_path)
