@@ -38,11 +38,14 @@ def _where(task):
 
 
 def _marking(marker_dir, inner=None):
-    """A monitor that writes one file per task attempt into ``marker_dir``
-    once the task is connected: its pid and what _where says."""
+    """A monitor that keeps what _where says of the task once it is
+    connected and before any record flows (``task.where``: every
+    connection is open then; a peer that has sent all it had may end
+    before ``fn`` starts), and writes it with the pid into one file per
+    task attempt in ``marker_dir``."""
     def monitor(task):
+        doc = task.where = _where(task)
         if marker_dir:
-            doc = _where(task)
             name = f"{doc['task_attempt']}-{doc['index']}-{doc['pid']}"
             tmp = os.path.join(marker_dir, "." + name)
             with open(tmp, "w") as f:
@@ -71,7 +74,7 @@ def _count_with_where(records):
     from flinkbuf.spark import current_task
 
     task = current_task()
-    yield ("where", _where(task))
+    yield ("where", task.where)
     counts = collections.Counter()
     for k, v in records:
         counts[k] += v
@@ -164,7 +167,7 @@ def arrow(n, partitions, keys=101, opts=None):
         import numpy as np
 
         task = current_task()
-        where = json.dumps(_where(task))        # every connection is open now
+        where = json.dumps(task.where)
         totals = collections.Counter()
         for batch in batches:
             ks, cs = np.unique(batch.column(0).to_numpy(), return_counts=True)
@@ -178,7 +181,7 @@ def arrow(n, partitions, keys=101, opts=None):
     df = SPARK.range(0, n, 1, partitions).select((F.col("id") % keys).alias("k"))
     t0 = time.monotonic()
     rows = arrow_exchange(df, count, "k", "k long, c long, task int, where string",
-                          **(opts or {})).collect()
+                          monitor=_marking(None), **(opts or {})).collect()
     seconds = time.monotonic() - t0
     counts = {r["k"]: r["c"] for r in rows}
     expected = collections.Counter(i % keys for i in range(n))
