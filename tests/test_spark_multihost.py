@@ -310,6 +310,7 @@ def test_executors_behind_nat(hosts):
             assert w["published"].rpartition(":")[0] == ADDRESSES["nat"], w
         else:
             assert w["published"].rpartition(":")[0] == ADDRESSES["h1"], w
+    _check_transports(where)
     # h1's tasks reached h3's through the router's address
     for w in where:
         if w["local_ip"] == ADDRESSES["h1"]:
