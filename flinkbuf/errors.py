@@ -25,6 +25,7 @@ __all__ = [
     "PartitionNotFoundError",
     "RemoteError",
     "InsufficientSlotsError",
+    "NoFreePortError",
 ]
 
 
@@ -110,3 +111,9 @@ class RemoteError(FlinkbufError):
 class InsufficientSlotsError(FlinkbufError, RuntimeError):
     """A barrier stage needs a task slot for each of its tasks at once, and
     the Spark master offers fewer."""
+
+
+class NoFreePortError(FlinkbufError, OSError):
+    """Every port of the range a server may bind was taken (``errno`` is
+    ``EADDRINUSE``); the message names the range and the option that sets
+    it."""

@@ -28,6 +28,12 @@ if ! command -v java >/dev/null 2>&1; then
     apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless \
         || apt-get install -y -qq default-jre-headless
 fi
+# The multi-host Spark tests (network namespaces, as root) load firewall and
+# NAT rules with nft.
+if [ "$(id -u)" = 0 ] && ! command -v nft >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+    echo "bootstrap: no nft; installing nftables for the multi-host tests" >&2
+    apt-get update -qq && apt-get install -y -qq nftables
+fi
 # The package itself (editable, no isolation: the build uses the venv's Cython),
 # with the extras asked for.
 "$VENV/bin/python" -m pip install -q --no-build-isolation -e ".[$EXTRAS]"

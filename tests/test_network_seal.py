@@ -323,8 +323,9 @@ class Rewriter(Relay):
         super()._send(dst, way, data)
 
 
-def _clear_flags(frame):            # AUTH and AUTH_OK end with u8 flags and u32 pid
-    return frame[:-5] + bytes([frame[-5] & ~handshake.SEALED]) + frame[-4:]
+def _clear_flags(frame):   # AUTH and AUTH_OK end with u8 flags, u32 pid, an empty peer id
+    assert frame[-1] == 0                       # the peer id's length
+    return frame[:-6] + bytes([frame[-6] & ~handshake.SEALED]) + frame[-5:]
 
 
 @pytest.mark.parametrize("way", ["up", "down"])

@@ -284,6 +284,12 @@ class _FakeBarrierContext:
     def partitionId(self):
         return self.index
 
+    def taskAttemptId(self):
+        return 100 + self.index
+
+    def stageId(self):
+        return 1
+
     def getTaskInfos(self):
         return [collections.namedtuple("Info", "address")("127.0.0.1:0")] * self.n
 

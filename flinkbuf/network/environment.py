@@ -222,6 +222,7 @@ def _same_host_transport() -> Transport:
 
 
 _LOCAL_HOSTS = ("127.", "::1", "localhost")
+_WILDCARDS = ("0.0.0.0", "::", "")
 
 
 # Dead-peer detection on TCP (a peer whose host vanished sends no FIN or RST):
@@ -382,6 +383,17 @@ class NetworkEnvironment:
     ``lend_buffers`` (a lent buffer is read in place).  Bulk records cost
     the most (the cipher runs at a few GB/s a core), small records and
     round trips little (docs/PROTOCOL.md, section 2.2; README).
+
+    ``advertise``: the host peers reach this environment at, when it is not
+    the one the server binds (``host`` is a wildcard such as ``"0.0.0.0"``,
+    or peers reach this host through a NAT); ``advertised_address`` is
+    ``(advertise, port)``, what this environment says it is in every
+    handshake, and the address peers dial (default: the bound address).
+    ``peer_id``: a name for this environment (at most 64 bytes of UTF-8)
+    said in every handshake; :meth:`expect_peers` tells which peer id each
+    peer address must say, so that two peers with the same address (a port
+    number used on two hosts behind one advertised address) are never
+    taken for one another.
     """
 
     def __init__(self, num_segments: int, segment_size: int = 32768, *,
@@ -391,7 +403,8 @@ class NetworkEnvironment:
                  io_timeout: float = 60.0, transport: Transport = "auto",
                  caller_sends: bool | None = None, direct_reads: bool | None = None,
                  lend_buffers: bool | None = None, encryption: bool | None = None,
-                 max_connections: int = 256) -> None:
+                 max_connections: int = 256, advertise: str | None = None,
+                 peer_id: str = "") -> None:
         if not isinstance(secret, (bytes, bytearray, memoryview)):
             raise TypeError(f"secret must be bytes, got {type(secret).__name__}")
         secret = bytes(secret)
@@ -399,6 +412,13 @@ class NetworkEnvironment:
             raise ValueError("secret must be at least 16 bytes (use secrets.token_bytes(32))")
         if not isinstance(host, str):
             raise TypeError(f"host must be a str, got {type(host).__name__}")
+        if advertise is not None:
+            if not isinstance(advertise, str):
+                raise TypeError(f"advertise must be a str or None, got "
+                                f"{type(advertise).__name__}")
+            if not advertise or advertise in _WILDCARDS:
+                raise ValueError(f"advertise must be a host peers can dial, got {advertise!r}")
+        self._peer_id = handshake.check_peer_id(peer_id)
         if transport not in _TRANSPORTS:
             raise ValueError(f"transport must be one of {', '.join(repr(t) for t in _TRANSPORTS)}, "
                              f"got {transport!r}")
@@ -455,7 +475,12 @@ class NetworkEnvironment:
         self._server.setblocking(False)
         bound = self._server.getsockname()
         self._address: tuple[str, int] = (bound[0], bound[1])
-        self._address_text = format_address(self._address)
+        self._bound_text = format_address(self._address)
+        self._advertised: tuple[str, int] = (advertise or bound[0], bound[1])
+        # What this environment says it is, and where peers dial it.
+        self._address_text = format_address(self._advertised)
+        self._expected: dict[str, str] = {}            # peer address -> its peer id
+        self._peer_ids: dict[Connection, str] = {}     # what each connection's peer said
         # Beside TCP, a Unix socket for peers on this host (faster on loopback),
         # over which a client may ask for shared memory.
         self._use_unix = transport in ("unix", "shm") and _UNIX
@@ -496,6 +521,39 @@ class NetworkEnvironment:
         return self._address
 
     @property
+    def advertised_address(self) -> tuple[str, int]:
+        """``(host, port)`` peers dial: ``(advertise, port)``, by default
+        the bound address."""
+        return self._advertised
+
+    @property
+    def peer_id(self) -> str:
+        """This environment's peer id, said in every handshake."""
+        return self._peer_id
+
+    def expect_peers(self, peers: dict[str, str]) -> None:
+        """Tell which peer id the environment at each address must say
+        (``{address: peer_id}``, addresses as ``"host:port"``): a
+        connection to that address whose server says another is refused
+        (:class:`~flinkbuf.errors.AuthenticationError`), and so is a
+        connection from a client that says it is at that address with
+        another.  Call it before the connections are made."""
+        if not isinstance(peers, dict):
+            raise TypeError(f"peers must be a dict of address -> peer id, got "
+                            f"{type(peers).__name__}")
+        checked = {format_address(a): handshake.check_peer_id(p) for a, p in peers.items()}
+        with self._lock:
+            self._expected.update(checked)
+
+    def _expected_peer(self, address: str) -> str | None:
+        with self._lock:
+            return self._expected.get(address)
+
+    def _is_expected(self, address: str, conn: Connection) -> bool:
+        """Whether ``conn`` is to the peer expected at ``address`` (the lock held)."""
+        expected = self._expected.get(address)
+        return expected is None or self._peer_ids.get(conn) == expected
+    @property
     def network_buffer_pool(self) -> NetworkBufferPool:
         """The pool every buffer of this environment comes from: create the
         partitions this process serves from it."""
@@ -526,6 +584,8 @@ class NetworkEnvironment:
                 return
             self._all_connections = [c for c in self._all_connections if c.is_open]
             self._dialed.difference_update(dead)
+            for conn in dead:
+                self._peer_ids.pop(conn, None)
             for address, conn in list(self._connections.items()):
                 if not conn.is_open:
                     del self._connections[address]
@@ -583,12 +643,13 @@ class NetworkEnvironment:
         channels: list[LocalInputChannel | RemoteInputChannel] = []
         floating: FloatingBuffers | None = None
         try:
-            remote = [s for s in parsed if s[0] != self._address_text]
+            own = (self._address_text, self._bound_text)
+            remote = [s for s in parsed if s[0] not in own]
             if remote and self._floating:
                 floating = make_floating_buffers(
                     self._nbp.create_buffer_pool(self._floating, self._floating))
             for address, partition_id, sub in parsed:
-                if address == self._address_text:
+                if address in own:
                     channels.append(LocalInputChannel(self._local_partition(partition_id), sub))
                 else:
                     channels.append(self._remote_channel(address, partition_id, sub, floating))
@@ -632,13 +693,13 @@ class NetworkEnvironment:
             with self._lock:
                 self._check_open()
                 conn = self._connections.get(address)
-                if conn is not None and conn.is_open:
+                if conn is not None and conn.is_open and self._is_expected(address, conn):
                     return conn
                 gate = self._connecting.setdefault(address, threading.Lock())
             with gate:
                 with self._lock:
                     conn = self._connections.get(address)
-                    if conn is not None and conn.is_open:
+                    if conn is not None and conn.is_open and self._is_expected(address, conn):
                         return conn
                     self._dialing.add(address)
                 try:
@@ -656,6 +717,9 @@ class NetworkEnvironment:
                     self._connections[address] = conn
                     self._all_connections.append(conn)
                     self._dialed.add(conn)
+                    expected = self._expected.get(address)
+                    if expected is not None:
+                        self._peer_ids[conn] = expected    # the handshake checked it
                     self._changed.notify_all()
                 return conn
 
@@ -692,7 +756,8 @@ class NetworkEnvironment:
         also registered as ``address``."""
         def arrived() -> bool:
             conn = self._connections.get(peer)
-            return conn is not None and conn.is_open
+            return (conn is not None and conn.is_open and self._is_expected(address, conn)
+                    and self._is_expected(peer, conn))
 
         with self._changed:
             if not self._changed.wait_for(lambda: self._closed or arrived(),
@@ -706,7 +771,8 @@ class NetworkEnvironment:
             return conn
 
     def _is_this_host(self, host: str) -> bool:
-        return host.startswith(_LOCAL_HOSTS) or host == self._address[0]
+        return (host.startswith(_LOCAL_HOSTS) or host == self._address[0]
+                or host == self._advertised[0])
 
     def _connect(self, address: str) -> Connection:
         """A new connection to the environment at ``address``: over its Unix
@@ -753,7 +819,8 @@ class NetworkEnvironment:
                 peer, _, shared_fds, keys = handshake.client(
                     sock, self._secret, self._address_text, self._segment_size,
                     self._connect_timeout, shared_memory=want_shm,
-                    lend_fds=None if lent is None else [lent[1], lent[2]], seal=seal)
+                    lend_fds=None if lent is None else [lent[1], lent[2]], seal=seal,
+                    peer_id=self._peer_id, expect_peer=self._expected_peer(address))
                 sock.settimeout(None)
                 fd = sock.detach()
             except AuthenticationError as exc:
@@ -912,7 +979,8 @@ class NetworkEnvironment:
                     self._secret, self._address_text, self._segment_size,
                     keep=self._keep_incoming, admit=self._admit,
                     shared_memory=self._new_region if local is not None else None,
-                    seal=self._seal is True, unix_peer=local)
+                    seal=self._seal is True, unix_peer=local, peer_id=self._peer_id,
+                    expect_peer=self._expected_peer)
                 now = time.monotonic()
                 pending[sock] = _PendingHandshake(hs, now + self._connect_timeout, peer, now)
                 sel.register(sock, selectors.EVENT_READ, True)
@@ -985,7 +1053,7 @@ class NetworkEnvironment:
                 pidfd, _, own_ledger = lent if lent is not None else (-1, -1, -1)
                 shared = (memfd, data0, room0, 0, fds[0], fds[1], self._nbp, pidfd, own_ledger)
             sock.setblocking(True)
-            self._start_accepted(sock.detach(), advertised, shared, hs.keys)
+            self._start_accepted(sock.detach(), advertised, shared, hs.keys, hs.peer_id)
 
     def _refuse(self, sel: selectors.BaseSelector, pending: _Pending, sock: socket.socket,
                 why: str) -> None:
@@ -1020,7 +1088,7 @@ class NetworkEnvironment:
             return None
 
     def _start_accepted(self, fd: int, advertised: str, shared: SharedSpec | None = None,
-                        keys: handshake.Keys | None = None) -> None:
+                        keys: handshake.Keys | None = None, peer_id: str = "") -> None:
         """Run an authenticated connection; ``shared``: over shared memory,
         what Connection._open takes (its memfds closed here); ``keys``: sealed
         with them."""
@@ -1041,16 +1109,18 @@ class NetworkEnvironment:
                                       "could not start a connection from %s: %s",
                                       advertised, exc)
                     return
-                self._add_accepted(conn, advertised)
+                self._add_accepted(conn, advertised, peer_id)
         finally:
             if shared is not None:
                 _close_mapped(shared)
 
-    def _add_accepted(self, conn: Connection, advertised: str) -> None:
+    def _add_accepted(self, conn: Connection, advertised: str, peer_id: str = "") -> None:
         """Keep an accepted connection (the lock held)."""
         self._all_connections.append(conn)
+        self._peer_ids[conn] = peer_id
         current = self._connections.get(advertised)
-        if current is None or not current.is_open or current not in self._dialed:
+        if ((current is None or not current.is_open or current not in self._dialed)
+                and self._is_expected(advertised, conn)):
             self._connections[advertised] = conn      # the newest accepted one
         self._changed.notify_all()
 
@@ -1071,6 +1141,7 @@ class NetworkEnvironment:
             conns = list(self._all_connections)
             self._all_connections.clear()
             self._dialed.clear()
+            self._peer_ids.clear()
             self._connections.clear()
             self._partitions.clear()
             self._changed.notify_all()      # waiters raise: the environment is closed

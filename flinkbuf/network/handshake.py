@@ -12,7 +12,13 @@ direction from the secret and the nonces (HKDF-SHA256) for the frames that
 follow (csrc/network/seal.h).  Over a Unix socket each side also says its
 process id, and checks it against the kernel's word for who is at the other
 end (``SO_PEERCRED``), so that a process holding the socket's name can
-neither relay a handshake nor pass for a peer of another user."""
+neither relay a handshake nor pass for a peer of another user.  Each side
+also says its peer id (any string of up to 64 bytes, empty if it has none),
+and a side that knows whom it expects at an address (the client: the
+server it dials; the server: the client that says it is at an address)
+refuses another, so that two peers with the same address (a port number
+used on two hosts, behind one advertised address) are never taken for one
+another."""
 
 from __future__ import annotations
 
@@ -28,13 +34,14 @@ from typing import Final, cast
 from flinkbuf.errors import AuthenticationError, RemoteConnectionError
 
 MAGIC: Final = 0x46425546
-VERSION: Final = 4
+VERSION: Final = 5
 HELLO, CHALLENGE, AUTH, AUTH_OK, DUPLICATE, SHM_SETUP, REFUSED = 16, 17, 18, 19, 20, 21, 22
 STREAM, SHARED_MEMORY = 0, 1                # the transport field of AUTH and AUTH_OK
 SHM_FDS: Final = 3                          # the region's memfd and the client's doorbells
 SHM_LEND_FDS: Final = 5                     # ... and the server's buffer arena and ledger
 LEND_FDS: Final = 2                         # a lender's arena and ledger (with AUTH: the client's)
-MAX_FRAME: Final = 256
+MAX_FRAME: Final = 320
+MAX_PEER_ID: Final = 64                     # bytes of UTF-8 in a peer id
 NONCE: Final = 32
 PROOF: Final = 32
 SEALED: Final = 1                           # the flags of AUTH (asked for) and AUTH_OK (agreed)
@@ -126,7 +133,30 @@ class DuplicateConnection(RemoteConnectionError):
 
 class Refused(RemoteConnectionError):
     """The server proved the secret and refused this connection (it has
-    as many connections as it takes); the message says why."""
+    as many connections as it takes, or expects another peer at this
+    side's address); the message says why."""
+
+
+class PeerMismatch(AuthenticationError):
+    """The server proved the secret but says it is another peer than the
+    one expected at the address dialed (another process of the same
+    secret holds that address)."""
+
+
+def check_peer_id(peer_id: object, name: str = "peer_id") -> str:
+    """``peer_id`` if it is a str of at most MAX_PEER_ID bytes of UTF-8."""
+    if not isinstance(peer_id, str):
+        raise TypeError(f"{name} must be a str, got {type(peer_id).__name__}")
+    if len(peer_id.encode("utf-8")) > MAX_PEER_ID:
+        raise ValueError(f"{name} {peer_id!r} is longer than {MAX_PEER_ID} bytes of UTF-8")
+    return peer_id
+
+
+def mismatch(address: str, said: str, expected: str) -> str:
+    """Why a peer that says it is ``said`` is not the one expected at
+    ``address``."""
+    return (f"{address} is {said or 'a peer without an id'}, not {expected}: another peer "
+            f"holds that address (is it advertised by two hosts?)")
 
 
 def _recv(sock: socket.socket, expected: int, deadline: float,
@@ -169,21 +199,25 @@ def _parse_reason(body: bytes) -> str:
 class Said:
     """What a side says of itself in AUTH, AUTH_OK and DUPLICATE: its
     server's address, its segment size, the transport (asked for or
-    granted), its flags and, with ``LOCAL``, its process id."""
+    granted), its flags, with ``LOCAL`` its process id, and its peer id."""
 
-    __slots__ = ("address", "segment_size", "transport", "flags", "pid")
+    __slots__ = ("address", "segment_size", "transport", "flags", "pid", "peer_id")
 
     def __init__(self, address: str, segment_size: int, transport: int, flags: int,
-                 pid: int) -> None:
+                 pid: int, peer_id: str = "") -> None:
         self.address = address
         self.segment_size = segment_size
         self.transport = transport
         self.flags = flags
         self.pid = pid
+        self.peer_id = peer_id
 
     def encode(self) -> bytes:
+        raw = self.peer_id.encode("utf-8")
+        if len(raw) > MAX_PEER_ID:
+            raise ValueError(f"peer id {self.peer_id!r} is too long")
         return _address_field(self.address) + struct.pack(
-            ">IBBI", self.segment_size, self.transport, self.flags, self.pid)
+            ">IBBIB", self.segment_size, self.transport, self.flags, self.pid, len(raw)) + raw
 
     @classmethod
     def decode(cls, body: bytes, what: str) -> Said:
@@ -191,21 +225,23 @@ class Said:
         try:
             (n,) = struct.unpack_from(">H", body, 0)
             address = body[2:2 + n].decode("utf-8")
-            segment_size, transport, flags, pid = struct.unpack_from(">IBBI", body, 2 + n)
+            segment_size, transport, flags, pid, m = struct.unpack_from(">IBBIB", body, 2 + n)
+            peer_id = body[2 + n + 11:2 + n + 11 + m].decode("utf-8")
         except (struct.error, UnicodeDecodeError):
             raise AuthenticationError(f"a malformed {what}") from None
-        if (len(body) != 2 + n + 10 or transport not in (STREAM, SHARED_MEMORY)
+        if (len(body) != 2 + n + 11 + m or m > MAX_PEER_ID
+                or transport not in (STREAM, SHARED_MEMORY)
                 or flags & ~(SEALED | LOCAL) or (pid != 0) != bool(flags & LOCAL)):
             raise AuthenticationError(f"a malformed {what}")
-        return cls(address, segment_size, transport, flags, pid)
+        return cls(address, segment_size, transport, flags, pid, peer_id)
 
 
 def _tail(address: str, segment_size: int, transport: int, flags: int = 0,
-          local: bool = False) -> bytes:
+          local: bool = False, peer_id: str = "") -> bytes:
     """What a side says (:class:`Said`), encoded; ``local``: over a Unix
     socket (the LOCAL flag and this process's id)."""
     return Said(address, segment_size, transport, flags | (LOCAL if local else 0),
-                os.getpid() if local else 0).encode()
+                os.getpid() if local else 0, peer_id).encode()
 
 
 def unix_peer(sock: socket.socket) -> tuple[int, int] | None:
@@ -307,7 +343,8 @@ def send_setup(sock: socket.socket, fds: list[int]) -> None:
 def client(sock: socket.socket, secret: bytes, address: str, segment_size: int,
            timeout: float, *, shared_memory: bool = False,
            lend_fds: list[int] | None = None,
-           seal: bool = False) -> tuple[str, int, list[int] | None, Keys | None]:
+           seal: bool = False, peer_id: str = "",
+           expect_peer: str | None = None) -> tuple[str, int, list[int] | None, Keys | None]:
     """Authenticate a connected socket as the client; returns the server's
     address and segment size, and, when ``shared_memory`` was asked for and
     the server agreed, the region's descriptors (memfd, data and room
@@ -317,8 +354,10 @@ def client(sock: socket.socket, secret: bytes, address: str, segment_size: int,
     the server to read the buffers this side lends (they stay the
     caller's).  ``seal``: ask for sealed frames; the last item is the
     connection's (send, receive) keys when either side asked for them, else
-    None.  AuthenticationError if
-    either side fails to prove the secret; RemoteConnectionError if the
+    None.  ``peer_id``: this side's, said in AUTH; ``expect_peer``: the
+    peer id the server must say (None: any).  AuthenticationError if
+    either side fails to prove the secret; PeerMismatch if the server says
+    another peer id than ``expect_peer``; RemoteConnectionError if the
     segment sizes differ; DuplicateConnection if the server keeps another
     connection to this process.  Over a Unix socket, AuthenticationError
     too if the process at the other end runs as another user or is not the
@@ -340,7 +379,7 @@ def client(sock: socket.socket, secret: bytes, address: str, segment_size: int,
                                _proof(secret, b"flinkbuf-server", client_nonce, server_nonce)):
         raise AuthenticationError("the server did not prove that it knows the shared secret")
     tail = _tail(address, segment_size, SHARED_MEMORY if shared_memory else STREAM,
-                 SEALED if seal else 0, local=local is not None)
+                 SEALED if seal else 0, local=local is not None, peer_id=peer_id)
     auth = _frame(AUTH, _proof(secret, b"flinkbuf-client", server_nonce, client_nonce, tail)
                   + tail)
     if shared_memory and lend_fds:
@@ -360,11 +399,16 @@ def client(sock: socket.socket, secret: bytes, address: str, segment_size: int,
                        _reply_refused("duplicate reply"))
         duplicate = Said.decode(said, "duplicate reply")
         _check_local(duplicate, local, "server")
+        if expect_peer is not None and duplicate.peer_id != expect_peer:
+            raise PeerMismatch(mismatch(duplicate.address, duplicate.peer_id, expect_peer)) \
+                from None
         raise DuplicateConnection(duplicate.address) from None
     said = _proven(reply, secret, b"flinkbuf-accept", client_nonce, server_nonce,
                    _reply_refused("authentication reply"))
     accepted = Said.decode(said, "authentication reply")
     _check_local(accepted, local, "server")
+    if expect_peer is not None and accepted.peer_id != expect_peer:
+        raise PeerMismatch(mismatch(accepted.address, accepted.peer_id, expect_peer))
     peer, peer_segment_size = accepted.address, accepted.segment_size
     transport, flags = accepted.transport, accepted.flags
     if transport == SHARED_MEMORY and not shared_memory:
@@ -404,14 +448,22 @@ class ServerHandshake:
     and ``feed`` raises RemoteConnectionError after it), or None.  ``unix_peer``:
     the client's (pid, uid) when the connection is a Unix socket
     (:func:`unix_peer`), None for TCP; a client of another user, or one
-    whose AUTH another process relayed, is refused."""
+    whose AUTH another process relayed, is refused.  ``peer_id``: this
+    side's, said in AUTH_OK and DUPLICATE; ``peer_id`` of the handshake,
+    once done, is the client's.  ``expect_peer(address)`` (optional): the
+    peer id expected of a client at ``address`` (None: any); a client that
+    says another is refused (REFUSED, with the reason)."""
 
     def __init__(self, secret: bytes, address: str, segment_size: int,
                  keep: Callable[[str], bool] | None = None,
                  shared_memory: Callable[[], list[int]] | None = None,
                  seal: bool = False, unix_peer: tuple[int, int] | None = None,
-                 admit: Callable[[], str | None] | None = None) -> None:
+                 admit: Callable[[], str | None] | None = None, peer_id: str = "",
+                 expect_peer: Callable[[str], str | None] | None = None) -> None:
         self._secret = secret
+        self._own_id = peer_id
+        self._expect_peer = expect_peer
+        self.peer_id = ""
         self._admit = admit
         self._unix_peer = unix_peer
         self._seal = seal
@@ -496,8 +548,13 @@ class ServerHandshake:
         address, segment_size, transport, flags = (claim.address, claim.segment_size,
                                                    claim.transport, claim.flags)
         self.peer = (address, segment_size)
+        self.peer_id = claim.peer_id
         self.done = True
-        reason = self._admit() if self._admit is not None else None
+        expected = self._expect_peer(address) if self._expect_peer is not None else None
+        reason = (mismatch(address, claim.peer_id, expected)
+                  if expected is not None and expected != claim.peer_id else None)
+        if reason is None and self._admit is not None:
+            reason = self._admit()
         if reason is not None:
             self.refused = reason
             return self._reply(REFUSED, b"flinkbuf-refused", _reason_field(reason))
@@ -506,7 +563,7 @@ class ServerHandshake:
             self.duplicate = True
             return self._reply(DUPLICATE, b"flinkbuf-duplicate",
                                _tail(self._address, self._segment_size, STREAM,
-                                     local=self._unix_peer is not None))
+                                     local=self._unix_peer is not None, peer_id=self._own_id))
         if (transport == SHARED_MEMORY and segment_size == self._segment_size
                 and self._shared_memory is not None):
             try:
@@ -519,7 +576,8 @@ class ServerHandshake:
         return self._reply(AUTH_OK, b"flinkbuf-accept",
                            _tail(self._address, self._segment_size,
                                  STREAM if self.shared_fds is None else SHARED_MEMORY,
-                                 SEALED if sealed else 0, local=self._unix_peer is not None))
+                                 SEALED if sealed else 0, local=self._unix_peer is not None,
+                                 peer_id=self._own_id))
 
     def _reply(self, msg_id: int, label: bytes, said: bytes) -> bytes:
         return _frame(msg_id, _proof(self._secret, label, cast(bytes, self._client_nonce),

@@ -21,6 +21,7 @@ is dropped with a log line (at a limited rate); the others are not affected.
 """
 
 import atexit
+import errno
 import json
 import logging
 import socket
@@ -29,7 +30,7 @@ import threading
 import time
 import weakref
 
-from flinkbuf.errors import AuthenticationError, RemoteConnectionError
+from flinkbuf.errors import AuthenticationError, NoFreePortError, RemoteConnectionError
 from flinkbuf.network import handshake
 from flinkbuf.network.log_limit import LogLimiter
 
@@ -88,10 +89,13 @@ class RendezvousServer:
     (idempotent) stops the thread and closes every socket.
     ``issued_task_ids()``, if given, returns the task attempt id Spark will
     issue next (None: unknown): a registration with that id or a later one
-    is refused, as nobody could have it yet."""
+    is refused, as nobody could have it yet.  ``port``: the port to bind
+    (0: any free one); if it is taken, the next ones, up to
+    ``port_retries`` more (as Spark binds ``spark.driver.port``)."""
 
     def __init__(self, secret, num_tasks, *, host="127.0.0.1", advertise=None, timeout=60.0,
-                 max_connections=None, max_unauthenticated=None, issued_task_ids=None):
+                 max_connections=None, max_unauthenticated=None, issued_task_ids=None,
+                 port=0, port_retries=0):
         self._secret = secret
         self._num_tasks = num_tasks
         self._timeout = timeout
@@ -111,21 +115,20 @@ class RendezvousServer:
         self._released = False
         self._last_activity = time.monotonic()
         self.refused = 0             # connections dropped (bad peer, stale attempt, ...)
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self._sock.bind((host, 0))
-            self._sock.listen(min(128, self._max_connections))
-            self._sock.settimeout(_ACCEPT_SLICE)
-        except BaseException:
-            self._sock.close()
-            raise
+        self._sock = bind_in_range(
+            lambda p: _listener(host, p, min(128, self._max_connections)), host, port,
+            port_retries, "the exchange's rendezvous on the driver", "rendezvous_port")
+        self._sock.settimeout(_ACCEPT_SLICE)
         self.address = (advertise or host, self._sock.getsockname()[1])
         self._thread = threading.Thread(target=self._serve, daemon=True,
                                         name=f"flinkbuf-rendezvous-{self.address[1]}")
         self._thread.start()
         _LIVE.add(self)
+
+    def stages(self):
+        """The ids of the stages whose tasks have registered."""
+        with self._lock:
+            return list(self._attempts)
 
     def _count_refused(self):
         with self._lock:
@@ -352,25 +355,93 @@ class RendezvousServer:
                     return {"error": f"{entry.registered} of {self._num_tasks} tasks of stage "
                                      f"{stage} registered within {self._timeout:g} s"}
                 self._lock.wait(remaining)
-            return {"addresses": list(entry.addresses)}
+            return {"addresses": list(entry.addresses), "task_attempt_ids": list(entry.tids)}
+
+
+def _listener(host, port, backlog):
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(backlog)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def bind_in_range(bind, host, port, retries, what, option):
+    """``bind(port)`` for ``port`` and, while the port is taken, each of
+    the next ``retries`` ports (as Spark binds its own ports, up to
+    ``spark.port.maxRetries`` more); port 0 is any free port.  Raises
+    :class:`~flinkbuf.errors.NoFreePortError` naming ``what`` and the
+    ``option`` that sets the port when every port is taken."""
+    last = port if port == 0 else min(65535, port + retries)
+    for p in range(port, last + 1):
+        try:
+            return bind(p)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+    raise NoFreePortError(
+        errno.EADDRINUSE,
+        f"{what} found no free port on {host} in {port}-{last} ({option}={port} and "
+        f"{retries} more; port_retries, or the session's spark.port.maxRetries, says how many)")
+
+
+class Addresses(list):
+    """The addresses of the tasks of a stage attempt, in task order, and
+    their task attempt ids (``task_attempt_ids``)."""
+
+    def __init__(self, addresses, task_attempt_ids):
+        super().__init__(addresses)
+        self.task_attempt_ids = task_attempt_ids
+
+
+def _unreachable(host, port, exc, connect_timeout):
+    """The error of a task that could not connect to the rendezvous."""
+    where = f"the exchange's rendezvous on the driver at {host}:{port}"
+    pin = ("pin its port with rendezvous_port= and let the executors connect to it, as to "
+           "spark.driver.port")
+    if isinstance(exc, ConnectionRefusedError):
+        return RemoteConnectionError(
+            f"{where} refused the connection ({exc}): it is closed (it closes once the "
+            f"exchange's result is no longer referenced on the driver, and at "
+            f"close_rendezvous()), or a firewall on the driver rejects connections to that "
+            f"port ({pin})")
+    if isinstance(exc, (TimeoutError, socket.timeout)):
+        return RemoteConnectionError(
+            f"could not connect to {where} within {connect_timeout:g} s (connect_timeout): "
+            f"the driver must accept connections from the executors on that port (does a "
+            f"firewall drop them? {pin})")
+    return RemoteConnectionError(
+        f"could not reach {where} ({exc}): the executors must be able to connect to the "
+        f"driver at that address (spark.driver.host)")
 
 
 def register(rendezvous, secret, *, stage, task_attempt_id, index, num_tasks, address,
-             timeout):
+             timeout, connect_timeout=None):
     """The task's side: register ``address`` as task ``index`` (task
     attempt ``task_attempt_id``) of stage ``stage`` at the driver's ``rendezvous`` (host,
-    port) and return every task's address once all have registered."""
+    port) and return every task's address once all have registered (an
+    :class:`Addresses`, which has their task attempt ids too).  Connecting
+    and the handshake take at most ``connect_timeout`` seconds (default:
+    ``timeout``), the answer at most ``timeout``."""
     host, port = rendezvous
     deadline = time.monotonic() + timeout
+    if connect_timeout is None:
+        connect_timeout = timeout
     try:
-        sock = socket.create_connection((host, port), timeout=timeout)
+        sock = socket.create_connection((host, port), timeout=connect_timeout)
     except OSError as exc:
-        raise RemoteConnectionError(
-            f"could not reach the exchange's rendezvous on the driver at {host}:{port} ({exc}); "
-            f"it closes once the exchange's result is no longer referenced on the "
-            f"driver") from None
+        raise _unreachable(host, port, exc, connect_timeout) from None
     try:
-        handshake.client(sock, secret, address, _SEGMENT_SIZE, timeout)
+        try:
+            handshake.client(sock, secret, address, _SEGMENT_SIZE, connect_timeout)
+        except AuthenticationError as exc:
+            raise AuthenticationError(f"the exchange's rendezvous on the driver at "
+                                      f"{host}:{port}: {exc}") from None
         _send_message(sock, {"stage": stage, "task_attempt_id": task_attempt_id, "index": index,
                              "num_tasks": num_tasks, "address": address})
         try:
@@ -384,10 +455,14 @@ def register(rendezvous, secret, *, stage, task_attempt_id, index, num_tasks, ad
         raise RemoteConnectionError(f"the exchange's rendezvous refused task {index}: "
                                     f"{reply['error']}")
     addresses = reply.get("addresses")
+    tids = reply.get("task_attempt_ids")
     if not (isinstance(addresses, list) and len(addresses) == num_tasks
-            and all(isinstance(a, str) for a in addresses)):
+            and all(isinstance(a, str) for a in addresses)
+            and isinstance(tids, list) and len(tids) == num_tasks
+            and all(_is_int(t, 0) or (isinstance(t, int) and not isinstance(t, bool)
+                                      and 0 <= t < 2**63) for t in tids)):
         raise RemoteConnectionError("the exchange's rendezvous sent a malformed answer")
-    return addresses
+    return Addresses(addresses, tids)
 
 
 def close_all():

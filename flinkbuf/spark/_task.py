@@ -7,8 +7,11 @@ task, its body (:func:`run_task`: an environment, a partition, a producer
 thread and a gate, as :mod:`flinkbuf.spark.exchange` describes).
 """
 
+import errno
 import json
+import logging
 import os
+import re
 import secrets
 import socket
 import threading
@@ -17,6 +20,7 @@ import weakref
 
 from flinkbuf.checks import check_choice, check_int, check_seconds
 from flinkbuf.errors import (
+    AuthenticationError,
     InsufficientSlotsError,
     PartitionReleasedError,
     ProducerFailedError,
@@ -37,6 +41,8 @@ from flinkbuf.io.producer import ProducerThread, emit_all
 from flinkbuf.network import NetworkEnvironment, format_address
 from flinkbuf.serialization import CODECS
 from flinkbuf.spark import _rendezvous
+
+_LOG = logging.getLogger("flinkbuf.spark")
 
 # How the tasks of an exchange learn each other's addresses.
 RENDEZVOUS = ("driver", "barrier")
@@ -133,24 +139,128 @@ def _make_selector(selector, key, max_parallelism):
     return selector
 
 
-def _bind_host(ctx, index, host):
-    """The address this task's server binds to and the one it publishes:
-    ``host`` if given, else the executor's host as Spark knows it (the task
-    infos), else ``SPARK_LOCAL_IP``, else this machine's name."""
-    if host:
-        bind = host
-    else:
+_WILDCARDS = ("0.0.0.0", "::", "")
+
+
+def _is_own_address(host):
+    """Whether ``host`` is an address of this host (a socket binds it)."""
+    if not host or host in _WILDCARDS:
+        return False
+    try:
+        infos = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM,
+                                   flags=getattr(socket, "AI_NUMERICHOST", 0))
+    except (OSError, UnicodeError):
+        return False
+    for family, kind, proto, _, sockaddr in infos:
         try:
-            bind = ctx.getTaskInfos()[index].address.rpartition(":")[0]
-        except Exception:       # noqa: BLE001 - fall back below
-            bind = ""
-        bind = bind.strip("[]") or os.environ.get("SPARK_LOCAL_IP") or \
-            socket.gethostbyname(socket.gethostname())
-    advertised = bind
-    if bind in ("0.0.0.0", "::", ""):
-        advertised = (os.environ.get("SPARK_LOCAL_IP")
-                      or socket.gethostbyname(socket.gethostname()))
+            with socket.socket(family, kind, proto) as s:
+                s.bind(sockaddr[:1] + (0,) + tuple(sockaddr[2:]))
+            return True
+        except OSError:
+            continue
+    return False
+
+
+def _source_address(target):
+    """The address of this host the kernel sends from to reach ``target``
+    (host, port), or None: the address on the route to the driver, which
+    executors' peers on the driver's network reach (no packet is sent)."""
+    try:
+        family = socket.AF_INET6 if ":" in target[0] else socket.AF_INET
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect(target)
+            host = s.getsockname()[0]
+    except (OSError, ValueError, TypeError):
+        return None
+    return host if host not in _WILDCARDS else None
+
+
+def own_host(ctx, index, driver=None):
+    """An address of this task's host for its peers, as Spark's own
+    services on the executor use: ``SPARK_LOCAL_IP`` (set on the executor's
+    host); else the executor's address in the task infos when it is one of
+    this host's (it is the address the driver saw the executor's
+    connection come from: behind a NAT or with several interfaces, another
+    host's); else the address this host reaches the driver (``driver``,
+    ``(host, port)``) from; else the address of this host's name."""
+    local_ip = os.environ.get("SPARK_LOCAL_IP", "").strip().strip("[]")
+    if local_ip and _is_own_address(local_ip):
+        return local_ip
+    try:
+        seen = ctx.getTaskInfos()[index].address.rpartition(":")[0].strip("[]")
+    except Exception:       # noqa: BLE001 - fall back below
+        seen = ""
+    if _is_own_address(seen):
+        return seen
+    if driver is not None:
+        source = _source_address(driver)
+        if source is not None:
+            return source
+    try:
+        name = socket.gethostbyname(socket.gethostname())
+    except OSError:
+        name = ""
+    if _is_own_address(name):
+        return name
+    raise RemoteConnectionError(
+        f"task {index} found no address of its own host for its peers to reach it at "
+        f"(SPARK_LOCAL_IP is {local_ip or 'not set'}, Spark saw the executor at "
+        f"{seen or 'an unknown address'}): set SPARK_LOCAL_IP on the executor's host, or "
+        f"host= and advertise=")
+
+
+def _addresses(ctx, index, spec):
+    """``(bind, advertised)``: the host this task's server binds (``host``
+    if given, else :func:`own_host`) and the host its peers dial (from
+    ``advertise`` if it names one, else the bound host, or the own one
+    when the bind is on all interfaces; never a wildcard)."""
+    own = None
+    bind = spec.host
+    if not bind:
+        bind = own = own_host(ctx, index, spec.rendezvous)
+    advertised = None
+    if isinstance(spec.advertise, str):
+        advertised = spec.advertise
+    elif spec.advertise is not None:
+        if own is None:
+            own = bind if bind not in _WILDCARDS else own_host(ctx, index, spec.rendezvous)
+        advertised = spec.advertise.get(own)
+    if advertised is None:
+        advertised = bind if bind not in _WILDCARDS else (
+            own or own_host(ctx, index, spec.rendezvous))
     return bind, advertised
+
+
+def _start_environment(spec, n, bind, advertised, peer_id, out_buffers):
+    """The task's NetworkEnvironment, its server on ``bind`` at
+    ``task_port`` or, when taken, one of the next ``port_retries`` ports."""
+    segments = task_segments([out_buffers], [n - 1],
+                             exclusive_buffers_per_channel=spec.buffers_per_channel,
+                             floating_buffers_per_gate=spec.floating_buffers)
+
+    def start(port):
+        return NetworkEnvironment(
+            segments, spec.segment_size, host=bind, port=port, secret=spec.secret,
+            exclusive_buffers_per_channel=spec.buffers_per_channel,
+            floating_buffers_per_gate=spec.floating_buffers,
+            connect_timeout=spec.connect_timeout, request_timeout=spec.timeout,
+            io_timeout=spec.timeout, encryption=spec.encryption, advertise=advertised,
+            peer_id=peer_id)
+
+    try:
+        return _rendezvous.bind_in_range(start, bind, spec.task_port, spec.port_retries or 0,
+                                         "the exchange's task server", "task_port")
+    except OSError as exc:
+        if exc.errno == errno.EADDRNOTAVAIL:
+            raise RemoteConnectionError(
+                f"the exchange's task server cannot bind {bind} ({exc}): it is not an "
+                f"address of this host (host= names the address to bind, advertise= the one "
+                f"peers dial)") from None
+        raise
+
+
+def _peer_id(task_attempt_id):
+    return f"task attempt {task_attempt_id}"
 
 
 def _records(task):
@@ -180,48 +290,55 @@ def run_task(spec, iterator):
         raise RuntimeError("pipelined_exchange's tasks must run in a barrier stage")
     index = ctx.partitionId()
     n = len(ctx.getTaskInfos())
-    bind, advertised = _bind_host(ctx, index, spec.host)
+    tid = ctx.taskAttemptId()
+    bind, advertised = _addresses(ctx, index, spec)
     out_buffers = partition_buffers(n, spec.buffers_per_channel)
-    env = NetworkEnvironment(
-        task_segments([out_buffers], [n - 1],
-                      exclusive_buffers_per_channel=spec.buffers_per_channel,
-                      floating_buffers_per_gate=spec.floating_buffers),
-        spec.segment_size, host=bind, secret=spec.secret,
-        exclusive_buffers_per_channel=spec.buffers_per_channel,
-        floating_buffers_per_gate=spec.floating_buffers,
-        connect_timeout=spec.timeout, request_timeout=spec.timeout, io_timeout=spec.timeout,
-        encryption=spec.encryption)
+    env = _start_environment(spec, n, bind, advertised, _peer_id(tid), out_buffers)
     producer = None
     gate = None
     writer = None
     partition = None
     done = None
     failed = None
+    peers = None
     try:
         partition = create_partition(env.network_buffer_pool, n, min_buffers=out_buffers,
                                      name=f"{spec.exchange_id}-{index}")
         env.register_partition(spec.exchange_id, partition)
-        own = format_address(env.address)
-        published = format_address((advertised, env.address[1]))
+        published = format_address(env.advertised_address)
         if spec.rendezvous is not None:
             addresses = _rendezvous.register(
-                spec.rendezvous, spec.secret, stage=ctx.stageId(),
-                task_attempt_id=ctx.taskAttemptId(), index=index, num_tasks=n,
-                address=published, timeout=spec.timeout)
+                spec.rendezvous, spec.secret, stage=ctx.stageId(), task_attempt_id=tid,
+                index=index, num_tasks=n, address=published, timeout=spec.timeout,
+                connect_timeout=spec.connect_timeout)
+            tids = addresses.task_attempt_ids
         else:
-            gathered = ctx.allGather(json.dumps({"index": index, "address": published}))
-            addresses = [None] * n
+            gathered = ctx.allGather(json.dumps({"index": index, "address": published,
+                                                 "task_attempt_id": tid}))
+            addresses, tids = [None] * n, [None] * n
             for message in gathered:
                 entry = json.loads(message)
                 addresses[entry["index"]] = entry["address"]
-        addresses[index] = own
+                tids[entry["index"]] = entry["task_attempt_id"]
+        peers = _Peers(index, addresses)
+        # Each peer is the task attempt that registered at its address: a
+        # connection that reaches another (the same port on another host,
+        # one advertised address for two hosts) is refused, both ways.
+        env.expect_peers({addresses[i]: _peer_id(tids[i]) for i in range(n) if i != index})
         writer = RecordWriter(partition,
                               _make_selector(spec.selector, spec.key, spec.max_parallelism),
                               codec=spec.codec, buffer_timeout=spec.buffer_timeout,
                               name=f"exchange-{index}")
-        gate = env.create_input_gate([(addresses[i], spec.exchange_id, index) for i in range(n)],
-                                     codec=spec.codec, max_record_size=spec.max_record_size,
-                                     name=f"exchange-{index}")
+        try:
+            gate = env.create_input_gate(
+                [(addresses[i], spec.exchange_id, index) for i in range(n)],
+                codec=spec.codec, max_record_size=spec.max_record_size,
+                name=f"exchange-{index}")
+        except RemoteConnectionError as exc:
+            named = peers.named(exc, connecting=True, connect_timeout=spec.connect_timeout)
+            if named is None:
+                raise
+            raise named from exc
         task = ExchangeTask(index, n, published, env, partition, writer, gate)
         if spec.monitor is not None:
             done = spec.monitor(task)
@@ -238,6 +355,9 @@ def run_task(spec, iterator):
                 pass
         except BaseException as exc:
             error = _root_error(exc, producer.error)
+            named = peers.named(error) if isinstance(error, RemoteConnectionError) else None
+            if named is not None:
+                raise named from error
             if error is not exc:
                 raise error from None
             raise
@@ -248,7 +368,7 @@ def run_task(spec, iterator):
         _wait_until_served(partition, spec.timeout)
     except BaseException as exc:
         failed = exc
-        if _is_consequence(exc):
+        if peers is not None and _is_consequence(exc):
             # It only says that a peer went away, whenever it came (connecting,
             # reading, writing): wait a moment, so that Spark hears of the
             # peer's own failure, the cause, before this one.
@@ -259,6 +379,51 @@ def run_task(spec, iterator):
         _cleanup(env, partition, writer, gate, producer, failed, spec.timeout)
         if done is not None:
             done()
+
+
+class _Peers:
+    """The addresses of an exchange's tasks, seen from task ``index``: to
+    name the peer and the direction in an error about a connection."""
+
+    def __init__(self, index, addresses):
+        self.index = index
+        self.addresses = addresses
+
+    def _peer_in(self, text):
+        for j, address in enumerate(self.addresses):
+            if j != self.index and address and re.search(
+                    rf"(?<![\w.:]){re.escape(address)}(?!\d)", text):
+                return j
+        return None
+
+    def named(self, exc, connecting=False, connect_timeout=None):
+        """``exc`` (a RemoteConnectionError) with the task at the other end
+        named, and which way: this task connecting to it, or reading from
+        it; None when its message names no peer."""
+        text = str(exc)
+        j = self._peer_in(text)
+        if j is None:
+            return None
+        me = f"task {self.index} at {self.addresses[self.index]}"
+        peer = f"task {j} at {self.addresses[j]}"
+        if connecting:
+            low = text.lower()
+            if "timed out" in low or "did not complete the handshake in time" in low:
+                hint = (f" (within connect_timeout={connect_timeout:g} s): connections from "
+                        f"this host to that one's task ports must be let through (pin them with "
+                        f"task_port= and open them)")
+            elif "refused" in low and "server refused" not in low:
+                hint = (": nothing listens there any more (the task ended), or a firewall "
+                        "rejects connections to that host's task ports (pin them with "
+                        "task_port= and open them)")
+            else:
+                hint = ""
+            message = f"{me} could not connect to {peer} to read its output{hint}: {text}"
+        else:
+            message = f"{me} lost its connection to {peer} while reading its output: {text}"
+        kind = AuthenticationError if isinstance(exc, AuthenticationError) else \
+            RemoteConnectionError
+        return kind(message)
 
 
 def _root_error(consumer_error, producer_error):
@@ -339,7 +504,8 @@ def _cleanup(env, partition, writer, gate, producer, failed, timeout):
 def make_spec(n, fn, *, num_partitions, key, selector, codec, segment_size,
                buffers_per_channel, floating_buffers, buffer_timeout, max_record_size,
                max_parallelism, host, timeout, monitor, rendezvous="driver",
-               produce=emit_all, read=_records, encryption=None):
+               produce=emit_all, read=_records, encryption=None, advertise=None, task_port=0,
+               rendezvous_port=0, port_retries=None, connect_timeout=10.0):
     """Check the arguments of an exchange of ``n`` tasks (on the driver)
     and make what its tasks need, the exchange's secret included."""
     if fn is not None and not callable(fn):
@@ -373,6 +539,12 @@ def make_spec(n, fn, *, num_partitions, key, selector, codec, segment_size,
         check_int(max_parallelism, "max_parallelism", n, 32768)
     if host is not None and not isinstance(host, str):
         raise TypeError(f"host must be a str or None, got {type(host).__name__}")
+    advertise = _check_advertise(advertise)
+    check_int(task_port, "task_port", 0, 65535)
+    check_int(rendezvous_port, "rendezvous_port", 0, 65535)
+    if port_retries is not None:
+        check_int(port_retries, "port_retries", 0, 65535)
+    connect_timeout = check_seconds(connect_timeout, "connect_timeout")
     timeout = check_seconds(timeout, "timeout")
     if monitor is not None and not callable(monitor):
         raise TypeError(f"monitor must be callable or None, got {type(monitor).__name__}")
@@ -384,8 +556,42 @@ def make_spec(n, fn, *, num_partitions, key, selector, codec, segment_size,
                  segment_size=segment_size, buffers_per_channel=buffers_per_channel, floating_buffers=floating_buffers,
                  buffer_timeout=buffer_timeout, max_record_size=max_record_size,
                  max_parallelism=max_parallelism, host=host, timeout=timeout, monitor=monitor,
+                 advertise=advertise, task_port=task_port, rendezvous_port=rendezvous_port,
+                 port_retries=port_retries, connect_timeout=connect_timeout,
                  secret=secrets.token_bytes(32),
                  exchange_id=f"flinkbuf-exchange-{secrets.token_hex(8)}")
+
+
+def _check_advertise(advertise):
+    """``advertise`` of an exchange: None, a host, or a dict of a host's own
+    address to the one its tasks advertise (a copy)."""
+    def host(value, name):
+        if not isinstance(value, str):
+            raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+        if value.strip("[]") in _WILDCARDS:
+            raise ValueError(f"{name} must be an address peers can dial, not {value!r}")
+        return value.strip("[]")
+
+    if advertise is None:
+        return None
+    if isinstance(advertise, str):
+        return host(advertise, "advertise")
+    if isinstance(advertise, dict):
+        return {host(k, "a key of advertise"): host(v, f"advertise[{k!r}]")
+                for k, v in advertise.items()}
+    raise TypeError(f"advertise must be a host, a dict of host -> host or None, got "
+                    f"{type(advertise).__name__}")
+
+
+def session_ports(sc, spec):
+    """``port_retries`` of an exchange as its tasks take it: as given, or,
+    when None, the session's ``spark.port.maxRetries`` (16 by default)."""
+    if spec.port_retries is None:
+        value = sc.getConf().get("spark.port.maxRetries", "16")
+        try:
+            spec.port_retries = max(0, min(65535, int(str(value).strip())))
+        except ValueError:
+            spec.port_retries = 16
 
 
 def session_encryption(sc, encryption):
@@ -485,8 +691,11 @@ def start_rendezvous(sc, spec, n):
     bind, advertised = _driver_addresses(sc)
     server = _rendezvous.RendezvousServer(spec.secret, n, host=bind, advertise=advertised,
                                           timeout=spec.timeout,
-                                          issued_task_ids=_issued_task_ids(sc))
+                                          issued_task_ids=_issued_task_ids(sc),
+                                          port=spec.rendezvous_port,
+                                          port_retries=spec.port_retries)
     spec.rendezvous = server.address
+    _SlotWatch.watch(sc, server, n, spec.timeout)
     return server
 
 
@@ -497,3 +706,91 @@ def serve_while(server, owner):
     once."""
     if server is not None:
         weakref.finalize(owner, server.release).atexit = False
+
+
+class _SlotWatch:
+    """The driver's watch over the stage attempts of its exchanges: a
+    barrier stage retried after a host or an executor was lost waits for
+    all of its slots at once, and Spark checks the slots only when a job
+    is submitted, so the attempt would wait forever.  One thread (while any
+    rendezvous is open) looks every ``POLL`` seconds at the stages whose
+    tasks registered with an open rendezvous: one that Spark runs with no
+    task launched while the cluster has fewer slots than it has tasks is
+    cancelled (with its job) once that has lasted the exchange's
+    ``timeout``; when the slots come back in time, the attempt runs."""
+
+    POLL = 0.5
+    _lock = threading.Lock()
+    # [weakref to RendezvousServer, sc, n, timeout, {(stage, attempt): since}]
+    _watched: list[list] = []
+    _thread = None
+
+    @classmethod
+    def watch(cls, sc, server, n, timeout):
+        with cls._lock:
+            cls._watched.append([weakref.ref(server), sc, n, timeout, {}])
+            if cls._thread is None or not cls._thread.is_alive():
+                cls._thread = threading.Thread(target=cls._run, daemon=True,
+                                               name="flinkbuf-slot-watch")
+                cls._thread.start()
+
+    @classmethod
+    def _run(cls):
+        while True:
+            time.sleep(cls.POLL)
+            with cls._lock:
+                live = []
+                for entry in cls._watched:
+                    server = entry[0]()
+                    if server is not None and not server.closed and entry[1]._jsc is not None:
+                        live.append(entry)
+                cls._watched[:] = live
+                if not live:
+                    cls._thread = None
+                    return
+                work = list(live)
+            for entry in work:
+                try:
+                    cls._check(*entry)
+                except Exception:          # noqa: BLE001 - the JVM is going away; next round
+                    _LOG.debug("flinkbuf slot watch", exc_info=True)
+
+    @staticmethod
+    def _check(ref, sc, n, timeout, since):
+        server = ref()
+        if server is None:
+            return
+        stages = server.stages()
+        if not stages:
+            return
+        tracker = sc._jsc.statusTracker()
+        active = set(tracker.getActiveStageIds())
+        now = time.monotonic()
+        waiting = set()
+        for stage in stages:
+            if stage not in active:
+                continue
+            info = tracker.getStageInfo(stage)
+            if info is None or info.numActiveTasks() > 0:
+                continue
+            jsc = sc._jsc.sc()
+            slots = jsc.maxNumConcurrentTasks(
+                jsc.resourceProfileManager().defaultResourceProfile())
+            if slots >= info.numTasks():
+                continue
+            key = (stage, info.currentAttemptId())
+            waiting.add(key)
+            start = since.setdefault(key, now)
+            if now - start >= timeout:
+                since.pop(key, None)
+                reason = (f"flinkbuf: attempt {key[1]} of stage {stage}, a barrier stage of an "
+                          f"exchange, needs {info.numTasks()} task slots at once and the "
+                          f"cluster has had {slots} for {timeout:g} s (a host or an executor "
+                          f"was lost): Spark would wait for the slots forever. Add executors "
+                          f"or cores, or give the exchange a longer timeout to wait for the "
+                          f"lost ones to come back")
+                _LOG.error("%s", reason)
+                jsc.cancelStage(stage, reason)
+        for key in list(since):
+            if key not in waiting:
+                del since[key]

@@ -21,6 +21,7 @@ from flinkbuf.spark._task import (
     run_task,
     serve_while,
     session_encryption,
+    session_ports,
     start_rendezvous,
 )
 
@@ -227,7 +228,8 @@ def _batches(task):
 def arrow_exchange(df, fn, key, schema, *, segment_size=32768, buffers_per_channel=2,
                    floating_buffers=8, buffer_timeout=0.1, max_record_size=256 << 20,
                    max_parallelism=None, host=None, timeout=60.0, monitor=None,
-                   rendezvous="driver", encryption=None):
+                   rendezvous="driver", encryption=None, advertise=None, task_port=0,
+                   rendezvous_port=0, port_retries=None, connect_timeout=10.0):
     """Exchange the rows of DataFrame ``df`` by ``key`` (a column name)
     between the tasks of one barrier stage and return the DataFrame of
     ``fn``'s output (``schema``, as for ``mapInArrow``): each task's
@@ -242,8 +244,10 @@ def arrow_exchange(df, fn, key, schema, *, segment_size=32768, buffers_per_chann
     :func:`key_partitions`), sent as Arrow IPC messages through flinkbuf
     (one message per piece of an input batch, so ``max_record_size`` must
     hold the largest piece), and read in place from the received record.  Slots, memory,
-    timeouts, failures, ``host``, ``monitor``, ``rendezvous`` and ``encryption``: as
-    :func:`pipelined_exchange`, except that the driver's rendezvous serves
+    timeouts, failures, addresses and ports (``host``, ``advertise``,
+    ``task_port``, ``rendezvous_port``, ``port_retries``), ``monitor``,
+    ``rendezvous`` and ``encryption``: as :func:`pipelined_exchange`,
+    except that the driver's rendezvous serves
     as long as the returned DataFrame itself is referenced (a DataFrame
     made from it does not keep it up), then until no task has registered
     for ``timeout`` seconds.
@@ -280,10 +284,13 @@ def arrow_exchange(df, fn, key, schema, *, segment_size=32768, buffers_per_chann
                       floating_buffers=floating_buffers, buffer_timeout=buffer_timeout,
                       max_record_size=max_record_size, max_parallelism=max_parallelism,
                       host=host, timeout=timeout, monitor=monitor, rendezvous=rendezvous,
-                      encryption=encryption, produce=_route(key, max_parallelism), read=_batches)
+                      encryption=encryption, produce=_route(key, max_parallelism), read=_batches,
+                      advertise=advertise, task_port=task_port, rendezvous_port=rendezvous_port,
+                      port_retries=port_retries, connect_timeout=connect_timeout)
 
     sc = df.sparkSession.sparkContext
     spec.encryption = session_encryption(sc, spec.encryption)
+    session_ports(sc, spec)
     check_slots(sc, n, spec.timeout)
 
     def task(batches):

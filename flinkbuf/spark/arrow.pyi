@@ -35,4 +35,9 @@ def arrow_exchange(
     monitor: Callable[[ExchangeTask], Callable[[], object] | None] | None = None,
     rendezvous: Literal["driver", "barrier"] = "driver",
     encryption: bool | None = None,
+    advertise: str | dict[str, str] | None = None,
+    task_port: int = 0,
+    rendezvous_port: int = 0,
+    port_retries: int | None = None,
+    connect_timeout: float = 10.0,
 ) -> DataFrame: ...

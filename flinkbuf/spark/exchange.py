@@ -28,6 +28,7 @@ from flinkbuf.spark._task import (
     current_task,
     make_spec,
     session_encryption,
+    session_ports,
     run_task,
     serve_while,
     start_rendezvous,
@@ -49,7 +50,8 @@ def pipelined_exchange(rdd, fn=None, *, num_partitions=None, key=None, selector=
                        codec="typed", segment_size=32768, buffers_per_channel=2,
                        floating_buffers=8, buffer_timeout=0.1, max_record_size=64 << 20,
                        max_parallelism=None, host=None, timeout=60.0, monitor=None,
-                       rendezvous="driver", encryption=None):
+                       rendezvous="driver", encryption=None, advertise=None, task_port=0,
+                       rendezvous_port=0, port_retries=None, connect_timeout=10.0):
     """Exchange the records of ``rdd`` between the tasks of one barrier
     stage and return the RDD of ``fn``'s output: partition ``j`` of the
     result is ``fn(iterator of the records routed to j)``, as
@@ -93,19 +95,27 @@ def pipelined_exchange(rdd, fn=None, *, num_partitions=None, key=None, selector=
     ``buffer_timeout``: seconds a partly filled buffer may wait before it
     is sent (Flink's buffer timeout; None: only full buffers).
 
-    Every wait is bounded: connecting to a peer, its partition request, a
-    stalled frame and the wait at the end for peers that take nothing more
-    of this task's output last at most ``timeout`` seconds, a peer that dies
-    fails its connection at once, and a task that raises (in its input or
-    in ``fn``) fails its partition, so its peers raise
-    :class:`~flinkbuf.ProducerFailedError` carrying its error.  Each task
-    leaves no thread, socket or buffer behind.  Spark aborts the job when
-    the exchange is its last stage, and retries the whole stage when it
-    feeds a shuffle.
+    Every wait is bounded: connecting to a peer or to the rendezvous (and
+    the handshake) lasts at most ``connect_timeout`` seconds; a peer's
+    partition request, a stalled frame and the wait at the end for peers
+    that take nothing more of this task's output at most ``timeout``
+    seconds; a peer that dies fails its connection at once, and a task
+    that raises (in its input or in ``fn``) fails its partition, so its
+    peers raise :class:`~flinkbuf.ProducerFailedError` carrying its error.
+    An error about a connection names the task at the other end and which
+    way it failed (connecting to it, or reading from it).  Each task leaves
+    no thread, socket or buffer behind.  Spark aborts the job when the
+    exchange is its last stage, and retries the whole stage when it feeds
+    a shuffle; a retried attempt needs all of its slots at once, and
+    Spark would wait for them forever after a host is lost: the driver
+    cancels an attempt of the exchange's stage (and its job, with a
+    message saying so) that has had fewer slots than tasks for
+    ``timeout`` seconds, and one whose slots come back in time runs (with
+    the driver's rendezvous only).
 
     rendezvous: how the tasks learn each other's addresses.  ``"driver"``
     (the default): this call starts a small server on the driver (a
-    thread on ``spark.driver.host``, any free port) that each task
+    thread on ``spark.driver.host``, at ``rendezvous_port``) that each task
     registers with, authenticated with the exchange's secret; it answers
     each task as soon as all the tasks of its stage attempt have
     registered (a retried stage registers afresh; a task of an older
@@ -121,9 +131,29 @@ def pipelined_exchange(rdd, fn=None, *, num_partitions=None, key=None, selector=
     ``spark.barrier.sync.timeout`` and is answered on a one-second poll
     (it delays the start of the data by up to a second).
 
-    host: the address each task's server binds to; by default the
-    executor's host as Spark knows it (``SPARK_LOCAL_IP`` if that is
-    unknown).  The exchange's secret is made here, on the driver, for this
+    host: the address each task's server binds to; by default an address
+    of the task's own host: ``SPARK_LOCAL_IP`` where the executor's host
+    sets it (as Spark's own services there bind it), else the executor's
+    address as the driver saw it if it is one of the host's (behind a NAT
+    or with several interfaces it is not), else the address the host
+    reaches the driver from.  ``"0.0.0.0"`` binds every interface.
+    advertise: the host the tasks' peers dial, if not the bound one (a
+    task bound to every interface advertises its own host's address, never
+    ``0.0.0.0``): a str for every task, or a dict from a host's own address
+    to the address its tasks advertise (a host behind a NAT that forwards
+    the task ports).  Each peer is also identified by its task attempt,
+    checked in the handshake both ways, so that two tasks that share an
+    address (the same port on two hosts behind one advertised address)
+    are never taken for one another.
+    task_port: the port each task's server binds (0: any free port); a task
+    that finds it taken takes the next free one, up to ``port_retries``
+    more, so ``task_port`` to ``task_port + port_retries`` is the range to
+    open in a firewall between the executors (as for Spark's
+    ``spark.blockManager.port``).  rendezvous_port: the same for the
+    driver's rendezvous (0: any free port; the executors must be able to
+    connect to it, as to ``spark.driver.port``).  port_retries: None (the
+    default) takes the session's ``spark.port.maxRetries`` (16 by
+    default).  The exchange's secret is made here, on the driver, for this
     exchange only, and travels to the tasks inside the stage's closure.
     encryption: whether the connections between tasks are sealed
     (authenticated encryption, as :class:`~flinkbuf.network.NetworkEnvironment`
@@ -152,9 +182,12 @@ def pipelined_exchange(rdd, fn=None, *, num_partitions=None, key=None, selector=
                       floating_buffers=floating_buffers, buffer_timeout=buffer_timeout,
                       max_record_size=max_record_size, max_parallelism=max_parallelism,
                       host=host, timeout=timeout, monitor=monitor, rendezvous=rendezvous,
-                      encryption=encryption)
+                      encryption=encryption, advertise=advertise, task_port=task_port,
+                      rendezvous_port=rendezvous_port, port_retries=port_retries,
+                      connect_timeout=connect_timeout)
 
     spec.encryption = session_encryption(rdd.context, spec.encryption)
+    session_ports(rdd.context, spec)
     check_slots(rdd.context, n, spec.timeout)
 
     def task(iterator):

@@ -1,0 +1,369 @@
+"""What the exchanges' tasks bind, advertise and dial, the ports they take,
+the errors that name what failed, and the driver's watch over stage
+attempts that cannot get their slots: the parts that need no Spark job
+(the multi-host tests run them on a cluster)."""
+
+import collections
+import errno
+import socket
+import threading
+import time
+
+import pytest
+
+from flinkbuf.errors import AuthenticationError, NoFreePortError, RemoteConnectionError
+from flinkbuf.spark import _rendezvous, _task
+
+SECRET = b"flinkbuf-spark-address-test-secret"
+# An address of no host here (TEST-NET-1, RFC 5737).
+ELSEWHERE = "192.0.2.7"
+
+
+class _Ctx:
+    """What the address logic asks of a BarrierTaskContext."""
+
+    def __init__(self, seen):
+        self.seen = seen
+
+    def getTaskInfos(self):
+        return [collections.namedtuple("Info", "address")(self.seen)] * 2
+
+
+def _spec(**kw):
+    base = dict(num_partitions=None, key=None, selector="hash", codec="typed",
+                segment_size=4096, buffers_per_channel=2, floating_buffers=0,
+                buffer_timeout=0.01, max_record_size=1 << 20, max_parallelism=None,
+                host=None, timeout=10.0, monitor=None)
+    base.update(kw)
+    return _task.make_spec(2, None, **base)
+
+
+# ---- addresses -------------------------------------------------------------------------------
+
+def test_own_host_prefers_spark_local_ip(monkeypatch):
+    monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
+    assert _task.own_host(_Ctx(f"{ELSEWHERE}:4000"), 0) == "127.0.0.1"
+
+
+def test_own_host_takes_the_executors_address_when_it_is_this_hosts(monkeypatch):
+    monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
+    assert _task.own_host(_Ctx("127.0.0.2:4000"), 0) == "127.0.0.2"
+
+
+def test_own_host_behind_a_nat_takes_the_address_on_the_route_to_the_driver(monkeypatch):
+    """The driver saw the executor at an address that is not this host's
+    (a NAT's) and SPARK_LOCAL_IP names none of this host's either: the
+    address this host reaches the driver from."""
+    monkeypatch.setenv("SPARK_LOCAL_IP", ELSEWHERE)
+    monkeypatch.setattr(socket, "gethostname", lambda: "no-such-host.invalid")
+    assert _task.own_host(_Ctx(f"{ELSEWHERE}:4000"), 0, ("127.0.0.1", 9)) == "127.0.0.1"
+
+
+def test_own_host_that_finds_no_address_says_what_to_set(monkeypatch):
+    monkeypatch.setenv("SPARK_LOCAL_IP", ELSEWHERE)
+    monkeypatch.setattr(socket, "gethostname", lambda: "no-such-host.invalid")
+    with pytest.raises(RemoteConnectionError, match=rf"task 1 found no address of its own host "
+                                                    rf".*SPARK_LOCAL_IP is {ELSEWHERE}.*Spark "
+                                                    rf"saw the executor at {ELSEWHERE}"):
+        _task.own_host(_Ctx(f"{ELSEWHERE}:4000"), 1)
+
+
+def test_addresses_never_advertise_a_wildcard(monkeypatch):
+    monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
+    ctx = _Ctx(f"{ELSEWHERE}:4000")
+    assert _task._addresses(ctx, 0, _spec()) == ("127.0.0.1", "127.0.0.1")
+    assert _task._addresses(ctx, 0, _spec(host="0.0.0.0")) == ("0.0.0.0", "127.0.0.1")
+    assert _task._addresses(ctx, 0, _spec(host="0.0.0.0", advertise="10.1.2.3")) == \
+        ("0.0.0.0", "10.1.2.3")
+    # a dict maps a host's own address to the one it advertises; others keep theirs
+    assert _task._addresses(ctx, 0, _spec(advertise={"127.0.0.1": "10.9.9.9"})) == \
+        ("127.0.0.1", "10.9.9.9")
+    assert _task._addresses(ctx, 0, _spec(advertise={"127.0.0.5": "10.9.9.9"})) == \
+        ("127.0.0.1", "127.0.0.1")
+
+
+@pytest.mark.parametrize("kw, error, match", [
+    ({"advertise": "0.0.0.0"}, ValueError, "advertise must be an address peers can dial"),
+    ({"advertise": "[::]"}, ValueError, "advertise must be an address peers can dial"),
+    ({"advertise": 7}, TypeError, "advertise must be a host, a dict of host -> host or None"),
+    ({"advertise": {"10.0.0.1": "0.0.0.0"}}, ValueError, r"advertise\['10.0.0.1'\] must be"),
+    ({"advertise": {1: "10.0.0.1"}}, TypeError, "a key of advertise must be a str"),
+    ({"task_port": -1}, ValueError, "task_port"),
+    ({"task_port": 65536}, ValueError, "task_port"),
+    ({"rendezvous_port": 1.5}, TypeError, "rendezvous_port"),
+    ({"port_retries": -1}, ValueError, "port_retries"),
+    ({"connect_timeout": 0}, ValueError, "connect_timeout"),
+])
+def test_bad_address_and_port_options_are_refused(kw, error, match):
+    with pytest.raises(error, match=match):
+        _spec(**kw)
+
+
+# ---- ports -----------------------------------------------------------------------------------
+
+def _listen(port):
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+        s.listen(1)
+    except BaseException:
+        s.close()
+        raise
+    return s
+
+
+def _free_run(length):
+    """A first port of ``length`` free consecutive ports."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            first = probe.getsockname()[1]
+        if first + length > 65535:
+            continue
+        try:
+            held = [_listen(p) for p in range(first, first + length)]
+        except OSError:
+            continue
+        for s in held:
+            s.close()
+        return first
+    pytest.skip("no run of free ports")
+
+
+def test_a_taken_port_moves_to_the_next_as_spark_does():
+    first = _free_run(3)
+    taken = [_listen(first), _listen(first + 1)]
+    try:
+        got = _rendezvous.bind_in_range(_listen, "127.0.0.1", first, 2, "the server", "task_port")
+        assert got.getsockname()[1] == first + 2
+        got.close()
+        with pytest.raises(NoFreePortError) as err:
+            _rendezvous.bind_in_range(_listen, "127.0.0.1", first, 1, "the exchange's task server",
+                                      "task_port")
+        assert err.value.errno == errno.EADDRINUSE
+        assert f"the exchange's task server found no free port on 127.0.0.1 in " \
+               f"{first}-{first + 1} (task_port={first} and 1 more" in str(err.value)
+    finally:
+        for s in taken:
+            s.close()
+
+
+def test_the_rendezvous_binds_its_pinned_port():
+    first = _free_run(2)
+    with _listen(first):
+        with _rendezvous.RendezvousServer(SECRET, 2, timeout=5, port=first,
+                                          port_retries=1) as server:
+            assert server.address == ("127.0.0.1", first + 1)
+
+
+def test_a_task_server_takes_a_port_of_its_range():
+    first = _free_run(2)
+    spec = _spec(task_port=first)
+    spec.port_retries = 1
+    with _listen(first):
+        env = _task._start_environment(spec, 2, "127.0.0.1", "127.0.0.1", "task attempt 1", 5)
+        try:
+            assert env.address == ("127.0.0.1", first + 1)
+            assert env.peer_id == "task attempt 1"
+        finally:
+            env.close()
+
+
+def test_a_task_server_on_an_address_of_another_host_says_so():
+    with pytest.raises(RemoteConnectionError, match=f"cannot bind {ELSEWHERE}.*not an address "
+                                                    "of this host.*advertise="):
+        _task._start_environment(_spec(), 2, ELSEWHERE, ELSEWHERE, "", 5)
+
+
+# ---- the rendezvous, unreachable --------------------------------------------------------------
+
+def _register(address, **kw):
+    return _rendezvous.register(address, SECRET, stage=1, task_attempt_id=0, index=0,
+                                num_tasks=2, address="127.0.0.1:1", **kw)
+
+
+def test_a_rendezvous_that_drops_connections_fails_within_the_connect_timeout():
+    """A listener whose queue is full drops new connections (as a firewall
+    does): the task gives up after connect_timeout, not timeout, and says
+    where it could not connect and what to open."""
+    full = socket.socket()
+    full.bind(("127.0.0.1", 0))
+    full.listen(0)
+    address = full.getsockname()
+    filler = socket.create_connection(address, timeout=2)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(RemoteConnectionError) as err:
+            _register(address, timeout=30, connect_timeout=0.5)
+        assert time.monotonic() - t0 < 5
+        message = str(err.value)
+        assert (f"could not connect to the exchange's rendezvous on the driver at "
+                f"127.0.0.1:{address[1]} within 0.5 s (connect_timeout): the driver must accept "
+                f"connections from the executors on that port") in message
+        assert "rendezvous_port" in message
+    finally:
+        filler.close()
+        full.close()
+
+
+def test_a_rendezvous_that_never_answers_the_handshake_fails_within_the_connect_timeout():
+    mute = socket.socket()
+    mute.bind(("127.0.0.1", 0))
+    mute.listen(4)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(AuthenticationError, match="the exchange's rendezvous on the driver "
+                                                      "at 127.0.0.1:.*in time"):
+            _register(mute.getsockname(), timeout=30, connect_timeout=0.5)
+        assert time.monotonic() - t0 < 5
+    finally:
+        mute.close()
+
+
+def test_the_rendezvous_answers_the_task_attempt_ids():
+    with _rendezvous.RendezvousServer(SECRET, 2, timeout=5) as server:
+        out = {}
+
+        def reg(i):
+            out[i] = _rendezvous.register(server.address, SECRET, stage=3,
+                                          task_attempt_id=40 + i, index=i, num_tasks=2,
+                                          address=f"10.0.0.{i}:7100", timeout=5)
+
+        threads = [threading.Thread(target=reg, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert out[0] == out[1] == ["10.0.0.0:7100", "10.0.0.1:7100"]
+        assert out[0].task_attempt_ids == [40, 41]
+        assert server.stages() == [3]
+
+
+# ---- errors that name the peer ----------------------------------------------------------------
+
+def test_connection_errors_name_both_tasks_and_the_direction():
+    peers = _task._Peers(0, ["10.0.0.1:7100", "10.0.0.2:7100", "10.0.0.2:7101"])
+    timed_out = peers.named(RemoteConnectionError("cannot connect to 10.0.0.2:7100: timed out"),
+                            connecting=True, connect_timeout=3)
+    assert str(timed_out).startswith(
+        "task 0 at 10.0.0.1:7100 could not connect to task 1 at 10.0.0.2:7100 to read its "
+        "output (within connect_timeout=3 s)")
+    assert "task_port=" in str(timed_out)
+    refused = peers.named(RemoteConnectionError(
+        "cannot connect to 10.0.0.2:7101: [Errno 111] Connection refused"), connecting=True,
+        connect_timeout=3)
+    assert "could not connect to task 2 at 10.0.0.2:7101" in str(refused)
+    assert "nothing listens there any more" in str(refused)
+    dropped = peers.named(RemoteConnectionError(
+        "connection to 10.0.0.2:7101: the peer closed the connection"))
+    assert str(dropped).startswith("task 0 at 10.0.0.1:7100 lost its connection to task 2 at "
+                                   "10.0.0.2:7101 while reading its output")
+    mismatched = peers.named(AuthenticationError("connecting to 10.0.0.2:7100: ..."),
+                             connecting=True, connect_timeout=3)
+    assert isinstance(mismatched, AuthenticationError)
+    # an address that only starts like a peer's is not that peer
+    assert peers.named(RemoteConnectionError("cannot connect to 10.0.0.2:71000: x")) is None
+    assert peers.named(RemoteConnectionError("no address at all")) is None
+
+
+# ---- the watch over stage attempts that cannot get their slots --------------------------------
+
+class _FakeSpark:
+    """The parts of a SparkContext the watch asks: a status tracker, the
+    slots, and cancelStage."""
+
+    def __init__(self):
+        self.active = {}                  # stage -> [num_tasks, active tasks, attempt]
+        self.slots = 4
+        self.cancelled = []
+        outer = self
+
+        class Info:
+            def __init__(self, row):
+                self.row = row
+
+            def numTasks(self):
+                return self.row[0]
+
+            def numActiveTasks(self):
+                return self.row[1]
+
+            def currentAttemptId(self):
+                return self.row[2]
+
+        class Tracker:
+            def getActiveStageIds(self):
+                return list(outer.active)
+
+            def getStageInfo(self, stage):
+                row = outer.active.get(stage)
+                return None if row is None else Info(row)
+
+        class Jsc:
+            def statusTracker(self):
+                return Tracker()
+
+            def sc(self):
+                return self
+
+            def resourceProfileManager(self):
+                return self
+
+            def defaultResourceProfile(self):
+                return None
+
+            def maxNumConcurrentTasks(self, profile):
+                return outer.slots
+
+            def cancelStage(self, stage, reason):
+                outer.cancelled.append((stage, reason))
+
+        self._jsc = Jsc()
+
+
+class _FakeServer:
+    closed = False
+
+    def __init__(self, stages):
+        self._stages = stages
+
+    def stages(self):
+        return list(self._stages)
+
+
+def test_the_watch_cancels_an_attempt_that_cannot_get_its_slots_after_the_timeout():
+    import weakref
+
+    sc, server = _FakeSpark(), _FakeServer([5])
+    ref, since = weakref.ref(server), {}
+    sc.active[5] = [4, 0, 1]          # attempt 1 of stage 5: 4 tasks, none running
+    sc.slots = 2                      # a host was lost
+    _task._SlotWatch._check(ref, sc, 4, 0.3, since)
+    assert sc.cancelled == []
+    time.sleep(0.35)
+    _task._SlotWatch._check(ref, sc, 4, 0.3, since)
+    [(stage, reason)] = sc.cancelled
+    assert stage == 5
+    assert reason.startswith("flinkbuf: attempt 1 of stage 5, a barrier stage of an exchange, "
+                             "needs 4 task slots at once and the cluster has had 2 for 0.3 s")
+
+
+def test_the_watch_lets_an_attempt_run_when_its_slots_come_back_in_time():
+    import weakref
+
+    sc, server = _FakeSpark(), _FakeServer([5, 6])
+    ref, since = weakref.ref(server), {}
+    sc.active[5] = [4, 0, 1]
+    sc.slots = 2
+    _task._SlotWatch._check(ref, sc, 4, 0.3, since)
+    sc.slots = 4                      # the host came back
+    time.sleep(0.35)
+    _task._SlotWatch._check(ref, sc, 4, 0.3, since)
+    assert since == {}                # its clock starts afresh if the slots go again
+    sc.active[5] = [4, 4, 1]          # the attempt runs
+    sc.slots = 2
+    sc.active[6] = [4, 0, 0]          # stage 6: slots enough at submission? not now
+    del sc.active[6]                  # ... and no longer active: nothing to watch
+    time.sleep(0.35)
+    _task._SlotWatch._check(ref, sc, 4, 0.3, since)
+    assert sc.cancelled == []
