@@ -28,6 +28,14 @@ if ! command -v java >/dev/null 2>&1; then
     apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless \
         || apt-get install -y -qq default-jre-headless
 fi
+# The tests load the live view's page in a real headless browser (Debian's
+# chromium); where none can be installed, that test says so and is skipped.
+if [[ ",$EXTRAS," == *",dev,"* ]] && ! command -v chromium >/dev/null 2>&1 \
+        && ! command -v chromium-browser >/dev/null 2>&1; then
+    echo "bootstrap: no chromium; installing Debian's for the live view's browser test" >&2
+    apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium \
+        || echo "bootstrap: chromium could not be installed; the browser test will be skipped" >&2
+fi
 # The package itself (editable, no isolation: the build uses the venv's Cython),
 # with the extras asked for.
 "$VENV/bin/python" -m pip install -q --no-build-isolation -e ".[$EXTRAS]"

@@ -36,7 +36,7 @@ from flinkbuf.io.metrics import TaskMetrics
 from flinkbuf.io.producer import ProducerThread, emit_all
 from flinkbuf.network import NetworkEnvironment, format_address
 from flinkbuf.serialization import CODECS
-from flinkbuf.spark import _rendezvous
+from flinkbuf.spark import _rendezvous, _reports
 
 # How the tasks of an exchange learn each other's addresses.
 RENDEZVOUS = ("driver", "barrier")
@@ -197,6 +197,7 @@ def run_task(spec, iterator):
     partition = None
     done = None
     failed = None
+    reports = None
     try:
         partition = create_partition(env.network_buffer_pool, n, min_buffers=out_buffers,
                                      name=f"{spec.exchange_id}-{index}")
@@ -223,6 +224,8 @@ def run_task(spec, iterator):
                                      codec=spec.codec, max_record_size=spec.max_record_size,
                                      name=f"exchange-{index}")
         task = ExchangeTask(index, n, published, env, partition, writer, gate)
+        if getattr(spec, "live", None) is not None:     # reports to a live view
+            reports = spec.live.start(task, ctx)
         if spec.monitor is not None:
             done = spec.monitor(task)
         producer = ProducerThread(writer, iterator, produce=spec.produce,
@@ -256,6 +259,7 @@ def run_task(spec, iterator):
         raise
     finally:
         _CURRENT.task = None
+        _reports.stop(reports, failed)
         _cleanup(env, partition, writer, gate, producer, failed, spec.timeout)
         if done is not None:
             done()

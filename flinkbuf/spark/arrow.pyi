@@ -10,6 +10,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
 from flinkbuf.spark.exchange import ExchangeTask
+from flinkbuf.spark.live import LiveView
 
 __all__ = ["arrow_exchange", "key_partitions"]
 
@@ -35,4 +36,5 @@ def arrow_exchange(
     monitor: Callable[[ExchangeTask], Callable[[], object] | None] | None = None,
     rendezvous: Literal["driver", "barrier"] = "driver",
     encryption: bool | None = None,
+    live_view: LiveView | bool | int | str | None = None,
 ) -> DataFrame: ...

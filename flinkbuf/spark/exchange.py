@@ -19,7 +19,7 @@ buffer requests instead of growing a shuffle.  End of data travels in-band
 its peers have taken all their subpartitions.
 """
 
-from flinkbuf.spark import _rendezvous
+from flinkbuf.spark import _rendezvous, live
 from flinkbuf.spark._task import (
     RENDEZVOUS,
     SELECTORS,
@@ -49,7 +49,7 @@ def pipelined_exchange(rdd, fn=None, *, num_partitions=None, key=None, selector=
                        codec="typed", segment_size=32768, buffers_per_channel=2,
                        floating_buffers=8, buffer_timeout=0.1, max_record_size=64 << 20,
                        max_parallelism=None, host=None, timeout=60.0, monitor=None,
-                       rendezvous="driver", encryption=None):
+                       rendezvous="driver", encryption=None, live_view=None):
     """Exchange the records of ``rdd`` between the tasks of one barrier
     stage and return the RDD of ``fn``'s output: partition ``j`` of the
     result is ``fn(iterator of the records routed to j)``, as
@@ -134,6 +134,18 @@ def pipelined_exchange(rdd, fn=None, *, num_partitions=None, key=None, selector=
     monitor: a picklable callable run in each task with its
     :class:`ExchangeTask` before records flow; it may return a callable
     that is run when the task ends.
+    live_view: whether the tasks report their metrics to a live view on
+    the driver while they run (a page naming the bottleneck, JSON and
+    Prometheus text; :mod:`flinkbuf.spark.live`).  None (the default):
+    to the session's view if :func:`~flinkbuf.spark.live_view` started
+    one, else not at all (nothing runs for it); False: not at all;
+    True: to the session's view, started on loopback and a free port if
+    there is none; a port or ``"HOST:PORT"``: the same, started there; a
+    :class:`~flinkbuf.spark.LiveView`: to that one.  Its URL is the view's
+    ``url`` (``flinkbuf.spark.live_view(spark).url``) and is logged when
+    it starts.  (A separate option from ``monitor``, which runs code of
+    yours in each task: this one runs none, and costs a report per task
+    every half second.)
 
     Executors import flinkbuf: set ``PYSPARK_PYTHON`` to an interpreter
     that has it before the Spark session starts.
@@ -155,7 +167,10 @@ def pipelined_exchange(rdd, fn=None, *, num_partitions=None, key=None, selector=
                       encryption=encryption)
 
     spec.encryption = session_encryption(rdd.context, spec.encryption)
+    live.check_option(live_view)
     check_slots(rdd.context, n, spec.timeout)
+    spec.live = live.attach(rdd.context, live_view, spec.exchange_id, n,
+                            live.exchange_name("pipelined_exchange", rdd, fn))
 
     def task(iterator):
         return run_task(spec, iterator)

@@ -9,6 +9,7 @@ from flinkbuf.io._io import InputGate, RecordWriter, ResultPartition, _JavaKey
 from flinkbuf.io.metrics import TaskMetrics
 from flinkbuf.network.environment import NetworkEnvironment
 from flinkbuf.serialization._serialization import _Codec
+from flinkbuf.spark.live import LiveView
 
 __all__ = ["ExchangeTask", "RENDEZVOUS", "SELECTORS", "close_rendezvous", "current_task",
            "pipelined_exchange"]
@@ -75,4 +76,5 @@ def pipelined_exchange(
     monitor: Callable[[ExchangeTask], Callable[[], object] | None] | None = None,
     rendezvous: Literal["driver", "barrier"] = "driver",
     encryption: bool | None = None,
+    live_view: LiveView | bool | int | str | None = None,
 ) -> RDD[Any]: ...
