@@ -77,7 +77,7 @@ or <a href="metrics">Prometheus</a>.</p></noscript>
 
 SCRIPT = r"""'use strict';
 (function () {
-  const WINDOW = 120;            // seconds of history the charts show
+  const WINDOW = 120;            // seconds of history kept (the charts show 30 s to this)
   const PALETTE = ['#1f77b4', '#ff7f0e', '#2ca02c', '#9467bd', '#8c564b', '#e377c2',
                    '#7f7f7f', '#bcbd22', '#17becf', '#d62728'];
   const CHARTS = [
@@ -132,10 +132,20 @@ SCRIPT = r"""'use strict';
   }
 
   function table(exchange) {
-    const head = el('tr', {}, ...['task', 'attempt', 'state', 'backpressure',
-      'backpressured ms/s', 'idle ms/s', 'busy ms/s', 'records in/s', 'records out/s',
-      'bytes in/s', 'bytes out/s', 'out pool', 'in pool', 'exclusive', 'floating',
-      'records in', 'records out'].map(h => el('th', {}, h)));
+    const head = el('tr', {}, ...[
+      ['task', 'the task\'s index: the partition it reads'],
+      ['attempt', 'Spark\'s task attempt id'], ['state', ''],
+      ['backpressure', 'Flink\'s level and ratio: OK <= 0.10 < LOW <= 0.5 < HIGH'],
+      ['backpressured ms/s', 'backPressuredTimeMsPerSecond: the producer waiting for an ' +
+       'output buffer'],
+      ['idle ms/s', 'idleTimeMsPerSecond: the consumer waiting for input'],
+      ['busy ms/s', 'busyTimeMsPerSecond: 1000 - idle - backpressured, as Flink computes it ' +
+       '(the producer and the consumer counted as one thread)'],
+      ['records in/s', ''], ['records out/s', ''], ['bytes in/s', ''], ['bytes out/s', ''],
+      ['out pool', 'outPoolUsage'], ['in pool', 'inPoolUsage'],
+      ['exclusive', 'inputExclusiveBuffersUsage'], ['floating', 'inputFloatingBuffersUsage'],
+      ['records in', 'numRecordsIn'], ['records out', 'numRecordsOut'],
+    ].map(([h, title]) => el('th', title ? {title: title} : {}, h)));
     const body = el('tbody');
     for (const t of exchange.tasks) {
       if (!t.latest) continue;
@@ -191,15 +201,22 @@ SCRIPT = r"""'use strict';
                              class: 'chart-plot', 'data-metric': metric});
     const series = [];
     let top = spec[2];
+    let first = lastNow;
+    for (const [key, samples] of history) {
+      if (key.startsWith(exchange.id + '|') && samples.length) {
+        first = Math.min(first, samples[0][1]);
+      }
+    }
+    const span = Math.min(WINDOW, Math.max(30, lastNow - first));
     for (const t of exchange.tasks) {
       if (!t.latest) continue;
       const points = (history.get(exchange.id + '|' + t.task + '|' + t.attempt) || [])
-        .filter(s => s[1] >= lastNow - WINDOW).map(s => [s[1], s[2 + field]]);
+        .filter(s => s[1] >= lastNow - span).map(s => [s[1], s[2 + field]]);
       series.push([t.task, points]);
       if (!spec[2]) for (const p of points) top = Math.max(top, p[1]);
     }
     if (!top) top = 1;
-    const x = s => L + (W - L - R) * (1 - (lastNow - s) / WINDOW);
+    const x = s => L + (W - L - R) * (1 - (lastNow - s) / span);
     const y = v => T + (H - T - B) * (1 - v / top);
     for (const frac of [0, 0.5, 1]) {
       plot.append(svg('line', {x1: L, x2: W - R, y1: y(top * frac), y2: y(top * frac),
@@ -209,7 +226,7 @@ SCRIPT = r"""'use strict';
       label.textContent = spec[2] === 1 ? pct(top * frac) : num(top * frac);
       plot.append(label);
     }
-    for (const [text, at] of [['−' + WINDOW + ' s', L], ['now', W - R]]) {
+    for (const [text, at] of [['−' + Math.round(span) + ' s', L], ['now', W - R]]) {
       const label = svg('text', {x: at, y: H - 5, 'font-size': 10, fill: '#6b7280',
                                  'text-anchor': at === L ? 'start' : 'end'});
       label.textContent = text;
@@ -230,10 +247,12 @@ SCRIPT = r"""'use strict';
 
   function exchangeSection(exchange) {
     const names = exchange.bottleneck.map(b => b.task);
+    const reasons = names.length === 1 ? [' — ' + exchange.bottleneck[0].why + '.']
+      : exchange.bottleneck.flatMap(b => [el('br'), 'task ' + b.task + ': ' + b.why + '.']);
     const banner = names.length
       ? el('p', {class: 'bottleneck', 'data-tasks': names.join(',')},
            el('b', {}, 'Bottleneck: task' + (names.length > 1 ? 's ' : ' ') + names.join(', ')),
-           ' — ', exchange.bottleneck[0].why + '.')
+           ...reasons)
       : el('p', {class: 'bottleneck none', 'data-tasks': ''},
            el('b', {}, 'No bottleneck'),
            exchange.state === 'RUNNING' ? ': no task is busy while the tasks feeding it are ' +

@@ -427,6 +427,11 @@ def attach(sc, option, exchange_id, num_tasks, name):
     else:
         raise TypeError(f"live_view must be True, False, None, a port, 'HOST:PORT' or a "
                         f"LiveView, got {type(option).__name__}")
+    master = str(getattr(sc, "master", "local"))
+    if _is_loopback(view.report_address[0]) and not master.startswith("local"):
+        _LOG.warning("flinkbuf live view: its report server listens on %s, which the tasks of "
+                     "%s on other hosts cannot reach (make it with live_view(spark), which "
+                     "listens on the driver's address)", view.report_address[0], master)
     return view._target(exchange_id, name, num_tasks)
 
 
