@@ -427,7 +427,7 @@ def _spark_targets():
         out += _fixed(f"spark.{name}", getattr(spark, name))
     out += _fixed("spark.LiveView", _closing(spark.LiveView))
     out += [(f"LiveView.{m}()", False, _live_view_method(m))
-            for m in ("snapshot", "prometheus", "__enter__", "__exit__", "close")]
+            for m in ("snapshot", "prometheus", "close")]
     return out
 
 

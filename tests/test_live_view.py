@@ -276,7 +276,8 @@ def test_a_view_on_loopback_refuses_other_addresses(view):
 
 def test_close_and_the_session_s_end_leave_no_thread():
     view = LiveView()
-    assert len(_live_threads()) == 2
+    assert _live_threads() == [f"flinkbuf-live-view-{view.report_address[1]}"]
+    assert get(view.url + "api/view")[0] == 200
     view.close()
     view.close()
     assert not _live_threads() and view.closed
@@ -300,6 +301,8 @@ def test_bad_arguments_are_refused():
         LiveView(port=70000)
     with pytest.raises(TypeError, match="host must be a str"):
         LiveView(host=1)
+    with pytest.raises(ValueError, match="host must name an address"):
+        LiveView(host="")               # not every address by accident
     with LiveView() as v:
         with pytest.raises(OSError, match="cannot listen"):
             LiveView(port=v.address[1])

@@ -53,11 +53,15 @@ class Collector:
     is ``(advertise or host, port)``), authenticated with ``secret``.
     ``alive()``, if given, is asked every fraction of a second; once it
     returns False the collector calls ``on_dead()`` (from its thread).
-    :meth:`close` ends the thread and closes every socket."""
+    ``also``: ``(socket, callback)`` pairs the thread serves as well: it
+    calls ``callback()`` whenever the socket is readable (the view's HTTP
+    server accepts there), so that one thread accepts for both and ends at
+    once on :meth:`close`, which ends the thread and closes every socket
+    of its own."""
 
     def __init__(self, store, secret, host="127.0.0.1", *, advertise=None,
                  handshake_timeout=10.0, idle_timeout=30.0, max_connections=4096,
-                 alive=None, on_dead=None):
+                 alive=None, on_dead=None, also=()):
         self._store = store
         self._secret = secret
         self._handshake_timeout = handshake_timeout
@@ -82,12 +86,14 @@ class Collector:
             self._wake_r.setblocking(False)
             self._selector.register(self._sock, selectors.EVENT_READ)
             self._selector.register(self._wake_r, selectors.EVENT_READ)
+            for sock, callback in also:
+                self._selector.register(sock, selectors.EVENT_READ, callback)
         except BaseException:
             self._release()
             raise
         self.address = (advertise or host, self._sock.getsockname()[1])
         self._thread = threading.Thread(target=self._serve, daemon=True,
-                                        name=f"flinkbuf-live-reports-{self.address[1]}")
+                                        name=f"flinkbuf-live-view-{self.address[1]}")
         self._thread.start()
 
     def _release(self):
@@ -132,6 +138,11 @@ class Collector:
                         self._accept()
                     elif sock is self._wake_r:
                         continue
+                    elif key.data is not None:
+                        try:
+                            key.data()
+                        except Exception:          # noqa: BLE001 - the caller's bug
+                            _LOG.exception("flinkbuf live view: serving failed")
                     else:
                         peer = self._peers.get(sock)
                         if peer is None:

@@ -69,11 +69,15 @@ def _url_host(host):
 
 class _Server(http.server.ThreadingHTTPServer):
     """The page's HTTP server: a thread per request, at most
-    ``MAX_REQUESTS`` at once, each joined when the server closes."""
+    ``MAX_REQUESTS`` at once, each joined when the server closes.  It does
+    not run a loop of its own: the report server's thread calls
+    ``handle_request`` whenever a connection waits (``timeout`` 0: it
+    never blocks there)."""
 
     daemon_threads = False
     block_on_close = True
     allow_reuse_address = True
+    timeout = 0
 
     def __init__(self, address, handler, view):
         self.view = view
@@ -93,6 +97,7 @@ class _Server(http.server.ThreadingHTTPServer):
             raise
 
     def process_request_thread(self, request, client_address):
+        threading.current_thread().name = "flinkbuf-live-view-request"
         try:
             super().process_request_thread(request, client_address)
         finally:
@@ -212,11 +217,18 @@ class LiveView:
                  report_advertise=None):
         if not isinstance(host, str):
             raise TypeError(f"host must be a str, got {type(host).__name__}")
+        if not host.strip("[]"):
+            raise ValueError("host must name an address (0.0.0.0: every address of this "
+                             "machine)")
+        host = host.strip("[]")
         check_int(port, "port", 0, 65535)
         interval = float(check_real(interval, "interval", ge=MIN_INTERVAL, le=MAX_INTERVAL,
                                     unit="seconds"))
         if not isinstance(report_host, str):
             raise TypeError(f"report_host must be a str, got {type(report_host).__name__}")
+        if not report_host.strip("[]"):
+            raise ValueError("report_host must name an address")
+        report_host = report_host.strip("[]")
         if report_advertise is not None and not isinstance(report_advertise, str):
             raise TypeError(f"report_advertise must be a str or None, got "
                             f"{type(report_advertise).__name__}")
@@ -229,26 +241,22 @@ class LiveView:
         self._closed = False
         self._collector = None
         self._http = None
-        self._thread = None
         try:
             self._http = _Server((host, port), _Handler, self)
         except OSError as exc:
             raise OSError(exc.errno, f"the live view cannot listen on {host}:{port}: "
                                      f"{exc.strerror or exc}") from None
+        bound = self._http.server_address
+        self.address = (host, bound[1])
+        self.url = f"http://{_url_host(host)}:{bound[1]}/"
         try:
             self._collector = _collector.Collector(
                 self._store, self._secret, report_host, advertise=report_advertise,
                 idle_timeout=max(30.0, 20 * interval), alive=self._session_alive,
-                on_dead=self.close)
+                on_dead=self.close, also=[(self._http.socket, self._http.handle_request)])
         except BaseException:
             self._http.server_close()
             raise
-        bound = self._http.server_address
-        self.address = (host, bound[1])
-        self.url = f"http://{_url_host(host)}:{bound[1]}/"
-        self._thread = threading.Thread(target=self._http.serve_forever, args=(0.2,),
-                                        daemon=True, name=f"flinkbuf-live-view-{bound[1]}")
-        self._thread.start()
         _LIVE.add(self)
         _LOG.info("flinkbuf live view at %s", self.url)
 
@@ -294,12 +302,9 @@ class LiveView:
                 return
             self._closed = True
         if self._collector is not None:
-            self._collector.close()
-        if self._http is not None and self._thread is not None:
-            if threading.current_thread() is not self._thread:
-                self._http.shutdown()
-                self._thread.join(10.0)
-            self._http.server_close()
+            self._collector.close()          # its thread no longer accepts for the page
+        if self._http is not None:
+            self._http.server_close()        # the page's requests still served are joined
         _LIVE.discard(self)
 
     def __enter__(self):
