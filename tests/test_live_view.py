@@ -579,3 +579,27 @@ def test_any_address_text_is_a_view_url_or_a_value_error(text):
     else:
         host, port = live._parse_address(text)
         assert 0 <= port <= 65535 and (host is None or isinstance(host, str))
+
+
+def test_the_terminal_view_names_the_bottleneck():
+    from flinkbuf.spark import _live_text
+
+    store = _live_store.Store(0.5)
+    store.register("ex", "pipelined_exchange of RDD 1 into count", 2)
+    metrics = {k: 0 for k in _reports.METRICS}
+    for index, idle in ((0, 990.0), (1, 4.0)):
+        key = store.hello({"task": index, "attempt": 10 + index, "attempt_number": 0,
+                           "stage": 1, "address": "a:1", "num_tasks": 2, "exchange": "ex"}, "p")
+        store.report(key, {"type": "report", "elapsed": 1.0, "cpu": 0.0, "seq": 0,
+                           "stats": {}, "backlogs": [0, 0],
+                           "metrics": dict(metrics, backPressureLevel="HIGH",
+                                           backPressuredTimeMsPerSecond=960.0,
+                                           idleTimeMsPerSecond=idle,
+                                           numRecordsInPerSecond=87_000.0, inPoolUsage=0.9)})
+    text = _live_text.render(store.document(), "http://x:1/", width=200)
+    assert "bottleneck: task 1 — its consumer waits for input only 4 ms/s" in text
+    rows = [line.split() for line in text.splitlines() if "RUNNING" in line and "HIGH" in line]
+    assert [r[:3] for r in rows] == [["0", "10", "RUNNING"], ["*", "1", "11"]]
+    assert rows[0][4:9] == ["960", "990", "0", "87.0", "k"]   # bp, idle, busy, records in/s
+    assert all(len(line) <= 80 for line in _live_text.render(
+        store.document(), "http://x:1/", width=80).splitlines())

@@ -81,8 +81,8 @@ def fetch(url, timeout):
 def _num(x):
     if not isinstance(x, (int, float)) or isinstance(x, bool) or not math.isfinite(x):
         return "-"
-    for scale, suffix in ((1e9, " G"), (1e6, " M"), (1e4, " k")):
-        if abs(x) >= scale:
+    for above, scale, suffix in ((1e9, 1e9, " G"), (1e6, 1e6, " M"), (1e4, 1e3, " k")):
+        if abs(x) >= above:
             return f"{x / scale:.1f}{suffix}"
     return f"{x:.0f}"
 
@@ -163,7 +163,7 @@ def render(doc, url="", *, colour=False, width=None):
     lines.append("* bottleneck: its consumer is busy while the tasks feeding it are "
                  "backpressured (level: OK <= 10 % of the time backpressured < LOW <= 50 % "
                  "< HIGH)")
-    return "\n".join(lines) + "\n"
+    return "\n".join(line if "\x1b" in line else _clip(line, width) for line in lines) + "\n"
 
 
 def watch(url, *, interval=1.0, count=None, timeout=5.0, out=None):
