@@ -106,6 +106,12 @@ clean:
 	  -o -name '*.egg-info' -o -name .pytest_cache -o -name .hypothesis -o -name .benchmarks \
 	  -o -name .mypy_cache \) -prune -exec rm -rf {} +
 
+# The README's picture of the live view, docs/live-view.png: the Spark demo's
+# page in headless Chromium while its consumers are slowed (about a minute).
+.PHONY: live-view-figure
+live-view-figure: build
+	$(PY) scripts/live_view_screenshot.py docs/live-view.png
+
 # The README's figure, docs/backpressure.png: the backpressure experiment (about
 # 25 s), copied only if its expectations held.
 FIGURE_OUT ?= build/figure

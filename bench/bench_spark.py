@@ -10,6 +10,9 @@ in the consumer; local[2].  Rows:
     ``Counter`` over the keys;
   * ``flinkbuf_barrier``: the same with ``rendezvous="barrier"`` (the
     addresses through Spark's ``allGather``, answered on a 1 s poll);
+  * ``flinkbuf_live_view``: ``flinkbuf`` with its tasks reporting to the
+    session's live view (``live_view=``, a report per task every 0.5 s):
+    its cost is the difference to ``flinkbuf``;
   * ``rdd_shuffle``: ``partitionBy(2).mapPartitions`` with the same
     consumer (Spark's blocking RDD shuffle);
   * ``dataframe_arrow``: ``spark.range`` -> ``repartition(2, "k")`` ->
@@ -32,6 +35,13 @@ grew over the worker's RSS at the task's start (``worker_rss_growth_mb``).  Runn
 file as a script prints all three for each N::
 
     python bench/bench_spark.py --records 1000000 10000000
+
+and ``--live-view-overhead ROUNDS`` measures what the live view costs
+instead: ``flinkbuf`` with the live view off and on, alternately, ROUNDS
+times each per N, the medians, the median of the pairs' ratios and the CPU
+time the tasks' reporter threads used::
+
+    python bench/bench_spark.py --records 10000000 --live-view-overhead 9
 
 N: ``FLINKBUF_BENCH_SPARK_N`` (comma-separated; default 1 M and 10 M, or
 20 k in smoke runs).
@@ -68,7 +78,8 @@ KEYS = 1000
 TASKS = 2
 ROUNDS = scale(3, 1)
 ROWS = ("rdd_shuffle", "dataframe_arrow", "arrow_barrier_floor", "flinkbuf",
-        "flinkbuf_barrier", "flinkbuf_arrow", "flinkbuf_arrow_barrier")   # peers first
+        "flinkbuf_barrier", "flinkbuf_live_view", "flinkbuf_arrow",
+        "flinkbuf_arrow_barrier")   # peers first
 _ROWS_RUN = ROWS
 CLUSTER_ROWS = ("rdd_shuffle", "arrow_barrier_floor", "flinkbuf", "flinkbuf_arrow")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -110,14 +121,16 @@ def _mark(outdir):
     os.environ[_start_key(outdir)] = str(_status_mb("VmRSS"))
 
 
-def _report(outdir, tag):
+def _report(outdir, tag, cpu_seconds=None):
     """A task ends: write this worker's peak RSS (MB) during the task, and
-    how much it grew over the RSS at the task's start, under ``outdir``."""
+    how much it grew over the RSS at the task's start, under ``outdir``
+    (and the CPU seconds the consumer's process used, if given)."""
     peak = _status_mb("VmHWM")
     start = os.environ.get(_start_key(outdir), "None")
     growth = None if peak is None or start == "None" else peak - float(start)
     with open(os.path.join(outdir, f"{tag}-{os.getpid()}-{time.monotonic_ns()}.json"), "w") as f:
-        json.dump({"pid": os.getpid(), "peak_rss_mb": peak, "growth_mb": growth}, f)
+        json.dump({"pid": os.getpid(), "peak_rss_mb": peak, "growth_mb": growth,
+                   "cpu_seconds": cpu_seconds}, f)
 
 
 def _source(n, outdir):
@@ -132,6 +145,7 @@ def _source(n, outdir):
 def _counting(outdir, tag):
     def count(records):
         _mark(outdir)
+        cpu = time.process_time()          # the process: producer, consumer, any other thread
         first = None
         counts = collections.Counter()
         it = iter(records)
@@ -140,7 +154,7 @@ def _counting(outdir, tag):
             counts[k] += 1
             break
         counts.update(k for k, _ in it)
-        _report(outdir, tag)
+        _report(outdir, tag, time.process_time() - cpu)
         yield (first, sum(counts.values()), len(counts))
     return count
 
@@ -225,11 +239,16 @@ def _job(spark, row, n, outdir):
 
     sc = spark.sparkContext
     rendezvous = "barrier" if row.endswith("_barrier") else "driver"
-    if row in ("flinkbuf", "flinkbuf_barrier", "rdd_shuffle"):
+    if row in ("flinkbuf", "flinkbuf_barrier", "flinkbuf_live_view", "rdd_shuffle"):
         source = sc.parallelize(range(TASKS), TASKS).mapPartitionsWithIndex(_source(n, outdir))
         if row != "rdd_shuffle":
+            view = False
+            if row == "flinkbuf_live_view":
+                from flinkbuf.spark import live_view
+
+                view = live_view(spark)
             rdd = pipelined_exchange(source, _counting(outdir, "consumer"),
-                                     rendezvous=rendezvous)
+                                     rendezvous=rendezvous, live_view=view)
         else:
             rdd = source.partitionBy(TASKS).mapPartitions(_counting(outdir, "consumer"))
         return lambda: [(f, c, k) for f, c, k in rdd.collect()]
@@ -245,7 +264,7 @@ def _job(spark, row, n, outdir):
     else:
         from flinkbuf.spark import arrow_exchange
         out = arrow_exchange(df, _arrow_marked(outdir, _arrow_counting(outdir, "consumer")),
-                             "k", schema, rendezvous=rendezvous)
+                             "k", schema, rendezvous=rendezvous, live_view=False)
     return lambda: [(r["first"] or None, r["records"], r["keys"]) for r in out.collect()]
 
 
@@ -260,18 +279,21 @@ def measure(spark, row, n):
         from flinkbuf.spark import close_rendezvous
 
         close_rendezvous()          # the driver's rendezvous of this job, at once
-        peaks, growths = [], []
+        peaks, growths, cpu = [], [], []
         for path in glob.glob(os.path.join(outdir, "*.json")):
             with open(path) as f:
                 doc = json.load(f)
             peaks.append(doc["peak_rss_mb"])
             growths.append(doc["growth_mb"])
+            cpu.append(doc.get("cpu_seconds"))
     records = sum(c for _, c, _ in result)
     if records != n:
         raise AssertionError(f"{row}: {records} records counted, expected {n}")
     keys = {k for _, _, k in result}
     firsts = [f for f, _, _ in result if f]
+    cpu = [c for c in cpu if c is not None]
     return {"seconds": took, "first_record_s": (min(firsts) - t0) if firsts else None,
+            "task_cpu_seconds": sum(cpu) if cpu else None,
             "worker_peak_rss_mb": [round(p, 1) for p in peaks if p is not None],
             "worker_rss_growth_mb": [round(g, 1) for g in growths if g is not None],
             "keys_per_consumer": sorted(keys)}
@@ -313,6 +335,10 @@ def test_spark_keyed_count(benchmark, spark, row, n):
     if row == "rdd_shuffle":
         info["target"] = f"first record {info['first_record_s']} s, " \
                          f"peak RSS {info['worker_peak_rss_mb']} MB"
+    elif row == "flinkbuf_live_view" and (n, "flinkbuf") in _measured:
+        off = _measured[(n, "flinkbuf")]["records_per_s"]
+        info["target"] = (f"records/s with the live view vs flinkbuf's, want >= -1 %: "
+                          f"{info['records_per_s'] / off - 1:+.1%} (see --live-view-overhead)")
     elif row.startswith("flinkbuf_arrow"):
         # The Arrow path runs in Spark's barrier mapInArrow stage: its floor.
         floor = _measured.get((n, "arrow_barrier_floor"))
@@ -389,6 +415,47 @@ def _cluster_targets(table):
     return out
 
 
+def live_view_overhead(spark, n, rounds, printer=print):
+    """``flinkbuf`` over ``n`` records with the live view off and on,
+    alternately (off, on, on, off, ...: neither always goes first),
+    ``rounds`` times each; prints and returns the medians, the median of
+    the pairs' ratios (on / off records/s) and the reporters' CPU time."""
+    from flinkbuf.spark import live_view
+
+    view = live_view(spark)
+    rates = {"flinkbuf": [], "flinkbuf_live_view": []}
+    per_cpu = {"flinkbuf": [], "flinkbuf_live_view": []}
+    cpu = []
+    for k in range(rounds):
+        order = ("flinkbuf", "flinkbuf_live_view")
+        for row in order if k % 2 == 0 else order[::-1]:
+            r = measure(spark, row, n)
+            rates[row].append(n / r["seconds"])
+            per_cpu[row].append(n / r["task_cpu_seconds"])
+            if row == "flinkbuf_live_view":
+                newest = view.snapshot()["exchanges"][0]
+                cpu.append((sum(t["report_cpu_seconds"] for t in newest["tasks"]),
+                            sum(t["reports"] for t in newest["tasks"]), r["seconds"]))
+        printer(f"  round {k + 1}: off {rates['flinkbuf'][-1]:,.0f}, on "
+                f"{rates['flinkbuf_live_view'][-1]:,.0f} records/s; per CPU second of the "
+                f"tasks: off {per_cpu['flinkbuf'][-1]:,.0f}, on "
+                f"{per_cpu['flinkbuf_live_view'][-1]:,.0f}", flush=True)
+    off, on = (statistics.median(rates[row]) for row in ("flinkbuf", "flinkbuf_live_view"))
+    pairs = statistics.median(b / a for a, b in zip(rates["flinkbuf"],
+                                                    rates["flinkbuf_live_view"]))
+    cpu_s, reports, seconds = (statistics.median(c[i] for c in cpu) for i in range(3))
+    cpu_off, cpu_on = (statistics.median(per_cpu[row])
+                       for row in ("flinkbuf", "flinkbuf_live_view"))
+    printer(f"N={n:,}, {rounds} rounds: live view off {off:,.0f} records/s, on {on:,.0f} "
+            f"records/s (medians): {on / off - 1:+.2%}; median of the pairs' ratios "
+            f"{pairs - 1:+.2%}; the reporters used {cpu_s * 1e3:.1f} ms of CPU for {reports:.0f} "
+            f"reports in a {seconds:.2f} s job ({cpu_s / (seconds * TASKS):.3%} of a task's "
+            f"time); records per CPU second of the tasks' processes: off {cpu_off:,.0f}, on "
+            f"{cpu_on:,.0f} ({cpu_on / cpu_off - 1:+.2%})", flush=True)
+    return {"off": off, "on": on, "pairs": pairs, "cpu_seconds": cpu_s, "reports": reports,
+            "seconds": seconds, "per_cpu_off": cpu_off, "per_cpu_on": cpu_on}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description="flinkbuf.spark against Spark's exchanges: "
                                  "records/s, first record, Python worker peak RSS")
@@ -404,6 +471,9 @@ def main(argv=None):
     ap.add_argument("--cluster-timeout", type=float, default=1800,
                     help="seconds the cluster run may take (default 1800)")
     ap.add_argument("--master", default="local[2]", help=argparse.SUPPRESS)
+    ap.add_argument("--live-view-overhead", type=int, default=0, metavar="ROUNDS",
+                    help="instead of the table: the flinkbuf row with the live view off and "
+                         "on, alternately, ROUNDS times each per N")
     args = ap.parse_args(argv)
     if args.rows is None:
         args.rows = ",".join(CLUSTER_ROWS if args.cluster or args.master != "local[2]"
@@ -413,6 +483,14 @@ def main(argv=None):
         ap.error(f"unknown rows {', '.join(unknown)} (rows: {', '.join(ROWS)})")
     if args.cluster:
         _run_cluster(args)
+        return
+    if args.live_view_overhead:
+        spark = _session(("flinkbuf", "flinkbuf_live_view"))
+        try:
+            for n in args.records:
+                live_view_overhead(spark, n, args.live_view_overhead)
+        finally:
+            spark.stop()
         return
     clustered = args.master != "local[2]"
     if clustered:

@@ -1,6 +1,7 @@
 """The ``flinkbuf`` command line: ``flinkbuf demo``, the experiments,
 ``flinkbuf experiment backpressure`` and ``flinkbuf experiment slow-subpartition``,
-and ``flinkbuf spark-demo`` (the backpressure schedule on PySpark tasks).
+``flinkbuf spark-demo`` (the backpressure schedule on PySpark tasks) and
+``flinkbuf monitor URL`` (a live view of a driver's exchanges, in the terminal).
 
 Every argument is checked before anything runs: a bad one (or a missing
 requirement, such as PySpark or Java for the Spark demo) is reported on
@@ -46,6 +47,9 @@ _OPTION_NAMES = {
     "master": "--master",
     "transport": "--transport",
     "remote": "--remote",
+    "count": "--count",
+    "timeout": "--timeout",
+    "live_view": "--live-view",
 }
 _DEMO_NAMES = {"phase_seconds": "--seconds", "segment_size": "--segment-size"}
 
@@ -95,7 +99,7 @@ def build_parser():
                "fails, exits with 1; Ctrl-C exits with 130.")
     parser.add_argument("--version", action="version", version=f"flinkbuf {flinkbuf.__version__}")
     sub = parser.add_subparsers(dest="command", required=True,
-                                metavar="{demo,experiment,spark-demo}")
+                                metavar="{demo,experiment,spark-demo,monitor}")
     _add_demo(sub)
     exp = sub.add_parser(
         "experiment", help="the experiments (CSV, JSON and, with matplotlib, a PNG figure)",
@@ -106,7 +110,34 @@ def build_parser():
     _add_backpressure(which)
     _add_slow_subpartition(which)
     _add_spark_demo(sub)
+    _add_monitor(sub)
     return parser
+
+
+def _add_monitor(sub):
+    mon = sub.add_parser(
+        "monitor",
+        help="the live view of a Spark driver's exchanges in this terminal: each task's "
+             "backpressure, refreshed in place, and the bottleneck named",
+        description=(
+            "Shows the live view that a Spark driver serves for its flinkbuf exchanges "
+            "(flinkbuf.spark.live_view, or live_view= of an exchange; the spark-demo "
+            "command prints its URL) in this terminal, refreshed in place: per exchange and "
+            "task, the backpressure level (OK, LOW, HIGH), backpressured, idle and busy ms "
+            "per second, records and bytes in and out per second, pool and buffer usage, and "
+            "the bottleneck. For a driver on another host, forward its port first, e.g. "
+            "ssh -L 4050:127.0.0.1:4050 DRIVER, then flinkbuf monitor localhost:4050. Runs "
+            "until Ctrl-C or --count refreshes; exits with 1 (one line saying why) when the "
+            "view cannot be reached, or stops answering for --timeout seconds."))
+    mon.add_argument("url", metavar="URL",
+                     help="the live view's address: http://HOST:PORT/ (or HOST:PORT)")
+    mon.add_argument("--interval", type=_number, default=1.0, metavar="S",
+                     help="seconds between refreshes, in [0.1, 60] (default: 1)")
+    mon.add_argument("--count", type=_integer, default=None, metavar="N",
+                     help="stop after N refreshes, N >= 1 (default: until Ctrl-C)")
+    mon.add_argument("--timeout", type=_number, default=5.0, metavar="S",
+                     help="seconds to wait for the view's answer, in [0.1, 300] (default: 5)")
+    mon.set_defaults(func=_run_monitor, parser=mon)
 
 
 def _add_spark_demo(sub):
@@ -120,8 +151,9 @@ def _add_spark_demo(sub):
             "through flinkbuf, hashed by key (flinkbuf.spark.pipelined_exchange). The "
             "producers run at 60 % of full speed, the consumers are slowed to 30 %, released, "
             "slowed and released; a line per interval shows both throughputs (summed over the "
-            "tasks) and the producers' backpressure level. Then a table of each task's "
-            "metrics, and the keyed job (--records records counted per key) through flinkbuf "
+            "tasks) and the producers' backpressure level; meanwhile the driver serves a live "
+            "view of the tasks (a page that names the bottleneck, JSON, Prometheus text) and "
+            "prints its URL. Then a table of each task's metrics, and the keyed job (--records records counted per key) through flinkbuf "
             "and through Spark's shuffle, side by side. Writes DIR/spark-backpressure.csv, "
             ".json, with matplotlib .png, and .log (what Spark's JVM and its Python workers "
             "print, kept off the terminal); exits with 1 if an expectation fails or the run "
@@ -152,6 +184,11 @@ def _add_spark_demo(sub):
                          "CPU), local[N,F], local-cluster[W,C,M] (W x C), spark://HOST:PORT, "
                          "yarn or k8s://URL; where the URL gives the slots, --tasks is checked "
                          "against them before Spark starts (default: local[2])")
+    sd.add_argument("--live-view", default="127.0.0.1:0", metavar="HOST:PORT",
+                    help="where the driver serves the live view of the exchanges while the demo "
+                         "runs (its URL is printed; port 0: any free one; a host other than "
+                         "loopback serves it to other machines) (default: 127.0.0.1:0)")
+    sd.add_argument("--no-live-view", action="store_true", help="serve no live view")
     sd.add_argument("--no-plot", action="store_true", help="skip the PNG")
     sd.set_defaults(func=_run_spark_demo, parser=sd)
 
@@ -335,17 +372,35 @@ def _run_slow_subpartition(args):
 
 def _run_spark_demo(args):
     from flinkbuf.experiments import spark_demo as _sd
+    live_view = None if args.no_live_view else args.live_view
     _sd.check_arguments(args.phase_seconds, args.interval, args.tasks, args.records,
                         args.segment_size, args.full_speed_fraction, args.master,
-                        names=_OPTION_NAMES)
+                        live_view=live_view, names=_OPTION_NAMES)
     _sd.check_environment(args.master, names=_OPTION_NAMES)
     with _out_dir(args.out, _sd.OUTPUT_FILES):
         doc = _sd.run_spark_demo(args.out, args.phase_seconds, interval=args.interval,
                                  tasks=args.tasks, records=args.records,
                                  segment_size=args.segment_size,
                                  full_speed_fraction=args.full_speed_fraction,
-                                 master=args.master, plot=not args.no_plot)
+                                 master=args.master, plot=not args.no_plot,
+                                 live_view=live_view)
     return 0 if doc["checks"]["passed"] else 1
+
+
+def _run_monitor(args):
+    from flinkbuf.experiments._args import check_int, check_real, fail
+    from flinkbuf.spark import _live_text
+
+    try:
+        _live_text.view_url(args.url)
+    except ValueError as exc:
+        fail(exc)
+    check_real("interval", args.interval, ge=0.1, le=60.0, names=_OPTION_NAMES)
+    if args.count is not None:
+        check_int("count", args.count, ge=1, names=_OPTION_NAMES)
+    check_real("timeout", args.timeout, ge=0.1, le=300.0, names=_OPTION_NAMES)
+    _live_text.watch(args.url, interval=args.interval, count=args.count, timeout=args.timeout)
+    return 0
 
 
 INTERRUPTED = "flinkbuf: interrupted"

@@ -34,6 +34,14 @@ if [ "$(id -u)" = 0 ] && ! command -v nft >/dev/null 2>&1 && command -v apt-get 
     echo "bootstrap: no nft; installing nftables for the multi-host tests" >&2
     apt-get update -qq && apt-get install -y -qq nftables
 fi
+# The tests load the live view's page in a real headless browser (Debian's
+# chromium); where none can be installed, that test says so and is skipped.
+if [[ ",$EXTRAS," == *",dev,"* ]] && ! command -v chromium >/dev/null 2>&1 \
+        && ! command -v chromium-browser >/dev/null 2>&1; then
+    echo "bootstrap: no chromium; installing Debian's for the live view's browser test" >&2
+    apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium \
+        || echo "bootstrap: chromium could not be installed; the browser test will be skipped" >&2
+fi
 # The package itself (editable, no isolation: the build uses the venv's Cython),
 # with the extras asked for.
 "$VENV/bin/python" -m pip install -q --no-build-isolation -e ".[$EXTRAS]"

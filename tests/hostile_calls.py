@@ -392,12 +392,42 @@ def _selector_targets():
     return out
 
 
+def _closing(cls):
+    """``cls``'s constructor (its signature too), closing what it made: a
+    live view made with plausible arguments serves on loopback."""
+    import functools
+
+    @functools.wraps(cls)
+    def make(*args, **kwargs):
+        made = cls(*args, **kwargs)
+        made.close()
+        return made
+    return make
+
+
+_VIEW = []
+
+
+def _live_view_method(name):
+    def target(w):
+        from flinkbuf.spark import LiveView
+
+        if not _VIEW:
+            _VIEW.append(LiveView())        # one per child process, on loopback
+        return getattr(_VIEW[0], name)
+    return target
+
+
 def _spark_targets():
     from flinkbuf import spark
     out = []
     for name in ("key_partitions", "local_pipeline", "LocalPipeline", "pipelined_exchange",
-                 "arrow_exchange", "ExchangeTask", "current_task", "close_rendezvous"):
+                 "arrow_exchange", "ExchangeTask", "current_task", "close_rendezvous",
+                 "live_view"):
         out += _fixed(f"spark.{name}", getattr(spark, name))
+    out += _fixed("spark.LiveView", _closing(spark.LiveView))
+    out += [(f"LiveView.{m}()", False, _live_view_method(m))
+            for m in ("snapshot", "prometheus", "close")]
     return out
 
 

@@ -160,6 +160,13 @@ BAD_ARGUMENTS = [
      "--phase-seconds (0.5) must be >= 0.75 with --interval 0.25"),
     (SD + ["--records", str(10**9 + 1)], "--records must be <= 1000000000"),
     (SD + ["--tasks", "65"], "--tasks must be <= 64"),
+    (SD + ["--live-view", "4050"], "--live-view must be HOST:PORT (port 0: any free one)"),
+    # monitor: refused before any request
+    (["monitor"], "the following arguments are required: URL"),
+    (["monitor", "https://driver:4050"], "URL must start with http://"),
+    (["monitor", "driver:port"], "URL has no valid port"),
+    (["monitor", "driver:4050", "--interval", "0"], "--interval must be >= 0.1"),
+    (["monitor", "driver:4050", "--count", "0"], "--count must be >= 1"),
 ]
 
 
@@ -224,7 +231,8 @@ def test_version(tmp_path):
 
 
 @pytest.mark.parametrize("args", [[], ["demo"], ["experiment"], ["experiment", "backpressure"],
-                                  ["experiment", "slow-subpartition"], ["spark-demo"]])
+                                  ["experiment", "slow-subpartition"], ["spark-demo"],
+                                  ["monitor"]])
 def test_help_of_every_command(tmp_path, args):
     proc = _cli([*args, "--help"], tmp_path)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr

@@ -215,6 +215,138 @@ def test_monitor_sees_each_task(sc):
     assert current_task() is None
 
 
+# ---- the live view -----------------------------------------------------------------
+
+
+def _paced_source(flags, rate):
+    """Records at ``rate`` per second per task until the file ``stop`` appears."""
+    def source(index, _):
+        i, started = 0, time.monotonic()
+        while not os.path.exists(os.path.join(flags, "stop")):
+            for _ in range(100):
+                yield (i % 64, i)
+                i += 1
+            ahead = i / rate - (time.monotonic() - started)
+            if ahead > 0:
+                time.sleep(ahead)
+    return source
+
+
+def _slowed_in_task_1(flags):
+    """Task 1's consumer takes 1 ms per record while the file ``slow`` exists."""
+    def consume(records):
+        task = current_task()
+        slow = os.path.join(flags, "slow")
+        for n, _ in enumerate(records, 1):
+            if task.index == 1 and n % 50 == 0 and os.path.exists(slow):
+                time.sleep(0.05)
+        yield task.stats()
+    return consume
+
+
+def _levels(doc, exchange):
+    (e,) = [e for e in doc["exchanges"] if e["id"] == exchange]
+    return ({t["task"]: t["metrics"] and t["metrics"]["backPressureLevel"]
+             for t in e["tasks"] if t["latest"]}, [b["task"] for b in e["bottleneck"]])
+
+
+def test_the_live_view_names_the_slowed_consumer_in_a_browser(spark, sc, tmp_path):
+    """A real headless Chromium reads the page while task 1's consumer is
+    slowed: task 1 is named the bottleneck and the producers feeding it
+    (both tasks) are HIGH; once released, both are OK and nothing is
+    named.  At the end the JSON and the Prometheus text hold the tasks'
+    own totals; strangers' reports were refused meanwhile; no thread is
+    left in the workers."""
+    import socket
+    import threading
+
+    from live_helpers import Rendered, browse, chromium, get, get_json, prometheus_values, \
+        wait_for
+
+    from flinkbuf.errors import AuthenticationError
+    from flinkbuf.network import handshake
+    from flinkbuf.spark import arrow_exchange, live_view
+
+    chromium()                          # skips, saying why, where there is none
+    view = live_view(spark)
+    assert live_view(sc) is view and view.url.startswith("http://127.0.0.1:")
+    with pytest.raises(ValueError, match="live view runs at"):
+        live_view(spark, port=view.address[1] + 1 if view.address[1] < 65535 else 1)
+    rdd = sc.parallelize(range(2), 2).mapPartitionsWithIndex(
+        _paced_source(str(tmp_path), 10_000))
+    for bad, error in ((object(), TypeError), ("no-port", ValueError), (70000, ValueError)):
+        with pytest.raises(error, match="live_view"):
+            pipelined_exchange(rdd, live_view=bad)
+    slow, stop = tmp_path / "slow", tmp_path / "stop"
+    slow.touch()
+    exchanged = pipelined_exchange(rdd, _slowed_in_task_1(str(tmp_path)), segment_size=1024,
+                                   floating_buffers=0, live_view=True)
+    out = {}
+    job = threading.Thread(target=lambda: out.update(stats=exchanged.collect()), daemon=True)
+    job.start()
+    try:
+        exchange = wait_for(lambda: [e["id"] for e in view.snapshot()["exchanges"]
+                                     if e["name"] == f"pipelined_exchange of RDD {rdd.id()} "
+                                                     f"into consume"], 60, "the exchange")[0]
+        wait_for(lambda: _levels(view.snapshot(), exchange) == ({0: "HIGH", 1: "HIGH"}, [1]),
+                 60, "task 1 named the bottleneck")
+        # Strangers meanwhile: refused, the tasks report on.
+        refused = view.refused
+        with socket.create_connection(view.report_address, timeout=10) as s:
+            s.sendall(b"\x00\x00\x00\x05hello")
+        with pytest.raises(AuthenticationError):
+            with socket.create_connection(view.report_address, timeout=10) as s:
+                handshake.client(s, b"x" * 32, "127.0.0.1:1", 0, 10)
+        page = Rendered(browse(view.url)).exchanges[exchange]
+        assert page["bottleneck"] == [1], page
+        assert page["banner"].startswith("Bottleneck: task 1 "), page["banner"]
+        assert {i: r["data-level"] for i, r in page["rows"].items()} == {0: "HIGH", 1: "HIGH"}
+        assert page["rows"][1]["data-bottleneck"] == "true"
+        assert page["rows"][0]["data-bottleneck"] == "false"
+        assert "bottleneck" in page["rows"][1]["text"] and "HIGH" in page["rows"][0]["text"]
+
+        slow.unlink()                   # released
+        wait_for(lambda: _levels(view.snapshot(), exchange) == ({0: "OK", 1: "OK"}, []),
+                 60, "both tasks OK")
+        page = Rendered(browse(view.url)).exchanges[exchange]
+        assert page["bottleneck"] == [] and page["banner"].startswith("No bottleneck")
+        assert {i: r["data-level"] for i, r in page["rows"].items()} == {0: "OK", 1: "OK"}
+        assert view.refused >= refused + 2
+    finally:
+        stop.touch()
+        job.join(120)
+    assert not job.is_alive() and "stats" in out
+    stats = {s.pop("task"): s for s in out["stats"]}
+    wait_for(lambda: view.snapshot()["exchanges"][0]["state"] == "FINISHED", 30, "the end")
+    doc = get_json(view.url + "api/view")
+    tasks = {t["task"]: t for e in doc["exchanges"] if e["id"] == exchange for t in e["tasks"]}
+    assert sorted(tasks) == [0, 1]
+    status, _, text = get(view.url + "metrics")
+    assert status == 200
+    records_out = prometheus_values(text, "flinkbuf_task_numRecordsOut")
+    records_in = prometheus_values(text, "flinkbuf_task_numRecordsIn")
+    for i, task in tasks.items():
+        assert task["state"] == "FINISHED" and task["stats"] == stats[i]
+        key = (exchange, i, task["attempt"])
+        assert records_out[key] == stats[i]["records_out"] > 0
+        assert records_in[key] == stats[i]["records_in"] > 0
+    assert sum(s["records_in"] for s in stats.values()) == \
+        sum(s["records_out"] for s in stats.values())
+    # arrow_exchange takes the option too (its tasks run the same body): the
+    # exchange registers with the view when it is made, before any job.
+    df = spark.range(0, 30, numPartitions=2).selectExpr("concat('k', id % 5) AS name", "id")
+    arrow_exchange(df, _count_per_string_key, "name", "name string, n long", live_view=view,
+                   rendezvous="barrier")
+    assert view.snapshot()["exchanges"][0]["name"] == \
+        "arrow_exchange by 'name' into _count_per_string_key"
+    assert view.snapshot()["exchanges"][0]["state"] == "WAITING"
+    with pytest.raises(TypeError, match="live_view"):
+        arrow_exchange(df, _count_per_string_key, "name", "name string, n long",
+                       live_view=1.5)
+    assert not leftovers(sc, 2)         # the reporters' threads ended with their tasks
+    view.close()
+
+
 # ---- failures ----------------------------------------------------------------------
 
 
@@ -667,6 +799,7 @@ def test_local_pipeline_in_a_spark_task(sc):
 
 def test_spark_demo_with_short_phases(spark, tmp_path):
     import statistics
+    import threading
 
     from flinkbuf.experiments.spark_demo import run_spark_demo
 
@@ -694,6 +827,9 @@ def test_spark_demo_with_short_phases(spark, tmp_path):
     assert comparison["same_counts"] is True
     assert comparison["runs"]["flinkbuf"]["records"] == 20_000
     assert any("Spark shuffle" in ln for ln in lines)
+    # It served a live view while it ran, and closed it at the end.
+    assert any(ln.startswith("live view: http://127.0.0.1:") for ln in lines), lines
+    assert not [t for t in threading.enumerate() if t.name.startswith("flinkbuf-live")]
     assert leftovers(spark.sparkContext, SLOTS) == []
 
 

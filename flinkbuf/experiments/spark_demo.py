@@ -26,6 +26,11 @@ time over exactly that interval (the difference of each writer's
 cumulative counter between two samples; the highest over the tasks), so
 the levels change with the phases.
 
+While it runs, the driver serves a live view of the exchanges
+(:func:`flinkbuf.spark.live_view`, on ``live_view``, ``"HOST:PORT"``:
+loopback and any free port by default) and prints its URL: each task's
+backpressure level, the bottleneck named, charts over time.
+
 Outputs in ``out_dir``: ``spark-backpressure.csv`` (a row per interval, the
 columns of the in-process experiment), ``spark-backpressure.json``
 (configuration, rows, per-task metrics, the comparison, the checks), with
@@ -394,10 +399,13 @@ def check_slots(tasks, master, *, names=None):
 
 
 def check_arguments(phase_seconds, interval=0.5, tasks=2, records=1_000_000, segment_size=4096,
-                    full_speed_fraction=0.25, master=None, *, names=None):
+                    full_speed_fraction=0.25, master=None, *, live_view=None, names=None):
     """Raise :class:`ExperimentArgumentError` (a ``ValueError``) unless every
-    argument of :func:`run_spark_demo` is in range, and ``master`` (if
-    given) a Spark master URL with a slot for each task where it says."""
+    argument of :func:`run_spark_demo` is in range, ``master`` (if
+    given) a Spark master URL with a slot for each task where it says, and
+    ``live_view`` (if given) ``"HOST:PORT"``."""
+    if live_view is not None:
+        check_live_view(live_view, names=names)
     check_real("interval", interval, ge=_bp.MIN_INTERVAL, le=10.0, names=names)
     check_seconds("phase_seconds", phase_seconds, names=names)
     if not phase_seconds >= interval:
@@ -413,6 +421,17 @@ def check_arguments(phase_seconds, interval=0.5, tasks=2, records=1_000_000, seg
                le=1.0, names=names)
     if master is not None:
         check_slots(tasks, master, names=names)
+
+
+def check_live_view(text, *, names=None):
+    """``(host, port)`` of ``text``, the live view's ``"HOST:PORT"`` (port 0:
+    any free one), else :class:`ExperimentArgumentError`."""
+    name = (names or {}).get("live_view", "live_view")
+    host, sep, port = text.rpartition(":") if isinstance(text, str) else ("", "", "")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        fail(f"{name} must be HOST:PORT (port 0: any free one), got {text!r}")
+    return host, int(port)
 
 
 def _major(version):
@@ -636,7 +655,8 @@ def _wait_for_executors(sc, count, timeout=_EXECUTORS_TIMEOUT):
 
 def run_spark_demo(out_dir, phase_seconds=4.0, *, interval=0.5, tasks=2, records=1_000_000,
                    segment_size=4096, full_speed_fraction=0.25, schedule=DEFAULT_SCHEDULE,
-                   spark=None, master="local[2]", plot=True, printer=print):
+                   spark=None, master="local[2]", plot=True, printer=print,
+                   live_view="127.0.0.1:0"):
     """Run the demo and return its JSON document (``doc["checks"]["passed"]``
     says whether the expectations held).  ``spark``: a running SparkSession
     (its master needs ``tasks`` slots); else one is started on ``master``,
@@ -662,6 +682,7 @@ def run_spark_demo(out_dir, phase_seconds=4.0, *, interval=0.5, tasks=2, records
             spark = spark_session(master, log_path)
         except Exception as exc:
             raise RunFailed.because("Spark did not start", exc, hint) from exc
+    view = None
     try:
         sc = spark.sparkContext
         cluster = _LOCAL_CLUSTER.fullmatch(sc.master)
@@ -672,6 +693,7 @@ def run_spark_demo(out_dir, phase_seconds=4.0, *, interval=0.5, tasks=2, records
                 raise RunFailed.because("Spark did not start", exc, hint) from exc
         printer(f"Spark {spark.version}, {sc.master}: {tasks} tasks exchange records through "
                 f"flinkbuf ({tasks * 2 + 1} output buffers of {segment_size} bytes per task)")
+        view = _start_live_view(sc, live_view, printer)
         host = sc.getConf().get("spark.driver.host", "127.0.0.1")
         control = _Control(host, tasks)
         job = None
@@ -679,7 +701,8 @@ def run_spark_demo(out_dir, phase_seconds=4.0, *, interval=0.5, tasks=2, records
             rdd = sc.parallelize(range(tasks), tasks).mapPartitionsWithIndex(_paced_source)
             exchanged = pipelined_exchange(
                 rdd, _paced_count, segment_size=segment_size, buffers_per_channel=2,
-                floating_buffers=0, monitor=_Monitor(control.address, control.token))
+                floating_buffers=0, monitor=_Monitor(control.address, control.token),
+                live_view=view if view is not None else False)
             job = _Job(exchanged.collect)
             job.start()
             control.accept(job)
@@ -698,11 +721,14 @@ def run_spark_demo(out_dir, phase_seconds=4.0, *, interval=0.5, tasks=2, records
         per_task = sorted((r["stats"] for r in job.result), key=lambda s: s["task"])
         _print_tasks(per_task, printer)
         try:
-            comparison = compare_with_spark_shuffle(sc, records, tasks, segment_size, printer)
+            comparison = compare_with_spark_shuffle(sc, records, tasks, segment_size, printer,
+                                                    live_view=view if view is not None else False)
         except Exception as exc:
             raise RunFailed.because("the keyed job failed", exc, hint) from exc
         spark_master = sc.master
     finally:
+        if view is not None:
+            view.close()
         if own:
             _stop(spark)
     ticks = max(1, round(phase_seconds / interval))
@@ -743,6 +769,24 @@ def run_spark_demo(out_dir, phase_seconds=4.0, *, interval=0.5, tasks=2, records
     printer(f"wrote {os.path.join(out_dir, NAME + '.csv')}, {NAME}.json"
             + (f" and {NAME}.png" if drawn else ""))
     return doc
+
+
+def _start_live_view(sc, address, printer):
+    """The driver's live view of the demo's exchanges on ``address``
+    (``"HOST:PORT"``; None: none), its URL printed."""
+    if address is None:
+        return None
+    from flinkbuf.spark import LiveView
+    from flinkbuf.spark._task import _driver_addresses
+
+    host, port = check_live_view(address)
+    bind, advertised = _driver_addresses(sc)
+    try:
+        view = LiveView(host, port, report_host=bind, report_advertise=advertised)
+    except OSError as exc:
+        raise RunFailed(f"the live view did not start: {exc}") from exc
+    printer(f"live view: {view.url}   (in a terminal: flinkbuf monitor {view.url})")
+    return view
 
 
 def _stop(spark):
@@ -865,7 +909,8 @@ def _print_tasks(per_task, printer):
                 f"{s['max_out_pool_usage']:11.2f}")
 
 
-def compare_with_spark_shuffle(sc, records, tasks, segment_size=32768, printer=print):
+def compare_with_spark_shuffle(sc, records, tasks, segment_size=32768, printer=print, *,
+                               live_view=None):
     """The keyed job (``records`` ``(key, i)`` records in ``tasks``
     partitions, counted per key in the consumer) through flinkbuf's
     pipelined exchange and through Spark's shuffle; prints both side by
@@ -879,7 +924,8 @@ def compare_with_spark_shuffle(sc, records, tasks, segment_size=32768, printer=p
     runs = {}
     for name, make in (
             ("flinkbuf", lambda: pipelined_exchange(source, _count_per_key,
-                                                    segment_size=max(segment_size, 32768))),
+                                                    segment_size=max(segment_size, 32768),
+                                                    live_view=live_view)),
             ("Spark shuffle", lambda: source.partitionBy(
                 tasks, lambda k: assign_key_to_operator(k, tasks)).mapPartitions(
                     _count_per_key))):

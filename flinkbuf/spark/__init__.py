@@ -7,6 +7,9 @@
 * :func:`arrow_exchange` -- the same for a DataFrame's rows by a key column,
   as Arrow RecordBatches (``mapInArrow(..., barrier=True)``), routed by a
   vectorized hash (:func:`key_partitions`).
+* :func:`live_view` -- a live page of the session's exchanges on the
+  driver (backpressure per task while the job runs, the bottleneck
+  named), with JSON and Prometheus text (:class:`LiveView`).
 * :func:`local_pipeline` -- a partition's stages in threads joined by local
   channels with a bounded pool, inside one task (it uses no Spark: it is
   :func:`flinkbuf.io.local_pipeline`, here too for Spark jobs).
@@ -27,8 +30,9 @@ from flinkbuf.spark.exchange import (
     pipelined_exchange,
 )
 from flinkbuf.spark.arrow import arrow_exchange, key_partitions
+from flinkbuf.spark.live import LiveView, live_view
 
 __all__ = ["RENDEZVOUS", "SELECTORS", "ExchangeTask", "InsufficientSlotsError",
-           "LocalPipeline", "arrow_exchange",
-           "close_rendezvous", "current_task", "key_partitions", "local_pipeline",
+           "LiveView", "LocalPipeline", "arrow_exchange",
+           "close_rendezvous", "current_task", "key_partitions", "live_view", "local_pipeline",
            "pipelined_exchange"]

@@ -40,7 +40,7 @@ from flinkbuf.io.metrics import TaskMetrics
 from flinkbuf.io.producer import ProducerThread, emit_all
 from flinkbuf.network import NetworkEnvironment, format_address
 from flinkbuf.serialization import CODECS
-from flinkbuf.spark import _rendezvous
+from flinkbuf.spark import _rendezvous, _reports
 
 _LOG = logging.getLogger("flinkbuf.spark")
 
@@ -301,6 +301,7 @@ def run_task(spec, iterator):
     done = None
     failed = None
     peers = None
+    reports = None
     try:
         partition = create_partition(env.network_buffer_pool, n, min_buffers=out_buffers,
                                      name=f"{spec.exchange_id}-{index}")
@@ -340,6 +341,8 @@ def run_task(spec, iterator):
                 raise
             raise named from exc
         task = ExchangeTask(index, n, published, env, partition, writer, gate)
+        if getattr(spec, "live", None) is not None:     # reports to a live view
+            reports = spec.live.start(task, ctx)
         if spec.monitor is not None:
             done = spec.monitor(task)
         producer = ProducerThread(writer, iterator, produce=spec.produce,
@@ -376,6 +379,7 @@ def run_task(spec, iterator):
         raise
     finally:
         _CURRENT.task = None
+        _reports.stop(reports, failed)
         _cleanup(env, partition, writer, gate, producer, failed, spec.timeout)
         if done is not None:
             done()

@@ -15,6 +15,7 @@ import numpy as np
 
 from flinkbuf.checks import check_int
 from flinkbuf.io import assign_keys_to_operators, default_max_parallelism, java_hash_code
+from flinkbuf.spark import live
 from flinkbuf.spark._task import (
     check_slots,
     make_spec,
@@ -229,7 +230,8 @@ def arrow_exchange(df, fn, key, schema, *, segment_size=32768, buffers_per_chann
                    floating_buffers=8, buffer_timeout=0.1, max_record_size=256 << 20,
                    max_parallelism=None, host=None, timeout=60.0, monitor=None,
                    rendezvous="driver", encryption=None, advertise=None, task_port=0,
-                   rendezvous_port=0, port_retries=None, connect_timeout=10.0):
+                   rendezvous_port=0, port_retries=None, connect_timeout=10.0,
+                   live_view=None):
     """Exchange the rows of DataFrame ``df`` by ``key`` (a column name)
     between the tasks of one barrier stage and return the DataFrame of
     ``fn``'s output (``schema``, as for ``mapInArrow``): each task's
@@ -246,8 +248,8 @@ def arrow_exchange(df, fn, key, schema, *, segment_size=32768, buffers_per_chann
     hold the largest piece), and read in place from the received record.  Slots, memory,
     timeouts, failures, addresses and ports (``host``, ``advertise``,
     ``task_port``, ``rendezvous_port``, ``port_retries``), ``monitor``,
-    ``rendezvous`` and ``encryption``: as :func:`pipelined_exchange`,
-    except that the driver's rendezvous serves
+    ``rendezvous``, ``encryption`` and ``live_view``: as
+    :func:`pipelined_exchange`, except that the driver's rendezvous serves
     as long as the returned DataFrame itself is referenced (a DataFrame
     made from it does not keep it up), then until no task has registered
     for ``timeout`` seconds.
@@ -291,7 +293,10 @@ def arrow_exchange(df, fn, key, schema, *, segment_size=32768, buffers_per_chann
     sc = df.sparkSession.sparkContext
     spec.encryption = session_encryption(sc, spec.encryption)
     session_ports(sc, spec)
+    live.check_option(live_view)
     check_slots(sc, n, spec.timeout)
+    spec.live = live.attach(sc, live_view, spec.exchange_id, n,
+                            live.exchange_name("arrow_exchange", key, fn))
 
     def task(batches):
         return run_task(spec, batches)

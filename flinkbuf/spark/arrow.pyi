@@ -10,6 +10,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
 from flinkbuf.spark.exchange import ExchangeTask
+from flinkbuf.spark.live import LiveView
 
 __all__ = ["arrow_exchange", "key_partitions"]
 
@@ -40,4 +41,5 @@ def arrow_exchange(
     rendezvous_port: int = 0,
     port_retries: int | None = None,
     connect_timeout: float = 10.0,
+    live_view: LiveView | bool | int | str | None = None,
 ) -> DataFrame: ...

@@ -19,7 +19,7 @@ buffer requests instead of growing a shuffle.  End of data travels in-band
 its peers have taken all their subpartitions.
 """
 
-from flinkbuf.spark import _rendezvous
+from flinkbuf.spark import _rendezvous, live
 from flinkbuf.spark._task import (
     RENDEZVOUS,
     SELECTORS,
@@ -51,7 +51,8 @@ def pipelined_exchange(rdd, fn=None, *, num_partitions=None, key=None, selector=
                        floating_buffers=8, buffer_timeout=0.1, max_record_size=64 << 20,
                        max_parallelism=None, host=None, timeout=60.0, monitor=None,
                        rendezvous="driver", encryption=None, advertise=None, task_port=0,
-                       rendezvous_port=0, port_retries=None, connect_timeout=10.0):
+                       rendezvous_port=0, port_retries=None, connect_timeout=10.0,
+                       live_view=None):
     """Exchange the records of ``rdd`` between the tasks of one barrier
     stage and return the RDD of ``fn``'s output: partition ``j`` of the
     result is ``fn(iterator of the records routed to j)``, as
@@ -164,6 +165,18 @@ def pipelined_exchange(rdd, fn=None, *, num_partitions=None, key=None, selector=
     monitor: a picklable callable run in each task with its
     :class:`ExchangeTask` before records flow; it may return a callable
     that is run when the task ends.
+    live_view: whether the tasks report their metrics to a live view on
+    the driver while they run (a page naming the bottleneck, JSON and
+    Prometheus text; :mod:`flinkbuf.spark.live`).  None (the default):
+    to the session's view if :func:`~flinkbuf.spark.live_view` started
+    one, else not at all (nothing runs for it); False: not at all;
+    True: to the session's view, started on loopback and a free port if
+    there is none; a port or ``"HOST:PORT"``: the same, started there; a
+    :class:`~flinkbuf.spark.LiveView`: to that one.  Its URL is the view's
+    ``url`` (``flinkbuf.spark.live_view(spark).url``) and is logged when
+    it starts.  (A separate option from ``monitor``, which runs code of
+    yours in each task: this one runs none, and costs a report per task
+    every half second.)
 
     Executors import flinkbuf: set ``PYSPARK_PYTHON`` to an interpreter
     that has it before the Spark session starts.
@@ -188,7 +201,10 @@ def pipelined_exchange(rdd, fn=None, *, num_partitions=None, key=None, selector=
 
     spec.encryption = session_encryption(rdd.context, spec.encryption)
     session_ports(rdd.context, spec)
+    live.check_option(live_view)
     check_slots(rdd.context, n, spec.timeout)
+    spec.live = live.attach(rdd.context, live_view, spec.exchange_id, n,
+                            live.exchange_name("pipelined_exchange", rdd, fn))
 
     def task(iterator):
         return run_task(spec, iterator)

@@ -9,6 +9,7 @@ from flinkbuf.io._io import InputGate, RecordWriter, ResultPartition, _JavaKey
 from flinkbuf.io.metrics import TaskMetrics
 from flinkbuf.network.environment import NetworkEnvironment
 from flinkbuf.serialization._serialization import _Codec
+from flinkbuf.spark.live import LiveView
 
 __all__ = ["ExchangeTask", "RENDEZVOUS", "SELECTORS", "close_rendezvous", "current_task",
            "pipelined_exchange"]
@@ -80,4 +81,5 @@ def pipelined_exchange(
     rendezvous_port: int = 0,
     port_retries: int | None = None,
     connect_timeout: float = 10.0,
+    live_view: LiveView | bool | int | str | None = None,
 ) -> RDD[Any]: ...
