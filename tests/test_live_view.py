@@ -484,7 +484,7 @@ def _cli(*args, timeout=60):
                           text=True, timeout=timeout, env=env)
 
 
-def test_monitor_shows_the_view_in_a_terminal(view, nbp):
+def test_monitor_shows_the_view_in_a_terminal(view, nbp, monkeypatch):
     target = view._target("exchange-d", "pipelined_exchange of RDD 4 into count", 1)
     local = LocalTask(nbp, records=1000)
     reporter = target.start(local.task, Ctx(attempt=21))
@@ -517,6 +517,7 @@ def test_monitor_shows_the_view_in_a_terminal(view, nbp):
             pass
 
     out = Terminal()
+    monkeypatch.setenv("COLUMNS", "200")      # a terminal wide enough for every column
     assert _live_text.watch(view.url, interval=0.05, count=2, out=out) == 2
     assert out.text.count("\x1b[H\x1b[J") == 2
     assert "48;2;82;196;26m" in out.text or "48;2;245;34;45m" in out.text \
