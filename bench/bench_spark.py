@@ -371,11 +371,7 @@ def _run_cluster(args):
     cluster = netns_cluster.Cluster(logs)
     try:
         cluster.up()
-        cluster.start_master()
-        cluster.wait_for_log(cluster.master_log, r"I have been elected leader", timeout=60)
-        for host in ("h1", "h2"):
-            cluster.start_worker(host, cores=1)        # one task per host
-        cluster.wait_for_log(cluster.master_log, r"Registering worker", count=2, timeout=60)
+        cluster.start_spark(cores=1, registered=True)        # one task per host
         env = {"SPARK_LOCAL_IP": netns_cluster.ADDRESSES["h0"], "PYSPARK_PYTHON": sys.executable,
                "PYTHONPATH": os.pathsep.join([ROOT, os.path.join(ROOT, "bench")]),
                "SPARK_HOME": netns_cluster.spark_home()}

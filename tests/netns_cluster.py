@@ -346,6 +346,17 @@ class Cluster:
                    "--port", str(MASTER_PORT), "--webui-port", "0"],
             "master", self._spark_env("h0")).log
 
+    def start_spark(self, workers=("h1", "h2"), cores=2, registered=False):
+        """The master in h0, once it leads, and a worker on each host of
+        ``workers``; with ``registered``, once they have all registered."""
+        self.start_master()
+        self.wait_for_log(self.master_log, r"I have been elected leader", timeout=60)
+        for host in workers:
+            self.start_worker(host, cores=cores)
+        if registered:
+            self.wait_for_log(self.master_log, r"Registering worker", count=len(workers),
+                              timeout=60)
+
     @property
     def master_url(self):
         return f"spark://{ADDRESSES['h0']}:{MASTER_PORT}"

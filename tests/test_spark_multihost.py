@@ -47,10 +47,7 @@ def hosts(tmp_path_factory):
     cluster = netns_cluster.Cluster(logs)
     try:
         cluster.up()
-        cluster.start_master()
-        cluster.wait_for_log(cluster.master_log, r"I have been elected leader", timeout=60)
-        for host in ("h1", "h2"):
-            cluster.start_worker(host)
+        cluster.start_spark()
         driver = cluster.start_driver()
         driver.result(0, timeout=120)          # the session is up
         h = _Hosts(cluster)

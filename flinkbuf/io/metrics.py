@@ -71,12 +71,9 @@ class _OwnBufferMetrics(TypedDict):
     numBuffersInRemote: int
 
 
-class TaskMetricsSnapshot(_OwnBufferMetrics):
-    """What :meth:`TaskMetrics.snapshot` returns: Flink's metric names
-    (counts are totals since the task started; rates, per second, and
-    times, in ms per second, are over the window)."""
-
-    task: str
+class _TaskMetricValues(_OwnBufferMetrics):
+    # A snapshot's metrics, without the task's name (what the live view
+    # of flinkbuf.spark receives from each task).
     intervalSeconds: float
     backPressuredTimeMsPerSecond: float
     idleTimeMsPerSecond: float
@@ -95,6 +92,14 @@ class TaskMetricsSnapshot(_OwnBufferMetrics):
     numBytesInPerSecond: float
     numRecordsOutPerSecond: float
     numBytesOutPerSecond: float
+
+
+class TaskMetricsSnapshot(_TaskMetricValues):
+    """What :meth:`TaskMetrics.snapshot` returns: Flink's metric names
+    (counts are totals since the task started; rates, per second, and
+    times, in ms per second, are over the window)."""
+
+    task: str
 
 
 # (time ns, records in, bytes in, buffers in, idle ns,

@@ -6,32 +6,12 @@ from typing import Literal, TypedDict
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
+from flinkbuf.io.metrics import _TaskMetricValues
+
 __all__ = ["LiveView", "live_view"]
 
-class _LiveMetrics(TypedDict):
-    # TaskMetrics.snapshot() of the task (without its "task" name).
-    intervalSeconds: float
-    backPressuredTimeMsPerSecond: float
-    idleTimeMsPerSecond: float
-    busyTimeMsPerSecond: float
-    backPressureRatio: float
-    backPressureLevel: Literal["OK", "LOW", "HIGH"]
-    outPoolUsage: float
-    inPoolUsage: float
-    numRecordsIn: int
-    numBytesIn: int
-    numBuffersIn: int
-    numRecordsOut: int
-    numBytesOut: int
-    numBuffersOut: int
-    numRecordsInPerSecond: float
-    numBytesInPerSecond: float
-    numRecordsOutPerSecond: float
-    numBytesOutPerSecond: float
-    inputExclusiveBuffersUsage: float
-    inputFloatingBuffersUsage: float
-    numBytesInRemote: int
-    numBuffersInRemote: int
+# TaskMetrics.snapshot() of the task, without its "task" name.
+_LiveMetrics = _TaskMetricValues
 
 class _TaskStats(TypedDict):
     records_out: int
