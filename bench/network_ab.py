@@ -4,9 +4,9 @@ helper for comparing alternatives on a noisy, shared machine: every
 variant once per round, rounds repeated, medians and ratios reported).
 
   python bench/network_ab.py latency [--rounds 5] [--pings 3000] VARIANT...
-  python bench/network_ab.py bulk [--rounds 5] [--n 20000] VARIANT...
+  python bench/network_ab.py bulk [--rounds 5] [--n 20000] [--cpu] VARIANT...
   python bench/network_ab.py records [--rounds 5] [--n 2000000] [--kind int64]
-                             [--channels 1] [--flush-ms 100] VARIANT...
+                             [--channels 1] [--flush-ms 100] [--cpu] VARIANT...
 
 A VARIANT is a peer (``raw_tcp``, ``raw_uds``, ``pyzmq``, ``mp_queue``) or
 ``flinkbuf`` with spec options after colons, e.g. ``flinkbuf:transport=tcp``,
@@ -64,17 +64,23 @@ def measure(a, impl, extra):
             spec = {"kind": a.kind, "n": a.n, "channels": a.channels, "batch": 1,
                     "buffer_timeout": a.flush_ms / 1e3, **extra}
             out = np_.run_pair(impl, spec)
-            return (a.n / out["ns"] * 1e9 / 1e6,)
+            return (a.n / out["ns"] * 1e9 / 1e6, *_cpu_per_record(out, a.n))
         spec = {"kind": "bytes32k", "n": a.n, "channels": 1, "batch": 1,
                 "buffer_timeout": 0.1, **extra}
         out = np_.run_pair(impl, spec)
-        return (a.n * np_.SEGMENT / out["ns"] * 1e9 / 2**20,)
+        return (a.n * np_.SEGMENT / out["ns"] * 1e9 / 2**20, *_cpu_per_record(out, a.n))
     finally:
         for k, old in saved.items():
             if old is None:
                 del os.environ[k]
             else:
                 os.environ[k] = old
+
+
+def _cpu_per_record(out, n):
+    """CPU ns per record of the producer's and the consumer's processes
+    (all their threads) over the measured part."""
+    return tuple((out[side].get("cpu_ns") or 0) / n for side in ("producer", "consumer"))
 
 
 def measure_in(build, a, variant):
@@ -109,6 +115,9 @@ def main():
                     help="records: what each record is")
     ap.add_argument("--channels", type=int, default=1, help="records: channels")
     ap.add_argument("--flush-ms", type=float, default=100, help="records: buffer_timeout")
+    ap.add_argument("--cpu", action="store_true",
+                    help="bulk, records: also the CPU time per record of each side's process "
+                         "(where two cores are both busy, no transport can go faster)")
     ap.add_argument("--one", help=argparse.SUPPRESS)   # a child's single measurement
     a = ap.parse_intermixed_args()
     if a.one:
@@ -123,8 +132,9 @@ def main():
             build = extra.pop("build", None)
             val = measure(a, impl, extra) if build is None else measure_in(build, a, v)
             res[v].append(val)
+            shown = val if a.what == "latency" or a.cpu else val[:1]
             print(f"round {r}: {v:<40} " + " ".join(f"{x:,.2f}" if x < 100 else f"{x:,.0f}"
-                                                    for x in val), flush=True)
+                                                    for x in shown), flush=True)
     base = a.variants[0]
     print()
     if a.what == "latency":
@@ -137,11 +147,15 @@ def main():
                   + " ".join(f"{x[0] / 1e3:.1f}" for x in res[v]))
     else:
         unit = "MiB/s" if a.what == "bulk" else "Mrec/s"
-        print(f"{'variant':<40} {unit:>8} {'/' + base:>10}  rounds ({unit})")
+        cpu_head = f" {'cpu ns/rec: producer':>21} {'consumer':>9}" if a.cpu else ""
+        print(f"{'variant':<40} {unit:>8} {'/' + base:>10}{cpu_head}  rounds ({unit})")
         b = statistics.median(x[0] for x in res[base])
         for v in a.variants:
             m = statistics.median(x[0] for x in res[v])
-            print(f"{v:<40} {m:8.2f} {m / b:10.2f}  " + " ".join(f"{x[0]:.2f}" for x in res[v]))
+            cpu = "".join(f" {statistics.median(x[i] for x in res[v]):>{w}.0f}"
+                          for i, w in ((1, 21), (2, 9))) if a.cpu else ""
+            print(f"{v:<40} {m:8.2f} {m / b:10.2f}{cpu}  "
+                  + " ".join(f"{x[0]:.2f}" for x in res[v]))
 
 
 if __name__ == "__main__":
