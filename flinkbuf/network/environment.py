@@ -553,6 +553,7 @@ class NetworkEnvironment:
         """Whether ``conn`` is to the peer expected at ``address`` (the lock held)."""
         expected = self._expected.get(address)
         return expected is None or self._peer_ids.get(conn) == expected
+
     @property
     def network_buffer_pool(self) -> NetworkBufferPool:
         """The pool every buffer of this environment comes from: create the

@@ -23,7 +23,7 @@ import time
 from flinkbuf.errors import AuthenticationError, RemoteConnectionError
 from flinkbuf.network import handshake
 from flinkbuf.network.log_limit import LogLimiter
-from flinkbuf.spark import _reports
+from flinkbuf.spark import _rendezvous, _reports
 
 _LOG = logging.getLogger("flinkbuf.spark")
 UNAUTHENTICATED_BUDGET = 32
@@ -74,14 +74,10 @@ class Collector:
         self.refused = 0
         self._peers = {}             # socket -> _Peer
         self._closed = False
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        self._sock = _rendezvous.listener(host, 0, 128)
         self._wake_r, self._wake_w = socket.socketpair()
         self._selector = selectors.DefaultSelector()
         try:
-            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self._sock.bind((host, 0))
-            self._sock.listen(128)
             self._sock.setblocking(False)
             self._wake_r.setblocking(False)
             self._selector.register(self._sock, selectors.EVENT_READ)

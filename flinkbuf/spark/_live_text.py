@@ -13,9 +13,11 @@ import urllib.parse
 import urllib.request
 
 from flinkbuf.errors import RemoteConnectionError
+from flinkbuf.spark._live_store import LEVEL_COLOURS
 
 MAX_DOCUMENT = 32 << 20        # bytes of JSON a view may send
-_LEVEL_RGB = {"OK": (0x52, 0xc4, 0x1a), "LOW": (0xfa, 0xad, 0x14), "HIGH": (0xf5, 0x22, 0x2d)}
+_LEVEL_RGB = {level: tuple(bytes.fromhex(hex_colour[1:]))
+              for level, hex_colour in LEVEL_COLOURS.items()}
 _CLEAR = "\x1b[H\x1b[J"
 
 

@@ -116,7 +116,7 @@ class RendezvousServer:
         self._last_activity = time.monotonic()
         self.refused = 0             # connections dropped (bad peer, stale attempt, ...)
         self._sock = bind_in_range(
-            lambda p: _listener(host, p, min(128, self._max_connections)), host, port,
+            lambda p: listener(host, p, min(128, self._max_connections)), host, port,
             port_retries, "the exchange's rendezvous on the driver", "rendezvous_port")
         self._sock.settimeout(_ACCEPT_SLICE)
         self.address = (advertise or host, self._sock.getsockname()[1])
@@ -358,7 +358,9 @@ class RendezvousServer:
             return {"addresses": list(entry.addresses), "task_attempt_ids": list(entry.tids)}
 
 
-def _listener(host, port, backlog):
+def listener(host, port, backlog):
+    """A TCP socket listening on ``host`` (IPv4 or IPv6) at ``port`` (0:
+    any free one), with ``backlog``; closed again if that fails."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:

@@ -35,6 +35,7 @@ import threading
 import time
 
 from flinkbuf.errors import RemoteConnectionError
+from flinkbuf.io.metrics import HIGH, LOW, OK
 from flinkbuf.network import handshake
 
 _LOG = logging.getLogger("flinkbuf.spark")
@@ -48,7 +49,7 @@ _MAX_INT = 2 ** 63 - 1
 _CONNECT_TIMEOUT = 5.0        # seconds, at most, to reach the driver and to send
 _STOP_TIMEOUT = 15.0          # seconds stop() waits for the thread (bounded by the above)
 
-LEVELS = ("OK", "LOW", "HIGH")
+LEVELS = (OK, LOW, HIGH)
 END_STATES = ("FINISHED", "FAILED", "CANCELED")
 
 # The fields of a report's "metrics" (a TaskMetrics snapshot without its

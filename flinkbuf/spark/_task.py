@@ -39,6 +39,8 @@ from flinkbuf.io import (
 from flinkbuf.io.metrics import TaskMetrics
 from flinkbuf.io.producer import ProducerThread, emit_all
 from flinkbuf.network import NetworkEnvironment, format_address
+# The hosts that name every interface: never an address a peer can dial.
+from flinkbuf.network.environment import _WILDCARDS
 from flinkbuf.serialization import CODECS
 from flinkbuf.spark import _rendezvous, _reports
 
@@ -137,9 +139,6 @@ def _make_selector(selector, key, max_parallelism):
             return HashSelector.by_first_field(max_parallelism=max_parallelism)
         return HashSelector(key, max_parallelism=max_parallelism)
     return selector
-
-
-_WILDCARDS = ("0.0.0.0", "::", "")
 
 
 def _is_own_address(host):

@@ -14,8 +14,9 @@ from flinkbuf.spark.live import LiveView
 __all__ = ["ExchangeTask", "RENDEZVOUS", "SELECTORS", "close_rendezvous", "current_task",
            "pipelined_exchange"]
 
-class _ExchangeTaskStats(TypedDict):
-    task: int
+class _TaskStatValues(TypedDict):
+    # ExchangeTask.stats() without the task's index (what the live view
+    # receives from each task).
     records_out: int
     bytes_out: int
     records_in: int
@@ -26,6 +27,9 @@ class _ExchangeTaskStats(TypedDict):
     out_pool_size: int
     # None until the task has read its first record.
     first_record_seconds: float | None
+
+class _ExchangeTaskStats(_TaskStatValues):
+    task: int
 
 SELECTORS: Final[tuple[str, ...]]
 RENDEZVOUS: Final[tuple[str, ...]]

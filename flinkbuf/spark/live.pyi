@@ -7,22 +7,15 @@ from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from flinkbuf.io.metrics import _TaskMetricValues
+from flinkbuf.spark.exchange import _TaskStatValues
 
 __all__ = ["LiveView", "live_view"]
 
 # TaskMetrics.snapshot() of the task, without its "task" name.
 _LiveMetrics = _TaskMetricValues
 
-class _TaskStats(TypedDict):
-    records_out: int
-    bytes_out: int
-    records_in: int
-    bytes_in: int
-    back_pressured_seconds: float
-    idle_seconds: float
-    out_pool_in_use: int
-    out_pool_size: int
-    first_record_seconds: float | None
+# ExchangeTask.stats() of the task, without its index.
+_TaskStats = _TaskStatValues
 
 class _LiveTask(TypedDict):
     task: int
