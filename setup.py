@@ -144,7 +144,8 @@ if SANITIZE:
 CSRC = {
     "buffer": ["csrc/common/clock.c", "csrc/buffer/arena.c", "csrc/buffer/redistribution.c",
                "csrc/buffer/pool.c"],
-    "io": ["csrc/common/clock.c", "csrc/io/exchange.c", "csrc/io/keygroup.c"],
+    "io": ["csrc/common/clock.c", "csrc/io/exchange.c", "csrc/io/keygroup.c",
+           "csrc/io/channel_order.c"],
     "network": ["csrc/common/clock.c", "csrc/io/exchange.c", "csrc/network/wire.c",
                 "csrc/network/credit.c", "csrc/network/transport.c", "csrc/network/shm.c",
                 "csrc/network/connection.c", "csrc/network/inchan.c", "csrc/network/reader.c",

@@ -97,3 +97,52 @@ def test_key_partitions(benchmark, case, impl):
     picked = got[:: max(1, len(keys) // 500)]
     assert picked.tolist() == [assign_key_to_operator(int(k), PARALLELISM, MAX_PARALLELISM)
                                for k in sample]
+
+
+# ---- a batch's rows grouped by consumer (arrow_exchange's producer) --------
+
+BATCH_ROWS = scale(65536, 4096)      # Spark's arrow.maxRecordsPerBatch in bench_spark
+CONSUMERS = 2
+_ROWS = np.arange(BATCH_ROWS, dtype=np.int64)
+_CHANNELS = c_partitions(_ROWS % 1000, CONSUMERS, MAX_PARALLELISM)
+
+
+def c_pieces(batch, channels, n):
+    """order_by_channel, then Arrow's take without a bounds check."""
+    from pyarrow.compute import take
+
+    from flinkbuf.io import order_by_channel
+
+    order = np.empty(len(channels), dtype=np.int32)
+    counts = np.empty(n, dtype=np.int64)
+    order_by_channel(channels, order, counts)
+    bounds = np.cumsum(counts).tolist()
+    return [take(batch, order[b - c:b], boundscheck=False)
+            for b, c in zip(bounds, counts.tolist())]
+
+
+def numpy_pieces(batch, channels, n):
+    """What arrow_exchange did before: numpy's stable argsort (a radix sort
+    of small ints) and bincount, and RecordBatch.take."""
+    counts = np.bincount(channels, minlength=n)
+    order = np.argsort(channels, kind="stable")
+    bounds = np.cumsum(counts).tolist()
+    return [batch.take(order[b - c:b]) for b, c in zip(bounds, counts.tolist())]
+
+
+PIECES = {"flinkbuf_c": c_pieces, "numpy_argsort": numpy_pieces}
+
+
+@pytest.mark.parametrize("impl", sorted(PIECES))
+def test_batch_pieces_by_consumer(benchmark, impl):
+    import pyarrow as pa
+    batch = pa.RecordBatch.from_arrays([pa.array(_ROWS % 1000), pa.array(_ROWS)],
+                                       names=["k", "v"])
+    benchmark.group = (f"a batch of {BATCH_ROWS} rows (two int64 columns) cut into one "
+                       f"piece per consumer, {CONSUMERS} consumers")
+    benchmark.extra_info.update(ops=BATCH_ROWS, subject=impl == "flinkbuf_c", bytes=16)
+    pieces = benchmark.pedantic(PIECES[impl], args=(batch, _CHANNELS, CONSUMERS),
+                                rounds=scale(30, 2), iterations=1, warmup_rounds=1)
+    # each consumer's rows, each once, in input order
+    for j, piece in enumerate(pieces):
+        assert piece.column("v").to_pylist() == _ROWS[_CHANNELS == j].tolist()

@@ -1,5 +1,6 @@
 """Small helpers shared by the tests."""
 
+import sys
 import threading
 import time
 
@@ -30,3 +31,29 @@ def wait_until(predicate, timeout=5.0, interval=0.001):
             return True
         time.sleep(interval)
     return predicate()
+
+
+def ticks_during(call):
+    """How often another Python thread ran while ``call()`` ran (with a
+    short switch interval): a call that holds the GIL throughout lets it run
+    once or twice at most."""
+    ticks = []
+    done = threading.Event()
+
+    def tick():
+        while not done.is_set():
+            ticks.append(1)
+            done.wait(0.0005)
+
+    t = threading.Thread(target=tick)
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-4)
+    try:
+        t.start()
+        ticks.clear()
+        call()
+        return len(ticks)
+    finally:
+        done.set()
+        t.join()
+        sys.setswitchinterval(old)

@@ -3,9 +3,6 @@ array in C: bit-exact with the scalar assign_key_to_operator for every key
 type it takes, and a clear exception (never a crash, never a write) for
 every bad argument."""
 
-import sys
-import threading
-
 import numpy as np
 import pytest
 from hypothesis import given
@@ -13,6 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from flinkbuf.io import assign_key_to_operator, assign_keys_to_operators
+from helpers import ticks_during
 
 INT_DTYPES = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
 OUT_DTYPES = [np.int8, np.int16, np.int32, np.int64]
@@ -128,27 +126,8 @@ def test_key_groups_with_parallelism_equal_to_max_parallelism():
 def test_other_threads_run_while_a_large_array_is_assigned():
     keys = np.arange(20_000_000, dtype=np.int64)
     out = np.empty(len(keys), dtype=np.int32)
-    ticks = []
-    done = threading.Event()
-
-    def tick():
-        while not done.is_set():
-            ticks.append(1)
-            done.wait(0.0005)
-
-    t = threading.Thread(target=tick)
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-4)
-    try:
-        t.start()
-        ticks.clear()
-        assign_keys_to_operators(keys, out, 4)
-        during = len(ticks)
-    finally:
-        done.set()
-        t.join()
-        sys.setswitchinterval(old)
-    assert during > 5               # the GIL was released during the call
+    # the GIL was released during the call
+    assert ticks_during(lambda: assign_keys_to_operators(keys, out, 4)) > 5
 
 
 KEYS = np.arange(6, dtype=np.int64)

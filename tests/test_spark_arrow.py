@@ -1,11 +1,12 @@
 """flinkbuf.spark.key_partitions: the vectorized key hash that routes the
-rows of arrow_exchange agrees with the hash selector, key by key (no Spark
-needed; arrow_exchange itself is tested in test_spark.py)."""
+rows of arrow_exchange agrees with the hash selector, key by key; and
+arrow_exchange's producer sends each row once, to its key's consumer, in
+order (no Spark needed; arrow_exchange itself is tested in test_spark.py)."""
 
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flinkbuf.io import assign_key_to_operator, default_max_parallelism
@@ -167,3 +168,46 @@ def test_key_partitions_needs_no_pyarrow_for_numpy_and_sequences():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+class _Collect:
+    """A writer that keeps what the producer emits."""
+
+    def __init__(self, num_channels):
+        self.num_channels = num_channels
+        self.records = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+@settings(deadline=None)
+@given(st.lists(st.lists(st.one_of(st.none(), st.integers(-2**63, 2**63 - 1)), max_size=80),
+                max_size=4),
+       st.integers(1, 9))
+def test_the_producer_sends_each_row_once_to_its_keys_consumer_in_order(batches, n):
+    from flinkbuf.spark.arrow import _BATCH, _SCHEMA, _route
+
+    batches = [pa.RecordBatch.from_pydict({"k": pa.array(b, pa.int64()),
+                                           "row": pa.array(range(len(b)), pa.int64()),
+                                           "batch": pa.array([i] * len(b), pa.int64())})
+               for i, b in enumerate(batches)]
+    writer = _Collect(n)
+    _route("k", default_max_parallelism(n))(writer, iter(batches))
+    got = {j: [] for j in range(n)}
+    schemas = set()
+    for j, kind, payload in writer.records:
+        if kind == _SCHEMA:
+            assert j not in schemas and not got[j]        # once per channel, first
+            schemas.add(j)
+            continue
+        assert kind == _BATCH and j in schemas
+        piece = pa.ipc.read_record_batch(pa.py_buffer(bytes(payload)), batches[0].schema)
+        assert piece.num_rows > 0
+        got[j].extend(zip(piece.column("batch").to_pylist(), piece.column("row").to_pylist(),
+                          piece.column("k").to_pylist()))
+    for j in range(n):
+        want = [(b, r, k) for b, batch in enumerate(batches)
+                for r, k in enumerate(batch.column("k").to_pylist())
+                if key_partitions([k], n).tolist() == [j]]
+        assert got[j] == want            # its rows, each once, in input order

@@ -40,7 +40,8 @@ with Python's per-process salted ``hash()``: ints in the int32 range as
 :class:`ForwardSelector`, :class:`GlobalSelector`, :class:`CustomSelector`
 and :class:`BacklogAwareRebalanceSelector` (the backlog-aware round robin,
 ``"backlog_aware"``; the name ``"rebalance"`` is round robin, as in Flink).
-:func:`assign_keys_to_operators` assigns a whole array of keys at once.
+:func:`assign_keys_to_operators` assigns a whole array of keys at once, and
+:func:`order_by_channel` groups the rows of such an array by channel.
 
 A task's buffers: :func:`task_segments` (how many its pool needs) and
 :func:`create_partition`; :func:`local_pipeline` runs a task's stages in
@@ -76,6 +77,7 @@ from flinkbuf.io._io import (
     monotonic_ns,
     murmur_hash,
     operator_index_for_key_group,
+    order_by_channel,
 )
 from flinkbuf.checks import check_int
 from flinkbuf.errors import PartitionReleasedError, ProducerFailedError
@@ -115,6 +117,7 @@ __all__ = [
     "monotonic_ns",
     "murmur_hash",
     "operator_index_for_key_group",
+    "order_by_channel",
     "partition_buffers",
     "pointwise_connections",
     "task_segments",

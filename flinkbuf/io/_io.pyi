@@ -76,6 +76,9 @@ def assign_keys_to_operators(
     offsets: _BufferProtocol | None = None,
     utf8: bool = False,
 ) -> None: ...
+def order_by_channel(
+    channels: _BufferProtocol, order: _BufferProtocol, counts: _BufferProtocol
+) -> None: ...
 
 # ---- channel selectors ------------------------------------------------------
 

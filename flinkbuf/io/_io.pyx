@@ -1,6 +1,7 @@
 # Layer 3, tasks exchanging data: ResultPartition, RecordWriter and channel
 # selectors, InputGate and input channels, in-band events; one extension over
-# csrc/exchange.c and csrc/keygroup.c.  Compiler directives live in setup.py.
+# csrc/exchange.c, csrc/keygroup.c and csrc/channel_order.c.  Compiler
+# directives live in setup.py.
 # One concept per included file; errors from C result codes are raised in
 # one place per type (ResultPartition._raise_for_rc, the gate's _wait_item).
 
@@ -27,6 +28,7 @@ from flinkbuf.checks cimport as_int32, as_timeout
 from flinkbuf.csrc.clock cimport FB_WAIT_FOREVER, FB_WAIT_SLICE, fb_deadline_after, fb_monotonic_ns
 from flinkbuf.csrc.exchange cimport *
 from flinkbuf.csrc.keygroup cimport *
+from flinkbuf.csrc.channel_order cimport fb_order_by_channel
 from flinkbuf.csrc.status cimport *
 from flinkbuf.serialization._serialization cimport (FULL_BUFFER, FULL_RECORD, RecordDeserializer,
                                                   RecordSerializer, is_no_record)
@@ -101,6 +103,7 @@ def monotonic_ns():
 
 include "events.pyx"
 include "keygroup.pyx"
+include "channel_order.pyx"
 include "channel_selector.pyx"
 include "result_partition.pyx"
 include "record_writer.pyx"

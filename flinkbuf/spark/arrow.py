@@ -3,7 +3,8 @@ tasks of ``df.mapInArrow(..., barrier=True)`` (:func:`arrow_exchange`).
 
 Each task splits its input batches by a vectorized hash of the key column
 (:func:`flinkbuf.io.assign_keys_to_operators`, in C: Flink's key groups, the
-same partition as :func:`flinkbuf.io.assign_key_to_operator` gives the key),
+same partition as :func:`flinkbuf.io.assign_key_to_operator` gives the key;
+the rows grouped by consumer with :func:`flinkbuf.io.order_by_channel`),
 and sends each piece as one record: an Arrow IPC message (the schema first,
 once per channel, then record batch messages).  The consumer reads a batch
 from its record without a further copy (the batch's buffers point into the
@@ -14,7 +15,12 @@ buffers).
 import numpy as np
 
 from flinkbuf.checks import check_int
-from flinkbuf.io import assign_keys_to_operators, default_max_parallelism, java_hash_code
+from flinkbuf.io import (
+    assign_keys_to_operators,
+    default_max_parallelism,
+    java_hash_code,
+    order_by_channel,
+)
 from flinkbuf.spark import live
 from flinkbuf.spark._task import (
     check_slots,
@@ -35,8 +41,7 @@ _KEY_TYPES = frozenset(("boolean", "byte", "short", "integer", "long", "float", 
 
 
 def _partition_dtype(num_partitions):
-    """The narrowest integer type that holds every partition (a stable
-    sort of small integers is a radix sort)."""
+    """The narrowest integer type that holds every partition."""
     return np.int8 if num_partitions <= 128 else np.int16
 
 
@@ -172,10 +177,13 @@ def _route(key, max_parallelism):
     sent to its consumer as an IPC message (the schema once per channel)."""
 
     def produce(writer, batches):
+        from pyarrow.compute import take
+
         n = writer.num_channels
         emit = writer.emit
         dtype = _partition_dtype(n)
         sent_schema = [False] * n
+        counts = np.empty(n, dtype=np.int64)
         column = None
         for batch in batches:
             rows = batch.num_rows
@@ -187,13 +195,15 @@ def _route(key, max_parallelism):
                 if column is None:
                     column = batch.schema.get_field_index(key)
                 dest = _partitions(batch.column(column), n, max_parallelism, dtype)
-                counts = np.bincount(dest, minlength=n)
+                order = np.empty(rows, dtype=np.int32 if rows < 1 << 31 else np.int64)
+                order_by_channel(dest, order, counts)
                 if counts.max() == rows:          # the whole batch goes to one consumer
                     pieces = ((int(dest[0]), batch),)
                 else:
-                    order = np.argsort(dest, kind="stable")   # a radix sort: small ints
                     bounds = np.cumsum(counts).tolist()
-                    pieces = ((j, batch.take(order[bounds[j] - c:bounds[j]]))
+                    # order holds each row once, in range: no bounds check
+                    pieces = ((j, take(batch, order[bounds[j] - c:bounds[j]],
+                                       boundscheck=False))
                               for j, c in enumerate(counts.tolist()) if c)
             for j, piece in pieces:
                 if not sent_schema[j]:

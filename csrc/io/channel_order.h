@@ -1,0 +1,26 @@
+/* Rows grouped by channel: a stable counting sort of channel indices, what a
+ * producer needs to cut a batch of rows into one piece per consumer.  No
+ * Python API. */
+#ifndef FLINKBUF_CHANNEL_ORDER_H
+#define FLINKBUF_CHANNEL_ORDER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* For the `n` channel indices at `channels` (signed integers of `width`
+ * 1, 2, 4 or 8 bytes, native byte order), each in [0, num_channels):
+ * counts[c] is how many are c (num_channels int64s), and `order` (n
+ * integers of `order_width`, 4 or 8 bytes) holds 0 .. n-1 sorted by their
+ * channel, ascending, the indices of one channel in input order.
+ *
+ * Every channel is read and checked before anything is written.  Returns
+ * FB_OK; FB_EINVAL, writing nothing, for a channel outside the range (then
+ * *bad, if not NULL, is its index and *bad_channel, if not NULL, its value),
+ * an unknown width, num_channels < 1, or an order_width of 4 with n beyond
+ * INT32_MAX (then *bad is n); FB_ENOMEM if the table of num_channels
+ * offsets could not be had. */
+int fb_order_by_channel(const void *channels, int width, size_t n, int32_t num_channels,
+                        void *order, int order_width, int64_t *counts, size_t *bad,
+                        int64_t *bad_channel);
+
+#endif
