@@ -464,6 +464,7 @@ GROUPS = {
          for name in ("create_partition", "ResultPartition", "RecordWriter", "InputGate",
                       "LocalInputChannel", "UserEvent", "pointwise_connections",
                       "assign_key_to_operator", "assign_keys_to_operators",
+                      "order_by_channel",
                       "java_hash_code", "key_group_for_hash", "partition_buffers",
                       "task_segments",
                       "murmur_hash", "operator_index_for_key_group",
