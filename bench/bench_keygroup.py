@@ -108,17 +108,11 @@ _CHANNELS = c_partitions(_ROWS % 1000, CONSUMERS, MAX_PARALLELISM)
 
 
 def c_pieces(batch, channels, n):
-    """order_by_channel, then Arrow's take without a bounds check."""
-    from pyarrow.compute import take
+    """arrow_exchange's own cut: order_by_channel, then Arrow's take
+    without a bounds check."""
+    from flinkbuf.spark.arrow import _pieces
 
-    from flinkbuf.io import order_by_channel
-
-    order = np.empty(len(channels), dtype=np.int32)
-    counts = np.empty(n, dtype=np.int64)
-    order_by_channel(channels, order, counts)
-    bounds = np.cumsum(counts).tolist()
-    return [take(batch, order[b - c:b], boundscheck=False)
-            for b, c in zip(bounds, counts.tolist())]
+    return [piece for _, piece in _pieces(batch, channels, n)]
 
 
 def numpy_pieces(batch, channels, n):

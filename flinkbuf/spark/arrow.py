@@ -172,18 +172,33 @@ def key_partitions(keys, num_partitions, max_parallelism=None):
     return _numpy_partitions(_as_key_array(keys), num_partitions, max_parallelism, np.int64)
 
 
+def _pieces(batch, dest, n):
+    """``batch`` cut by ``dest`` (each row's consumer among ``n``):
+    ``(consumer, piece)`` for each consumer with rows, in consumer order,
+    each piece's rows in input order."""
+    from pyarrow.compute import take
+
+    rows = batch.num_rows
+    order = np.empty(rows, dtype=np.int32 if rows < 1 << 31 else np.int64)
+    counts = np.empty(n, dtype=np.int64)
+    order_by_channel(dest, order, counts)
+    if counts.max() == rows:          # the whole batch goes to one consumer
+        return ((int(dest[0]), batch),)
+    bounds = np.cumsum(counts).tolist()
+    # order holds each row once, in range: no bounds check
+    return ((j, take(batch, order[bounds[j] - c:bounds[j]], boundscheck=False))
+            for j, c in enumerate(counts.tolist()) if c)
+
+
 def _route(key, max_parallelism):
     """The producer: every input batch split by key partition, each piece
     sent to its consumer as an IPC message (the schema once per channel)."""
 
     def produce(writer, batches):
-        from pyarrow.compute import take
-
         n = writer.num_channels
         emit = writer.emit
         dtype = _partition_dtype(n)
         sent_schema = [False] * n
-        counts = np.empty(n, dtype=np.int64)
         column = None
         for batch in batches:
             rows = batch.num_rows
@@ -194,17 +209,8 @@ def _route(key, max_parallelism):
             else:
                 if column is None:
                     column = batch.schema.get_field_index(key)
-                dest = _partitions(batch.column(column), n, max_parallelism, dtype)
-                order = np.empty(rows, dtype=np.int32 if rows < 1 << 31 else np.int64)
-                order_by_channel(dest, order, counts)
-                if counts.max() == rows:          # the whole batch goes to one consumer
-                    pieces = ((int(dest[0]), batch),)
-                else:
-                    bounds = np.cumsum(counts).tolist()
-                    # order holds each row once, in range: no bounds check
-                    pieces = ((j, take(batch, order[bounds[j] - c:bounds[j]],
-                                       boundscheck=False))
-                              for j, c in enumerate(counts.tolist()) if c)
+                pieces = _pieces(batch, _partitions(batch.column(column), n, max_parallelism,
+                                                    dtype), n)
             for j, piece in pieces:
                 if not sent_schema[j]:
                     emit((j, _SCHEMA, batch.schema.serialize().to_pybytes()))
