@@ -6,6 +6,7 @@ checks every buffer."""
 
 import socket
 import threading
+import time
 
 import pytest
 
@@ -72,6 +73,63 @@ def test_peers_that_connect_to_each_other_at_once_share_one_connection(monkeypat
             a.close()
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("transport", ["tcp", "unix", "shm"])
+def test_a_process_setting_up_a_peers_connection_does_not_dial_that_peer(monkeypatch,
+                                                                        transport):
+    """The smaller address has kept the larger's connection in the
+    handshake but not set it up yet, and starts connecting to the larger,
+    which is still connecting too (and so would keep that one as well): the
+    smaller waits for the connection it is setting up and uses it, so each
+    ends up with one connection, not two."""
+    a, b = make_env(transport=transport), make_env(transport=transport)
+    small, large = sorted([a, b], key=lambda e: e._address_text)
+    kept = threading.Event()
+    real_keep = NetworkEnvironment._keep_accepting
+
+    def keep_slowly(self, accepting, peer):
+        keep = real_keep(self, accepting, peer)
+        if self is small and keep and not kept.is_set():
+            kept.set()
+            time.sleep(0.5)         # its reply waits: the larger is still connecting
+        return keep
+
+    monkeypatch.setattr(NetworkEnvironment, "_keep_accepting", keep_slowly)
+    try:
+        ps = create_partition(small.network_buffer_pool, 1)
+        small.register_partition("from-small", ps)
+        pl = create_partition(large.network_buffer_pool, 1)
+        large.register_partition("from-large", pl)
+        tl, gl = run_in_thread(large.create_input_gate, [(small.address, "from-small", 0)],
+                               codec="bytes")
+        assert kept.wait(10)
+        ts, gs = run_in_thread(small.create_input_gate, [(large.address, "from-large", 0)],
+                               codec="bytes")
+        tl.join(20)
+        ts.join(20)
+        assert "error" not in gl and "error" not in gs, (gl, gs)
+        for part, tag in ((ps, b"s"), (pl, b"l")):
+            with RecordWriter(part, codec="bytes", buffer_timeout=None) as w:
+                for i in range(50):
+                    w.emit(tag + bytes([i]))
+        assert [bytes(r) for r in gl["value"]] == [b"s" + bytes([i]) for i in range(50)]
+        assert [bytes(r) for r in gs["value"]] == [b"l" + bytes([i]) for i in range(50)]
+        assert (open_connections(small), open_connections(large)) == (1, 1)
+        assert not small._accepting and not large._accepting
+        gl["value"].close()
+        gs["value"].close()
+    finally:
+        b.close()
+        a.close()
+
+
+def _keeps(env, peer):
+    """Whether ``env`` keeps a connection from ``peer`` (the rule, run with
+    the environment's lock held, as its acceptor runs it)."""
+    with env._lock:
+        return env._keep_incoming(peer._address_text)
+
+
 def test_the_rule_that_decides_which_connection_is_kept():
     """An open connection this side made wins over a new one; of two made
     at once, the one made by the smaller address; with neither, the new one
@@ -80,13 +138,13 @@ def test_the_rule_that_decides_which_connection_is_kept():
     a, b = make_env(), make_env()
     try:
         small, large = sorted([a, b], key=lambda e: e._address_text)
-        assert small._keep_incoming(large._address_text)
+        assert _keeps(small, large)
         with small._lock:
             small._dialing.add(large._address_text)
         with large._lock:
             large._dialing.add(small._address_text)
-        assert not small._keep_incoming(large._address_text)    # its own wins
-        assert large._keep_incoming(small._address_text)        # the other's wins
+        assert not _keeps(small, large)    # its own wins
+        assert _keeps(large, small)        # the other's wins
         for e in (small, large):
             with e._lock:
                 e._dialing.clear()
@@ -94,8 +152,8 @@ def test_the_rule_that_decides_which_connection_is_kept():
         large.register_partition("p", part)
         gate = small.create_input_gate([(large.address, "p", 0)], codec="bytes")
         assert wait_until(lambda: open_connections(large) == 1, 5)
-        assert not small._keep_incoming(large._address_text)    # the one it made wins
-        assert large._keep_incoming(small._address_text)        # one it accepted does not
+        assert not _keeps(small, large)    # the one it made wins
+        assert _keeps(large, small)        # one it accepted does not
         gate.close()
         part.release()
     finally:

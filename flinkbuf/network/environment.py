@@ -5,7 +5,9 @@ other processes whose partitions its input gates read."""
 from __future__ import annotations
 
 import atexit
+import collections
 import errno
+import functools
 import logging
 import os
 import selectors
@@ -272,15 +274,18 @@ class _PendingHandshake:
     time by which it must end, the peer's address, the descriptors it
     passed, and when it last sent something."""
 
-    __slots__ = ("hs", "deadline", "peer", "fds", "progress")
+    __slots__ = ("hs", "deadline", "peer", "fds", "progress", "accepting")
 
     def __init__(self, hs: handshake.ServerHandshake, deadline: float, peer: Any,
-                 progress: float) -> None:
+                 progress: float, accepting: list[str]) -> None:
         self.hs = hs
         self.deadline = deadline
         self.peer = peer
         self.fds: list[int] = []
         self.progress = progress
+        # The address its peer gave, once the handshake chose to keep the
+        # connection (until it is running or gone): see _keep_accepting.
+        self.accepting = accepting
 
 
 _Pending = dict[socket.socket, _PendingHandshake]
@@ -460,6 +465,9 @@ class NetworkEnvironment:
         self._dialed: set[Connection] = set()
         self._connecting: dict[str, threading.Lock] = {}   # peer address -> lock while connecting
         self._dialing: set[str] = set()  # peer addresses this process is connecting to
+        # Peer addresses whose connection to this process the acceptor has
+        # chosen to keep and is still setting up (how many of each).
+        self._accepting: collections.Counter[str] = collections.Counter()
         # A partition or a connection was registered, or the environment closed.
         self._changed = threading.Condition(self._lock)
         self._closed = False
@@ -698,7 +706,13 @@ class NetworkEnvironment:
                     return conn
                 gate = self._connecting.setdefault(address, threading.Lock())
             with gate:
-                with self._lock:
+                with self._changed:
+                    # A connection from the peer that the acceptor keeps is
+                    # on its way: dialing now would make a second one, which
+                    # the peer, still dialing itself, would keep as well.
+                    self._changed.wait_for(lambda: self._closed or not self._accepting[address],
+                                           self._connect_timeout)
+                    self._check_open()
                     conn = self._connections.get(address)
                     if conn is not None and conn.is_open and self._is_expected(address, conn):
                         return conn
@@ -726,21 +740,46 @@ class NetworkEnvironment:
 
     def _keep_incoming(self, peer: str) -> bool:
         """Whether a connection the process at ``peer`` made to this one is
-        kept (the handshake's ``keep``).  One connection joins two processes:
+        kept (the rule of the handshake's ``keep``).  One connection joins two processes:
         an open one this process made to ``peer`` wins over a new one; when
         both are connecting to each other at once, the connection made by the
         smaller address wins (the other side's is refused with DUPLICATE,
         and that side waits for this one).  A connection accepted earlier
         from a process that said it is at ``peer`` does not refuse a new
         one: anyone with the secret may say so, and the process really at
-        ``peer`` would then wait for a connection that never comes."""
+        ``peer`` would then wait for a connection that never comes.  The
+        lock held."""
+        conn = self._connections.get(peer)
+        if conn is not None and conn.is_open and conn in self._dialed:
+            return False
+        if peer in self._dialing:
+            return self._address_text > peer
+        return True
+
+    def _keep_accepting(self, accepting: list[str], peer: str) -> bool:
+        """The handshake's ``keep`` for one accepted connection: whether it
+        is kept (:meth:`_keep_incoming`), and if so, in the same step, that
+        ``peer``'s connection is being set up, until :meth:`_done_accepting`
+        (``accepting``: that connection's record of it)."""
         with self._lock:
-            conn = self._connections.get(peer)
-            if conn is not None and conn.is_open and conn in self._dialed:
-                return False
-            if peer in self._dialing:
-                return self._address_text > peer
-            return True
+            keep = self._keep_incoming(peer)
+            if keep and not accepting:
+                self._accepting[peer] += 1
+                accepting.append(peer)
+            return keep
+
+    def _done_accepting(self, p: _PendingHandshake) -> None:
+        """A connection the handshake kept is running or gone: a dialer
+        waiting for it looks again."""
+        if not p.accepting:
+            return
+        with self._changed:
+            for peer in p.accepting:
+                self._accepting[peer] -= 1
+                if self._accepting[peer] <= 0:
+                    del self._accepting[peer]
+            p.accepting.clear()
+            self._changed.notify_all()
 
     def _admit(self) -> str | None:
         """Why one more connection cannot be taken, or None."""
@@ -976,14 +1015,16 @@ class NetworkEnvironment:
                 sock.setblocking(False)
                 _tune(sock)
                 local = handshake.unix_peer(sock)
+                accepting: list[str] = []
                 hs = handshake.ServerHandshake(
                     self._secret, self._address_text, self._segment_size,
-                    keep=self._keep_incoming, admit=self._admit,
+                    keep=functools.partial(self._keep_accepting, accepting), admit=self._admit,
                     shared_memory=self._new_region if local is not None else None,
                     seal=self._seal is True, unix_peer=local, peer_id=self._peer_id,
                     expect_peer=self._expected_peer)
                 now = time.monotonic()
-                pending[sock] = _PendingHandshake(hs, now + self._connect_timeout, peer, now)
+                pending[sock] = _PendingHandshake(hs, now + self._connect_timeout, peer, now,
+                                                  accepting)
                 sel.register(sock, selectors.EVENT_READ, True)
             except (OSError, ValueError) as exc:
                 pending.pop(sock, None)
@@ -1021,44 +1062,54 @@ class NetworkEnvironment:
             self._refuse(sel, pending, sock, str(exc))
             return
         if hs.done:
-            advertised = cast("tuple[str, int]", hs.peer)[0]
             sel.unregister(sock)
             del pending[sock]
-            if hs.duplicate:             # the peer uses the connection this process keeps
-                handshake.close_fds(fds)
+            try:
+                self._start_authenticated(sock, p)
+            finally:
+                self._done_accepting(p)
+
+    def _start_authenticated(self, sock: socket.socket, p: _PendingHandshake) -> None:
+        """Run a connection whose handshake ended (or close it: a duplicate,
+        or shared memory that could not be passed)."""
+        hs, fds = p.hs, p.fds
+        advertised = cast("tuple[str, int]", hs.peer)[0]
+        if hs.duplicate:             # the peer uses the connection this process keeps
+            handshake.close_fds(fds)
+            sock.close()
+            log.debug("closed a second connection from %s: one connection joins two "
+                      "processes", advertised)
+            return
+        shared: SharedSpec | None = None
+        if hs.shared_fds is None or len(fds) != handshake.LEND_FDS:
+            handshake.close_fds(fds)     # a client that lends passes its arena and ledger
+            fds = [-1, -1]
+        if hs.shared_fds is not None:
+            memfd, data0, room0, data1, room1 = hs.shared_fds
+            hs.shared_fds = None
+            lent = self._loan_terms(sock)       # (pidfd, arena, ledger) or None
+            try:
+                handshake.send_setup(sock, [memfd, data1, room1]
+                                     + (list(lent[1:]) if lent else []))
+            except OSError as exc:
+                handshake.close_fds([memfd, data0, room0, *fds]
+                                    + ([lent[0], lent[2]] if lent else []))
                 sock.close()
-                log.debug("closed a second connection from %s: one connection joins two "
-                          "processes", advertised)
+                self._log_limited(logging.WARNING, "pass shared memory",
+                                  "could not pass shared memory to %s: %s", advertised, exc)
                 return
-            shared: SharedSpec | None = None
-            if hs.shared_fds is None or len(fds) != handshake.LEND_FDS:
-                handshake.close_fds(fds)     # a client that lends passes its arena and ledger
-                fds = [-1, -1]
-            if hs.shared_fds is not None:
-                memfd, data0, room0, data1, room1 = hs.shared_fds
-                hs.shared_fds = None
-                lent = self._loan_terms(sock)       # (pidfd, arena, ledger) or None
-                try:
-                    handshake.send_setup(sock, [memfd, data1, room1]
-                                         + (list(lent[1:]) if lent else []))
-                except OSError as exc:
-                    handshake.close_fds([memfd, data0, room0, *fds]
-                                        + ([lent[0], lent[2]] if lent else []))
-                    sock.close()
-                    self._log_limited(logging.WARNING, "pass shared memory",
-                                      "could not pass shared memory to %s: %s", advertised, exc)
-                    return
-                finally:
-                    os.close(data1)
-                    os.close(room1)
-                pidfd, _, own_ledger = lent if lent is not None else (-1, -1, -1)
-                shared = (memfd, data0, room0, 0, fds[0], fds[1], self._nbp, pidfd, own_ledger)
-            sock.setblocking(True)
-            self._start_accepted(sock.detach(), advertised, shared, hs.keys, hs.peer_id)
+            finally:
+                os.close(data1)
+                os.close(room1)
+            pidfd, _, own_ledger = lent if lent is not None else (-1, -1, -1)
+            shared = (memfd, data0, room0, 0, fds[0], fds[1], self._nbp, pidfd, own_ledger)
+        sock.setblocking(True)
+        self._start_accepted(sock.detach(), advertised, shared, hs.keys, hs.peer_id)
 
     def _refuse(self, sel: selectors.BaseSelector, pending: _Pending, sock: socket.socket,
                 why: str) -> None:
         p = pending.pop(sock)
+        self._done_accepting(p)
         p.hs.discard()                   # a region made for it, if its AUTH_OK did not go
         handshake.close_fds(p.fds)       # descriptors it passed
         try:
