@@ -937,11 +937,17 @@ def test_arrow_exchange_failure_and_arguments(spark):
     assert leftovers(spark.sparkContext, SLOTS) == []
 
 
+def _note_sealed(task):
+    # Before records flow every connection is open: once they flow, a peer
+    # that has sent all it had (and read all it gets) may end and close its
+    # connections before this task's fn starts.
+    task.sealed = sorted({s["sealed"] for s in task.environment.connection_stats()})
+    task.num_connections = len(task.environment.connection_stats())
+
+
 def _sealed_and_count(records):
-    # Before reading: the task is connected to its peers, and they are all
-    # still open (a peer done with its output may close them later).
-    sealed = sorted({s["sealed"] for s in current_task().environment.connection_stats()})
-    yield (sum(1 for _ in records), sealed)
+    task = current_task()
+    yield (sum(1 for _ in records), task.sealed, task.num_connections)
 
 
 @pytest.mark.parametrize("encryption", [True, None])
@@ -951,9 +957,10 @@ def test_encryption_seals_the_exchange_between_tasks(sc, encryption):
     host) leaves them plain.  The records are the same either way."""
     rdd = sc.parallelize(range(3000), 3)
     out = pipelined_exchange(rdd, _sealed_and_count, selector="round_robin",
-                             encryption=encryption).collect()
-    assert sum(n for n, _ in out) == 3000
-    assert {tuple(sealed) for _, sealed in out} == {(encryption is True,)}
+                             encryption=encryption, monitor=_note_sealed).collect()
+    assert sum(n for n, _, _ in out) == 3000
+    assert {tuple(sealed) for _, sealed, _ in out} == {(encryption is True,)}
+    assert all(n >= 2 for _, _, n in out)     # one to each of the two peers
 
 
 def test_the_session_s_own_encryption_turns_the_exchange_s_on():
