@@ -77,7 +77,7 @@ def c_partitions(values, num_partitions, max_parallelism):
 KEYS = {
     # ids over the whole int64 range: Integer and Long hash codes
     "int64_spread": np.random.default_rng(1).integers(-2**63, 2**63 - 1, N, dtype=np.int64),
-    # a few thousand distinct keys in a batch: the numpy peer hashes each value once
+    # a few thousand distinct keys in a batch: both hash each value of their range once
     "int64_narrow": np.random.default_rng(2).integers(0, 4096, N, dtype=np.int64),
 }
 IMPLS = {"flinkbuf_c": c_partitions, "numpy": numpy_partitions}

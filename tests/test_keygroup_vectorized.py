@@ -60,6 +60,59 @@ def test_uint64_keys_beyond_int64_hash_as_bigintegers(keys, pm):
     assert _assign(keys, p, mp) == _scalar([int(k) for k in keys], p, mp)
 
 
+def _per_distinct(keys, parallelism, max_parallelism):
+    """The scalar assignment of every key, computed once per distinct key."""
+    table = {k: assign_key_to_operator(k, parallelism, max_parallelism) for k in set(keys)}
+    return [table[k] for k in keys]
+
+
+@st.composite
+def narrow_keys(draw):
+    """Integer keys of a narrow range anywhere in their type, its ends
+    included, often more than twice as many as the range's values (looked
+    up in a table), and sometimes one key far out, past the first 256 keys
+    or among them (then hashed one by one)."""
+    dtype = draw(st.sampled_from(INT_DTYPES))
+    info = np.iinfo(dtype)
+    span = draw(st.sampled_from([0, 1, 2, 255, 256]) | st.integers(0, 600))
+    span = min(span, int(info.max) - int(info.min))
+    around_zero = max(int(info.min), min(-1, int(info.max) - span))
+    lo = draw(st.sampled_from([int(info.min), int(info.max) - span, around_zero])
+              | st.integers(int(info.min), int(info.max) - span))
+    n = draw(st.integers(0, 3 * span + 40))
+    offsets = draw(hnp.arrays(np.int64, n, elements=st.integers(0, span)))
+    keys = [lo + int(o) for o in offsets]
+    if keys and draw(st.booleans()):
+        at = draw(st.integers(0, len(keys) - 1))
+        keys[at] = draw(st.sampled_from([int(info.min), int(info.max)]))
+    return np.array(keys, dtype=object).astype(dtype)
+
+
+@given(narrow_keys(), parallelisms(), st.sampled_from(OUT_DTYPES))
+def test_integer_keys_of_a_narrow_range_as_the_scalar_assignment(keys, pm, out_dtype):
+    p, mp = pm
+    assert _assign(keys, p, mp, out_dtype) == _per_distinct([int(k) for k in keys], p, mp)
+
+
+@pytest.mark.parametrize("dtype", INT_DTYPES + [np.bool_])
+def test_many_keys_of_a_narrow_range_as_the_scalar_assignment(dtype):
+    # More keys than the 65536 values a range table holds, at both ends of
+    # the type: a table, and a range one value too wide for one.
+    info = np.iinfo(dtype) if dtype is not np.bool_ else None
+    rng = np.random.default_rng(7)
+    cases = [rng.integers(0, 2, 200_000).astype(bool)] if info is None else []
+    if info is not None:
+        for lo in {int(info.min), max(int(info.min), int(info.max) - 65536)}:
+            for span in (min(65535, int(info.max) - lo), min(65536, int(info.max) - lo)):
+                offsets = rng.integers(0, span + 1, 200_000)
+                offsets[:2] = (0, span)
+                cases.append((np.asarray(lo, dtype=object) + offsets.astype(object))
+                             .astype(dtype))
+    for keys in cases:
+        as_python = [bool(k) if info is None else int(k) for k in keys.tolist()]
+        assert _assign(keys, 100, 32768, np.int8) == _per_distinct(as_python, 100, 32768)
+
+
 @given(hnp.arrays(np.bool_, st.integers(0, 60)), parallelisms())
 def test_boolean_arrays_as_the_scalar_assignment(keys, pm):
     p, mp = pm

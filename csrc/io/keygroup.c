@@ -222,10 +222,70 @@ static int check_assignment(int32_t parallelism, int32_t max_parallelism, int ou
 #define AS_INT(v) ((int32_t)(v))
 #define AS_BOOL(v) ((v) ? 1231 : 1237)
 
+/* Integer keys of a narrow range (a few thousand ids, say) are cheaper
+ * looked up than hashed: each value of the range is hashed once into a
+ * table of channels, at most RANGE_MAX of them, and only when the keys
+ * are at least twice as many as the values.  The first RANGE_PROBE keys
+ * decide whether the whole array is scanned for its range at all, so
+ * widely spread keys pay next to nothing for the try. */
+#define RANGE_MAX 65536u
+#define RANGE_PROBE 256u
+
+/* The channel of every value in [lo, lo + span] of T in a new table, or
+ * NULL (no memory: the keys are hashed one by one instead). */
+#define RANGE_TABLE(T, HASH, table, lo, span)                                        \
+    do {                                                                             \
+        uint64_t j_;                                                                 \
+        table = malloc(((size_t)(span) + 1) * sizeof *table);                        \
+        if (table != NULL)                                                           \
+            for (j_ = 0; j_ <= (span); j_++)                                         \
+                table[j_] = (int16_t)channel_of(&a, HASH((T)((uint64_t)(lo) + j_))); \
+    } while (0)
+#define RANGE_LOOKUP(T, O)                                                          \
+    do {                                                                             \
+        const T *k = (const T *)keys;                                                \
+        O *o = (O *)out;                                                             \
+        for (i = 0; i < n; i++)                                                      \
+            o[i] = (O)table[(uint64_t)k[i] - (uint64_t)lo];                          \
+    } while (0)
+/* Sets `done` when the keys of T had a narrow range and are assigned. */
+#define ASSIGN_RANGE(T, HASH, done)                                                 \
+    do {                                                                             \
+        const T *k = (const T *)keys;                                                \
+        T lo = k[0], hi = k[0];                                                      \
+        size_t end_ = n < RANGE_PROBE ? n : RANGE_PROBE;                             \
+        int wide_;                                                                   \
+        int16_t *table;                                                              \
+        for (i = 1;; end_ = n) {      /* the probe, then the rest */                 \
+            for (; i < end_; i++) {                                                  \
+                lo = k[i] < lo ? k[i] : lo;                                          \
+                hi = k[i] > hi ? k[i] : hi;                                          \
+            }                                                                        \
+            wide_ = (uint64_t)hi - (uint64_t)lo >= RANGE_MAX                         \
+                    || (uint64_t)hi - (uint64_t)lo >= n / 2;                         \
+            if (wide_ || end_ == n)                                                  \
+                break;                                                               \
+        }                                                                            \
+        if (wide_)                                                                   \
+            break;                                                                   \
+        RANGE_TABLE(T, HASH, table, lo, (uint64_t)hi - (uint64_t)lo);                \
+        if (table == NULL)                                                           \
+            break;                                                                   \
+        switch (out_width) {                                                         \
+        case 1: RANGE_LOOKUP(T, int8_t); break;                                      \
+        case 2: RANGE_LOOKUP(T, int16_t); break;                                     \
+        case 4: RANGE_LOOKUP(T, int32_t); break;                                     \
+        default: RANGE_LOOKUP(T, int64_t); break;                                    \
+        }                                                                            \
+        free(table);                                                                 \
+        done = 1;                                                                    \
+    } while (0)
+
 int fb_assign_keys(const void *keys, int kind, int width, size_t n, int32_t parallelism,
                    int32_t max_parallelism, void *out, int out_width)
 {
     size_t i;
+    int done = 0;
     assignment a;
     if (check_assignment(parallelism, max_parallelism, out_width) != FB_OK)
         return FB_EINVAL;
@@ -243,6 +303,22 @@ int fb_assign_keys(const void *keys, int kind, int width, size_t n, int32_t para
         return FB_OK;
     if (assignment_init(&a, parallelism, max_parallelism) != FB_OK)
         return FB_ENOMEM;
+    switch (kind * 16 + width) {
+    case FB_KEYS_SIGNED * 16 + 1: ASSIGN_RANGE(int8_t, AS_INT, done); break;
+    case FB_KEYS_SIGNED * 16 + 2: ASSIGN_RANGE(int16_t, AS_INT, done); break;
+    case FB_KEYS_SIGNED * 16 + 4: ASSIGN_RANGE(int32_t, AS_INT, done); break;
+    case FB_KEYS_SIGNED * 16 + 8: ASSIGN_RANGE(int64_t, fb_java_int64_hash, done); break;
+    case FB_KEYS_UNSIGNED * 16 + 1: ASSIGN_RANGE(uint8_t, AS_INT, done); break;
+    case FB_KEYS_UNSIGNED * 16 + 2: ASSIGN_RANGE(uint16_t, AS_INT, done); break;
+    case FB_KEYS_UNSIGNED * 16 + 4: ASSIGN_RANGE(uint32_t, fb_java_int64_hash, done); break;
+    case FB_KEYS_UNSIGNED * 16 + 8: ASSIGN_RANGE(uint64_t, fb_java_uint64_hash, done); break;
+    case FB_KEYS_BOOL * 16 + 1: ASSIGN_RANGE(uint8_t, AS_BOOL, done); break;
+    default: break;
+    }
+    if (done) {
+        free(a.channel);
+        return FB_OK;
+    }
     switch (kind * 16 + width) {
     case FB_KEYS_SIGNED * 16 + 1: ASSIGN_LOOP(int8_t, AS_INT); break;
     case FB_KEYS_SIGNED * 16 + 2: ASSIGN_LOOP(int16_t, AS_INT); break;

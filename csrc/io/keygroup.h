@@ -58,7 +58,9 @@ enum {
  * `n * width` bytes of keys and `n * out_width` of out.  Returns FB_OK,
  * FB_EINVAL for an unknown kind or width, max_parallelism outside
  * [1, 32768] or parallelism outside [1, max_parallelism], or FB_ENOMEM (its
- * table of max_parallelism channels, 2 bytes each, could not be had). */
+ * table of max_parallelism channels, 2 bytes each, could not be had).
+ * Integer and boolean keys that span at most 65536 values, fewer than half
+ * their number, are hashed once per value of their range and looked up. */
 int fb_assign_keys(const void *keys, int kind, int width, size_t n, int32_t parallelism,
                    int32_t max_parallelism, void *out, int out_width);
 
