@@ -58,6 +58,19 @@ over TCP::
 It checks the cluster targets of the same run: ``flinkbuf`` at least 2x
 ``rdd_shuffle``'s records/s and its first record at least 10x sooner,
 ``flinkbuf_arrow`` at least 0.95 of ``arrow_barrier_floor`` at 10 M.
+
+The table's ``CPU core-s`` is the machine's busy CPU during a run (median;
+every process, Spark's JVMs and, with ``--cluster``, every simulated host:
+they share this machine's cores) and ``idle`` the share of its CPU left
+idle.  Where a row leaves next to nothing idle, its time follows its CPU,
+and the run prints, for the Arrow rows, the core-seconds
+``flinkbuf_arrow`` adds to ``arrow_barrier_floor`` next to what 0.95 of
+the floor allows.  It also times a barrier job of tasks that do nothing,
+from its submission to the first task running Python: the floor under any
+row's first record.  Before Spark starts, ``--cluster`` measures what moving
+the bytes that cross between the hosts in the Arrow rows (half the rows,
+8 bytes a record) costs over plain TCP with nothing else running: a floor
+under what any exchange adds.
 """
 
 import argparse
@@ -268,14 +281,32 @@ def _job(spark, row, n, outdir):
     return lambda: [(r["first"] or None, r["records"], r["keys"]) for r in out.collect()]
 
 
+def machine_cpu():
+    """This machine's CPU seconds so far over all its cores: (busy, idle),
+    from /proc/stat ((None, None) where there is none).  Every process
+    counts, Spark's JVMs included, and every simulated host of
+    ``--cluster``: they share this machine's cores."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None, None
+    hz = os.sysconf("SC_CLK_TCK")
+    idle = fields[3] + fields[4]                     # idle, iowait
+    return (sum(fields) - idle) / hz, idle / hz
+
+
 def measure(spark, row, n):
     """One run of ``row`` over ``n`` records: wall seconds, seconds to the
-    consumer's first record, the Python workers' peak RSS (MB)."""
+    consumer's first record, the Python workers' peak RSS (MB), and the
+    machine's busy and idle CPU seconds during the job."""
     with tempfile.TemporaryDirectory(prefix="flinkbuf-bench-") as outdir:
         run = _job(spark, row, n, outdir)
+        busy0, idle0 = machine_cpu()
         t0 = time.time()
         result = run()
         took = time.time() - t0
+        busy1, idle1 = machine_cpu()
         from flinkbuf.spark import close_rendezvous
 
         close_rendezvous()          # the driver's rendezvous of this job, at once
@@ -294,6 +325,8 @@ def measure(spark, row, n):
     cpu = [c for c in cpu if c is not None]
     return {"seconds": took, "first_record_s": (min(firsts) - t0) if firsts else None,
             "task_cpu_seconds": sum(cpu) if cpu else None,
+            "machine_busy_s": None if busy0 is None else busy1 - busy0,
+            "machine_idle_s": None if idle0 is None else idle1 - idle0,
             "worker_peak_rss_mb": [round(p, 1) for p in peaks if p is not None],
             "worker_rss_growth_mb": [round(g, 1) for g in growths if g is not None],
             "keys_per_consumer": sorted(keys)}
@@ -310,6 +343,11 @@ def spark():
 
 
 _measured = {}
+
+
+def _median_of(runs, field):
+    values = [r[field] for r in runs if r.get(field) is not None]
+    return round(statistics.median(values), 3) if values else None
 
 
 @pytest.mark.parametrize("n", _sizes())
@@ -329,6 +367,8 @@ def test_spark_keyed_count(benchmark, spark, row, n):
         "first_record_s": round(statistics.median(first), 3) if first else None,
         "worker_peak_rss_mb": max(max(r["worker_peak_rss_mb"], default=0) for r in runs),
         "worker_rss_growth_mb": max(max(r["worker_rss_growth_mb"], default=0) for r in runs),
+        "machine_busy_s": _median_of(runs, "machine_busy_s"),
+        "machine_idle_s": _median_of(runs, "machine_idle_s"),
     }
     _measured[(n, row)] = info
     base = _measured.get((n, "rdd_shuffle"))
@@ -356,6 +396,66 @@ def test_spark_keyed_count(benchmark, spark, row, n):
     benchmark.extra_info.update(info)
 
 
+_RECEIVER = """
+import socket, sys
+server = socket.create_server((sys.argv[1], int(sys.argv[2])))
+buf = memoryview(bytearray(1 << 16))
+while True:
+    conn, _ = server.accept()
+    while conn.recv_into(buf):
+        pass
+    conn.close()
+"""
+_SENDER = """
+import socket, sys, time
+total, chunk = int(sys.argv[3]), bytes(32768)
+deadline = time.monotonic() + 10
+while True:
+    try:
+        conn = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+        break
+    except ConnectionRefusedError:
+        if time.monotonic() > deadline:
+            raise
+        time.sleep(0.05)
+sent = 0
+while sent < total:
+    conn.sendall(chunk)
+    sent += len(chunk)
+conn.close()
+"""
+
+
+def _tcp_between_hosts(cluster, address, n, rounds=5, port=9555):
+    """Print what moving the bytes that cross between the two hosts in the
+    Arrow rows at ``n`` records (half the rows, two int64 columns: 8 bytes
+    a record) costs the machine over plain TCP, with nothing else running:
+    a floor under any exchange's added CPU.  Busy core-seconds of a sender
+    process that sends them, less those of one that sends nothing (its
+    start), medians of ``rounds``."""
+    nbytes = n * 8
+    receiver = cluster.spawn("h2", [sys.executable, "-c", _RECEIVER, address, str(port)],
+                             f"tcp-receiver-{n}")
+    try:
+        costs = {0: [], nbytes: []}
+        for _ in range(rounds):
+            for size in costs:
+                busy0, _ = machine_cpu()
+                cluster.exec("h1", sys.executable, "-c", _SENDER, address, str(port),
+                             str(size), timeout=120)
+                busy1, _ = machine_cpu()
+                if busy0 is not None:
+                    costs[size].append(busy1 - busy0)
+    finally:
+        receiver.kill()
+        receiver.wait()
+    if costs[0]:
+        cost = statistics.median(costs[nbytes]) - statistics.median(costs[0])
+        print(f"reference at {n:,} records, no Spark: moving {nbytes / 1e6:.0f} MB from one "
+              f"host to the other over plain TCP (32 KiB writes) takes {cost:.2f} core-s "
+              f"({cost * 1e9 / n:.0f} ns a record)", flush=True)
+
+
 def _run_cluster(args):
     """Build the cluster, run this script as its driver in the driver's
     host (``--master``), print what it prints, tear the cluster down."""
@@ -371,6 +471,8 @@ def _run_cluster(args):
     cluster = netns_cluster.Cluster(logs)
     try:
         cluster.up()
+        for n in args.records:
+            _tcp_between_hosts(cluster, netns_cluster.ADDRESSES["h2"], n)
         cluster.start_spark(cores=1, registered=True)        # one task per host
         env = {"SPARK_LOCAL_IP": netns_cluster.ADDRESSES["h0"], "PYSPARK_PYTHON": sys.executable,
                "PYTHONPATH": os.pathsep.join([ROOT, os.path.join(ROOT, "bench")]),
@@ -408,6 +510,44 @@ def _cluster_targets(table):
             ratio = arrow["rate"] / floor["rate"]
             out.append((n, "flinkbuf_arrow vs arrow_barrier_floor", ratio, 0.95,
                         ratio >= 0.95))
+    return out
+
+
+def launch_floor(spark, rounds):
+    """Seconds from submitting a barrier job of ``TASKS`` tasks that do
+    nothing to the first of them running Python (median of ``rounds``):
+    what Spark takes before any task's code, the floor under any first
+    record."""
+    import time as clock        # by name: this runs in the Python workers too
+
+    def started(_):
+        yield clock.time()
+
+    sc = spark.sparkContext
+    runs = []
+    for _ in range(rounds):
+        t0 = clock.time()
+        stamps = sc.parallelize(range(TASKS), TASKS).barrier().mapPartitions(started).collect()
+        runs.append(min(stamps) - t0)
+    return statistics.median(runs)
+
+
+def _cpu_bounds(table):
+    """What the machine's CPU says of the Arrow rows: the simulated hosts
+    share its cores, so when it is (nearly) never idle, a row's time is
+    about its CPU, and flinkbuf_arrow / arrow_barrier_floor is about the
+    ratio of their core-seconds."""
+    out = []
+    for n, rows in sorted(table.items()):
+        floor, arrow = rows.get("arrow_barrier_floor"), rows.get("flinkbuf_arrow")
+        if n < 10_000_000 or not (floor and arrow and floor["busy"] and arrow["busy"]):
+            continue                # the target's size: shorter runs are mostly Spark's
+        out.append(f"{n:>11,} CPU a run: arrow_barrier_floor {floor['busy']:.2f} core-s "
+                   f"(idle {floor['idle']:.0%}), flinkbuf_arrow {arrow['busy']:.2f} core-s "
+                   f"(idle {arrow['idle']:.0%}): {arrow['busy'] - floor['busy']:+.2f} core-s, "
+                   f"{(arrow['busy'] - floor['busy']) * 1e9 / n:.0f} ns a record; "
+                   f"ratio of core-s {floor['busy'] / arrow['busy']:.2f}, 0.95 allows "
+                   f"{floor['busy'] / 0.95 - floor['busy']:+.2f}")
     return out
 
 
@@ -498,7 +638,8 @@ def main(argv=None):
         where = "two hosts, one task each" if clustered else "local[2]"
         print(f"keyed count, {TASKS} tasks, {where}", flush=True)
         print(f"{'N':>11} {'row':<22} {'records/s':>11} {'first rec s':>11} "
-              f"{'worker peak RSS MB':>19} {'growth MB':>9} {'vs rdd_shuffle':>14}")
+              f"{'worker peak RSS MB':>19} {'growth MB':>9} {'CPU core-s':>10} {'idle':>5} "
+              f"{'vs rdd_shuffle':>14}")
         for n in args.records:
             base = base_first = None
             for row in args.rows.split(","):
@@ -508,19 +649,35 @@ def main(argv=None):
                 first = statistics.median(r["first_record_s"] or float("nan") for r in runs)
                 rss = max(max(r["worker_peak_rss_mb"], default=0) for r in runs)
                 growth = max(max(r["worker_rss_growth_mb"], default=0) for r in runs)
-                table.setdefault(n, {})[row] = {"rate": rate, "first": first}
+                busy = _median_of(runs, "machine_busy_s")
+                idle = _median_of(runs, "machine_idle_s")
+                idle_share = idle / (busy + idle) if busy is not None and busy + idle else None
+                table.setdefault(n, {})[row] = {"rate": rate, "first": first, "busy": busy,
+                                                "idle": idle_share}
                 if row == "rdd_shuffle":
                     base, base_first = rate, first
                 ratio = f"{rate / base:.2f}x" if base else ""
                 if row != "rdd_shuffle" and base_first and first == first:
                     ratio += f", first {base_first / first:.1f}x sooner"
+                cpu = "" if busy is None else f"{busy:.2f}"
+                idle_text = "" if idle_share is None else f"{idle_share:.0%}"
                 print(f"{n:>11,} {row:<22} {rate:>11,.0f} {first:>11.3f} {rss:>19.1f} "
-                      f"{growth:>9.1f} {ratio:>14}", flush=True)
+                      f"{growth:>9.1f} {cpu:>10} {idle_text:>5} {ratio:>14}", flush=True)
         if clustered:
             print("targets (cluster, same run):")
             for n, what, got, want, met in _cluster_targets(table):
                 print(f"{n:>11,} {what:<40} {got:>7.2f}  want >= {want:g}  "
                       f"{'met' if met else 'NOT MET'}", flush=True)
+            for line in _cpu_bounds(table):
+                print(line, flush=True)
+            launch = launch_floor(spark, max(args.rounds, 5))
+            print(f"Spark runs the first Python task of a barrier job of {TASKS} tasks that do "
+                  f"nothing {launch:.3f} s after its submission (median)", flush=True)
+            for n, rows in sorted(table.items()):
+                base = rows.get("rdd_shuffle")
+                if base and base["first"] == base["first"]:
+                    print(f"{n:>11,} a first record 10x sooner than rdd_shuffle's needs "
+                          f"<= {base['first'] / 10:.3f} s", flush=True)
     finally:
         spark.stop()
 
