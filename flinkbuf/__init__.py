@@ -53,6 +53,7 @@ from flinkbuf.io import (
     RescaleSelector,
     ResultPartition,
     RoundRobinSelector,
+    UnknownInputChannel,
     UserEvent,
     create_partition,
 )
@@ -96,6 +97,7 @@ __all__ = [
     "SegmentFreedError",
     "SerializationResult",
     "TaskMetrics",
+    "UnknownInputChannel",
     "UserEvent",
     "create_partition",
     "redistribute",

@@ -270,6 +270,9 @@ class World:
         self.writer = fb.RecordWriter(self.partition, self.selector, buffer_timeout=None)
         self.gate = fb.InputGate([(self.partition, 0), (self.partition, 1)])
         self.channel = fb.LocalInputChannel(fb.create_partition(self.nbp, 1), 0)
+        # A gate whose second input is not known yet (its update may come).
+        self.unknown = fb.UnknownInputChannel("hostile", 0)
+        self.pending_gate = fb.InputGate([(fb.create_partition(self.nbp, 1), 0), self.unknown])
         self.serializer = fb.RecordSerializer()
         self.deserializer = fb.RecordDeserializer(max_record_size=1 << 16)
         self.event = fb.UserEvent(b"e")
@@ -290,7 +293,7 @@ class World:
         return value
 
     def close(self):
-        for step in (self.gate.close,
+        for step in (self.gate.close, self.pending_gate.close,
                      lambda: self.writer.fail(RuntimeError("closed")),
                      self.partition.release, self.deserializer.close,
                      lambda: self.buffer.is_recycled or self.buffer.recycle(),
@@ -462,7 +465,8 @@ GROUPS = {
     "io": lambda: (
         [(f"io.{name}", False, (lambda f: lambda w: f)(getattr(fio, name)))
          for name in ("create_partition", "ResultPartition", "RecordWriter", "InputGate",
-                      "LocalInputChannel", "UserEvent", "pointwise_connections",
+                      "LocalInputChannel", "UnknownInputChannel", "UserEvent",
+                      "pointwise_connections",
                       "assign_key_to_operator", "assign_keys_to_operators",
                       "order_by_channel",
                       "java_hash_code", "key_group_for_hash", "partition_buffers",
@@ -474,7 +478,8 @@ GROUPS = {
         + _instance_targets("partition")
         + _instance_targets("subpartition")
         + _instance_targets("writer") + _instance_targets("gate")
-        + _instance_targets("channel") + _instance_targets("event")
+        + _instance_targets("channel") + _instance_targets("unknown")
+        + _instance_targets("pending_gate") + _instance_targets("event")
         + _instance_targets("metrics")),
     "network": _network_targets,
     "spark": _spark_targets,

@@ -431,11 +431,44 @@ class _FakeBarrierContext:
         return [self.gather[i] for i in range(self.n)]
 
 
-def test_a_peer_gone_while_connecting_is_reported_after_the_peers_own_error(monkeypatch):
+def _threaded_spec(monkeypatch, fn, monitor, **options):
+    """What run_task needs for two tasks run as threads of this process:
+    the spec (addresses through the fake allGather) and the thread-local
+    in which each thread sets its _FakeBarrierContext."""
+    import threading
+
+    from pyspark import BarrierTaskContext
+
+    from flinkbuf.spark import _task
+
+    kw = {"num_partitions": None, "key": None, "selector": "hash", "codec": "typed",
+          "segment_size": 4096, "buffers_per_channel": 2, "floating_buffers": 0,
+          "buffer_timeout": 0.01, "max_record_size": 1 << 20, "max_parallelism": None,
+          "host": "127.0.0.1", "timeout": 10.0, "monitor": monitor}
+    kw.update(options)
+    spec = _task.make_spec(2, fn, **kw)
+    spec.rendezvous = None
+    contexts = threading.local()
+    monkeypatch.setattr(BarrierTaskContext, "get", staticmethod(lambda: contexts.ctx))
+    return spec, contexts
+
+
+def _reads_for(args):
+    """The task whose gate connects: the subpartition its channels read
+    (create_input_gate's specs, or update_input_channel's channel)."""
+    first = args[0]
+    return first.subpartition if hasattr(first, "subpartition") else list(first)[0][2]
+
+
+@pytest.mark.parametrize("monitor", [None, lambda task: None], ids=["no-monitor", "monitor"])
+def test_a_peer_gone_while_connecting_is_reported_after_the_peers_own_error(monkeypatch,
+                                                                          monitor):
     """Task 1's fn raises at once; task 0 connects only after task 1 has
     closed, and meets "cannot connect".  That error only says a peer went
     away: task 0 holds it back for the consequence delay, whatever phase
-    it came in, so that Spark hears of task 1's ValueError first."""
+    it came in, so that Spark hears of task 1's ValueError first.  Without
+    a monitor the gate's channels to peers are connected while records
+    flow (update_input_channel), with one before (create_input_gate)."""
     import threading
 
     from pyspark import BarrierTaskContext
@@ -449,27 +482,21 @@ def test_a_peer_gone_while_connecting_is_reported_after_the_peers_own_error(monk
             raise ValueError("fn-raised-at-once")
         yield from records
 
-    spec = _task.make_spec(2, fn, num_partitions=None, key=None, selector="hash",
-                           codec="typed", segment_size=4096, buffers_per_channel=2,
-                           floating_buffers=0, buffer_timeout=0.01, max_record_size=1 << 20,
-                           max_parallelism=None, host="127.0.0.1", timeout=10.0,
-                           monitor=None)
-    spec.rendezvous = None                             # allGather, faked above
-    contexts = threading.local()
-    monkeypatch.setattr(BarrierTaskContext, "get", staticmethod(lambda: contexts.ctx))
+    spec, contexts = _threaded_spec(monkeypatch, fn, monitor)
     task1_done = threading.Event()
     gate_failed_at = []
-    create_gate = NetworkEnvironment.create_input_gate
+    connects = "create_input_gate" if monitor else "update_input_channel"
+    connect = getattr(NetworkEnvironment, connects)
 
-    def late_gate(env, *args, **kwargs):               # task 0 connects after task 1 ended
-        if contexts.ctx.index == 0:
+    def late(env, *args, **kwargs):                    # task 0 connects after task 1 ended
+        if _reads_for(args) == 0:
             assert task1_done.wait(10)
         try:
-            return create_gate(env, *args, **kwargs)
+            return connect(env, *args, **kwargs)
         except RemoteConnectionError:
             gate_failed_at.append(time.monotonic())
             raise
-    monkeypatch.setattr(NetworkEnvironment, "create_input_gate", late_gate)
+    monkeypatch.setattr(NetworkEnvironment, connects, late)
     gather = {"barrier": threading.Barrier(2)}
     raised = {}
 
@@ -494,6 +521,59 @@ def test_a_peer_gone_while_connecting_is_reported_after_the_peers_own_error(monk
     assert gate_failed_at, "task 0 did not meet the closed peer while connecting"
     assert raised[0][1] - gate_failed_at[0] >= _task._CONSEQUENCE_DELAY * 0.9
     assert raised[0][1] > raised[1][1]
+
+
+@pytest.mark.parametrize("monitor", [None, lambda task: None], ids=["no-monitor", "monitor"])
+def test_a_task_reads_its_own_records_before_its_peer_has_started(monkeypatch, monitor):
+    """Task 0 runs alone at first (its peer starts late, as Spark may start
+    it): without a monitor its fn gets the records it produced for itself
+    at once, and the peer's once the peer runs; with one (which sees a
+    connected task before records flow) nothing flows until the peer is
+    there.  Either way every record arrives once."""
+    import threading
+
+    from pyspark import BarrierTaskContext
+
+    from flinkbuf.spark import _task
+
+    first_own = threading.Event()
+
+    def fn(records):
+        mine = BarrierTaskContext.get().partitionId()
+        got = []
+        for r in records:
+            if not got and r[0] == mine:
+                first_own.set()
+            got.append(r)
+        yield from got
+
+    spec, contexts = _threaded_spec(monkeypatch, fn, monitor, selector="round_robin",
+                                    floating_buffers=2, buffer_timeout=0.001, timeout=20.0)
+    gather = {"barrier": threading.Barrier(2)}
+    out, raised = {}, {}
+
+    def run(index):
+        contexts.ctx = _FakeBarrierContext(index, 2, gather)
+        try:
+            out[index] = list(_task.run_task(spec, iter([(index, i) for i in range(200)])))
+        except BaseException as exc:   # noqa: BLE001 - handed to the test
+            raised[index] = exc
+
+    early = threading.Thread(target=run, args=(0,))
+    early.start()
+    flowed = first_own.wait(5 if monitor is None else 1)
+    late = threading.Thread(target=run, args=(1,))
+    late.start()
+    for t in (early, late):
+        t.join(30)
+    assert raised == {}
+    assert flowed is (monitor is None)
+    got = sorted(r for index in (0, 1) for r in out[index])
+    assert got == sorted((i, j) for i in range(2) for j in range(200))
+    for index in (0, 1):
+        for producer in (0, 1):
+            mine = [r[1] for r in out[index] if r[0] == producer]
+            assert mine == sorted(mine)           # each producer's records in order
 
 
 def test_a_task_that_raises_fails_the_job_with_its_error(sc):

@@ -40,6 +40,7 @@ import reprlib as _reprlib
 import sys
 import threading
 import weakref
+import weakref
 
 from flinkbuf.checks import check_int
 from flinkbuf.serialization._serialization import decode as _typed_decode

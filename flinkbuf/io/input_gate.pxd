@@ -5,6 +5,7 @@ cdef class InputChannel:
     cdef object _take(self, fb_item_t *item)
     cdef int _release(self, InputGate gate) except -1
     cdef int _disconnect(self, InputGate gate) except -1
+    cdef int _discard(self) except -1
     cdef object _failure(self)
     cdef object _channel_error(self)
     cdef int32_t _backlog(self) except -1
@@ -16,6 +17,17 @@ cdef class LocalInputChannel(InputChannel):
     cdef ResultPartition _partition
     cdef ResultSubpartition _sp
     cdef int32_t _subpartition
+
+
+cdef class UnknownInputChannel(InputChannel):
+    cdef object _gate           # a weak reference to the gate it joined, or None
+    cdef InputChannel _channel  # the channel it stands for, once known
+    cdef object _error          # why that will never be known, or None
+    cdef bint _released
+    cdef readonly object partition_id
+    cdef readonly object subpartition
+    cdef object __weakref__
+    cdef InputGate _joined(self)
 
 
 cdef class InputGate:

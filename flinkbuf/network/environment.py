@@ -27,7 +27,7 @@ from flinkbuf.errors import (
     PartitionNotFoundError,
     RemoteConnectionError,
 )
-from flinkbuf.io import InputGate, LocalInputChannel, ResultPartition
+from flinkbuf.io import InputGate, LocalInputChannel, ResultPartition, UnknownInputChannel
 from flinkbuf.network import handshake
 from flinkbuf.network.log_limit import LogLimiter
 from flinkbuf.network._network import (
@@ -51,7 +51,7 @@ __all__ = ["NetworkEnvironment"]
 Address = Union[tuple[str, int], str]
 Transport = Literal["auto", "tcp", "unix", "shm"]
 # A channel of create_input_gate: (address, partition id, subpartition).
-ChannelSpec = tuple[Address, str, int]
+ChannelSpec = tuple[Union[Address, None], str, int]
 
 
 _SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)
@@ -468,6 +468,10 @@ class NetworkEnvironment:
         # Peer addresses whose connection to this process the acceptor has
         # chosen to keep and is still setting up (how many of each).
         self._accepting: collections.Counter[str] = collections.Counter()
+        # Unknown channels of gates made here, and the floating buffers of
+        # their gate (the remote channel they may become borrows from them).
+        self._unknown: weakref.WeakKeyDictionary[UnknownInputChannel, FloatingBuffers | None] = \
+            weakref.WeakKeyDictionary()
         # A partition or a connection was registered, or the environment closed.
         self._changed = threading.Condition(self._lock)
         self._closed = False
@@ -633,11 +637,14 @@ class NetworkEnvironment:
         partition_id, subpartition)``: a :class:`RemoteInputChannel` for a
         partition of another process (``address`` is that process's
         environment's), a :class:`LocalInputChannel` for one registered here
-        (this environment's address)."""
+        (this environment's address), and for an ``address`` of None (not
+        known yet) an :class:`~flinkbuf.io.UnknownInputChannel`, which
+        :meth:`update_input_channel` turns into one of the other two once it
+        is known; the gate reads its other channels meanwhile."""
         specs = list(specs)
         if not specs:
             raise ValueError("an input gate needs at least one channel")
-        parsed: list[tuple[str, str, int]] = []
+        parsed: list[tuple[str | None, str, int]] = []
         for spec in specs:
             if not isinstance(spec, (tuple, list)) or len(spec) != 3:
                 raise TypeError(f"a channel spec is (address, partition_id, subpartition), "
@@ -647,18 +654,24 @@ class NetworkEnvironment:
                 raise TypeError(f"partition_id must be a str, got {type(partition_id).__name__}")
             if isinstance(sub, bool) or not isinstance(sub, int) or not 0 <= sub < 2 ** 32:
                 raise ValueError(f"subpartition must be an int in [0, 2**32), got {sub!r}")
-            parsed.append((format_address(address), partition_id, sub))
+            parsed.append((None if address is None else format_address(address), partition_id,
+                           sub))
         self._check_open()
-        channels: list[LocalInputChannel | RemoteInputChannel] = []
+        channels: list[LocalInputChannel | RemoteInputChannel | UnknownInputChannel] = []
         floating: FloatingBuffers | None = None
         try:
             own = (self._address_text, self._bound_text)
-            remote = [s for s in parsed if s[0] not in own]
+            remote = [s for s in parsed if s[0] not in own]     # unknown ones may be
             if remote and self._floating:
                 floating = make_floating_buffers(
                     self._nbp.create_buffer_pool(self._floating, self._floating))
             for address, partition_id, sub in parsed:
-                if address in own:
+                if address is None:
+                    unknown = UnknownInputChannel(partition_id, sub)
+                    with self._lock:
+                        self._unknown[unknown] = floating
+                    channels.append(unknown)
+                elif address in own:
                     channels.append(LocalInputChannel(self._local_partition(partition_id), sub))
                 else:
                     channels.append(self._remote_channel(address, partition_id, sub, floating))
@@ -668,6 +681,43 @@ class NetworkEnvironment:
                 if isinstance(ch, RemoteInputChannel):
                     ch._close()
             raise
+
+    def update_input_channel(self, channel: UnknownInputChannel, address: Address) -> None:
+        """Read through ``channel`` (an unknown channel of a gate that
+        :meth:`create_input_gate` made here) the partition it names at
+        ``address``, now known: connects as ``create_input_gate`` does for
+        a channel of that address (with its errors) and puts the channel
+        made in ``channel``'s place (:meth:`UnknownInputChannel.update
+        <flinkbuf.io.UnknownInputChannel.update>`).  Any thread may call
+        it.  ValueError for a channel this environment did not make, or one
+        updated or failed already, or whose gate is closed."""
+        if not isinstance(channel, UnknownInputChannel):
+            raise TypeError(f"channel must be an UnknownInputChannel, got "
+                            f"{type(channel).__name__}")
+        address = format_address(address)
+        with self._lock:
+            if channel not in self._unknown:
+                raise ValueError("the channel was not made by this environment's "
+                                 "create_input_gate, or was updated already")
+            floating = self._unknown[channel]
+        if channel.channel is not None or channel.error is not None:
+            raise ValueError(f"input channel {channel.index} was updated or failed already")
+        self._check_open()
+        real: LocalInputChannel | RemoteInputChannel
+        if address in (self._address_text, self._bound_text):
+            real = LocalInputChannel(self._local_partition(channel.partition_id),
+                                     channel.subpartition)
+        else:
+            real = self._remote_channel(address, channel.partition_id, channel.subpartition,
+                                        floating)
+        try:
+            channel.update(real)
+        except BaseException:
+            if isinstance(real, RemoteInputChannel) and real.index is None:
+                real._close()           # never joined the gate: give it all back
+            raise
+        with self._lock:
+            self._unknown.pop(channel, None)
 
     def _local_partition(self, partition_id: str) -> ResultPartition:
         """The partition registered here as ``partition_id``, once it is

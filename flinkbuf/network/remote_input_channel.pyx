@@ -177,6 +177,10 @@ cdef class RemoteInputChannel(InputChannel):
         self._index = -1
         return 0
 
+    cdef int _discard(self) except -1:
+        self._close()
+        return 0
+
     cdef tuple _error_info(self):
         cdef char tname[128]
         cdef char msg[FB_NET_MAX_MESSAGE]

@@ -423,13 +423,15 @@ def _unreachable(host, port, exc, connect_timeout):
 
 
 def register(rendezvous, secret, *, stage, task_attempt_id, index, num_tasks, address,
-             timeout, connect_timeout=None):
+             timeout, connect_timeout=None, on_connect=None):
     """The task's side: register ``address`` as task ``index`` (task
     attempt ``task_attempt_id``) of stage ``stage`` at the driver's ``rendezvous`` (host,
     port) and return every task's address once all have registered (an
     :class:`Addresses`, which has their task attempt ids too).  Connecting
     and the handshake take at most ``connect_timeout`` seconds (default:
-    ``timeout``), the answer at most ``timeout``."""
+    ``timeout``), the answer at most ``timeout``.  ``on_connect(sock)``,
+    if given, is called with the connected socket (shutting it down from
+    another thread ends the wait with an error)."""
     host, port = rendezvous
     deadline = time.monotonic() + timeout
     if connect_timeout is None:
@@ -439,6 +441,8 @@ def register(rendezvous, secret, *, stage, task_attempt_id, index, num_tasks, ad
     except OSError as exc:
         raise _unreachable(host, port, exc, connect_timeout) from None
     try:
+        if on_connect is not None:
+            on_connect(sock)
         try:
             handshake.client(sock, secret, address, _SEGMENT_SIZE, connect_timeout)
         except AuthenticationError as exc:

@@ -31,6 +31,7 @@ from flinkbuf.io import (
     CustomSelector,
     HashSelector,
     RecordWriter,
+    UnknownInputChannel,
     create_partition,
     default_max_parallelism,
     partition_buffers,
@@ -62,6 +63,9 @@ _CONSEQUENCES = (PartitionReleasedError, RemoteConnectionError)
 _CONSEQUENCE_NAMES = frozenset(("PartitionReleasedError", "RemoteConnectionError",
                                 "AuthenticationError"))
 _CONSEQUENCE_DELAY = 3.0
+# Seconds a failed task waits for its connector thread (blocked in
+# allGather, it ends with the stage).
+_CONNECTOR_GRACE = 1.0
 
 
 class ExchangeTask:
@@ -281,7 +285,13 @@ class _Spec:
 
 
 def run_task(spec, iterator):
-    """The body of each barrier task: a generator of ``fn``'s output."""
+    """The body of each barrier task: a generator of ``fn``'s output.
+
+    Without a ``monitor`` (which runs once the task is connected), records
+    flow before the peers are known: the producer starts and the gate reads
+    the task's own output at once, while a thread learns the peers'
+    addresses and connects the gate's other channels (a task that Spark
+    starts early does not wait for the last one to start)."""
     from pyspark import BarrierTaskContext
 
     ctx = BarrierTaskContext.get()
@@ -299,6 +309,7 @@ def run_task(spec, iterator):
     partition = None
     done = None
     failed = None
+    connector = None
     peers = None
     reports = None
     try:
@@ -306,39 +317,28 @@ def run_task(spec, iterator):
                                      name=f"{spec.exchange_id}-{index}")
         env.register_partition(spec.exchange_id, partition)
         published = format_address(env.advertised_address)
-        if spec.rendezvous is not None:
-            addresses = _rendezvous.register(
-                spec.rendezvous, spec.secret, stage=ctx.stageId(), task_attempt_id=tid,
-                index=index, num_tasks=n, address=published, timeout=spec.timeout,
-                connect_timeout=spec.connect_timeout)
-            tids = addresses.task_attempt_ids
-        else:
-            gathered = ctx.allGather(json.dumps({"index": index, "address": published,
-                                                 "task_attempt_id": tid}))
-            addresses, tids = [None] * n, [None] * n
-            for message in gathered:
-                entry = json.loads(message)
-                addresses[entry["index"]] = entry["address"]
-                tids[entry["index"]] = entry["task_attempt_id"]
-        peers = _Peers(index, addresses)
-        # Each peer is the task attempt that registered at its address: a
-        # connection that reaches another (the same port on another host,
-        # one advertised address for two hosts) is refused, both ways.
-        env.expect_peers({addresses[i]: _peer_id(tids[i]) for i in range(n) if i != index})
         writer = RecordWriter(partition,
                               _make_selector(spec.selector, spec.key, spec.max_parallelism),
                               codec=spec.codec, buffer_timeout=spec.buffer_timeout,
                               name=f"exchange-{index}")
-        try:
+        gate_options = {"codec": spec.codec, "max_record_size": spec.max_record_size,
+                        "name": f"exchange-{index}"}
+        if spec.monitor is None:
             gate = env.create_input_gate(
-                [(addresses[i], spec.exchange_id, index) for i in range(n)],
-                codec=spec.codec, max_record_size=spec.max_record_size,
-                name=f"exchange-{index}")
-        except RemoteConnectionError as exc:
-            named = peers.named(exc, connecting=True, connect_timeout=spec.connect_timeout)
-            if named is None:
-                raise
-            raise named from exc
+                [(published if i == index else None, spec.exchange_id, index)
+                 for i in range(n)], **gate_options)
+            connector = _Connector(spec, ctx, env, gate, tid, published)
+            connector.start()
+        else:
+            addresses, tids = _gather(spec, ctx, index, n, tid, published)
+            peers = _Peers(index, addresses)
+            _expect_peers(env, index, addresses, tids)
+            try:
+                gate = env.create_input_gate(
+                    [(addresses[i], spec.exchange_id, index) for i in range(n)],
+                    **gate_options)
+            except RemoteConnectionError as exc:
+                raise _named_connecting(peers, exc, spec) from exc
         task = ExchangeTask(index, n, published, env, partition, writer, gate)
         if getattr(spec, "live", None) is not None:     # reports to a live view
             reports = spec.live.start(task, ctx)
@@ -357,7 +357,12 @@ def run_task(spec, iterator):
                 pass
         except BaseException as exc:
             error = _root_error(exc, producer.error)
-            named = peers.named(error) if isinstance(error, RemoteConnectionError) else None
+            if connector is not None:
+                peers = connector.peers
+            named = None
+            if (isinstance(error, RemoteConnectionError) and peers is not None
+                    and (connector is None or error is not connector.error)):
+                named = peers.named(error)
             if named is not None:
                 raise named from error
             if error is not exc:
@@ -370,6 +375,8 @@ def run_task(spec, iterator):
         _wait_until_served(partition, spec.timeout)
     except BaseException as exc:
         failed = exc
+        if connector is not None:
+            peers = connector.peers
         if peers is not None and _is_consequence(exc):
             # It only says that a peer went away, whenever it came (connecting,
             # reading, writing): wait a moment, so that Spark hears of the
@@ -379,9 +386,110 @@ def run_task(spec, iterator):
     finally:
         _CURRENT.task = None
         _reports.stop(reports, failed)
+        if connector is not None and failed is not None:
+            connector.cancel()
         _cleanup(env, partition, writer, gate, producer, failed, spec.timeout)
+        if connector is not None:
+            connector.join(_CONNECTOR_GRACE if failed is not None else spec.timeout)
         if done is not None:
             done()
+
+
+def _gather(spec, ctx, index, n, tid, published, on_connect=None):
+    """Every task's address and task attempt id, by index: from the
+    driver's rendezvous, or through Spark's ``allGather``."""
+    if spec.rendezvous is not None:
+        addresses = _rendezvous.register(
+            spec.rendezvous, spec.secret, stage=ctx.stageId(), task_attempt_id=tid,
+            index=index, num_tasks=n, address=published, timeout=spec.timeout,
+            connect_timeout=spec.connect_timeout, on_connect=on_connect)
+        return addresses, addresses.task_attempt_ids
+    gathered = ctx.allGather(json.dumps({"index": index, "address": published,
+                                         "task_attempt_id": tid}))
+    addresses, tids = [None] * n, [None] * n
+    for message in gathered:
+        entry = json.loads(message)
+        addresses[entry["index"]] = entry["address"]
+        tids[entry["index"]] = entry["task_attempt_id"]
+    return addresses, tids
+
+
+def _expect_peers(env, index, addresses, tids):
+    # Each peer is the task attempt that registered at its address: a
+    # connection that reaches another (the same port on another host,
+    # one advertised address for two hosts) is refused, both ways.
+    env.expect_peers({addresses[i]: _peer_id(tids[i])
+                      for i in range(len(addresses)) if i != index})
+
+
+def _named_connecting(peers, exc, spec):
+    """``exc``, an error connecting to a peer, with the peer named."""
+    named = peers.named(exc, connecting=True, connect_timeout=spec.connect_timeout)
+    return exc if named is None else named
+
+
+class _Connector(threading.Thread):
+    """Connects a task's gate to its peers while records already flow:
+    learns every task's address, then puts a channel reading each peer in
+    the place of that peer's unknown channel.  On a failure, the channels
+    still unknown fail with its error (peers named), which the gate raises
+    to the task's reader."""
+
+    def __init__(self, spec, ctx, env, gate, tid, published):
+        super().__init__(name=f"flinkbuf-exchange-connect-{ctx.partitionId()}", daemon=True)
+        self._spec, self._ctx, self._env, self._gate = spec, ctx, env, gate
+        self._tid, self._published = tid, published
+        self._lock = threading.Lock()
+        self._sock = None
+        self._cancelled = False
+        self.peers = None
+        self.error = None
+
+    def run(self):
+        spec, env, gate = self._spec, self._env, self._gate
+        index, n = self._ctx.partitionId(), gate.num_channels
+        try:
+            addresses, tids = _gather(spec, self._ctx, index, n, self._tid, self._published,
+                                      on_connect=self._hold)
+            self.peers = peers = _Peers(index, addresses)
+            _expect_peers(env, index, addresses, tids)
+            for i, channel in enumerate(gate.channels):
+                if i == index:
+                    continue
+                try:
+                    env.update_input_channel(channel, addresses[i])
+                except RemoteConnectionError as exc:
+                    named = _named_connecting(peers, exc, spec)
+                    if named is exc:
+                        raise
+                    raise named from exc
+        except BaseException as exc:     # noqa: BLE001 - the gate raises it to the reader
+            self.error = exc
+            for channel in gate.channels:
+                if isinstance(channel, UnknownInputChannel):
+                    channel.fail(exc)
+
+    def _hold(self, sock):
+        with self._lock:
+            self._sock = sock
+            cancelled = self._cancelled
+        if cancelled:
+            self._shutdown(sock)
+
+    @staticmethod
+    def _shutdown(sock):
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def cancel(self):
+        """The task failed: stop waiting for the rendezvous's answer."""
+        with self._lock:
+            self._cancelled = True
+            sock = self._sock
+        if sock is not None:
+            self._shutdown(sock)
 
 
 class _Peers:

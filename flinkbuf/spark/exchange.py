@@ -163,8 +163,11 @@ def pipelined_exchange(rdd, fn=None, *, num_partitions=None, key=None, selector=
     else sealed between tasks on different hosts only; True: every
     connection; False: none.
     monitor: a picklable callable run in each task with its
-    :class:`ExchangeTask` before records flow; it may return a callable
-    that is run when the task ends.
+    :class:`ExchangeTask` once the task is connected to every peer and
+    before records flow; it may return a callable that is run when the
+    task ends.  (Without one, records flow as soon as a task starts: its
+    ``fn`` reads the task's own output at once and each peer's once that
+    peer has started.)
     live_view: whether the tasks report their metrics to a live view on
     the driver while they run (a page naming the bottleneck, JSON and
     Prometheus text; :mod:`flinkbuf.spark.live`).  None (the default):
