@@ -576,6 +576,49 @@ def test_a_task_reads_its_own_records_before_its_peer_has_started(monkeypatch, m
             assert mine == sorted(mine)           # each producer's records in order
 
 
+def test_a_task_is_registered_at_the_rendezvous_before_its_first_record(monkeypatch):
+    """Records flow before the peers are known, but never before the task
+    has registered with the driver's rendezvous: a task that fails on its
+    first record is known to its stage attempt, so the tasks of a retried
+    attempt cannot join the failed one (Spark numbers them next to the
+    failed one's)."""
+    import threading
+
+    from flinkbuf.spark import _rendezvous, _task
+
+    seen = {}
+
+    def fn(records):
+        for r in records:
+            with server._lock:
+                attempt = server._attempts.get(1)
+                seen["tids"] = None if attempt is None else list(attempt.tids)
+            raise ValueError("fails on its first record")
+        yield from ()
+
+    spec, contexts = _threaded_spec(monkeypatch, fn, None, timeout=5.0, selector="round_robin")
+    server = _rendezvous.RendezvousServer(spec.secret, 2, timeout=5.0)
+    spec.rendezvous = server.address
+    raised = {}
+
+    def run():
+        contexts.ctx = _FakeBarrierContext(0, 2, {})
+        try:
+            list(_task.run_task(spec, iter([(0, i) for i in range(10)])))
+        except BaseException as exc:   # noqa: BLE001 - handed to the test
+            raised[0] = exc
+
+    try:
+        t = threading.Thread(target=run)
+        t.start()
+        t.join(20)
+        assert not t.is_alive()
+    finally:
+        server.close()
+    assert isinstance(raised[0], ValueError)
+    assert seen["tids"] == [100, None]           # task 0 (attempt 100), alone
+
+
 def test_a_task_that_raises_fails_the_job_with_its_error(sc):
     rdd = sc.parallelize([(i, i) for i in range(200_000)], 2)
     message, took = _job_error(lambda: pipelined_exchange(rdd, _raise_mid_stream).count())

@@ -326,3 +326,20 @@ def test_a_server_closes_when_its_owner_goes():
     with pytest.raises(RemoteConnectionError, match="refused the connection.*it is closed"):
         register(server.address, SECRET, stage=1, task_attempt_id=0, index=0,
                  num_tasks=2, address="a:1", timeout=1)
+
+
+def test_a_registration_is_sent_when_made_and_its_wait_can_be_cancelled():
+    """Registration sends at once (the driver counts the task before the
+    task waits); answer() waits for the others, and cancel() from another
+    thread ends that wait with a clear error, long before the timeout."""
+    with RendezvousServer(SECRET, 2, timeout=30) as server:
+        reg = _rendezvous.Registration(server.address, SECRET, stage=9, task_attempt_id=4,
+                                       index=1, num_tasks=2, address="127.0.0.1:7",
+                                       timeout=30, connect_timeout=5)
+        assert wait_until(lambda: 9 in server.stages(), 5)
+        threading.Timer(0.2, reg.cancel).start()
+        started = time.monotonic()
+        with pytest.raises(RemoteConnectionError, match="gave no answer"):
+            reg.answer()
+        assert time.monotonic() - started < 5
+        reg.cancel()                       # again, after the end: nothing happens

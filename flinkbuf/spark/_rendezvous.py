@@ -423,52 +423,80 @@ def _unreachable(host, port, exc, connect_timeout):
 
 
 def register(rendezvous, secret, *, stage, task_attempt_id, index, num_tasks, address,
-             timeout, connect_timeout=None, on_connect=None):
+             timeout, connect_timeout=None):
     """The task's side: register ``address`` as task ``index`` (task
     attempt ``task_attempt_id``) of stage ``stage`` at the driver's ``rendezvous`` (host,
     port) and return every task's address once all have registered (an
     :class:`Addresses`, which has their task attempt ids too).  Connecting
     and the handshake take at most ``connect_timeout`` seconds (default:
-    ``timeout``), the answer at most ``timeout``.  ``on_connect(sock)``,
-    if given, is called with the connected socket (shutting it down from
-    another thread ends the wait with an error)."""
-    host, port = rendezvous
-    deadline = time.monotonic() + timeout
-    if connect_timeout is None:
-        connect_timeout = timeout
-    try:
-        sock = socket.create_connection((host, port), timeout=connect_timeout)
-    except OSError as exc:
-        raise _unreachable(host, port, exc, connect_timeout) from None
-    try:
-        if on_connect is not None:
-            on_connect(sock)
+    ``timeout``), the answer at most ``timeout``."""
+    return Registration(rendezvous, secret, stage=stage, task_attempt_id=task_attempt_id,
+                        index=index, num_tasks=num_tasks, address=address, timeout=timeout,
+                        connect_timeout=connect_timeout).answer()
+
+
+class Registration:
+    """A task's registration at the driver's rendezvous, sent when made
+    (:func:`register`'s arguments and errors): :meth:`answer` waits for
+    every task's address, and :meth:`cancel`, from another thread, ends
+    that wait with an error.  A task registers before its records flow, so
+    that it cannot fail before its stage attempt knows it: a retried
+    attempt's tasks then never join an older one."""
+
+    def __init__(self, rendezvous, secret, *, stage, task_attempt_id, index, num_tasks, address,
+                 timeout, connect_timeout=None):
+        host, port = rendezvous
+        self._where = f"{host}:{port}"
+        self._index, self._num_tasks = index, num_tasks
+        self._deadline = time.monotonic() + timeout
+        if connect_timeout is None:
+            connect_timeout = timeout
         try:
-            handshake.client(sock, secret, address, _SEGMENT_SIZE, connect_timeout)
-        except AuthenticationError as exc:
-            raise AuthenticationError(f"the exchange's rendezvous on the driver at "
-                                      f"{host}:{port}: {exc}") from None
-        _send_message(sock, {"stage": stage, "task_attempt_id": task_attempt_id, "index": index,
-                             "num_tasks": num_tasks, "address": address})
+            sock = socket.create_connection((host, port), timeout=connect_timeout)
+        except OSError as exc:
+            raise _unreachable(host, port, exc, connect_timeout) from None
         try:
-            reply = _recv_message(sock, 1024 + 320 * num_tasks, deadline)
-        except (TimeoutError, ConnectionError, ValueError) as exc:
+            try:
+                handshake.client(sock, secret, address, _SEGMENT_SIZE, connect_timeout)
+            except AuthenticationError as exc:
+                raise AuthenticationError(f"the exchange's rendezvous on the driver at "
+                                          f"{self._where}: {exc}") from None
+            _send_message(sock, {"stage": stage, "task_attempt_id": task_attempt_id,
+                                 "index": index, "num_tasks": num_tasks, "address": address})
+        except BaseException:
+            sock.close()
+            raise
+        self._sock = sock
+
+    def answer(self):
+        """Every task's address, once all have registered (or an error)."""
+        try:
+            reply = _recv_message(self._sock, 1024 + 320 * self._num_tasks, self._deadline)
+        except (TimeoutError, ConnectionError, ValueError, OSError) as exc:
             raise RemoteConnectionError(f"the exchange's rendezvous on the driver at "
-                                        f"{host}:{port} gave no answer: {exc}") from None
-    finally:
-        sock.close()
-    if "error" in reply:
-        raise RemoteConnectionError(f"the exchange's rendezvous refused task {index}: "
-                                    f"{reply['error']}")
-    addresses = reply.get("addresses")
-    tids = reply.get("task_attempt_ids")
-    if not (isinstance(addresses, list) and len(addresses) == num_tasks
-            and all(isinstance(a, str) for a in addresses)
-            and isinstance(tids, list) and len(tids) == num_tasks
-            and all(_is_int(t, 0) or (isinstance(t, int) and not isinstance(t, bool)
-                                      and 0 <= t < 2**63) for t in tids)):
-        raise RemoteConnectionError("the exchange's rendezvous sent a malformed answer")
-    return Addresses(addresses, tids)
+                                        f"{self._where} gave no answer: {exc}") from None
+        finally:
+            self._sock.close()
+        if "error" in reply:
+            raise RemoteConnectionError(f"the exchange's rendezvous refused task "
+                                        f"{self._index}: {reply['error']}")
+        addresses = reply.get("addresses")
+        tids = reply.get("task_attempt_ids")
+        n = self._num_tasks
+        if not (isinstance(addresses, list) and len(addresses) == n
+                and all(isinstance(a, str) for a in addresses)
+                and isinstance(tids, list) and len(tids) == n
+                and all(_is_int(t, 0) or (isinstance(t, int) and not isinstance(t, bool)
+                                          and 0 <= t < 2**63) for t in tids)):
+            raise RemoteConnectionError("the exchange's rendezvous sent a malformed answer")
+        return Addresses(addresses, tids)
+
+    def cancel(self):
+        """Stop waiting for the answer (the task failed)."""
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
 
 def close_all():

@@ -327,7 +327,12 @@ def run_task(spec, iterator):
             gate = env.create_input_gate(
                 [(published if i == index else None, spec.exchange_id, index)
                  for i in range(n)], **gate_options)
-            connector = _Connector(spec, ctx, env, gate, tid, published)
+            # Registered before any record flows (only the answer is awaited
+            # in the thread): a task that fails on its input is known to
+            # its stage attempt, whose retry's tasks then start a new one.
+            registration = None if spec.rendezvous is None else _register(spec, ctx, tid,
+                                                                           published)
+            connector = _Connector(spec, ctx, env, gate, tid, published, registration)
             connector.start()
         else:
             addresses, tids = _gather(spec, ctx, index, n, tid, published)
@@ -395,14 +400,22 @@ def run_task(spec, iterator):
             done()
 
 
-def _gather(spec, ctx, index, n, tid, published, on_connect=None):
+def _register(spec, ctx, tid, published):
+    """The task's registration at the driver's rendezvous, sent."""
+    return _rendezvous.Registration(
+        spec.rendezvous, spec.secret, stage=ctx.stageId(), task_attempt_id=tid,
+        index=ctx.partitionId(), num_tasks=len(ctx.getTaskInfos()), address=published,
+        timeout=spec.timeout, connect_timeout=spec.connect_timeout)
+
+
+def _gather(spec, ctx, index, n, tid, published, registration=None):
     """Every task's address and task attempt id, by index: from the
-    driver's rendezvous, or through Spark's ``allGather``."""
+    driver's rendezvous (the answer to ``registration`` if it was sent
+    already), or through Spark's ``allGather``."""
     if spec.rendezvous is not None:
-        addresses = _rendezvous.register(
-            spec.rendezvous, spec.secret, stage=ctx.stageId(), task_attempt_id=tid,
-            index=index, num_tasks=n, address=published, timeout=spec.timeout,
-            connect_timeout=spec.connect_timeout, on_connect=on_connect)
+        if registration is None:
+            registration = _register(spec, ctx, tid, published)
+        addresses = registration.answer()
         return addresses, addresses.task_attempt_ids
     gathered = ctx.allGather(json.dumps({"index": index, "address": published,
                                          "task_attempt_id": tid}))
@@ -435,13 +448,11 @@ class _Connector(threading.Thread):
     still unknown fail with its error (peers named), which the gate raises
     to the task's reader."""
 
-    def __init__(self, spec, ctx, env, gate, tid, published):
+    def __init__(self, spec, ctx, env, gate, tid, published, registration):
         super().__init__(name=f"flinkbuf-exchange-connect-{ctx.partitionId()}", daemon=True)
         self._spec, self._ctx, self._env, self._gate = spec, ctx, env, gate
         self._tid, self._published = tid, published
-        self._lock = threading.Lock()
-        self._sock = None
-        self._cancelled = False
+        self._registration = registration
         self.peers = None
         self.error = None
 
@@ -450,7 +461,7 @@ class _Connector(threading.Thread):
         index, n = self._ctx.partitionId(), gate.num_channels
         try:
             addresses, tids = _gather(spec, self._ctx, index, n, self._tid, self._published,
-                                      on_connect=self._hold)
+                                      self._registration)
             self.peers = peers = _Peers(index, addresses)
             _expect_peers(env, index, addresses, tids)
             for i, channel in enumerate(gate.channels):
@@ -469,27 +480,10 @@ class _Connector(threading.Thread):
                 if isinstance(channel, UnknownInputChannel):
                     channel.fail(exc)
 
-    def _hold(self, sock):
-        with self._lock:
-            self._sock = sock
-            cancelled = self._cancelled
-        if cancelled:
-            self._shutdown(sock)
-
-    @staticmethod
-    def _shutdown(sock):
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-
     def cancel(self):
         """The task failed: stop waiting for the rendezvous's answer."""
-        with self._lock:
-            self._cancelled = True
-            sock = self._sock
-        if sock is not None:
-            self._shutdown(sock)
+        if self._registration is not None:
+            self._registration.cancel()
 
 
 class _Peers:
