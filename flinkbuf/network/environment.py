@@ -671,10 +671,8 @@ class NetworkEnvironment:
                     with self._lock:
                         self._unknown[unknown] = floating
                     channels.append(unknown)
-                elif address in own:
-                    channels.append(LocalInputChannel(self._local_partition(partition_id), sub))
                 else:
-                    channels.append(self._remote_channel(address, partition_id, sub, floating))
+                    channels.append(self._channel_for(address, partition_id, sub, floating))
             return InputGate(channels, codec=codec, max_record_size=max_record_size, name=name)
         except BaseException:
             for ch in channels:
@@ -703,13 +701,7 @@ class NetworkEnvironment:
         if channel.channel is not None or channel.error is not None:
             raise ValueError(f"input channel {channel.index} was updated or failed already")
         self._check_open()
-        real: LocalInputChannel | RemoteInputChannel
-        if address in (self._address_text, self._bound_text):
-            real = LocalInputChannel(self._local_partition(channel.partition_id),
-                                     channel.subpartition)
-        else:
-            real = self._remote_channel(address, channel.partition_id, channel.subpartition,
-                                        floating)
+        real = self._channel_for(address, channel.partition_id, channel.subpartition, floating)
         try:
             channel.update(real)
         except BaseException:
@@ -718,6 +710,15 @@ class NetworkEnvironment:
             raise
         with self._lock:
             self._unknown.pop(channel, None)
+
+    def _channel_for(self, address: str, partition_id: str, sub: int,
+                     floating: FloatingBuffers | None) -> LocalInputChannel | RemoteInputChannel:
+        """The channel reading subpartition ``sub`` of ``partition_id`` at
+        ``address``: a local one for this environment's address, else a
+        remote one (borrowing from ``floating``)."""
+        if address in (self._address_text, self._bound_text):
+            return LocalInputChannel(self._local_partition(partition_id), sub)
+        return self._remote_channel(address, partition_id, sub, floating)
 
     def _local_partition(self, partition_id: str) -> ResultPartition:
         """The partition registered here as ``partition_id``, once it is

@@ -343,7 +343,7 @@ def run_task(spec, iterator):
                     [(addresses[i], spec.exchange_id, index) for i in range(n)],
                     **gate_options)
             except RemoteConnectionError as exc:
-                raise _named_connecting(peers, exc, spec) from exc
+                _raise_connecting(peers, exc, spec)
         task = ExchangeTask(index, n, published, env, partition, writer, gate)
         if getattr(spec, "live", None) is not None:     # reports to a live view
             reports = spec.live.start(task, ctx)
@@ -435,10 +435,13 @@ def _expect_peers(env, index, addresses, tids):
                       for i in range(len(addresses)) if i != index})
 
 
-def _named_connecting(peers, exc, spec):
-    """``exc``, an error connecting to a peer, with the peer named."""
+def _raise_connecting(peers, exc, spec):
+    """Raise ``exc``, an error connecting to a peer, with the peer named
+    (as it is if its message names none)."""
     named = peers.named(exc, connecting=True, connect_timeout=spec.connect_timeout)
-    return exc if named is None else named
+    if named is None:
+        raise exc
+    raise named from exc
 
 
 class _Connector(threading.Thread):
@@ -470,10 +473,7 @@ class _Connector(threading.Thread):
                 try:
                     env.update_input_channel(channel, addresses[i])
                 except RemoteConnectionError as exc:
-                    named = _named_connecting(peers, exc, spec)
-                    if named is exc:
-                        raise
-                    raise named from exc
+                    _raise_connecting(peers, exc, spec)
         except BaseException as exc:     # noqa: BLE001 - the gate raises it to the reader
             self.error = exc
             for channel in gate.channels:
