@@ -328,18 +328,42 @@ def test_a_server_closes_when_its_owner_goes():
                  num_tasks=2, address="a:1", timeout=1)
 
 
-def test_a_registration_is_sent_when_made_and_its_wait_can_be_cancelled():
-    """Registration sends at once (the driver counts the task before the
-    task waits); answer() waits for the others, and cancel() from another
-    thread ends that wait with a clear error, long before the timeout."""
+def test_a_registration_is_acknowledged_when_made_and_its_wait_can_be_cancelled():
+    """A Registration is recorded by the driver before its constructor
+    returns (the driver acknowledges it); answer() waits for the others,
+    and cancel() from another thread ends that wait with a clear error,
+    long before the timeout."""
     with RendezvousServer(SECRET, 2, timeout=30) as server:
         reg = _rendezvous.Registration(server.address, SECRET, stage=9, task_attempt_id=4,
                                        index=1, num_tasks=2, address="127.0.0.1:7",
                                        timeout=30, connect_timeout=5)
-        assert wait_until(lambda: 9 in server.stages(), 5)
+        with server._lock:
+            assert server._attempts[9].tids == [None, 4]      # no waiting: it is there
         threading.Timer(0.2, reg.cancel).start()
         started = time.monotonic()
         with pytest.raises(RemoteConnectionError, match="gave no answer"):
             reg.answer()
         assert time.monotonic() - started < 5
         reg.cancel()                       # again, after the end: nothing happens
+
+
+def test_a_refused_registration_is_raised_when_made():
+    """A registration the driver refuses (an older stage attempt, a task
+    attempt registered already) fails at once, in the constructor, before
+    the task's records could flow; the stage attempt is not touched."""
+    with RendezvousServer(SECRET, 2, timeout=30) as server:
+        first = _rendezvous.Registration(server.address, SECRET, stage=3, task_attempt_id=10,
+                                         index=0, num_tasks=2, address="127.0.0.1:7",
+                                         timeout=30, connect_timeout=5)
+        started = time.monotonic()
+        for tid, index, why in [(10, 1, "registered already"), (2, 1, "older attempt")]:
+            with pytest.raises(RemoteConnectionError, match=f"refused task 1: .*{why}"):
+                _rendezvous.Registration(server.address, SECRET, stage=3, task_attempt_id=tid,
+                                         index=index, num_tasks=2, address="127.0.0.1:8",
+                                         timeout=30, connect_timeout=5)
+        assert time.monotonic() - started < 5
+        with server._lock:
+            assert server._attempts[3].tids == [10, None]
+        first.cancel()
+        with pytest.raises(RemoteConnectionError):
+            first.answer()

@@ -8,8 +8,9 @@ yet, the oldest of which is dropped to make room for a new one, and at most
 proves the exchange's secret (flinkbuf's handshake: HMAC-SHA256 over fresh
 nonces in both directions, compared in constant time), sends its stage id,
 task attempt id (which tells its stage attempt), partition index and server
-address, and gets back the addresses of all tasks once every task of that
-stage attempt registered.
+address, gets an acknowledgement once its stage attempt has it (or a
+refusal), and then the addresses of all tasks once every task of that stage
+attempt registered.
 This replaces ``BarrierTaskContext.allGather``, which Spark answers on a
 one-second poll.
 
@@ -259,7 +260,12 @@ class RendezvousServer:
                     self._last_activity = time.monotonic()
                 request = _recv_message(conn, MAX_REQUEST, deadline)
                 stage, tid, index, address = self._parse(request)
-                reply = self._register(stage, tid, index, address)
+                reply = self._join(stage, tid, index, address)
+                if not isinstance(reply, dict):
+                    # Acknowledged once it is recorded: the task's records
+                    # flow only after its stage attempt knows it.
+                    _send_message(conn, {"registered": True})
+                    reply = self._await(stage, reply, time.monotonic() + self._timeout)
                 _send_message(conn, reply)
                 if "error" in reply:
                     self._count_refused()
@@ -330,10 +336,8 @@ class RendezvousServer:
         self.attempts_started += 1
         return current
 
-    def _register(self, stage, tid, index, address):
-        """Add one task to its stage attempt and wait until the attempt is
-        complete; returns the reply (the addresses, or an error)."""
-        deadline = time.monotonic() + self._timeout
+    def _join(self, stage, tid, index, address):
+        """Add one task to its stage attempt: the attempt, or an error reply."""
         with self._lock:
             entry = self._attempt_of(stage, tid, index)
             if isinstance(entry, str):
@@ -345,6 +349,12 @@ class RendezvousServer:
             entry.registered += 1
             if entry.complete:
                 self._lock.notify_all()
+            return entry
+
+    def _await(self, stage, entry, deadline):
+        """Wait until the stage attempt ``entry`` is complete; returns the
+        reply (the addresses, or an error)."""
+        with self._lock:
             while not entry.complete:
                 if self._closed:
                     return {"error": "the rendezvous closed"}
@@ -427,17 +437,19 @@ def register(rendezvous, secret, *, stage, task_attempt_id, index, num_tasks, ad
     """The task's side: register ``address`` as task ``index`` (task
     attempt ``task_attempt_id``) of stage ``stage`` at the driver's ``rendezvous`` (host,
     port) and return every task's address once all have registered (an
-    :class:`Addresses`, which has their task attempt ids too).  Connecting
-    and the handshake take at most ``connect_timeout`` seconds (default:
-    ``timeout``), the answer at most ``timeout``."""
+    :class:`Addresses`, which has their task attempt ids too).  Connecting,
+    the handshake and the driver's acknowledgement take at most
+    ``connect_timeout`` seconds (default: ``timeout``), the answer at most
+    ``timeout``."""
     return Registration(rendezvous, secret, stage=stage, task_attempt_id=task_attempt_id,
                         index=index, num_tasks=num_tasks, address=address, timeout=timeout,
                         connect_timeout=connect_timeout).answer()
 
 
 class Registration:
-    """A task's registration at the driver's rendezvous, sent when made
-    (:func:`register`'s arguments and errors): :meth:`answer` waits for
+    """A task's registration at the driver's rendezvous, made and
+    acknowledged by the driver when constructed (:func:`register`'s
+    arguments and errors; a refusal is raised here): :meth:`answer` waits for
     every task's address, and :meth:`cancel`, from another thread, ends
     that wait with an error.  A task registers before its records flow, so
     that it cannot fail before its stage attempt knows it: a retried
@@ -463,23 +475,23 @@ class Registration:
                                           f"{self._where}: {exc}") from None
             _send_message(sock, {"stage": stage, "task_attempt_id": task_attempt_id,
                                  "index": index, "num_tasks": num_tasks, "address": address})
+            # The driver acknowledges once the task is part of its stage
+            # attempt (or refuses it at once).
+            self._sock = sock
+            self._check(self._receive(min(self._deadline,
+                                          time.monotonic() + connect_timeout)),
+                        "registered")
         except BaseException:
             sock.close()
             raise
-        self._sock = sock
 
     def answer(self):
         """Every task's address, once all have registered (or an error)."""
         try:
-            reply = _recv_message(self._sock, 1024 + 320 * self._num_tasks, self._deadline)
-        except (TimeoutError, ConnectionError, ValueError, OSError) as exc:
-            raise RemoteConnectionError(f"the exchange's rendezvous on the driver at "
-                                        f"{self._where} gave no answer: {exc}") from None
+            reply = self._receive(self._deadline)
         finally:
             self._sock.close()
-        if "error" in reply:
-            raise RemoteConnectionError(f"the exchange's rendezvous refused task "
-                                        f"{self._index}: {reply['error']}")
+        self._check(reply, "addresses")
         addresses = reply.get("addresses")
         tids = reply.get("task_attempt_ids")
         n = self._num_tasks
@@ -490,6 +502,20 @@ class Registration:
                                           and 0 <= t < 2**63) for t in tids)):
             raise RemoteConnectionError("the exchange's rendezvous sent a malformed answer")
         return Addresses(addresses, tids)
+
+    def _receive(self, deadline):
+        try:
+            return _recv_message(self._sock, 1024 + 320 * self._num_tasks, deadline)
+        except (TimeoutError, ConnectionError, ValueError, OSError) as exc:
+            raise RemoteConnectionError(f"the exchange's rendezvous on the driver at "
+                                        f"{self._where} gave no answer: {exc}") from None
+
+    def _check(self, reply, expected):
+        if "error" in reply:
+            raise RemoteConnectionError(f"the exchange's rendezvous refused task "
+                                        f"{self._index}: {reply['error']}")
+        if expected not in reply:
+            raise RemoteConnectionError("the exchange's rendezvous sent a malformed answer")
 
     def cancel(self):
         """Stop waiting for the answer (the task failed)."""
