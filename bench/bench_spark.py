@@ -57,7 +57,10 @@ over TCP::
 
 It checks the cluster targets of the same run: ``flinkbuf`` at least 2x
 ``rdd_shuffle``'s records/s and its first record at least 10x sooner,
-``flinkbuf_arrow`` at least 0.95 of ``arrow_barrier_floor`` at 10 M.
+``flinkbuf_arrow`` at least 0.95 of ``arrow_barrier_floor`` at 10 M.  The
+rows take turns round by round (each round in the other order), so that a
+slow spell of the machine falls on every row, and the run prints
+``flinkbuf_arrow`` / ``arrow_barrier_floor`` round by round too.
 
 The table's ``CPU core-s`` is the machine's busy CPU during a run (median;
 every process, Spark's JVMs and, with ``--cluster``, every simulated host:
@@ -513,6 +516,14 @@ def _cluster_targets(table):
     return out
 
 
+def paired_ratios(table, row, peer):
+    """``row``'s records/s over ``peer``'s, round by round (the rounds ran
+    in turns), per N: {N: ratios}, where both rows ran."""
+    return {n: [a / b for a, b in zip(rows[row]["rates"], rows[peer]["rates"])]
+            for n, rows in sorted(table.items())
+            if row in rows and peer in rows and rows[row].get("rates")}
+
+
 def launch_floor(spark, rounds):
     """Seconds from submitting a barrier job of ``TASKS`` tasks that do
     nothing to the first of them running Python (median of ``rounds``):
@@ -642,8 +653,16 @@ def main(argv=None):
               f"{'vs rdd_shuffle':>14}")
         for n in args.records:
             base = base_first = None
-            for row in args.rows.split(","):
-                runs = [measure(spark, row, n) for _ in range(args.rounds)]
+            rows = args.rows.split(",")
+            # The rows take turns, round by round (in turn reversed: none
+            # always goes first), so that a slow spell of this shared
+            # machine falls on all of them.
+            by_row = {row: [] for row in rows}
+            for k in range(args.rounds):
+                for row in rows if k % 2 == 0 else rows[::-1]:
+                    by_row[row].append(measure(spark, row, n))
+            for row in rows:
+                runs = by_row[row]
                 secs = statistics.median(r["seconds"] for r in runs)
                 rate = n / secs
                 first = statistics.median(r["first_record_s"] or float("nan") for r in runs)
@@ -653,7 +672,8 @@ def main(argv=None):
                 idle = _median_of(runs, "machine_idle_s")
                 idle_share = idle / (busy + idle) if busy is not None and busy + idle else None
                 table.setdefault(n, {})[row] = {"rate": rate, "first": first, "busy": busy,
-                                                "idle": idle_share}
+                                                "idle": idle_share,
+                                                "rates": [n / r["seconds"] for r in runs]}
                 if row == "rdd_shuffle":
                     base, base_first = rate, first
                 ratio = f"{rate / base:.2f}x" if base else ""
@@ -668,6 +688,11 @@ def main(argv=None):
             for n, what, got, want, met in _cluster_targets(table):
                 print(f"{n:>11,} {what:<40} {got:>7.2f}  want >= {want:g}  "
                       f"{'met' if met else 'NOT MET'}", flush=True)
+            for n, ratios in paired_ratios(table, "flinkbuf_arrow",
+                                           "arrow_barrier_floor").items():
+                print(f"{n:>11,} flinkbuf_arrow / arrow_barrier_floor round by round: "
+                      f"{', '.join(f'{r:.2f}' for r in ratios)} (median "
+                      f"{statistics.median(ratios):.2f})", flush=True)
             for line in _cpu_bounds(table):
                 print(line, flush=True)
             launch = launch_floor(spark, max(args.rounds, 5))

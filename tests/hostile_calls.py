@@ -429,6 +429,8 @@ def _spark_targets():
                  "live_view"):
         out += _fixed(f"spark.{name}", getattr(spark, name))
     out += _fixed("spark.LiveView", _closing(spark.LiveView))
+    from flinkbuf.spark import arrow
+    out += _fixed("spark.arrow.default_segment_size", arrow.default_segment_size)
     out += [(f"LiveView.{m}()", False, _live_view_method(m))
             for m in ("snapshot", "prometheus", "close")]
     return out

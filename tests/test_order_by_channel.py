@@ -5,7 +5,7 @@ exception (never a crash, never a write) for every bad argument."""
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -63,6 +63,60 @@ def test_it_groups_what_assign_keys_to_operators_writes(keys, parallelism):
     order, counts = _order(channels, parallelism)
     assert channels[order].tolist() == sorted(channels.tolist())
     assert counts.sum() == len(keys)
+
+
+@st.composite
+def long_channel_arrays(draw):
+    """(channels, num_channels) long enough for the four-lane path (from
+    1024 rows and four rows per channel), every length mod 4, runs of one
+    channel or mixed."""
+    dtype = draw(st.sampled_from(CHANNEL_DTYPES))
+    num_channels = draw(st.one_of(st.integers(1, 4), st.integers(1, 120)))
+    n = draw(st.integers(max(1024, 4 * num_channels) - 3, 6000))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    if draw(st.booleans()):
+        channels = rng.integers(0, num_channels, n)
+    else:                               # long runs: one channel per lane, or sorted
+        channels = np.sort(rng.integers(0, num_channels, n))
+    return channels.astype(dtype), num_channels
+
+
+@settings(max_examples=60)
+@given(long_channel_arrays(), st.sampled_from(ORDER_DTYPES))
+def test_long_batches_order_as_numpys_stable_argsort(ca, order_dtype):
+    channels, num_channels = ca
+    order, counts = _order(channels, num_channels, order_dtype)
+    assert order.tolist() == np.argsort(channels, kind="stable").tolist()
+    assert counts.tolist() == np.bincount(channels.astype(np.int64),
+                                          minlength=num_channels).tolist()
+
+
+@settings(max_examples=60)
+@given(long_channel_arrays(), st.data())
+def test_long_batches_name_the_first_channel_out_of_range_and_write_nothing(ca, data):
+    """Out-of-range channels anywhere (in any lane, on a lane's first or
+    last row, in the tail): the error names the first in input order, and
+    neither order nor counts is touched."""
+    channels, num_channels = ca
+    n = len(channels)
+    info = np.iinfo(channels.dtype)
+    rows = data.draw(st.lists(st.one_of(st.integers(0, n - 1),
+                                        st.sampled_from([0, n // 4, n // 4 - 1, n // 2,
+                                                         3 * (n // 4), 4 * (n // 4) - 1,
+                                                         n - 1])),
+                              min_size=1, max_size=4))
+    values = data.draw(st.lists(st.one_of(st.integers(num_channels, info.max),
+                                          st.integers(info.min, -1)),
+                                min_size=len(rows), max_size=len(rows)))
+    for row, value in zip(rows, values):
+        channels[row] = value
+    first = min(rows)
+    order = np.full(n, -7, dtype=np.int64)
+    counts = np.full(num_channels, -7, dtype=np.int64)
+    with pytest.raises(ValueError, match=rf"channel {channels[first]} of row {first} is not"):
+        order_by_channel(channels, order, counts)
+    assert (order == -7).all() and (counts == -7).all()
 
 
 def test_views_of_larger_arrays_are_read_and_written_in_place():

@@ -980,12 +980,16 @@ def _rows_with_task(batches):
     import pyarrow as pa
     from pyspark import BarrierTaskContext
 
+    from flinkbuf.spark import current_task
+
     index = BarrierTaskContext.get().partitionId()
+    segment = current_task().environment.network_buffer_pool.segment_size
     for batch in batches:
         assert isinstance(batch, pa.RecordBatch)
         yield pa.RecordBatch.from_arrays(
-            [batch.column(0), batch.column(1), pa.array([index] * batch.num_rows, pa.int32())],
-            names=["k", "v", "task"])
+            [batch.column(0), batch.column(1), pa.array([index] * batch.num_rows, pa.int32()),
+             pa.array([segment] * batch.num_rows, pa.int32())],
+            names=["k", "v", "task", "segment"])
 
 
 def test_arrow_exchange_routes_rows_by_key(spark):
@@ -995,11 +999,18 @@ def test_arrow_exchange_routes_rows_by_key(spark):
 
     df = spark.range(0, 30_000, numPartitions=3).select(
         (F.col("id") % 101).alias("k"), F.col("id").alias("v"))
-    out = arrow_exchange(df, _rows_with_task, "k", "k long, v long, task int").toPandas()
+    from flinkbuf.spark.arrow import default_segment_size
+
+    out = arrow_exchange(df, _rows_with_task, "k",
+                         "k long, v long, task int, segment int").toPandas()
     assert sorted(out["v"]) == list(range(30_000))
     expected = key_partitions(out["k"].to_numpy(), 3)
     assert (out["task"].to_numpy() == expected).all()
     assert set(out["task"]) == {0, 1, 2}
+    assert set(out["segment"]) == {default_segment_size(3)}     # the default buffers
+    out = arrow_exchange(df, _rows_with_task, "k", "k long, v long, task int, segment int",
+                         segment_size=4096).toPandas()
+    assert sorted(out["v"]) == list(range(30_000)) and set(out["segment"]) == {4096}
 
 
 def _count_per_string_key(batches):

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flinkbuf.io import assign_key_to_operator, default_max_parallelism
+from flinkbuf.serialization import decode, encode
 from flinkbuf.spark import key_partitions
 
 
@@ -171,43 +172,188 @@ def test_key_partitions_needs_no_pyarrow_for_numpy_and_sequences():
 
 
 class _Collect:
-    """A writer that keeps what the producer emits."""
+    """A writer that keeps what the producer emits, each record encoded
+    and decoded as it travels (the typed codec), at the moment it is
+    emitted."""
 
     def __init__(self, num_channels):
         self.num_channels = num_channels
         self.records = []
 
     def emit(self, record):
-        self.records.append(record)
+        self.records.append((record[0], decode(encode(record[1:]))))
+
+
+class _Gate:
+    """What the consumer reads: the records a _Collect kept, by channel."""
+
+    def __init__(self, records):
+        self._records = iter(records)
+
+    def next_with_channel(self):
+        return next(self._records)
+
+
+class _Task:
+    def __init__(self, records):
+        self.gate = _Gate(records)
+        self.started = 0.0
+        self.first_record_seconds = None
+
+
+def _exchange(batches, n, key="k"):
+    """What each of ``n`` consumers reads when one producer routes
+    ``batches`` by ``key``: {consumer: [RecordBatch]}, and the kinds of
+    the records that carried them."""
+    from flinkbuf.spark.arrow import _SCHEMA, _batches, _route
+
+    writer = _Collect(n)
+    _route(key, default_max_parallelism(n))(writer, iter(batches))
+    got, kinds, schemas = {j: [] for j in range(n)}, set(), set()
+    for j, (kind, _payload) in writer.records:
+        if kind == _SCHEMA:
+            assert j not in schemas and not got[j]        # once per channel, first
+            schemas.add(j)
+        else:
+            assert j in schemas
+            kinds.add(kind)
+    for j in range(n):
+        records = [(c, (c,) + rest) for c, rest in writer.records if c == j]
+        got[j] = list(_batches(_Task(records)))
+        assert all(b.num_rows > 0 and b.schema == batches[0].schema for b in got[j])
+    return got, kinds
 
 
 @settings(deadline=None)
 @given(st.lists(st.lists(st.one_of(st.none(), st.integers(-2**63, 2**63 - 1)), max_size=80),
                 max_size=4),
-       st.integers(1, 9))
-def test_the_producer_sends_each_row_once_to_its_keys_consumer_in_order(batches, n):
-    from flinkbuf.spark.arrow import _BATCH, _SCHEMA, _route
+       st.integers(1, 9), st.booleans())
+def test_the_producer_sends_each_row_once_to_its_keys_consumer_in_order(batches, n, nulls):
+    """Each row reaches its key's consumer once, in input order: batches
+    with nulls travel as IPC messages, the others as their columns'
+    values."""
+    from flinkbuf.spark.arrow import _BATCH, _VALUES
 
+    if not nulls:
+        batches = [[0 if k is None else k for k in b] for b in batches]
     batches = [pa.RecordBatch.from_pydict({"k": pa.array(b, pa.int64()),
                                            "row": pa.array(range(len(b)), pa.int64()),
                                            "batch": pa.array([i] * len(b), pa.int64())})
                for i, b in enumerate(batches)]
-    writer = _Collect(n)
-    _route("k", default_max_parallelism(n))(writer, iter(batches))
-    got = {j: [] for j in range(n)}
-    schemas = set()
-    for j, kind, payload in writer.records:
-        if kind == _SCHEMA:
-            assert j not in schemas and not got[j]        # once per channel, first
-            schemas.add(j)
-            continue
-        assert kind == _BATCH and j in schemas
-        piece = pa.ipc.read_record_batch(pa.py_buffer(bytes(payload)), batches[0].schema)
-        assert piece.num_rows > 0
-        got[j].extend(zip(piece.column("batch").to_pylist(), piece.column("row").to_pylist(),
-                          piece.column("k").to_pylist()))
+    got, kinds = _exchange(batches, n)
+    has_nulls = [b.column("k").null_count > 0 for b in batches if b.num_rows]
+    assert kinds == ({_BATCH} if any(has_nulls) else set()) | \
+        ({_VALUES} if not all(has_nulls) else set())
     for j in range(n):
+        pieces = [zip(p.column("batch").to_pylist(), p.column("row").to_pylist(),
+                      p.column("k").to_pylist()) for p in got[j]]
         want = [(b, r, k) for b, batch in enumerate(batches)
                 for r, k in enumerate(batch.column("k").to_pylist())
                 if key_partitions([k], n).tolist() == [j]]
-        assert got[j] == want            # its rows, each once, in input order
+        assert [row for p in pieces for row in p] == want    # its rows, once, in order
+
+
+_TYPES = [pa.int8(), pa.uint16(), pa.int32(), pa.int64(), pa.uint64(), pa.float32(),
+          pa.float64(), pa.date32(), pa.date64(), pa.timestamp("us"),
+          pa.timestamp("ns", tz="UTC"), pa.time32("ms"), pa.time64("ns"), pa.duration("s"),
+          pa.binary(8), pa.binary(2), pa.float16(), pa.bool_(), pa.string(), pa.decimal128(10, 2),
+          pa.list_(pa.int32())]
+
+
+def _column(t, rows, rng):
+    """``rows`` values of Arrow type ``t``, drawn from ``rng``."""
+    raw = rng.integers(-2**62, 2**62, rows)
+    if pa.types.is_fixed_size_binary(t):
+        return pa.array([int(v).to_bytes(8, "little", signed=True)[:t.byte_width] for v in raw], t)
+    if pa.types.is_boolean(t):
+        return pa.array(raw % 2 == 0)
+    if pa.types.is_string(t):
+        return pa.array([str(v % 1000) for v in raw])
+    if pa.types.is_decimal(t):
+        import decimal
+        return pa.array([decimal.Decimal(int(v % 10**8)) / 100 for v in raw], t)
+    if pa.types.is_list(t):
+        return pa.array([[int(v % 7)] * int(v % 3) for v in raw], t)
+    if pa.types.is_floating(t):
+        return pa.array(raw.astype(np.float64) / 7, pa.float64()).cast(t) \
+            if t != pa.float16() else pa.array((raw % 1000).astype(np.float16), t)
+    width = t.bit_width
+    bits = np.dtype(f"i{width // 8}")
+    return pa.array(raw.astype(bits), pa.from_numpy_dtype(bits)).view(t) \
+        if not pa.types.is_integer(t) else pa.array(raw.astype(t.to_pandas_dtype()), t)
+
+
+@settings(deadline=None, max_examples=60)
+@given(st.lists(st.sampled_from(_TYPES), min_size=1, max_size=4), st.integers(1, 4),
+       st.lists(st.integers(0, 300), min_size=1, max_size=3), st.integers(0, 2**32 - 1),
+       st.integers(0, 20))
+def test_batches_of_any_column_types_arrive_whole_and_equal(types, n, sizes, seed, offset):
+    """Columns of every fixed width (and of other types, which travel as
+    IPC messages), sliced batches (a column offset) included: each
+    consumer gets exactly the rows of its keys, values and types equal."""
+    rng = np.random.default_rng(seed)
+    batches = []
+    for rows in sizes:
+        cols = {"k": pa.array(rng.integers(0, 50, rows + offset))}
+        cols.update({f"c{i}": _column(t, rows + offset, rng) for i, t in enumerate(types)})
+        batches.append(pa.RecordBatch.from_pydict(cols).slice(offset))
+    from flinkbuf.spark.arrow import _BATCH, _VALUES, _value_type
+
+    got, kinds = _exchange(batches, n)
+    if sum(sizes):
+        plain = all(_value_type(t) is not None for t in types)
+        assert kinds == {_VALUES if plain else _BATCH}
+        assert plain == all(pa.types.is_integer(t) or pa.types.is_floating(t)
+                            or pa.types.is_temporal(t) or pa.types.is_fixed_size_binary(t)
+                            for t in types)
+    whole = pa.Table.from_batches(batches)
+    keys = whole.column("k").to_numpy()
+    for j in range(n):
+        want = whole.filter(pa.array(key_partitions(keys, n) == j))
+        have = pa.Table.from_batches(got[j], schema=whole.schema)
+        assert have.equals(want)
+
+
+def test_a_malformed_piece_of_values_is_a_clear_error():
+    from flinkbuf.errors import CorruptRecordError
+    from flinkbuf.spark.arrow import _from_values
+
+    schema = pa.schema([("k", pa.int64()), ("t", pa.timestamp("us"))])
+    good = np.arange(3, dtype=np.uint64)
+    assert _from_values((good, good), schema).num_rows == 3
+    for bad in [(good,), (), [good, good], (good, good[:2]), (good, good.astype(np.uint32)),
+                (good, good.reshape(3, 1)), (good, b"x" * 24), ("x", good),
+                (good, good, good)]:
+        with pytest.raises(CorruptRecordError, match="malformed piece of an Arrow batch"):
+            _from_values(bad, schema)
+    with pytest.raises(CorruptRecordError):
+        _from_values((good,), pa.schema([("s", pa.string())]))
+
+
+@given(st.integers(1, 5000), st.integers(1, 64), st.integers(0, 64))
+def test_the_default_segment_size_is_the_largest_within_the_task_budget(n, per_channel,
+                                                                         floating):
+    """A power of two from 32 KiB to 256 KiB: the largest whose task
+    buffers fit 8 MiB, or 32 KiB when none does; never larger for more
+    tasks."""
+    from flinkbuf.io import partition_buffers, task_segments
+    from flinkbuf.spark.arrow import default_segment_size
+
+    size = default_segment_size(n, per_channel, floating)
+    assert size in (32 << 10, 64 << 10, 128 << 10, 256 << 10)
+    segments = task_segments([partition_buffers(n, per_channel)], [n - 1],
+                             exclusive_buffers_per_channel=per_channel,
+                             floating_buffers_per_gate=floating)
+    assert size == 32 << 10 or size * segments <= 8 << 20
+    assert size == 256 << 10 or 2 * size * segments > 8 << 20
+    assert default_segment_size(n + 1, per_channel, floating) <= size
+
+
+@pytest.mark.parametrize("args, error", [
+    ((0,), ValueError), ((-1,), ValueError), ((2.0,), TypeError), (("2",), TypeError),
+    ((2, 0), ValueError), ((2, 2, -1), ValueError), ((True,), TypeError)])
+def test_the_default_segment_size_refuses_bad_arguments(args, error):
+    from flinkbuf.spark.arrow import default_segment_size
+
+    with pytest.raises(error):
+        default_segment_size(*args)

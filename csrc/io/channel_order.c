@@ -34,6 +34,124 @@
             PLACE_TO(T, int64_t);                                                  \
     } while (0)
 
+/* Four lanes: the rows cut into four runs, each counted and placed with a
+ * table of its own, interleaved.  One table makes every row wait for the
+ * previous one's increment (the same channel, the same counter in memory);
+ * four independent chains run side by side.  The runs are placed one after
+ * the other within a channel, so the order stays stable. */
+#define LANES 4
+#define LANES_MIN_ROWS 1024
+
+#define LANE_COUNT(T)                                                              \
+    do {                                                                           \
+        const T *c = (const T *)channels;                                          \
+        uint64_t lim = (uint64_t)num_channels;                                     \
+        for (i = 0; i < m; i++) {                                                  \
+            uint64_t c0 = (uint64_t)(int64_t)c[i];                                 \
+            uint64_t c1 = (uint64_t)(int64_t)c[m + i];                             \
+            uint64_t c2 = (uint64_t)(int64_t)c[2 * m + i];                         \
+            uint64_t c3 = (uint64_t)(int64_t)c[3 * m + i];                         \
+            if ((c0 >= lim) | (c1 >= lim) | (c2 >= lim) | (c3 >= lim))             \
+                goto find_bad;                                                     \
+            lane[c0]++;                                                            \
+            lane[num_channels + c1]++;                                             \
+            lane[2 * (size_t)num_channels + c2]++;                                 \
+            lane[3 * (size_t)num_channels + c3]++;                                 \
+        }                                                                          \
+        for (i = LANES * m; i < n; i++) {                                          \
+            uint64_t c3 = (uint64_t)(int64_t)c[i];                                 \
+            if (c3 >= lim)                                                         \
+                goto find_bad;                                                     \
+            lane[3 * (size_t)num_channels + c3]++;                                 \
+        }                                                                          \
+    } while (0)
+
+#define LANE_PLACE_TO(T, O)                                                        \
+    do {                                                                           \
+        const T *c = (const T *)channels;                                          \
+        O *o = (O *)order;                                                         \
+        size_t *n0 = lane, *n1 = lane + num_channels;                              \
+        size_t *n2 = lane + 2 * (size_t)num_channels;                              \
+        size_t *n3 = lane + 3 * (size_t)num_channels;                              \
+        for (i = 0; i < m; i++) {                                                  \
+            o[n0[c[i]]++] = (O)i;                                                  \
+            o[n1[c[m + i]]++] = (O)(m + i);                                        \
+            o[n2[c[2 * m + i]]++] = (O)(2 * m + i);                                \
+            o[n3[c[3 * m + i]]++] = (O)(3 * m + i);                                \
+        }                                                                          \
+        for (i = LANES * m; i < n; i++)                                            \
+            o[n3[c[i]]++] = (O)i;                                                  \
+    } while (0)
+#define LANE_PLACE(T)                                                              \
+    do {                                                                           \
+        if (order_width == 4)                                                      \
+            LANE_PLACE_TO(T, int32_t);                                             \
+        else                                                                       \
+            LANE_PLACE_TO(T, int64_t);                                             \
+    } while (0)
+
+/* The first channel out of range, in input order (the lanes found one). */
+#define FIND_BAD(T)                                                                \
+    do {                                                                           \
+        const T *c = (const T *)channels;                                          \
+        for (i = 0; i < n; i++)                                                    \
+            if ((uint64_t)(int64_t)c[i] >= (uint64_t)num_channels) {               \
+                value = (int64_t)c[i];                                             \
+                break;                                                             \
+            }                                                                      \
+    } while (0)
+
+static int order_in_lanes(const void *channels, int width, size_t n, int32_t num_channels,
+                          void *order, int order_width, int64_t *counts, size_t *bad,
+                          int64_t *bad_channel)
+{
+    size_t i, m = n / LANES, start = 0, k, *lane;
+    int64_t value = 0;
+    int32_t ch;
+    lane = calloc((size_t)LANES * (size_t)num_channels, sizeof *lane);
+    if (lane == NULL)
+        return FB_ENOMEM;
+    switch (width) {
+    case 1: LANE_COUNT(int8_t); break;
+    case 2: LANE_COUNT(int16_t); break;
+    case 4: LANE_COUNT(int32_t); break;
+    default: LANE_COUNT(int64_t); break;
+    }
+    /* counts out, then each lane's first slot within its channel */
+    for (ch = 0; ch < num_channels; ch++) {
+        int64_t total = 0;
+        for (k = 0; k < LANES; k++) {
+            size_t count = lane[k * (size_t)num_channels + (size_t)ch];
+            lane[k * (size_t)num_channels + (size_t)ch] = start;
+            start += count;
+            total += (int64_t)count;
+        }
+        counts[ch] = total;
+    }
+    switch (width) {
+    case 1: LANE_PLACE(int8_t); break;
+    case 2: LANE_PLACE(int16_t); break;
+    case 4: LANE_PLACE(int32_t); break;
+    default: LANE_PLACE(int64_t); break;
+    }
+    free(lane);
+    return FB_OK;
+
+find_bad:
+    free(lane);
+    switch (width) {
+    case 1: FIND_BAD(int8_t); break;
+    case 2: FIND_BAD(int16_t); break;
+    case 4: FIND_BAD(int32_t); break;
+    default: FIND_BAD(int64_t); break;
+    }
+    if (bad != NULL)
+        *bad = i;
+    if (bad_channel != NULL)
+        *bad_channel = value;
+    return FB_EINVAL;
+}
+
 int fb_order_by_channel(const void *channels, int width, size_t n, int32_t num_channels,
                         void *order, int order_width, int64_t *counts, size_t *bad,
                         int64_t *bad_channel)
@@ -50,6 +168,9 @@ int fb_order_by_channel(const void *channels, int width, size_t n, int32_t num_c
             *bad = n;
         return FB_EINVAL;
     }
+    if (n >= LANES_MIN_ROWS && n / LANES >= (size_t)num_channels)
+        return order_in_lanes(channels, width, n, num_channels, order, order_width, counts,
+                              bad, bad_channel);
     next = calloc((size_t)num_channels, sizeof *next);
     if (next == NULL)
         return FB_ENOMEM;

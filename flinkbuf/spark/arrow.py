@@ -5,21 +5,29 @@ Each task splits its input batches by a vectorized hash of the key column
 (:func:`flinkbuf.io.assign_keys_to_operators`, in C: Flink's key groups, the
 same partition as :func:`flinkbuf.io.assign_key_to_operator` gives the key;
 the rows grouped by consumer with :func:`flinkbuf.io.order_by_channel`),
-and sends each piece as one record: an Arrow IPC message (the schema first,
-once per channel, then record batch messages).  The consumer reads a batch
-from its record without a further copy (the batch's buffers point into the
-record, which, like every record, was copied once out of the network
-buffers).
+and sends each piece as one record, after the schema (an Arrow IPC message,
+once per channel): a batch whose columns are all of a fixed width (numbers,
+dates, times, timestamps) and without nulls as its columns' values, gathered
+straight out of the input batch (numpy arrays, which the record serializer
+copies into the network buffers); any other batch as an Arrow IPC message.
+The consumer reads a batch from its record without a further copy (the
+batch's buffers point into the record, which, like every record, was copied
+once out of the network buffers).
 """
+
+import sys
 
 import numpy as np
 
 from flinkbuf.checks import check_int
+from flinkbuf.errors import CorruptRecordError
 from flinkbuf.io import (
     assign_keys_to_operators,
     default_max_parallelism,
     java_hash_code,
     order_by_channel,
+    partition_buffers,
+    task_segments,
 )
 from flinkbuf.spark import live
 from flinkbuf.spark._task import (
@@ -32,9 +40,19 @@ from flinkbuf.spark._task import (
     start_rendezvous,
 )
 
-__all__ = ["arrow_exchange", "key_partitions"]
+__all__ = ["arrow_exchange", "default_segment_size", "key_partitions"]
 
-_SCHEMA, _BATCH = 0, 1
+_SCHEMA, _BATCH, _VALUES = 0, 1, 2
+# Columns whose values are one buffer of items of one of these widths (in
+# bits) travel as those bytes, viewed as unsigned integers.
+_VALUE_TYPES = {8: np.dtype(np.uint8), 16: np.dtype(np.uint16), 32: np.dtype(np.uint32),
+                64: np.dtype(np.uint64)}
+# The default network buffer size: the largest of these whose task buffers
+# stay within the budget (a piece of a batch fills many buffers: larger ones
+# mean fewer handoffs between the task's threads).
+_SEGMENT_SIZE_MAX = 256 << 10
+_SEGMENT_SIZE_MIN = 32 << 10
+_TASK_BUFFERS_BUDGET = 8 << 20
 # Spark's types of the key columns arrow_exchange hashes (as Java would).
 _KEY_TYPES = frozenset(("boolean", "byte", "short", "integer", "long", "float", "double",
                         "string", "binary"))
@@ -172,27 +190,158 @@ def key_partitions(keys, num_partitions, max_parallelism=None):
     return _numpy_partitions(_as_key_array(keys), num_partitions, max_parallelism, np.int64)
 
 
+class _Cut:
+    """Cuts batches into one piece per consumer (each piece's rows in
+    input order), reusing its arrays from batch to batch: a piece must be
+    written out before the next is cut."""
+
+    def __init__(self):
+        self._order = np.empty(0, dtype=np.int32)
+        self._out = []
+
+    def _group(self, dest, n):
+        """The rows grouped by consumer (``dest``: each row's consumer
+        among ``n``): (order, counts), or None when all go to one."""
+        rows = len(dest)
+        if len(self._order) < rows:
+            self._order = np.empty(rows, dtype=np.int32 if rows < 1 << 31 else np.int64)
+        order = self._order[:rows]
+        counts = np.empty(n, dtype=np.int64)
+        order_by_channel(dest, order, counts)
+        if counts.max() == rows:
+            return None
+        return order, counts.tolist()
+
+    def batch(self, batch, dest, n):
+        """``(consumer, RecordBatch)`` for each consumer with rows, in
+        consumer order (``dest`` None: all to consumer 0)."""
+        from pyarrow.compute import take
+
+        grouped = None if dest is None else self._group(dest, n)
+        if grouped is None:
+            yield (0 if dest is None else int(dest[0])), batch
+            return
+        order, counts = grouped
+        start = 0
+        for j, c in enumerate(counts):
+            if c:
+                # order holds each row once, in range: no bounds check
+                yield j, take(batch, order[start:start + c], boundscheck=False)
+                start += c
+
+    def values(self, views, dest, n):
+        """The same for the value views of a batch's columns: ``(consumer,
+        arrays)``, each piece gathered into arrays that the next reuses."""
+        grouped = None if dest is None else self._group(dest, n)
+        if grouped is None:
+            yield (0 if dest is None else int(dest[0])), tuple(views)
+            return
+        order, counts = grouped
+        out = self._arrays(views)
+        start = 0
+        for j, c in enumerate(counts):
+            if c:
+                rows_of_j = order[start:start + c]
+                # order holds each row once, in range: clip checks nothing
+                yield j, tuple(np.take(v, rows_of_j, out=o[:c], mode="clip")
+                               for v, o in zip(views, out))
+                start += c
+
+    def _arrays(self, views):
+        rows = len(views[0])
+        if (len(self._out) != len(views) or len(self._out[0]) < rows
+                or any(o.dtype != v.dtype for o, v in zip(self._out, views))):
+            self._out = [np.empty(rows, dtype=v.dtype) for v in views]
+        return self._out
+
+
 def _pieces(batch, dest, n):
     """``batch`` cut by ``dest`` (each row's consumer among ``n``):
     ``(consumer, piece)`` for each consumer with rows, in consumer order,
     each piece's rows in input order."""
-    from pyarrow.compute import take
+    return _Cut().batch(batch, dest, n)
 
-    rows = batch.num_rows
-    order = np.empty(rows, dtype=np.int32 if rows < 1 << 31 else np.int64)
-    counts = np.empty(n, dtype=np.int64)
-    order_by_channel(dest, order, counts)
-    if counts.max() == rows:          # the whole batch goes to one consumer
-        return ((int(dest[0]), batch),)
-    bounds = np.cumsum(counts).tolist()
-    # order holds each row once, in range: no bounds check
-    return ((j, take(batch, order[bounds[j] - c:bounds[j]], boundscheck=False))
-            for j, c in enumerate(counts.tolist()) if c)
+
+def _value_type(t):
+    """The numpy type that a column of Arrow type ``t`` travels as when
+    it has no nulls: its values' bytes, as unsigned integers of its width
+    (integers, floats, dates, times, timestamps, durations, fixed-size
+    binary of 1, 2, 4 or 8 bytes), or None (sent as an IPC message)."""
+    import pyarrow as pa
+
+    if (sys.byteorder != "little" or isinstance(t, pa.ExtensionType)
+            or pa.types.is_dictionary(t) or pa.types.is_boolean(t) or pa.types.is_nested(t)):
+        return None
+    try:
+        bits = t.bit_width
+    except ValueError:                   # not of a fixed width
+        return None
+    return _VALUE_TYPES.get(bits)
+
+
+def _value_types(schema):
+    """Each field's :func:`_value_type`, or None if one has none."""
+    types = [_value_type(field.type) for field in schema]
+    return types if types and all(t is not None for t in types) else None
+
+
+def _value_views(batch, types):
+    """Each column of ``batch`` as a numpy view of its values, or None if
+    a column has nulls (or buffers not laid out as its type says)."""
+    views = []
+    for column, t in zip(batch.columns, types):
+        if column.null_count:
+            return None
+        buffers = column.buffers()
+        if len(buffers) != 2 or buffers[1] is None:
+            return None
+        views.append(np.frombuffer(buffers[1], dtype=t, count=len(column),
+                                   offset=column.offset * t.itemsize))
+    return views
+
+
+def _from_values(arrays, schema):
+    """The RecordBatch of ``schema`` whose columns' values are ``arrays``
+    (a record of values, viewed in place)."""
+    import pyarrow as pa
+
+    if not (isinstance(arrays, tuple) and len(arrays) == len(schema) and arrays
+            and isinstance(arrays[0], np.ndarray)):
+        raise CorruptRecordError("a malformed piece of an Arrow batch: not one array per "
+                                 "column of its schema")
+    rows = len(arrays[0])
+    columns = []
+    for field, values in zip(schema, arrays):
+        t = _value_type(field.type)
+        if not (isinstance(values, np.ndarray) and values.ndim == 1 and len(values) == rows
+                and t is not None and values.dtype == t):
+            raise CorruptRecordError(f"a malformed piece of an Arrow batch: column "
+                                     f"{field.name!r} ({field.type}) does not hold {rows} "
+                                     f"values of its type")
+        columns.append(pa.Array.from_buffers(field.type, rows, [None, pa.py_buffer(values)]))
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def default_segment_size(num_tasks, buffers_per_channel=2, floating_buffers=8):
+    """arrow_exchange's network buffer size for ``num_tasks`` tasks:
+    256 KiB, halved (to 32 KiB at the least) while the buffers of a task
+    (:func:`~flinkbuf.io.task_segments`) would take more than 8 MiB."""
+    check_int(num_tasks, "num_tasks", 1)
+    segments = task_segments([partition_buffers(num_tasks, buffers_per_channel)],
+                             [num_tasks - 1], exclusive_buffers_per_channel=buffers_per_channel,
+                             floating_buffers_per_gate=floating_buffers)
+    size = _SEGMENT_SIZE_MAX
+    while size > _SEGMENT_SIZE_MIN and size * segments > _TASK_BUFFERS_BUDGET:
+        size //= 2
+    return size
 
 
 def _route(key, max_parallelism):
     """The producer: every input batch split by key partition, each piece
-    sent to its consumer as an IPC message (the schema once per channel)."""
+    sent to its consumer as one record (the schema once per channel, as an
+    IPC message): the values of its columns when all are of a fixed width
+    and without nulls (gathered straight out of the batch), else an IPC
+    message."""
 
     def produce(writer, batches):
         n = writer.num_channels
@@ -200,22 +349,31 @@ def _route(key, max_parallelism):
         dtype = _partition_dtype(n)
         sent_schema = [False] * n
         column = None
+        types = False                    # not known yet
+        cut = _Cut()
         for batch in batches:
             rows = batch.num_rows
             if rows == 0:
                 continue
-            if n == 1:
-                pieces = ((0, batch),)
-            else:
+            if types is False:
+                types = _value_types(batch.schema)
+            dest = None
+            if n > 1:
                 if column is None:
                     column = batch.schema.get_field_index(key)
-                pieces = _pieces(batch, _partitions(batch.column(column), n, max_parallelism,
-                                                    dtype), n)
+                dest = _partitions(batch.column(column), n, max_parallelism, dtype)
+            views = None if types is None else _value_views(batch, types)
+            if views is not None:
+                pieces, kind = cut.values(views, dest, n), _VALUES
+            else:
+                pieces, kind = cut.batch(batch, dest, n), _BATCH
             for j, piece in pieces:
                 if not sent_schema[j]:
                     emit((j, _SCHEMA, batch.schema.serialize().to_pybytes()))
                     sent_schema[j] = True
-                emit((j, _BATCH, memoryview(piece.serialize())))
+                # each piece of values is copied into the buffers here,
+                # before the next is gathered into the same arrays
+                emit((j, kind, piece if kind == _VALUES else memoryview(piece.serialize())))
     return produce
 
 
@@ -239,10 +397,13 @@ def _batches(task):
         if first:
             task.first_record_seconds = time.monotonic() - task.started
             first = False
-        yield pa.ipc.read_record_batch(pa.py_buffer(payload), schemas[channel])
+        if kind == _VALUES:
+            yield _from_values(payload, schemas[channel])
+        else:
+            yield pa.ipc.read_record_batch(pa.py_buffer(payload), schemas[channel])
 
 
-def arrow_exchange(df, fn, key, schema, *, segment_size=32768, buffers_per_channel=2,
+def arrow_exchange(df, fn, key, schema, *, segment_size=None, buffers_per_channel=2,
                    floating_buffers=8, buffer_timeout=0.1, max_record_size=256 << 20,
                    max_parallelism=None, host=None, timeout=60.0, monitor=None,
                    rendezvous="driver", encryption=None, advertise=None, task_port=0,
@@ -261,7 +422,9 @@ def arrow_exchange(df, fn, key, schema, *, segment_size=32768, buffers_per_chann
     hash of the key column (Flink's key groups, as the hash selector and
     :func:`key_partitions`), sent as Arrow IPC messages through flinkbuf
     (one message per piece of an input batch, so ``max_record_size`` must
-    hold the largest piece), and read in place from the received record.  Slots, memory,
+    hold the largest piece), and read in place from the received record.
+    ``segment_size``: the network buffers' size, by default
+    :func:`default_segment_size` (256 KiB for a few tasks, less for many).  Slots, memory,
     timeouts, failures, addresses and ports (``host``, ``advertise``,
     ``task_port``, ``rendezvous_port``, ``port_retries``), ``monitor``,
     ``rendezvous``, ``encryption`` and ``live_view``: as
@@ -296,6 +459,10 @@ def arrow_exchange(df, fn, key, schema, *, segment_size=32768, buffers_per_chann
     n = df.rdd.getNumPartitions()
     if max_parallelism is None:
         max_parallelism = default_max_parallelism(n)
+    if segment_size is None:
+        check_int(buffers_per_channel, "buffers_per_channel", 1, 1 << 16)
+        check_int(floating_buffers, "floating_buffers", 0, 1 << 16)
+        segment_size = default_segment_size(n, buffers_per_channel, floating_buffers)
     spec = make_spec(n, fn, num_partitions=None, key=None,
                       selector=_by_destination, codec="typed", segment_size=segment_size,
                       buffers_per_channel=buffers_per_channel,

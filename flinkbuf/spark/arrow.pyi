@@ -12,20 +12,23 @@ from pyspark.sql.types import StructType
 from flinkbuf.spark.exchange import ExchangeTask
 from flinkbuf.spark.live import LiveView
 
-__all__ = ["arrow_exchange", "key_partitions"]
+__all__ = ["arrow_exchange", "default_segment_size", "key_partitions"]
 
 def key_partitions(
     keys: pa.Array | pa.ChunkedArray | npt.NDArray[np.generic] | Sequence[object],
     num_partitions: int,
     max_parallelism: int | None = None,
 ) -> npt.NDArray[np.int64]: ...
+def default_segment_size(
+    num_tasks: int, buffers_per_channel: int = 2, floating_buffers: int = 8
+) -> int: ...
 def arrow_exchange(
     df: DataFrame,
     fn: Callable[[Iterator[pa.RecordBatch]], Iterable[pa.RecordBatch]],
     key: str,
     schema: StructType | str,
     *,
-    segment_size: int = 32768,
+    segment_size: int | None = None,
     buffers_per_channel: int = 2,
     floating_buffers: int = 8,
     buffer_timeout: float | None = 0.1,
