@@ -24,7 +24,9 @@ in the consumer; local[2].  Rows:
   * ``flinkbuf_arrow``: the same DataFrame through
     :func:`flinkbuf.spark.arrow_exchange` (``mapInArrow(barrier=True)``),
     RecordBatches routed by a vectorized hash of ``k``;
-    ``flinkbuf_arrow_barrier`` the same with ``rendezvous="barrier"``.
+    ``flinkbuf_arrow_barrier`` the same with ``rendezvous="barrier"``,
+    ``flinkbuf_arrow_unsealed`` the same with ``encryption=False`` (between
+    hosts the exchange seals its frames by default: what that costs).
 
 Time per op = the job's wall time / N.  ``extra_info`` has, per row, the
 time from the job's start to the consumer's first record
@@ -95,7 +97,7 @@ TASKS = 2
 ROUNDS = scale(3, 1)
 ROWS = ("rdd_shuffle", "dataframe_arrow", "arrow_barrier_floor", "flinkbuf",
         "flinkbuf_barrier", "flinkbuf_live_view", "flinkbuf_arrow",
-        "flinkbuf_arrow_barrier")   # peers first
+        "flinkbuf_arrow_barrier", "flinkbuf_arrow_unsealed")   # peers first
 _ROWS_RUN = ROWS
 CLUSTER_ROWS = ("rdd_shuffle", "arrow_barrier_floor", "flinkbuf", "flinkbuf_arrow")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -280,7 +282,8 @@ def _job(spark, row, n, outdir):
     else:
         from flinkbuf.spark import arrow_exchange
         out = arrow_exchange(df, _arrow_marked(outdir, _arrow_counting(outdir, "consumer")),
-                             "k", schema, rendezvous=rendezvous, live_view=False)
+                             "k", schema, rendezvous=rendezvous, live_view=False,
+                             encryption=False if row.endswith("_unsealed") else None)
     return lambda: [(r["first"] or None, r["records"], r["keys"]) for r in out.collect()]
 
 
@@ -688,11 +691,11 @@ def main(argv=None):
             for n, what, got, want, met in _cluster_targets(table):
                 print(f"{n:>11,} {what:<40} {got:>7.2f}  want >= {want:g}  "
                       f"{'met' if met else 'NOT MET'}", flush=True)
-            for n, ratios in paired_ratios(table, "flinkbuf_arrow",
-                                           "arrow_barrier_floor").items():
-                print(f"{n:>11,} flinkbuf_arrow / arrow_barrier_floor round by round: "
-                      f"{', '.join(f'{r:.2f}' for r in ratios)} (median "
-                      f"{statistics.median(ratios):.2f})", flush=True)
+            for row in ("flinkbuf_arrow", "flinkbuf_arrow_unsealed"):
+                for n, ratios in paired_ratios(table, row, "arrow_barrier_floor").items():
+                    print(f"{n:>11,} {row} / arrow_barrier_floor round by round: "
+                          f"{', '.join(f'{r:.2f}' for r in ratios)} (median "
+                          f"{statistics.median(ratios):.2f})", flush=True)
             for line in _cpu_bounds(table):
                 print(line, flush=True)
             launch = launch_floor(spark, max(args.rounds, 5))

@@ -357,3 +357,56 @@ def test_the_default_segment_size_refuses_bad_arguments(args, error):
 
     with pytest.raises(error):
         default_segment_size(*args)
+
+
+def test_malformed_records_reach_the_reader_as_clear_errors():
+    """Whatever a channel delivers, the reader raises CorruptRecordError
+    naming the channel, never another exception, a crash or a wrong batch."""
+    from flinkbuf.errors import CorruptRecordError
+    from flinkbuf.spark.arrow import _BATCH, _SCHEMA, _VALUES, _batches
+
+    schema = pa.schema([("k", pa.int64())])
+    schema_record = (0, _SCHEMA, schema.serialize().to_pybytes())
+    values = np.arange(4, dtype=np.uint64)
+    cases = [
+        ([(1, (1, _VALUES, (values,)))], "before its schema"),
+        ([(1, (1, _BATCH, b"x"))], "before its schema"),
+        ([(0, (0, _SCHEMA))], "malformed record"),
+        ([(0, [0, _SCHEMA, b""])], "malformed record"),
+        ([(0, "text")], "malformed record"),
+        ([(0, (0, 7, b""))], "malformed record"),
+        ([(0, (0, _SCHEMA, b"not a schema"))], "malformed Arrow IPC message from channel 0"),
+        ([(0, (0, _SCHEMA, 12))], "malformed Arrow IPC"),
+        ([(0, schema_record), (0, (0, _BATCH, b"\xff" * 64))], "malformed Arrow IPC"),
+        ([(0, schema_record), (0, (0, _VALUES, (values[:2], values)))], "malformed piece"),
+        ([(0, schema_record), (0, (0, _VALUES, (values.astype(np.int8),)))], "malformed piece"),
+    ]
+    for records, message in cases:
+        with pytest.raises(CorruptRecordError, match=message):
+            list(_batches(_Task(records)))
+    got = list(_batches(_Task([(0, schema_record), (0, (0, _VALUES, (values,)))])))
+    assert got[0].column(0).to_pylist() == [0, 1, 2, 3]
+
+
+@settings(deadline=None, max_examples=200)
+@given(st.sampled_from([0, 1, 2, 3, -1]),
+       st.one_of(st.binary(max_size=300),
+                 st.lists(st.tuples(st.sampled_from(["u1", "u2", "u4", "u8", "i8", "f8"]),
+                                    st.integers(0, 20)), max_size=3)),
+       st.booleans())
+def test_any_record_is_read_or_refused_clearly(kind, payload, schema_first):
+    """Random payloads of every kind: a batch or a CorruptRecordError."""
+    from flinkbuf.errors import CorruptRecordError
+    from flinkbuf.spark.arrow import _SCHEMA, _batches
+
+    if isinstance(payload, list):
+        payload = tuple(np.zeros(n, dtype=d) for d, n in payload)
+    schema = pa.schema([("k", pa.int64()), ("t", pa.timestamp("ms"))])
+    records = [(0, (0, _SCHEMA, schema.serialize().to_pybytes()))] if schema_first else []
+    records.append((0, (0, kind, payload)))
+    try:
+        for batch in _batches(_Task(records)):
+            assert batch.schema == schema
+            batch.validate(full=True)
+    except CorruptRecordError:
+        pass

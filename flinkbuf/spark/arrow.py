@@ -388,19 +388,40 @@ def _batches(task):
     first = True
     while True:
         try:
-            channel, (_, kind, payload) = gate.next_with_channel()
+            channel, record = gate.next_with_channel()
         except StopIteration:
             return
+        if not (isinstance(record, tuple) and len(record) == 3
+                and record[1] in (_SCHEMA, _BATCH, _VALUES)):
+            raise CorruptRecordError(f"a malformed record of arrow_exchange from channel "
+                                     f"{channel}")
+        _, kind, payload = record
         if kind == _SCHEMA:
-            schemas[channel] = pa.ipc.read_schema(pa.py_buffer(payload))
+            schemas[channel] = _read_ipc(pa.ipc.read_schema, channel, payload)
             continue
+        schema = schemas.get(channel)
+        if schema is None:
+            raise CorruptRecordError(f"a piece of an Arrow batch from channel {channel} "
+                                     f"before its schema")
         if first:
             task.first_record_seconds = time.monotonic() - task.started
             first = False
         if kind == _VALUES:
-            yield _from_values(payload, schemas[channel])
+            yield _from_values(payload, schema)
         else:
-            yield pa.ipc.read_record_batch(pa.py_buffer(payload), schemas[channel])
+            yield _read_ipc(pa.ipc.read_record_batch, channel, payload, schema)
+
+
+def _read_ipc(read, channel, payload, *args):
+    """``read`` (pyarrow.ipc's) over the bytes of a record from
+    ``channel``; a malformed message is a CorruptRecordError."""
+    import pyarrow as pa
+
+    try:
+        return read(pa.py_buffer(payload), *args)
+    except (pa.ArrowException, EOFError, OSError, TypeError, ValueError) as exc:
+        raise CorruptRecordError(f"a malformed Arrow IPC message from channel {channel}: "
+                                 f"{exc}") from None
 
 
 def arrow_exchange(df, fn, key, schema, *, segment_size=None, buffers_per_channel=2,
