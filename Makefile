@@ -92,6 +92,7 @@ bench: build-dev
 
 bench-smoke: build-dev
 	$(PY) bench/run.py --smoke
+	$(PY) bench/arrow_task_cpu.py --rows 200000 --rounds 1
 
 # Every generated file, wherever the sources sit: builds, outputs, the fuzzing
 # corpus; in-place extensions and Cython's C (recognised by its header, so
