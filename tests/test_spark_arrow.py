@@ -6,7 +6,7 @@ order (no Spark needed; arrow_exchange itself is tested in test_spark.py)."""
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from flinkbuf.io import assign_key_to_operator, default_max_parallelism
@@ -268,7 +268,7 @@ def _column(t, rows, rng):
     if pa.types.is_boolean(t):
         return pa.array(raw % 2 == 0)
     if pa.types.is_string(t):
-        return pa.array([str(v % 1000) for v in raw])
+        return pa.array([str(v % 1000) for v in raw], pa.string())
     if pa.types.is_decimal(t):
         import decimal
         return pa.array([decimal.Decimal(int(v % 10**8)) / 100 for v in raw], t)
@@ -284,6 +284,7 @@ def _column(t, rows, rng):
 
 
 @settings(deadline=None, max_examples=60)
+@example(types=[pa.string()], n=1, sizes=[1, 0], seed=0, offset=0)   # an empty batch
 @given(st.lists(st.sampled_from(_TYPES), min_size=1, max_size=4), st.integers(1, 4),
        st.lists(st.integers(0, 300), min_size=1, max_size=3), st.integers(0, 2**32 - 1),
        st.integers(0, 20))
