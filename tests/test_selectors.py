@@ -425,6 +425,22 @@ def test_pointwise_wiring_uses_every_subpartition_once(p, c):
     assert flat == sorted(flat)
 
 
+@pytest.mark.parametrize("args", [(32769, 1), (1, 32769), (2**31, 2), (2, 2**63), (0, 1),
+                                  (1, -1)])
+def test_pointwise_wiring_refuses_more_tasks_than_flink_allows(args):
+    """Each side has at most 32768 tasks: a larger count is a ValueError
+    at once, not a list of billions of pairs."""
+    with pytest.raises(ValueError, match="num_producers|num_consumers"):
+        io.pointwise_connections(*args)
+
+
+def test_pointwise_wiring_at_flinks_limit():
+    subparts, inputs = io.pointwise_connections(32768, 1)
+    assert subparts == [1] * 32768 and inputs == [[(i, 0) for i in range(32768)]]
+    subparts, inputs = io.pointwise_connections(1, 32768)
+    assert subparts == [32768] and inputs == [[(0, k)] for k in range(32768)]
+
+
 def test_default_max_parallelism_is_flinks():
     assert [io.default_max_parallelism(p) for p in (1, 85, 86, 100, 200, 30000)] == \
         [128, 128, 256, 256, 512, 32768]

@@ -137,6 +137,9 @@ def default_max_parallelism(parallelism: int) -> int:
     return min(max(power, 128), 32768)
 
 
+_MAX_PARALLELISM = 1 << 15      # Flink's upper bound on a job's parallelism
+
+
 def pointwise_connections(
         num_producers: int, num_consumers: int,
 ) -> tuple[list[int], list[list[tuple[int, int]]]]:
@@ -147,9 +150,10 @@ def pointwise_connections(
     ``(producer, subpartition)`` pairs consumer ``c`` reads.  With at least
     as many producers as consumers each consumer reads a contiguous range of
     producers (one subpartition each); with fewer, each producer feeds a
-    contiguous range of consumers."""
-    check_int(num_producers, "num_producers", 1)
-    check_int(num_consumers, "num_consumers", 1)
+    contiguous range of consumers.  Each side has at most 32768 tasks
+    (Flink's limit on parallelism): the lists hold an entry per pair."""
+    check_int(num_producers, "num_producers", 1, _MAX_PARALLELISM)
+    check_int(num_consumers, "num_consumers", 1, _MAX_PARALLELISM)
     p, c = num_producers, num_consumers
     inputs: list[list[tuple[int, int]]] = [[] for _ in range(c)]
     if p >= c:
