@@ -34,13 +34,17 @@ def _order(channels, num_channels, order_dtype=np.int64):
     return order, counts
 
 
-@given(channel_arrays(), st.sampled_from(ORDER_DTYPES))
-def test_the_order_is_numpys_stable_argsort_and_counts_its_bincount(ca, order_dtype):
-    channels, num_channels = ca
+def _assert_as_numpy(channels, num_channels, order_dtype):
+    """The order is numpy's stable argsort, the counts its bincount."""
     order, counts = _order(channels, num_channels, order_dtype)
     assert order.tolist() == np.argsort(channels, kind="stable").tolist()
     assert counts.tolist() == np.bincount(channels.astype(np.int64),
                                           minlength=num_channels).tolist()
+
+
+@given(channel_arrays(), st.sampled_from(ORDER_DTYPES))
+def test_the_order_is_numpys_stable_argsort_and_counts_its_bincount(ca, order_dtype):
+    _assert_as_numpy(*ca, order_dtype)
 
 
 @given(channel_arrays())
@@ -85,11 +89,7 @@ def long_channel_arrays(draw):
 @settings(max_examples=60)
 @given(long_channel_arrays(), st.sampled_from(ORDER_DTYPES))
 def test_long_batches_order_as_numpys_stable_argsort(ca, order_dtype):
-    channels, num_channels = ca
-    order, counts = _order(channels, num_channels, order_dtype)
-    assert order.tolist() == np.argsort(channels, kind="stable").tolist()
-    assert counts.tolist() == np.bincount(channels.astype(np.int64),
-                                          minlength=num_channels).tolist()
+    _assert_as_numpy(*ca, order_dtype)
 
 
 @settings(max_examples=60)

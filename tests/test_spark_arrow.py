@@ -317,18 +317,21 @@ def test_batches_of_any_column_types_arrive_whole_and_equal(types, n, sizes, see
 
 def test_a_malformed_piece_of_values_is_a_clear_error():
     from flinkbuf.errors import CorruptRecordError
-    from flinkbuf.spark.arrow import _from_values
+    from flinkbuf.spark.arrow import _from_values, _value_type
+
+    def from_values(arrays, schema):
+        return _from_values(arrays, schema, [_value_type(f.type) for f in schema])
 
     schema = pa.schema([("k", pa.int64()), ("t", pa.timestamp("us"))])
     good = np.arange(3, dtype=np.uint64)
-    assert _from_values((good, good), schema).num_rows == 3
+    assert from_values((good, good), schema).num_rows == 3
     for bad in [(good,), (), [good, good], (good, good[:2]), (good, good.astype(np.uint32)),
                 (good, good.reshape(3, 1)), (good, b"x" * 24), ("x", good),
                 (good, good, good)]:
         with pytest.raises(CorruptRecordError, match="malformed piece of an Arrow batch"):
-            _from_values(bad, schema)
+            from_values(bad, schema)
     with pytest.raises(CorruptRecordError):
-        _from_values((good,), pa.schema([("s", pa.string())]))
+        from_values((good,), pa.schema([("s", pa.string())]))
 
 
 @given(st.integers(1, 5000), st.integers(1, 64), st.integers(0, 64))

@@ -606,6 +606,12 @@ def _cleanup(env, partition, writer, gate, producer, failed, timeout):
     env.close()
 
 
+def check_buffers(buffers_per_channel, floating_buffers):
+    """Check an exchange's ``buffers_per_channel`` and ``floating_buffers``."""
+    check_int(buffers_per_channel, "buffers_per_channel", 1, 1 << 16)
+    check_int(floating_buffers, "floating_buffers", 0, 1 << 16)
+
+
 def make_spec(n, fn, *, num_partitions, key, selector, codec, segment_size,
                buffers_per_channel, floating_buffers, buffer_timeout, max_record_size,
                max_parallelism, host, timeout, monitor, rendezvous="driver",
@@ -634,8 +640,7 @@ def make_spec(n, fn, *, num_partitions, key, selector, codec, segment_size,
             check_int(key, "key", 0)
     check_choice(codec, "codec", CODECS)
     check_int(segment_size, "segment_size", 64, 1 << 30)
-    check_int(buffers_per_channel, "buffers_per_channel", 1, 1 << 16)
-    check_int(floating_buffers, "floating_buffers", 0, 1 << 16)
+    check_buffers(buffers_per_channel, floating_buffers)
     check_seconds(buffer_timeout, "buffer_timeout", allow_none=True)
     check_int(max_record_size, "max_record_size", 1)
     if max_parallelism is None:

@@ -31,6 +31,7 @@ from flinkbuf.io import (
 )
 from flinkbuf.spark import live
 from flinkbuf.spark._task import (
+    check_buffers,
     check_slots,
     make_spec,
     run_task,
@@ -199,9 +200,13 @@ class _Cut:
         self._order = np.empty(0, dtype=np.int32)
         self._out = []
 
-    def _group(self, dest, n):
-        """The rows grouped by consumer (``dest``: each row's consumer
-        among ``n``): (order, counts), or None when all go to one."""
+    def _split(self, dest, n):
+        """``(consumer, rows)`` for each consumer with rows, in consumer
+        order (``dest``: each row's consumer among ``n``; None: all to
+        consumer 0); ``rows`` is None when the whole batch goes to one."""
+        if dest is None:
+            yield 0, None
+            return
         rows = len(dest)
         if len(self._order) < rows:
             self._order = np.empty(rows, dtype=np.int32 if rows < 1 << 31 else np.int64)
@@ -209,43 +214,33 @@ class _Cut:
         counts = np.empty(n, dtype=np.int64)
         order_by_channel(dest, order, counts)
         if counts.max() == rows:
-            return None
-        return order, counts.tolist()
+            yield int(dest[0]), None
+            return
+        start = 0
+        for j, c in enumerate(counts.tolist()):
+            if c:
+                yield j, order[start:start + c]
+                start += c
 
     def batch(self, batch, dest, n):
-        """``(consumer, RecordBatch)`` for each consumer with rows, in
-        consumer order (``dest`` None: all to consumer 0)."""
+        """``(consumer, RecordBatch)`` for each consumer with rows."""
         from pyarrow.compute import take
 
-        grouped = None if dest is None else self._group(dest, n)
-        if grouped is None:
-            yield (0 if dest is None else int(dest[0])), batch
-            return
-        order, counts = grouped
-        start = 0
-        for j, c in enumerate(counts):
-            if c:
-                # order holds each row once, in range: no bounds check
-                yield j, take(batch, order[start:start + c], boundscheck=False)
-                start += c
+        for j, rows in self._split(dest, n):
+            # order holds each row once, in range: no bounds check
+            yield j, batch if rows is None else take(batch, rows, boundscheck=False)
 
     def values(self, views, dest, n):
         """The same for the value views of a batch's columns: ``(consumer,
         arrays)``, each piece gathered into arrays that the next reuses."""
-        grouped = None if dest is None else self._group(dest, n)
-        if grouped is None:
-            yield (0 if dest is None else int(dest[0])), tuple(views)
-            return
-        order, counts = grouped
-        out = self._arrays(views)
-        start = 0
-        for j, c in enumerate(counts):
-            if c:
-                rows_of_j = order[start:start + c]
-                # order holds each row once, in range: clip checks nothing
-                yield j, tuple(np.take(v, rows_of_j, out=o[:c], mode="clip")
-                               for v, o in zip(views, out))
-                start += c
+        for j, rows in self._split(dest, n):
+            if rows is None:
+                yield j, tuple(views)
+                continue
+            out = self._arrays(views)
+            # order holds each row once, in range: clip checks nothing
+            yield j, tuple(np.take(v, rows, out=o[:len(rows)], mode="clip")
+                           for v, o in zip(views, out))
 
     def _arrays(self, views):
         rows = len(views[0])
@@ -300,9 +295,10 @@ def _value_views(batch, types):
     return views
 
 
-def _from_values(arrays, schema):
+def _from_values(arrays, schema, types):
     """The RecordBatch of ``schema`` whose columns' values are ``arrays``
-    (a record of values, viewed in place)."""
+    (a record of values, viewed in place); ``types``: each field's
+    :func:`_value_type`."""
     import pyarrow as pa
 
     if not (isinstance(arrays, tuple) and len(arrays) == len(schema) and arrays
@@ -311,8 +307,7 @@ def _from_values(arrays, schema):
                                  "column of its schema")
     rows = len(arrays[0])
     columns = []
-    for field, values in zip(schema, arrays):
-        t = _value_type(field.type)
+    for field, t, values in zip(schema, types, arrays):
         if not (isinstance(values, np.ndarray) and values.ndim == 1 and len(values) == rows
                 and t is not None and values.dtype == t):
             raise CorruptRecordError(f"a malformed piece of an Arrow batch: column "
@@ -327,6 +322,7 @@ def default_segment_size(num_tasks, buffers_per_channel=2, floating_buffers=8):
     256 KiB, halved (to 32 KiB at the least) while the buffers of a task
     (:func:`~flinkbuf.io.task_segments`) would take more than 8 MiB."""
     check_int(num_tasks, "num_tasks", 1)
+    check_buffers(buffers_per_channel, floating_buffers)
     segments = task_segments([partition_buffers(num_tasks, buffers_per_channel)],
                              [num_tasks - 1], exclusive_buffers_per_channel=buffers_per_channel,
                              floating_buffers_per_gate=floating_buffers)
@@ -397,17 +393,18 @@ def _batches(task):
                                      f"{channel}")
         _, kind, payload = record
         if kind == _SCHEMA:
-            schemas[channel] = _read_ipc(pa.ipc.read_schema, channel, payload)
+            schema = _read_ipc(pa.ipc.read_schema, channel, payload)
+            schemas[channel] = schema, [_value_type(field.type) for field in schema]
             continue
-        schema = schemas.get(channel)
-        if schema is None:
+        if channel not in schemas:
             raise CorruptRecordError(f"a piece of an Arrow batch from channel {channel} "
                                      f"before its schema")
+        schema, types = schemas[channel]
         if first:
             task.first_record_seconds = time.monotonic() - task.started
             first = False
         if kind == _VALUES:
-            yield _from_values(payload, schema)
+            yield _from_values(payload, schema, types)
         else:
             yield _read_ipc(pa.ipc.read_record_batch, channel, payload, schema)
 
@@ -481,8 +478,6 @@ def arrow_exchange(df, fn, key, schema, *, segment_size=None, buffers_per_channe
     if max_parallelism is None:
         max_parallelism = default_max_parallelism(n)
     if segment_size is None:
-        check_int(buffers_per_channel, "buffers_per_channel", 1, 1 << 16)
-        check_int(floating_buffers, "floating_buffers", 0, 1 << 16)
         segment_size = default_segment_size(n, buffers_per_channel, floating_buffers)
     spec = make_spec(n, fn, num_partitions=None, key=None,
                       selector=_by_destination, codec="typed", segment_size=segment_size,
