@@ -8,7 +8,7 @@ from typing_extensions import Buffer as _BufferProtocol
 from typing_extensions import Self, TypeAlias, disjoint_base
 
 from flinkbuf.buffer._buffer import Buffer, LocalBufferPool
-from flinkbuf.serialization._serialization import _Codec
+from flinkbuf.serialization import CodecName
 
 # What java_hash_code (and so HashSelector) can hash deterministically: None,
 # bool, int (and __index__ types such as numpy integers), float, str,
@@ -207,7 +207,7 @@ class RecordWriter:
         partition: ResultPartition,
         selector: ChannelSelector | _SelectorName | Callable[[Any, int], SupportsIndex] | None = None,
         *,
-        codec: _Codec = "typed",
+        codec: CodecName = "typed",
         buffer_timeout: float | None = 0.1,
         name: str | None = None,
     ) -> None: ...
@@ -284,7 +284,7 @@ class InputGate:
         self,
         channels: Iterable[_ChannelSpec],
         *,
-        codec: _Codec = "typed",
+        codec: CodecName = "typed",
         max_record_size: int = 67108864,
         name: str | None = None,
     ) -> None: ...

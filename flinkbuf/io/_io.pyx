@@ -43,8 +43,8 @@ import weakref
 import weakref
 
 from flinkbuf.checks import check_int
-from flinkbuf.serialization._serialization import decode as _typed_decode
-from flinkbuf.serialization._serialization import encode as _typed_encode
+from flinkbuf.serialization import decode as _typed_decode
+from flinkbuf.serialization import encode as _typed_encode
 from flinkbuf.errors import (
     BufferRequestTimeoutError,
     CorruptRecordError,

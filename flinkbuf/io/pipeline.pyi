@@ -6,7 +6,7 @@ from typing import Any, Literal, TypedDict
 from typing_extensions import Self
 
 from flinkbuf.io.metrics import TaskMetrics
-from flinkbuf.serialization._serialization import _Codec
+from flinkbuf.serialization import CodecName
 
 __all__ = ["LocalPipeline", "local_pipeline"]
 
@@ -28,7 +28,7 @@ class LocalPipeline:
         stages: tuple[Callable[[Iterator[Any]], Iterable[Any]], ...],
         buffers: int,
         segment_size: int,
-        codec: _Codec,
+        codec: CodecName,
         buffer_timeout: float | None,
         timeout: float | None,
     ) -> None: ...
@@ -45,7 +45,7 @@ def local_pipeline(
     *stages: Callable[[Iterator[Any]], Iterable[Any]],
     buffers: int = 4,
     segment_size: int = 32768,
-    codec: _Codec = "typed",
+    codec: CodecName = "typed",
     buffer_timeout: float | None = 0.1,
     timeout: float | None = 60.0,
 ) -> LocalPipeline: ...

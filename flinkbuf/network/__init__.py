@@ -18,7 +18,8 @@ from flinkbuf.errors import (
     RemoteError,
 )
 from flinkbuf.network._network import Connection, RemoteInputChannel
-from flinkbuf.network.environment import NetworkEnvironment, format_address
+from flinkbuf.network.addresses import format_address
+from flinkbuf.network.environment import NetworkEnvironment
 
 __all__ = [
     "AuthenticationError",

@@ -29,6 +29,7 @@ from flinkbuf.errors import (
 )
 from flinkbuf.io import InputGate, LocalInputChannel, ResultPartition, UnknownInputChannel
 from flinkbuf.network import handshake
+from flinkbuf.network.addresses import Address, format_address, is_wildcard, split_address
 from flinkbuf.network.log_limit import LogLimiter
 from flinkbuf.network._network import (
     Connection,
@@ -43,12 +44,10 @@ from flinkbuf.network._network import (
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-    from flinkbuf.serialization._serialization import _Codec
+    from flinkbuf.serialization import CodecName
 
 __all__ = ["NetworkEnvironment"]
 
-# An address: (host, port) or "host:port".
-Address = Union[tuple[str, int], str]
 Transport = Literal["auto", "tcp", "unix", "shm"]
 # A channel of create_input_gate: (address, partition id, subpartition).
 ChannelSpec = tuple[Union[Address, None], str, int]
@@ -180,25 +179,6 @@ def _transport_override() -> Transport:
                      f"{', '.join(repr(t) for t in _TRANSPORTS)} (or unset), got {setting!r}")
 
 
-def format_address(address: Address) -> str:
-    """``(host, port)`` or ``"host:port"`` as ``"host:port"``."""
-    if isinstance(address, str):
-        host, sep, port = address.rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise ValueError(f"an address is (host, port) or 'host:port', got {address!r}")
-        return f"{host}:{int(port)}"
-    if (isinstance(address, (tuple, list)) and len(address) == 2
-            and isinstance(address[0], str) and isinstance(address[1], int)
-            and not isinstance(address[1], bool)):
-        return f"{address[0]}:{address[1]}"
-    raise TypeError(f"an address is (host, port) or 'host:port', got {address!r}")
-
-
-def _split(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    return host, int(port)
-
-
 def _unix_name(port: int) -> str:
     """The abstract Unix socket (Linux) an environment listens on beside its
     TCP port: derived from the port, so a peer that knows ``host:port``
@@ -224,7 +204,6 @@ def _same_host_transport() -> Transport:
 
 
 _LOCAL_HOSTS = ("127.", "::1", "localhost")
-_WILDCARDS = ("0.0.0.0", "::", "")
 
 
 # Dead-peer detection on TCP (a peer whose host vanished sends no FIN or RST):
@@ -421,7 +400,7 @@ class NetworkEnvironment:
             if not isinstance(advertise, str):
                 raise TypeError(f"advertise must be a str or None, got "
                                 f"{type(advertise).__name__}")
-            if not advertise or advertise in _WILDCARDS:
+            if not advertise or is_wildcard(advertise):
                 raise ValueError(f"advertise must be a host peers can dial, got {advertise!r}")
         self._peer_id = handshake.check_peer_id(peer_id)
         if transport not in _TRANSPORTS:
@@ -630,7 +609,7 @@ class NetworkEnvironment:
 
     # ---- input gates --------------------------------------------------------------------
 
-    def create_input_gate(self, specs: Iterable[ChannelSpec], *, codec: _Codec = "typed",
+    def create_input_gate(self, specs: Iterable[ChannelSpec], *, codec: CodecName = "typed",
                           max_record_size: int = 64 << 20,
                           name: str | None = None) -> InputGate:
         """An :class:`InputGate` over ``specs``, each ``(address,
@@ -869,7 +848,7 @@ class NetworkEnvironment:
         """A new connection to the environment at ``address``: over its Unix
         socket when it is on this host (and the transport is not TCP), else,
         or when that fails short of a proven answer, over TCP."""
-        host, port = _split(address)
+        host, port = split_address(address)
         full = self._admit()
         if full is not None:
             raise RemoteConnectionError(f"cannot connect to {address}: {full}")

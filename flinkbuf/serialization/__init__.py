@@ -10,6 +10,8 @@ in Cython straight into segment memory), ``bytes`` and ``pickle`` (explicit
 opt-in: never unpickle what an unauthenticated peer sent).
 """
 
+from typing import Literal
+
 from flinkbuf.serialization._serialization import (
     CODECS,
     MAX_DEPTH,
@@ -24,8 +26,12 @@ from flinkbuf.serialization._serialization import (
     encode,
 )
 
+# The name of a codec, as every ``codec`` argument takes it (one of CODECS).
+CodecName = Literal["typed", "bytes", "pickle"]
+
 __all__ = [
     "CODECS",
+    "CodecName",
     "MAX_DEPTH",
     "MAX_NDIM",
     "MAX_PROBES_PER_KEY",

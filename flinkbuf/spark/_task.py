@@ -41,7 +41,7 @@ from flinkbuf.io.metrics import TaskMetrics
 from flinkbuf.io.producer import ProducerThread, emit_all
 from flinkbuf.network import NetworkEnvironment, format_address
 # The hosts that name every interface: never an address a peer can dial.
-from flinkbuf.network.environment import _WILDCARDS
+from flinkbuf.network.addresses import is_wildcard
 from flinkbuf.serialization import CODECS
 from flinkbuf.spark import _rendezvous, _reports
 
@@ -147,7 +147,7 @@ def _make_selector(selector, key, max_parallelism):
 
 def _is_own_address(host):
     """Whether ``host`` is an address of this host (a socket binds it)."""
-    if not host or host in _WILDCARDS:
+    if is_wildcard(host):
         return False
     try:
         infos = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM,
@@ -175,7 +175,7 @@ def _source_address(target):
             host = s.getsockname()[0]
     except (OSError, ValueError, TypeError):
         return None
-    return host if host not in _WILDCARDS else None
+    return None if is_wildcard(host) else host
 
 
 def own_host(ctx, index, driver=None):
@@ -226,10 +226,10 @@ def _addresses(ctx, index, spec):
         advertised = spec.advertise
     elif spec.advertise is not None:
         if own is None:
-            own = bind if bind not in _WILDCARDS else own_host(ctx, index, spec.rendezvous)
+            own = bind if not is_wildcard(bind) else own_host(ctx, index, spec.rendezvous)
         advertised = spec.advertise.get(own)
     if advertised is None:
-        advertised = bind if bind not in _WILDCARDS else (
+        advertised = bind if not is_wildcard(bind) else (
             own or own_host(ctx, index, spec.rendezvous))
     return bind, advertised
 
@@ -678,7 +678,7 @@ def _check_advertise(advertise):
     def host(value, name):
         if not isinstance(value, str):
             raise TypeError(f"{name} must be a str, got {type(value).__name__}")
-        if value.strip("[]") in _WILDCARDS:
+        if is_wildcard(value.strip("[]")):
             raise ValueError(f"{name} must be an address peers can dial, not {value!r}")
         return value.strip("[]")
 

@@ -8,7 +8,7 @@ from pyspark import RDD
 from flinkbuf.io._io import InputGate, RecordWriter, ResultPartition, _JavaKey
 from flinkbuf.io.metrics import TaskMetrics
 from flinkbuf.network.environment import NetworkEnvironment
-from flinkbuf.serialization._serialization import _Codec
+from flinkbuf.serialization import CodecName
 from flinkbuf.spark.live import LiveView
 
 __all__ = ["ExchangeTask", "RENDEZVOUS", "SELECTORS", "close_rendezvous", "current_task",
@@ -68,7 +68,7 @@ def pipelined_exchange(
     selector: Literal["hash", "round_robin", "round-robin", "rebalance", "backlog_aware",
                       "backlog-aware", "broadcast"]
     | Callable[[Any, int], SupportsIndex] = "hash",
-    codec: _Codec = "typed",
+    codec: CodecName = "typed",
     segment_size: int = 32768,
     buffers_per_channel: int = 2,
     floating_buffers: int = 8,
