@@ -149,7 +149,7 @@ def test_internal_headers_stay_in_their_folder():
 
 
 # Units and functions stay small enough to read whole.
-MAX_UNIT_LINES = 900
+MAX_UNIT_LINES = 800
 MAX_FUNCTION_LINES = 80
 _FUNCTION = re.compile(r"^[A-Za-z_][\w \t\*]*?\b(\w+)\([^;]*$")
 
