@@ -1,0 +1,27 @@
+# Test hooks of the io layer (included by _testing.pyx).
+
+# ---- layer 3 -------------------------------------------------------------------
+
+def serialize_event(event):
+    """The bytes a user event travels as (to build event buffers by hand)."""
+    return _serialize_event(event)
+
+
+def attach_reader(ResultPartition partition not None):
+    """Count a reader in another process on ``partition``, as a connection
+    that serves one of its subpartitions does (until detach_reader)."""
+    partition._check_initialised()
+    partition._reader_attached()
+
+
+def detach_reader(ResultPartition partition not None):
+    """That reader is done (as the connection says when it ends the
+    subpartition's channel)."""
+    if partition._readers <= 0:
+        raise ValueError("no reader is attached")
+    partition._reader_detached()
+
+
+def num_readers(ResultPartition partition not None):
+    """Readers in other processes that hold ``partition`` now."""
+    return partition._readers
