@@ -26,6 +26,7 @@ __all__ = [
     "RemoteError",
     "InsufficientSlotsError",
     "NoFreePortError",
+    "EnvironmentClosedError",
 ]
 
 
@@ -117,3 +118,11 @@ class NoFreePortError(FlinkbufError, OSError):
     """Every port of the range a server may bind was taken (``errno`` is
     ``EADDRINUSE``); the message names the range and the option that sets
     it."""
+
+
+class EnvironmentClosedError(FlinkbufError, RuntimeError):
+    """The network environment was closed: it makes no more gates or
+    connections and serves no more partitions."""
+
+    def __init__(self, message: str = "the network environment is closed") -> None:
+        super().__init__(message)

@@ -15,7 +15,9 @@ import pytest
 
 from flinkbuf.errors import RemoteConnectionError
 from flinkbuf.network import NetworkEnvironment, handshake
-from flinkbuf.network import environment as environment_module
+from flinkbuf.network import acceptor as acceptor_module
+from flinkbuf.network import sockets as sockets_module
+from flinkbuf.network import transports as transports_module
 from flinkbuf.network.log_limit import LogLimiter
 from helpers import wait_until
 from network_helpers import SECRET, connect_raw
@@ -157,7 +159,7 @@ def test_a_flood_of_silent_sockets_does_not_lock_a_consumer_out(children):
                 silent.append(socket.create_connection((host, int(port)), timeout=5))
             except OSError:
                 break
-        assert len(silent) > environment_module.MAX_PENDING_HANDSHAKES
+        assert len(silent) > acceptor_module.MAX_PENDING_HANDSHAKES
         c = served.consumer(0)
         served.assert_serving(c, within=20.0)
         log = served.log()
@@ -222,16 +224,16 @@ def test_one_connection_that_cannot_be_set_up_is_refused_and_the_next_is_served(
         return wrapper
 
     if where == "set-up":
-        monkeypatch.setattr(environment_module, "_tune",
-                            once(environment_module._tune, OSError(24, "Too many open files")))
+        monkeypatch.setattr(sockets_module, "tune",
+                            once(sockets_module.tune, OSError(24, "Too many open files")))
     elif where == "handshake":
         monkeypatch.setattr(handshake.ServerHandshake, "feed",
                             once(handshake.ServerHandshake.feed, RuntimeError("unexpected")))
     else:
         class Shim:                      # (an extension type's methods cannot be patched)
-            _open = staticmethod(once(environment_module.Connection._open,
+            _open = staticmethod(once(transports_module.Connection._open,
                                       MemoryError("cannot allocate a connection")))
-        monkeypatch.setattr(environment_module, "Connection", Shim)
+        monkeypatch.setattr(transports_module, "Connection", Shim)
     with NetworkEnvironment(16, SEG, secret=SECRET, transport="tcp") as server:
         address = f"{server.address[0]}:{server.address[1]}"
         with pytest.raises((OSError, handshake.AuthenticationError, RemoteConnectionError)):

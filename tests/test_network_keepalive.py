@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from flinkbuf.network import NetworkEnvironment, environment
+from flinkbuf.network import NetworkEnvironment, sockets
 from network_helpers import ROOT, SECRET
 
 # Every test here chooses TCP itself.
@@ -53,7 +53,7 @@ def test_tcp_connections_probe_for_dead_peers():
     """Both ends of a connection (the dialling one and the accepted one)
     have keepalive and a user timeout: what the design counts on."""
     from flinkbuf import RecordWriter, create_partition
-    idle, interval, count = environment.KEEPALIVE
+    idle, interval, count = sockets.KEEPALIVE
     with NetworkEnvironment(32, 4096, secret=SECRET, transport="tcp") as server, \
             NetworkEnvironment(32, 4096, secret=SECRET, transport="tcp") as client:
         part = create_partition(server.network_buffer_pool, 1, min_buffers=4)
@@ -87,8 +87,8 @@ _CHILD = textwrap.dedent("""
     from flinkbuf import RecordWriter, create_partition
     import flinkbuf.buffer as core
     from flinkbuf.errors import RemoteConnectionError
-    from flinkbuf.network import NetworkEnvironment, environment
-    environment.KEEPALIVE = (1, 1, 2)            # dead after about 3 s
+    from flinkbuf.network import NetworkEnvironment, sockets
+    sockets.KEEPALIVE = (1, 1, 2)            # dead after about 3 s
     secret = bytes.fromhex(sys.argv[2])
     out = {}
     kw = dict(secret=secret, transport="tcp", io_timeout=120, request_timeout=120)

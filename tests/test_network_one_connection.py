@@ -13,6 +13,8 @@ import pytest
 from flinkbuf.errors import RemoteConnectionError
 from flinkbuf.io import RecordWriter, create_partition
 from flinkbuf.network import NetworkEnvironment, handshake
+from flinkbuf.network.connection_table import ConnectionTable
+from flinkbuf.network.dialer import Dialer
 from helpers import run_in_thread, wait_until
 from network_helpers import SECRET
 
@@ -34,7 +36,7 @@ def test_peers_that_connect_to_each_other_at_once_share_one_connection(monkeypat
     """Both environments start connecting to the other at the same moment
     (each waits for the other before its handshake): each ends up with one
     open connection, the same one, and records flow both ways over it."""
-    real_connect = NetworkEnvironment._connect
+    real_connect = Dialer.connect
     for round_ in range(5):
         both_dialing = threading.Barrier(2, timeout=10)
 
@@ -42,7 +44,7 @@ def test_peers_that_connect_to_each_other_at_once_share_one_connection(monkeypat
             both_dialing.wait()
             return real_connect(self, address)
 
-        monkeypatch.setattr(NetworkEnvironment, "_connect", connect)
+        monkeypatch.setattr(Dialer, "connect", connect)
         a, b = make_env(transport=transport), make_env(transport=transport)
         try:
             pa = create_partition(a.network_buffer_pool, 1)
@@ -55,7 +57,7 @@ def test_peers_that_connect_to_each_other_at_once_share_one_connection(monkeypat
             ta.join(20)
             tb.join(20)
             assert "error" not in ga and "error" not in gb, (ga, gb)
-            monkeypatch.setattr(NetworkEnvironment, "_connect", real_connect)
+            monkeypatch.setattr(Dialer, "connect", real_connect)
             for part, tag in ((pa, b"a"), (pb, b"b")):
                 with RecordWriter(part, codec="bytes", buffer_timeout=None) as w:
                     for i in range(100):
@@ -64,7 +66,7 @@ def test_peers_that_connect_to_each_other_at_once_share_one_connection(monkeypat
             assert [bytes(r) for r in gb["value"]] == [b"b" + bytes([i]) for i in range(100)]
             assert (open_connections(a), open_connections(b)) == (1, 1), round_
             sa, sb = a.connection_stats()[0], b.connection_stats()[0]
-            assert (sa["peer"], sb["peer"]) == (b._address_text, a._address_text)
+            assert (sa["peer"], sb["peer"]) == (_name(b), _name(a))
             assert sa["buffers_in"] >= 1 and sb["buffers_in"] >= 1   # both ways over it
             ga["value"].close()
             gb["value"].close()
@@ -83,18 +85,18 @@ def test_a_process_setting_up_a_peers_connection_does_not_dial_that_peer(monkeyp
     smaller waits for the connection it is setting up and uses it, so each
     ends up with one connection, not two."""
     a, b = make_env(transport=transport), make_env(transport=transport)
-    small, large = sorted([a, b], key=lambda e: e._address_text)
+    small, large = sorted([a, b], key=_name)
     kept = threading.Event()
-    real_keep = NetworkEnvironment._keep_accepting
+    real_keep = ConnectionTable.keep_accepting
 
     def keep_slowly(self, accepting, peer):
         keep = real_keep(self, accepting, peer)
-        if self is small and keep and not kept.is_set():
+        if self is small._table and keep and not kept.is_set():
             kept.set()
             time.sleep(0.5)         # its reply waits: the larger is still connecting
         return keep
 
-    monkeypatch.setattr(NetworkEnvironment, "_keep_accepting", keep_slowly)
+    monkeypatch.setattr(ConnectionTable, "keep_accepting", keep_slowly)
     try:
         ps = create_partition(small.network_buffer_pool, 1)
         small.register_partition("from-small", ps)
@@ -115,7 +117,7 @@ def test_a_process_setting_up_a_peers_connection_does_not_dial_that_peer(monkeyp
         assert [bytes(r) for r in gl["value"]] == [b"s" + bytes([i]) for i in range(50)]
         assert [bytes(r) for r in gs["value"]] == [b"l" + bytes([i]) for i in range(50)]
         assert (open_connections(small), open_connections(large)) == (1, 1)
-        assert not small._accepting and not large._accepting
+        assert not any(p.accepting for e in (small, large) for p in e._table._peers.values())
         gl["value"].close()
         gs["value"].close()
     finally:
@@ -123,11 +125,21 @@ def test_a_process_setting_up_a_peers_connection_does_not_dial_that_peer(monkeyp
         a.close()
 
 
+def _name(env):
+    """The address ``env`` says it is in its handshakes."""
+    return "%s:%d" % env.advertised_address
+
+
 def _keeps(env, peer):
-    """Whether ``env`` keeps a connection from ``peer`` (the rule, run with
-    the environment's lock held, as its acceptor runs it)."""
-    with env._lock:
-        return env._keep_incoming(peer._address_text)
+    """Whether ``env`` keeps a connection from ``peer`` (the rule its
+    acceptor runs)."""
+    return env._table.keep_incoming(_name(peer))
+
+
+def _set_dialing(env, peer, dialing):
+    """Make ``env``'s table say it is (or is not) connecting to ``peer``."""
+    with env._table._lock:
+        env._table._peer(_name(peer)).dialing = dialing
 
 
 def test_the_rule_that_decides_which_connection_is_kept():
@@ -137,17 +149,14 @@ def test_the_rule_that_decides_which_connection_is_kept():
     only who it says it is)."""
     a, b = make_env(), make_env()
     try:
-        small, large = sorted([a, b], key=lambda e: e._address_text)
+        small, large = sorted([a, b], key=_name)
         assert _keeps(small, large)
-        with small._lock:
-            small._dialing.add(large._address_text)
-        with large._lock:
-            large._dialing.add(small._address_text)
+        _set_dialing(small, large, True)
+        _set_dialing(large, small, True)
         assert not _keeps(small, large)    # its own wins
         assert _keeps(large, small)        # the other's wins
-        for e in (small, large):
-            with e._lock:
-                e._dialing.clear()
+        _set_dialing(small, large, False)
+        _set_dialing(large, small, False)
         part = create_partition(large.network_buffer_pool, 1)
         large.register_partition("p", part)
         gate = small.create_input_gate([(large.address, "p", 0)], codec="bytes")
@@ -201,7 +210,7 @@ def test_a_refused_duplicate_waits_for_the_kept_connection_only_so_long(monkeypa
     try:
         # b pretends to be connecting to a, with the smaller address winning
         # being b's: a's connection is refused, and b's never comes.
-        monkeypatch.setattr(b, "_keep_incoming", lambda peer: False)
+        monkeypatch.setattr(b._table, "_keeps", lambda peer: False)
         part = create_partition(b.network_buffer_pool, 1)
         b.register_partition("p", part)
         with pytest.raises(RemoteConnectionError, match="did not arrive within 1 s"):

@@ -70,7 +70,7 @@ def test_a_client_that_says_another_peer_id_for_an_expected_address_is_refused()
 
 def test_an_environment_bound_to_every_interface_advertises_another_address():
     with make_env(host="0.0.0.0", advertise="127.0.0.1") as a, make_env() as b:
-        assert a.address[0] == "0.0.0.0"
+        assert a.bound_address[0] == "0.0.0.0"
         assert a.advertised_address == ("127.0.0.1", a.address[1])
         part = _serve(a)
         gate = b.create_input_gate([(_address(a), "p", 0)], codec="bytes")

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from flinkbuf.errors import AuthenticationError, RemoteConnectionError
 from flinkbuf.io import RecordWriter, create_partition
 from flinkbuf.network import NetworkEnvironment, handshake
+from flinkbuf.network.addresses import OwnAddresses
 from helpers import wait_until
 
 # The relays are TCP; the tests that use no relay choose their transports.
@@ -386,6 +387,13 @@ def test_session_keys_pair_up_differ_per_direction_and_depend_on_both_nonces(sec
     assert handshake.session_keys(secret, other, sn, client=True)[0] != c_send
 
 
+class _Elsewhere(OwnAddresses):
+    """An environment's addresses to which every other host is elsewhere."""
+
+    def is_this_host(self, host):
+        return False
+
+
 @pytest.mark.parametrize("variable", ["", "0", "1"])
 def test_by_default_connections_to_other_hosts_are_sealed_and_within_this_host_not(
         variable, monkeypatch):
@@ -401,7 +409,9 @@ def test_by_default_connections_to_other_hosts_are_sealed_and_within_this_host_n
         with NetworkEnvironment(64, SEG, **kw) as producer, \
                 NetworkEnvironment(64, SEG, **kw) as consumer:
             if elsewhere:           # the producer is on another host, as the consumer sees it
-                monkeypatch.setattr(consumer, "_is_this_host", lambda host: False)
+                own = consumer._dialer._own
+                monkeypatch.setattr(consumer._dialer, "_own", _Elsewhere(
+                    own.bound, own.address, own.advertised))
             sent, got, error = _exchange(producer, consumer, producer.address, 500)
             assert error is None and got == sent
             expected = {"": elsewhere, "0": False, "1": True}[variable]

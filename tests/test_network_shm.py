@@ -83,7 +83,7 @@ def test_a_server_that_cannot_share_memory_serves_over_its_unix_socket(monkeypat
     def no_region():
         raise OSError(24, "Too many open files")
 
-    monkeypatch.setattr(prod, "_new_region", no_region)
+    monkeypatch.setattr(prod._acceptor._opener, "new_region", no_region)
     try:
         assert exchange(prod, cons, [b"a", b"b" * 3000]) == [b"a", b"b" * 3000]
         assert [s["transport"] for s in cons.connection_stats()] == ["unix"]

@@ -13,6 +13,7 @@ local one does.
 
 from flinkbuf.errors import (
     AuthenticationError,
+    EnvironmentClosedError,
     PartitionNotFoundError,
     RemoteConnectionError,
     RemoteError,
@@ -24,6 +25,7 @@ from flinkbuf.network.environment import NetworkEnvironment
 __all__ = [
     "AuthenticationError",
     "Connection",
+    "EnvironmentClosedError",
     "NetworkEnvironment",
     "PartitionNotFoundError",
     "RemoteConnectionError",

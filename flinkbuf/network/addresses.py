@@ -3,9 +3,12 @@ and what a host string says (a wildcard, this host)."""
 
 from __future__ import annotations
 
+import dataclasses
+import socket
 from typing import Union
 
-__all__ = ["Address", "WILDCARD_HOSTS", "format_address", "is_wildcard", "split_address"]
+__all__ = ["Address", "OwnAddresses", "WILDCARD_HOSTS", "format_address", "host_address",
+           "is_host_address", "is_wildcard", "split_address"]
 
 # An address: (host, port) or "host:port".
 Address = Union[tuple[str, int], str]
@@ -38,3 +41,92 @@ def split_address(address: str) -> tuple[str, int]:
     """``"host:port"`` (as :func:`format_address` makes it) as ``(host, port)``."""
     host, _, port = address.rpartition(":")
     return host, int(port)
+
+
+# Documentation-only addresses (RFC 5737, RFC 3849): a datagram socket
+# "connected" to one learns the source address of the default route, and
+# no packet is ever sent.
+_ROUTE_PROBES: dict[int, tuple[str, int]] = {socket.AF_INET: ("192.0.2.1", 9),
+                                              socket.AF_INET6: ("2001:db8::1", 9)}
+_LOOPBACK: dict[int, str] = {socket.AF_INET: "127.0.0.1", socket.AF_INET6: "::1"}
+_LOCAL_HOSTS = ("127.", "::1", "localhost")
+
+
+def host_address(family: int = socket.AF_INET) -> str:
+    """A concrete address of this host that peers can dial, for a server
+    bound to every interface: the source address of the default route,
+    else the address this host's name resolves to, else loopback."""
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect(_ROUTE_PROBES[family])
+            host = probe.getsockname()[0]
+        if not is_wildcard(host):
+            return str(host)
+    except (OSError, KeyError):
+        pass
+    try:
+        for *_, sockaddr in socket.getaddrinfo(socket.gethostname(), None, family,
+                                                socket.SOCK_STREAM):
+            host = str(sockaddr[0])
+            if not is_wildcard(host) and not host.startswith(_LOCAL_HOSTS):
+                return host
+    except (OSError, UnicodeError):
+        pass
+    return _LOOPBACK.get(family, "127.0.0.1")
+
+
+def is_host_address(host: str) -> bool:
+    """Whether ``host`` (a numeric address) is one of this host's: a socket
+    can bind it.  A name, a wildcard or an address of another host: False."""
+    if not host or is_wildcard(host):
+        return False
+    try:
+        infos = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM,
+                                   flags=getattr(socket, "AI_NUMERICHOST", 0))
+    except (OSError, UnicodeError):
+        return False
+    for family, kind, proto, _, sockaddr in infos:
+        try:
+            with socket.socket(family, kind, proto) as probe:
+                probe.bind(sockaddr[:1] + (0,) + tuple(sockaddr[2:]))
+            return True
+        except OSError:
+            continue
+    return False
+
+
+@dataclasses.dataclass(frozen=True)
+class OwnAddresses:
+    """The addresses of one environment's server: ``bound`` (what it
+    bound, possibly a wildcard), ``address`` (a concrete address of this
+    host where it listens: ``bound``, or for a wildcard bind
+    :func:`host_address`) and ``advertised`` (what it says it is in every
+    handshake and peers dial: ``advertise`` if given, else ``address``)."""
+
+    bound: tuple[str, int]
+    address: tuple[str, int]
+    advertised: tuple[str, int]
+
+    @classmethod
+    def of(cls, bound: tuple[str, int], family: int, advertise: str | None) -> OwnAddresses:
+        host, port = bound[0], bound[1]
+        concrete = (host_address(family), port) if is_wildcard(host) else (host, port)
+        return cls((host, port), concrete, (advertise or concrete[0], port))
+
+    @property
+    def text(self) -> str:
+        """The advertised address as ``"host:port"``: this side's name."""
+        return format_address(self.advertised)
+
+    def is_own(self, address: str) -> bool:
+        """Whether ``address`` (``"host:port"``) names this environment."""
+        return address in {format_address(a) for a in (self.advertised, self.address,
+                                                        self.bound)}
+
+    def is_this_host(self, host: str) -> bool:
+        """Whether ``host`` is this host: loopback, the host of one of this
+        environment's addresses, or another address a socket here can bind
+        (:func:`is_host_address`)."""
+        return (host.startswith(_LOCAL_HOSTS)
+                or host in (self.bound[0], self.address[0], self.advertised[0])
+                or is_host_address(host))
