@@ -123,6 +123,17 @@ def test_network_environment_is_a_facade():
     assert size < MAX_FACADE_LINES, f"NetworkEnvironment is {size} lines"
 
 
+def test_connections_are_opened_in_one_place():
+    """Only the network layer's opener calls ``Connection._open``: every
+    transport's connection is made from a typed spec there."""
+    callers = []
+    for rel, path in _modules():
+        with open(path) as f:
+            if "Connection._open(" in f.read():
+                callers.append(rel)
+    assert callers == [os.path.join("network", "transports.py")]
+
+
 # ---- private names across subpackages ----------------------------------------------
 
 # ``from X import a, b`` (or a parenthesised list over lines) and ``import X``.
