@@ -48,7 +48,6 @@ from flinkbuf.serialization import encode as _typed_encode
 from flinkbuf.errors import (
     BufferRequestTimeoutError,
     CorruptRecordError,
-    ExportedBufferError,
     PartitionReleasedError,
     PoolDestroyedError,
     ProducerFailedError,

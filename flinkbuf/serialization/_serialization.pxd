@@ -7,6 +7,7 @@
 #                                   flags FULL_RECORD | FULL_BUFFER
 #   ser._has_serialized_data()      part of the staged record is not copied yet
 #   ser._reset()                    rewind: copy the same record again (broadcast)
+#   ser._clear()                    drop the staged record
 #   des._feed(data)                 a Buffer (ownership of one reference passes to
 #                                   the deserializer, which recycles it exactly
 #                                   once) or a bytes-like object
@@ -14,6 +15,17 @@
 #                                   NO_RECORD: test it with is_no_record(x)
 #   des._finish()                   end of input (raises if a record is partial)
 #   des._close()                    drop all input now, recycling held buffers
+#   ser._codec, des._codec          CODEC_TYPED, CODEC_BYTES or CODEC_PICKLE
+#   des._max_record_size, des._busy, ser._busy   (read only)
+#
+# Test hooks (flinkbuf._testing):
+#   ser._serialize_general(record)  stage without the fast paths of _serialize_record
+#   ser._record_bytes()             the staged record (prefix and payload) as bytes
+#   dict_shadow_stats(keys)         what decoding's shadow of a dict's table makes
+#                                   of keys: (table size, slots visited)
+#
+# Every other field and C method below is the classes' own: Cython needs
+# them declared here, and no other module uses them.
 
 cimport cython
 from cpython.object cimport PyObject
@@ -57,6 +69,11 @@ cdef class NoRecordType:
 cdef inline bint is_no_record(object x) noexcept:
     """True if ``x`` is the NO_RECORD sentinel (no complete record yet)."""
     return type(x) is NoRecordType
+
+
+# Test hook: (table size, slots visited) of the dict shadow over ``keys``,
+# distinct keys inserted in order (codecs/dict_keys.pyx).
+cdef tuple dict_shadow_stats(object keys)
 
 
 @cython.final
