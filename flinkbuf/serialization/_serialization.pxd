@@ -171,9 +171,6 @@ cdef class RecordDeserializer:
     cdef int _release_input(self) except -1
     cdef int _fail(self, object exc) except -1
     cdef int _refuse_input(self, object data) except -1
-    cdef object _span_step(self)
-    cdef int _new_target(self, Py_ssize_t size, bint as_bytes) except -1
-    cdef int _grow_target(self, Py_ssize_t min_size) except -1
     cdef object _decode(self, const char *p, Py_ssize_t n, int64_t record_start, object base)
     cdef object _bad_length(self, Py_ssize_t n)
     cdef object _decode_or_fail(self, const char *p, Py_ssize_t n, int64_t record_start,

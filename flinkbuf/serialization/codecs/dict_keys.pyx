@@ -1,5 +1,5 @@
 # Decoding dicts in time linear in their size, whatever keys a writer
-# chose.  Included by typed.pyx.
+# chose.  Included by typed_decoder.pyx.
 
 # The hashes of int, float, tuple, None and bool keys are not salted (hash(n)
 # is n mod 2**61 - 1), so a writer chooses them, and so how much work
