@@ -15,8 +15,6 @@
 #                                   NO_RECORD: test it with is_no_record(x)
 #   des._finish()                   end of input (raises if a record is partial)
 #   des._close()                    drop all input now, recycling held buffers
-#   ser._codec, des._codec          CODEC_TYPED, CODEC_BYTES or CODEC_PICKLE
-#   des._max_record_size, des._busy, ser._busy   (read only)
 #
 # Test hooks (flinkbuf._testing):
 #   ser._serialize_general(record)  stage without the fast paths of _serialize_record
