@@ -139,21 +139,27 @@ if SANITIZE:
     cflags += ["-O1", "-g", f"-fsanitize={SANITIZE}", "-fno-omit-frame-pointer"]
     ldflags += [f"-fsanitize={SANITIZE}"]
 
-# Each layer is one extension module: its .pyx includes the layer's files
-# (as uvloop, asyncpg's pgproto and msgpack do) and links the plain C it owns.
+# Layer 0 is one shared library: every unit of csrc/ is compiled once, into
+# LIBRARY beside the package (flinkbuf/), and each layer's extension module
+# links against it and finds it by an rpath relative to its own file
+# ($ORIGIN), wherever the package is installed.  The layers' extension modules
+# (as uvloop, asyncpg's pgproto and msgpack do, each .pyx includes its layer's
+# files) compile no C of csrc/ themselves, so a unit that several layers call
+# (the clock, the exchange queues) exists once in a process.  The library has
+# no Python API: it does not depend on the interpreter's version.
 CSRC = {
-    "buffer": ["csrc/common/clock.c", "csrc/buffer/arena.c", "csrc/buffer/redistribution.c",
-               "csrc/buffer/pool.c"],
-    "io": ["csrc/common/clock.c", "csrc/io/exchange.c", "csrc/io/keygroup.c",
-           "csrc/io/channel_order.c"],
-    "network": ["csrc/common/clock.c", "csrc/io/exchange.c", "csrc/network/wire.c",
-                "csrc/network/credit.c", "csrc/network/transport.c", "csrc/network/shm.c",
-                "csrc/network/connection.c", "csrc/network/inchan.c", "csrc/network/reader.c",
-                "csrc/network/direct.c", "csrc/network/writer.c", "csrc/network/lease.c",
-                "csrc/network/lend.c", "csrc/network/seal.c"],
+    "common": ["csrc/common/clock.c"],
+    "buffer": ["csrc/buffer/arena.c", "csrc/buffer/redistribution.c", "csrc/buffer/pool.c"],
+    "io": ["csrc/io/exchange.c", "csrc/io/keygroup.c", "csrc/io/channel_order.c"],
+    "network": ["csrc/network/wire.c", "csrc/network/credit.c", "csrc/network/transport.c",
+                "csrc/network/shm.c", "csrc/network/connection.c", "csrc/network/inchan.c",
+                "csrc/network/reader.c", "csrc/network/direct.c", "csrc/network/writer.c",
+                "csrc/network/lease.c", "csrc/network/lend.c", "csrc/network/seal.c"],
 }
 # Sealed connections use OpenSSL's libcrypto (AES-256-GCM).
-LIBRARIES = {"network": ["crypto"]}
+LIBRARIES = ["crypto"]
+# Not an importable name (no module suffix): pkgutil and imports pass it by.
+LIBRARY = "libflinkbuf.so.0"
 
 
 def _check_libcrypto():
@@ -168,12 +174,11 @@ def _check_libcrypto():
 _check_libcrypto()
 
 
-def ext(name, csrc=(), libraries=()):
+def ext(name):
     pyx = name.replace(".", "/") + ".pyx"
     return Extension(
         name,
-        [pyx, *csrc],
-        libraries=list(libraries),
+        [pyx],
         include_dirs=["csrc", "flinkbuf/serialization/codecs", numpy.get_include()],
         define_macros=macros,
         extra_compile_args=cflags,
@@ -182,16 +187,33 @@ def ext(name, csrc=(), libraries=()):
 
 
 extensions = [
-    ext("flinkbuf.buffer._buffer", CSRC["buffer"]),
+    ext("flinkbuf.buffer._buffer"),
     ext("flinkbuf.serialization._serialization"),
-    ext("flinkbuf.io._io", CSRC["io"]),
-    ext("flinkbuf.network._network", CSRC["network"], LIBRARIES["network"]),
-    ext("flinkbuf._testing", ["csrc/common/clock.c", "csrc/network/wire.c",
-                              "csrc/network/credit.c"]),  # test hooks
+    ext("flinkbuf.io._io"),
+    ext("flinkbuf.network._network"),
+    ext("flinkbuf._testing"),  # test hooks
 ]
 
+
+def _csrc_headers():
+    for dirpath, _, files in os.walk("csrc"):
+        for name in files:
+            if name.endswith(".h"):
+                yield os.path.join(dirpath, name)
+
+
+def _older_than_any(target, sources):
+    """Whether ``target`` is missing or older than one of ``sources``."""
+    if not os.path.exists(target):
+        return True
+    built = os.path.getmtime(target)
+    return any(os.path.getmtime(s) > built for s in sources)
+
+
 class BuildExt(build_ext):
-    """Rebuild everything when the build mode changes: an in-place .so newer
+    """Build LIBRARY first, then the extension modules linked against it.
+
+    Rebuild everything when the build mode changes: an in-place .so newer
     than its sources may still be another mode's (say, an ASan build)."""
 
     STAMP = os.path.join("build", "last-build-mode")
@@ -209,10 +231,59 @@ class BuildExt(build_ext):
             last = None
         if last != MODE:
             self.force = True
-        super().run()
+        super().run()    # setuptools builds into build_lib, then copies in place
         os.makedirs("build", exist_ok=True)
         with open(self.STAMP, "w") as f:
             f.write(MODE)
+
+    def _library(self):
+        """Where LIBRARY is built: beside the package in build_lib."""
+        return os.path.join(self.build_lib, "flinkbuf", LIBRARY)
+
+    def build_extensions(self):
+        self._build_library()
+        library = self._library()
+        for e in self.extensions:
+            # flinkbuf._testing sits beside the library, flinkbuf.io._io one below
+            up = "/.." * (e.name.count(".") - 1)
+            e.extra_link_args = [*ldflags, library, f"-Wl,-rpath,$ORIGIN{up}"]
+        super().build_extensions()
+
+    def _build_library(self):
+        library = self._library()
+        sources = [unit for units in CSRC.values() for unit in units]
+        assert len(set(sources)) == len(sources), "a csrc unit is listed twice"
+        headers = sorted(_csrc_headers())
+        if not (self.force or _older_than_any(library, [*sources, *headers, __file__])):
+            return
+        objects = self.compiler.compile(sources, output_dir=self.build_temp, macros=macros,
+                                        include_dirs=["csrc"], extra_postargs=cflags,
+                                        depends=headers)
+        # The soname is what each extension records and the loader looks
+        # for along the extension's rpath.
+        self.compiler.link_shared_object(objects, library, libraries=LIBRARIES,
+                                         extra_postargs=[*ldflags, f"-Wl,-soname,{LIBRARY}"])
+
+    def _inplace_library(self):
+        build_py = self.get_finalized_command("build_py")
+        return os.path.join(build_py.get_package_dir("flinkbuf"), LIBRARY)
+
+    def copy_extensions_to_source(self):
+        super().copy_extensions_to_source()
+        # Beside a copy that a running process may have mapped: replace the
+        # file rather than write over it.
+        target = self._inplace_library()
+        self.copy_file(self._library(), target + ".new", level=self.verbose)
+        os.replace(target + ".new", target)
+
+    def _get_output_mapping(self):
+        yield from super()._get_output_mapping()
+        if self.inplace:
+            yield (self._library(), self._inplace_library())
+
+    def get_outputs(self):
+        outputs = super().get_outputs()
+        return outputs if self.inplace else sorted([*outputs, self._library()])
 
 
 setup(

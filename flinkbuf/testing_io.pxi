@@ -1,4 +1,5 @@
-# Test hooks of the io layer (included by _testing.pyx).
+# Test hooks of the io layer (included by _testing.pyx): its contract
+# (_io.pxd) and nothing else.
 
 # ---- layer 3 -------------------------------------------------------------------
 
@@ -17,11 +18,11 @@ def attach_reader(ResultPartition partition not None):
 def detach_reader(ResultPartition partition not None):
     """That reader is done (as the connection says when it ends the
     subpartition's channel)."""
-    if partition._readers <= 0:
+    if partition._reader_count() <= 0:
         raise ValueError("no reader is attached")
     partition._reader_detached()
 
 
 def num_readers(ResultPartition partition not None):
     """Readers in other processes that hold ``partition`` now."""
-    return partition._readers
+    return partition._reader_count()

@@ -1,4 +1,5 @@
-# Test hooks of the serialization layer (included by _testing.pyx).
+# Test hooks of the serialization layer (included by _testing.pyx): its
+# contract (_serialization.pxd) and nothing else.
 
 # ---- layer 2 -------------------------------------------------------------------
 
@@ -17,28 +18,24 @@ def stage(value, codec="typed"):
     return ser._record_bytes()
 
 
-
-
 def dict_shadow(keys):
     """What the shadow of CPython's dict table that decoding
-    keeps for a large dict (codec_typed.pyx) makes of ``keys``, distinct
+    keeps for a large dict (codecs/dict_keys.pyx) makes of ``keys``, distinct
     keys inserted in order: ``(table size, slots visited)``."""
-    cdef fb_shadow s
-    cdef Py_ssize_t same
-    cdef Py_hash_t h
-    cdef int r = 0
-    fb_shadow_init(&s)
-    try:
-        for k in keys:
-            h = PyObject_Hash(k)
-            r = fb_shadow_before(&s, type(k) is str, 1 << 32)
-            if r == 0:
-                r = fb_shadow_after(&s, h, True, &same, 0)
-            if r:
-                raise MemoryError()
-        return s.size, s.probes
-    finally:
-        fb_shadow_free(&s)
+    return dict_shadow_stats(keys)
+
+
+cdef int _drain(RecordDeserializer des, list out, bint keep) except -1:
+    """Take every complete record out of ``des``: how many."""
+    cdef Py_ssize_t count = 0
+    cdef object r
+    while True:
+        r = des._next_record()
+        if is_no_record(r):
+            return count
+        count += 1
+        if keep:
+            out.append(r)
 
 
 def c_round_trip(RecordSerializer ser not None, RecordDeserializer des not None,
@@ -62,13 +59,7 @@ def c_round_trip(RecordSerializer ser not None, RecordDeserializer des not None,
                 if flags & FULL_BUFFER:
                     des._feed(buf)
                     buf = None
-                    while True:
-                        r = des._next_record()
-                        if is_no_record(r):
-                            break
-                        count += 1
-                        if keep:
-                            out.append(r)
+                    count += _drain(des, out, keep)
                     buf = pool.request_buffer()
                     if buf is None:
                         raise RuntimeError("the pool has no buffer")
@@ -76,13 +67,7 @@ def c_round_trip(RecordSerializer ser not None, RecordDeserializer des not None,
                     break
         des._feed(buf)
         buf = None
-        while True:
-            r = des._next_record()
-            if is_no_record(r):
-                break
-            count += 1
-            if keep:
-                out.append(r)
+        count += _drain(des, out, keep)
     finally:
         if buf is not None:
             buf._release()

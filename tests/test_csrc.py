@@ -1,10 +1,11 @@
 """The plain C: the pool and the network connections under threads, built
 with ThreadSanitizer and with AddressSanitizer + UBSan (any race, memory
-error, leak or broken invariant fails), and the clock both extension modules
-share."""
+error, leak or broken invariant fails), the clock both extension modules
+share, and the one library every unit of csrc/ is compiled into."""
 
 import glob
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -99,8 +100,9 @@ def test_clock_deadlines_and_timed_waits(tmp_path, sanitizer):
 
 @pytest.mark.parametrize("module", ["flinkbuf.buffer._buffer", "flinkbuf.io._io"])
 def test_both_extensions_share_one_clock_semantics(module):
-    """csrc/common/clock.c is linked into both extension modules (the exchange once
-    had its own copy, where a negative timeout meant "forever"): a timeout
+    """Both extension modules reach csrc/common/clock.c's functions (the
+    exchange once had its own copy, where a negative timeout meant
+    "forever"; now both link the one library of csrc/): a timeout
     <= 0 or NaN is a deadline of now, +inf or a huge one is forever."""
     import ctypes
     import importlib
@@ -119,6 +121,65 @@ def test_both_extensions_share_one_clock_semantics(module):
     before = time.monotonic_ns()
     assert before + 10**9 <= lib.fb_deadline_after(1.0) <= time.monotonic_ns() + 10**9
     assert before <= lib.fb_monotonic_ns() <= time.monotonic_ns()
+
+
+def _defined_functions(path):
+    """The functions a shared object defines, exported or not (``nm``)."""
+    out = subprocess.run(["nm", "--defined-only", path], capture_output=True, text=True,
+                         check=True).stdout
+    return {line.split()[-1] for line in out.splitlines()
+            if line.split()[-2:-1] in (["T"], ["t"])}
+
+
+def _c_functions(unit):
+    """The functions a unit of csrc/ defines that are not static: a name
+    at the start of a line, its parameters, then a body."""
+    with open(os.path.join(ROOT, unit)) as f:
+        text = re.sub(r"/\*.*?\*/|//[^\n]*", " ", f.read(), flags=re.S)
+    found = set()
+    for m in re.finditer(r"^(?!static\b|typedef\b|extern\b)[A-Za-z_][\w \t\*]*?\b(\w+)\(",
+                         text, re.M):
+        depth, i = 1, m.end()
+        while depth and i < len(text):
+            depth += {"(": 1, ")": -1}.get(text[i], 0)
+            i += 1
+        if text[i:].lstrip().startswith("{"):
+            found.add(m.group(1))
+    return found
+
+
+def test_every_c_unit_is_compiled_once():
+    """Every unit of csrc/ is in the one library beside the package, and no
+    extension module has a copy of any of it: a unit that two layers call
+    (the clock, the exchange queues) exists once in a process, with its
+    state (the pool's debug counters) and its behaviour."""
+    import importlib
+
+    import flinkbuf
+
+    assert shutil.which("nm"), "nm (binutils) is needed to read the shared objects"
+    library = os.path.join(os.path.dirname(flinkbuf.__file__), "libflinkbuf.so.0")
+    in_library = _defined_functions(library)
+    units = set()
+    for unit in c_units("common", "buffer", "io", "network"):
+        functions = _c_functions(unit)
+        assert functions, unit
+        assert functions <= in_library, (unit, sorted(functions - in_library))
+        units |= functions
+    for name in ("flinkbuf.buffer._buffer", "flinkbuf.serialization._serialization",
+                 "flinkbuf.io._io", "flinkbuf.network._network", "flinkbuf._testing"):
+        path = importlib.import_module(name).__file__
+        copied = sorted(_defined_functions(path) & units)
+        assert copied == [], f"{name} has its own copy of {copied}"
+
+
+def test_the_unit_reader_sees_functions_not_declarations(tmp_path):
+    unit = tmp_path / "u.c"
+    unit.write_text("/* int fb_commented(void) */\nstatic int fb_hidden(void)\n{\n}\n"
+                    "int fb_declared(int x);\nint64_t fb_defined(const char *p,\n"
+                    "                  size_t n)\n{\n}\nvoid *fb_pointer(void)\n{\n}\n"
+                    "int fb_two_lines(int a,\n                 int b);\n")
+    assert _c_functions(str(unit)) == {"fb_defined", "fb_pointer"}
 
 
 def test_zero_timeouts_try_once_and_negative_ones_are_refused():

@@ -181,3 +181,42 @@ def test_the_size_checker_sees_a_long_function():
     body = "\n".join("    x++;" for _ in range(MAX_FUNCTION_LINES))
     text = f"static int short_one(void)\n{{\n    return 0;\n}}\n\nint long_one(int x)\n{{\n{body}\n}}\n"
     assert _long_functions(text) == [("long_one", MAX_FUNCTION_LINES + 3)]
+
+
+# The test hooks of layers 1-3 go through each layer's contract: they call
+# C-level methods its .pxd declares and touch no field of the layer's objects.
+HOOK_FILES = ("testing_buffer.pxi", "testing_serialization.pxi", "testing_io.pxi")
+_ATTRIBUTE = re.compile(r"\b\w+\.(_[a-z]\w*)\b(\s*\()?")
+
+
+def _declared_methods():
+    names = set()
+    for layer in ("buffer", "serialization", "io"):
+        for dirpath, _, files in os.walk(os.path.join(PKG, layer)):
+            for name in files:
+                if name.endswith(".pxd"):
+                    with open(os.path.join(dirpath, name)) as f:
+                        names |= set(re.findall(r"^\s*cdef\s[^#\n]*?\b(_\w+)\(self", f.read(), re.M))
+    return names
+
+
+def hook_reaches(text, declared):
+    """What ``text`` reaches of the layers' objects besides their declared
+    methods: fields, and methods no .pxd declares."""
+    return sorted({m.group(1) for m in _ATTRIBUTE.finditer(text)
+                   if not m.group(2) or m.group(1) not in declared})
+
+
+@pytest.mark.parametrize("name", HOOK_FILES)
+def test_test_hooks_use_the_layers_contracts_only(name):
+    with open(os.path.join(PKG, name)) as f:
+        text = f.read()
+    assert hook_reaches(text, _declared_methods()) == [], f"flinkbuf/{name}"
+
+
+def test_the_hook_checker_sees_fields_and_undeclared_methods():
+    declared = _declared_methods()
+    assert {"_set_ref_count", "_reader_count", "_serialize_record"} <= declared
+    text = ("buffer._refcnt = count\nbuffer._set_ref_count(count)\n"
+            "n = partition._readers\nser._secret_helper()\n")
+    assert hook_reaches(text, declared) == ["_readers", "_refcnt", "_secret_helper"]

@@ -91,6 +91,9 @@ def test_wheel_installs_and_runs_outside_the_source_tree(tmp_path):
                 assert rel in names, f"{rel} is not in the wheel"
     compiled = sorted(_module_name(n) for n in names if n.endswith(".so"))
     assert compiled, sorted(names)
+    # The C of every layer, once, beside the package: the compiled modules
+    # find it there by their rpath (their imports below need it).
+    assert "flinkbuf/libflinkbuf.so.0" in names, sorted(names)
     assert "flinkbuf/experiments/__init__.py" in names
 
     # A plain virtualenv (not --system-site-packages) outside the source tree.

@@ -1,7 +1,8 @@
 # Layer 1, the buffer core: MemorySegment, Buffer, NetworkBufferPool,
-# LocalBufferPool, compiled as one extension over csrc/ (layer 0).  Other
-# modules cimport the types from _buffer.pxd and reach the pools' C code
-# through them (or through fb_localpool_t's ops), never by linking csrc again.
+# LocalBufferPool, compiled as one extension over csrc/buffer/ (layer 0,
+# the one library of csrc/ every extension links).  Other modules cimport the
+# types from _buffer.pxd and reach the pools through them (or through
+# fb_localpool_t's ops).
 # Compiler directives are set once, in setup.py.
 
 cimport cython

@@ -71,11 +71,9 @@ cdef class Buffer:
             self._refcnt -= 1
         return 0
 
-    cdef int _detach(self) except -1:
-        """Hand the segment over to C code (a queue), which returns it to
-        the pool itself: afterwards this object is recycled, and the segment
-        (``_lp``, ``_index``, ``_data``, read before) is the caller's.
-        Only the sole reference, with no view exported, may be detached."""
+    cdef int _check_detachable(self) except -1:
+        """Only the sole reference, with no view exported, may be handed
+        over: whoever holds another could still write to the segment."""
         if self._data == NULL:
             raise RecycledBufferError("buffer was recycled")
         if self._refcnt != 1:
@@ -85,6 +83,14 @@ cdef class Buffer:
             raise ExportedBufferError(
                 f"buffer has {self._exports + self._seg_exports} exported view(s); "
                 "release them before handing it over")
+        return 0
+
+    cdef int _detach(self) except -1:
+        """Hand the segment over to C code (a queue), which returns it to
+        the pool itself: afterwards this object is recycled, and the segment
+        (``_lp``, ``_index``, ``_data``, read before) is the caller's.
+        Only the sole reference, with no view exported, may be detached."""
+        self._check_detachable()
         self._data = NULL
         self._refcnt = 0
         FB_DBG_ADD(FB_DBG_BUFFERS, -1)
@@ -246,6 +252,24 @@ cdef class Buffer:
 
     def __releasebuffer__(self, Py_buffer *view):
         self._exports -= 1
+
+    # ---- test hooks (flinkbuf._testing) --------------------------------------
+
+    cdef int _set_ref_count(self, Py_ssize_t count) except -1:
+        """Set a live buffer's reference count (>= 1), to reach the limits
+        without 2**63 calls to retain()."""
+        self._check()
+        if count < 1:
+            raise ValueError(f"count must be >= 1, got {count}")
+        self._refcnt = count
+        return 0
+
+    cdef int _make_read_only(self) except -1:
+        """Make a live buffer read-only, as a buffer lent by another process
+        is (its memory stays writable: tests check that nothing writes it)."""
+        self._check()
+        self._readonly = True
+        return 0
 
     def __repr__(self):
         if self._data == NULL:

@@ -577,6 +577,27 @@ cdef class LocalBufferPool:
         """True if a request would succeed now and no channel is at its cap."""
         return bool(fb_localpool_is_available(&self._c))
 
+    # ---- test hooks (flinkbuf._testing) --------------------------------------
+
+    cdef double _request_recycle_ns(self, Py_ssize_t iterations) except -1.0:
+        """Request+recycle pairs in C without the GIL, through the pool's
+        ops (as C code of other layers calls them): ns per pair."""
+        cdef int32_t index
+        cdef Py_ssize_t i
+        cdef int64_t t0, t1
+        cdef int rc = FB_OK
+        with nogil:
+            t0 = fb_monotonic_ns()
+            for i in range(iterations):
+                rc = self._c.ops.request(&self._c, FB_NO_CHANNEL, &index)
+                if rc != FB_OK:
+                    break
+                self._c.ops.recycle(&self._c, index)
+            t1 = fb_monotonic_ns()
+        if rc != FB_OK:
+            raise RuntimeError("pool had no buffer for the benchmark loop")
+        return (t1 - t0) / <double>(iterations if iterations > 0 else 1)
+
     def __repr__(self):
         cdef fb_localpool_stats_t st = self._stats()
         return (f"<flinkbuf.LocalBufferPool min={self._c.min_buffers} "

@@ -1,5 +1,12 @@
 # MemorySegment: a bounds-checked window onto off-heap memory.
-# Included by _buffer.pyx.
+# Included by _buffer.pyx.  No other layer cimports it (the layers above
+# reach memory through Buffer), so it is declared here, not in a .pxd.
+
+cdef enum SegmentKind:
+    SEG_STANDALONE = 0   # owns memory from MemorySegment.allocate
+    SEG_UNPOOLED = 1     # an exclusive segment of a NetworkBufferPool
+    SEG_BUFFER = 2       # the segment under a Buffer; valid while the Buffer is
+
 
 @cython.final
 @cython.no_gc_clear
@@ -18,6 +25,13 @@ cdef class MemorySegment:
     segment of a read-only buffer (:attr:`Buffer.is_read_only`) is
     read-only: writes raise :class:`ReadOnlyBufferError`.
     """
+    cdef char *_data
+    cdef Py_ssize_t _size
+    cdef object _owner        # keeps the memory alive (pool or Buffer)
+    cdef int32_t _index       # segment number in its arena, -1 standalone
+    cdef SegmentKind _kind
+    cdef Py_ssize_t _exports
+    cdef bint _readonly       # the segment of a lent Buffer: reads only
 
     def __cinit__(self):
         self._data = NULL

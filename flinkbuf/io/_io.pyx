@@ -1,7 +1,7 @@
 # Layer 3, tasks exchanging data: ResultPartition, RecordWriter and channel
 # selectors, InputGate and input channels, in-band events; one extension over
-# csrc/exchange.c, csrc/keygroup.c and csrc/channel_order.c.  Compiler
-# directives live in setup.py.
+# csrc/io/ (exchange.c, keygroup.c, channel_order.c, in the one library of
+# csrc/ every extension links).  Compiler directives live in setup.py.
 # One concept per included file; errors from C result codes are raised in
 # one place per type (ResultPartition._raise_for_rc, the gate's _wait_item).
 
@@ -48,7 +48,6 @@ from flinkbuf.serialization import encode as _typed_encode
 from flinkbuf.errors import (
     BufferRequestTimeoutError,
     CorruptRecordError,
-    ExportedBufferError,
     PartitionReleasedError,
     PoolDestroyedError,
     ProducerFailedError,
@@ -108,4 +107,5 @@ include "channel_order.pyx"
 include "channel_selector.pyx"
 include "result_partition.pyx"
 include "record_writer.pyx"
+include "output_flusher.pyx"
 include "input_gate.pyx"

@@ -1,4 +1,6 @@
-# RecordWriter and its output flusher.  Included by _io.pyx.
+# RecordWriter: records into its partition's subpartitions, one buffer per
+# channel at a time.  Included by _io.pyx; its output flusher is
+# output_flusher.pyx.
 
 cdef enum:
     _W_OPEN = 0
@@ -21,39 +23,6 @@ cdef enum:
     _FLUSH_QUIET = 1        # errors raise; dropped buffers are not reported
     _FLUSH_TIMER = 2        # the output flusher: errors are kept for the
                             # writer's next call; dropped buffers not reported
-
-
-
-def _output_flusher(writer_ref, stop, interval):
-    """Flink's OutputFlusher: flush a writer every ``interval`` seconds
-    until ``stop`` is set or the writer is gone."""
-    while not stop.wait(interval):
-        writer = writer_ref()
-        if writer is None:
-            return
-        (<RecordWriter>writer)._flusher_tick()
-        writer = None
-
-
-cdef object _as_buffer_timeout(object value):
-    """``buffer_timeout``: None (no timer), or a real number of seconds,
-    >= 0 and finite (at most threading.TIMEOUT_MAX), as a float."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"buffer_timeout must be a number of seconds or None, "
-                        f"got {type(value).__name__}")
-    try:
-        t = float(value)
-    except OverflowError:
-        t = float("inf")
-    if not t >= 0:
-        raise ValueError(f"buffer_timeout must be >= 0 seconds, got {value!r}")
-    if t > threading.TIMEOUT_MAX:
-        raise ValueError(f"buffer_timeout must be finite (at most {threading.TIMEOUT_MAX:.0f} s), "
-                         f"got {value!r}: use None to hand buffers over only when they "
-                         "are full (or on flush() and close())")
-    return t
 
 
 @cython.final
@@ -148,11 +117,7 @@ cdef class RecordWriter:
         partition._writer = weakref.ref(self)
         self._state = _W_OPEN
         if buffer_timeout is not None and buffer_timeout > 0:
-            self._flusher_stop = threading.Event()
-            self._flusher = threading.Thread(
-                target=_output_flusher, args=(weakref.ref(self), self._flusher_stop, buffer_timeout),
-                name=f"flinkbuf-output-flusher-{self._name or id(self)}", daemon=True)
-            self._flusher.start()
+            _start_flusher(self, buffer_timeout)
 
     def __del__(self):
         # Dropped while open (say, its thread died without close() or a with
@@ -530,18 +495,6 @@ record is written or emit raises."""
                     (<Buffer>cur)._release()
         return 0
 
-    def _flusher_tick(self):
-        if self._state != _W_OPEN:
-            return
-        if self._busy:
-            self._flush_pending = True
-            return
-        try:
-            self._flush_all(_FLUSH_TIMER)
-        except BaseException as exc:        # kept for the writer's next call
-            if self._flusher_error is None:
-                self._flusher_error = exc
-
     # ---- control ------------------------------------------------------------
 
     def flush(self):
@@ -575,13 +528,6 @@ record is written or emit raises."""
         finally:
             self._user = 0
 
-    def _stop_flusher(self):
-        if self._flusher is not None:
-            self._flusher_stop.set()
-            if self._flusher is not threading.current_thread():
-                self._flusher.join()
-            self._flusher = None
-
     def close(self):
         """Flush and end every subpartition with EndOfPartition (subpartitions
         whose consumer left are skipped: nothing is reported for them).
@@ -597,7 +543,7 @@ record is written or emit raises."""
             self._user = 0
 
     cdef int _close(self) except -1:
-        self._stop_flusher()
+        _stop_flusher(self)
         if self._state == _W_FAILED:
             self._release_current()
             return 0
@@ -632,7 +578,7 @@ record is written or emit raises."""
             return
         if self._state == _W_NEW:
             self._check_open()
-        self._stop_flusher()
+        _stop_flusher(self)
         self._state = _W_FAILED
         self._release_current()
         self._partition.fail(exc)

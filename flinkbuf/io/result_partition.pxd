@@ -42,6 +42,10 @@ cdef class ResultPartition:
     cdef int _await_event_room(self, ResultSubpartition sp, RecordWriter writer) except -1
     cdef int _finish(self) except -1
     cdef int _check_initialised(self) except -1
+    cdef bint _is_consumed(self) except -1
+    # The contract of a reader in another process (a connection serving one
+    # of the subpartitions): attached while it holds the partition, detached
+    # when it is done; the partition is not consumed while one is attached.
     cdef int _reader_attached(self) except -1
     cdef int _reader_detached(self) except -1
-    cdef bint _is_consumed(self) except -1
+    cdef int32_t _reader_count(self) noexcept

@@ -296,13 +296,7 @@ cdef class ResultPartition:
         cdef int32_t index = _as_subpartition(subpartition, self._n)
         if buffer._pool is not self._pool:
             raise ValueError("the buffer is not from this partition's pool")
-        buffer._check()
-        if buffer._refcnt != 1:
-            raise ValueError(f"a buffer with {buffer._refcnt} references cannot be handed over: "
-                             "whoever holds the others could still write to it")
-        if buffer._exports or buffer._seg_exports:
-            raise ExportedBufferError("the buffer has exported views; release them before "
-                                      "handing it over")
+        buffer._check_detachable()
         cdef int32_t kind = FB_ITEM_EVENT if buffer._data_type == 1 else FB_ITEM_DATA
         cdef ResultSubpartition sp = <ResultSubpartition>self._subpartitions[index]
         try:
@@ -401,6 +395,10 @@ cdef class ResultPartition:
         if self._signal is not None:
             fb_signal_post(&self._signal._c)
         return 0
+
+    cdef int32_t _reader_count(self) noexcept:
+        """Readers in other processes that hold the partition now."""
+        return self._readers
 
     cdef bint _is_consumed(self) except -1:
         cdef ResultSubpartition sp

@@ -7,6 +7,7 @@
 #                                   flags FULL_RECORD | FULL_BUFFER
 #   ser._has_serialized_data()      part of the staged record is not copied yet
 #   ser._reset()                    rewind: copy the same record again (broadcast)
+#   ser._clear()                    drop the staged record
 #   des._feed(data)                 a Buffer (ownership of one reference passes to
 #                                   the deserializer, which recycles it exactly
 #                                   once) or a bytes-like object
@@ -14,6 +15,15 @@
 #                                   NO_RECORD: test it with is_no_record(x)
 #   des._finish()                   end of input (raises if a record is partial)
 #   des._close()                    drop all input now, recycling held buffers
+#
+# Test hooks (flinkbuf._testing):
+#   ser._serialize_general(record)  stage without the fast paths of _serialize_record
+#   ser._record_bytes()             the staged record (prefix and payload) as bytes
+#   dict_shadow_stats(keys)         what decoding's shadow of a dict's table makes
+#                                   of keys: (table size, slots visited)
+#
+# Every other field and C method below is the classes' own: Cython needs
+# them declared here, and no other module uses them.
 
 cimport cython
 from cpython.object cimport PyObject
@@ -57,6 +67,11 @@ cdef class NoRecordType:
 cdef inline bint is_no_record(object x) noexcept:
     """True if ``x`` is the NO_RECORD sentinel (no complete record yet)."""
     return type(x) is NoRecordType
+
+
+# Test hook: (table size, slots visited) of the dict shadow over ``keys``,
+# distinct keys inserted in order (codecs/dict_keys.pyx).
+cdef tuple dict_shadow_stats(object keys)
 
 
 @cython.final
@@ -154,9 +169,6 @@ cdef class RecordDeserializer:
     cdef int _release_input(self) except -1
     cdef int _fail(self, object exc) except -1
     cdef int _refuse_input(self, object data) except -1
-    cdef object _span_step(self)
-    cdef int _new_target(self, Py_ssize_t size, bint as_bytes) except -1
-    cdef int _grow_target(self, Py_ssize_t min_size) except -1
     cdef object _decode(self, const char *p, Py_ssize_t n, int64_t record_start, object base)
     cdef object _bad_length(self, Py_ssize_t n)
     cdef object _decode_or_fail(self, const char *p, Py_ssize_t n, int64_t record_start,

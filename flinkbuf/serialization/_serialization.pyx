@@ -60,6 +60,7 @@ include "codecs/bytes.pyx"
 include "codecs/pickle.pyx"
 include "serializer.pyx"
 include "deserializer.pyx"
+include "record_assembly.pyx"
 
 
 def encode(value):

@@ -4,8 +4,9 @@
 # A record that lies wholly inside one input chunk is decoded in place.  A
 # record that spans chunks is copied piece by piece into memory of its own
 # (for a typed record that is one large bytes value: straight into the
-# resulting bytes object), so every chunk is released as soon as its bytes
-# are consumed: decoded, or copied into the record being assembled.
+# resulting bytes object; record_assembly.pyx), so every chunk is released as
+# soon as its bytes are consumed: decoded, or copied into the record being
+# assembled.
 
 cdef class NoRecordType:
     """The type of :data:`NO_RECORD`, its only instance."""
@@ -434,7 +435,7 @@ cdef class RecordDeserializer:
                 n = avail
             if self._have + n > self._cap:
                 try:
-                    self._grow_target(self._have + n)
+                    _grow_target(self, self._have + n)
                 except BaseException as e:
                     return self._fail(e)
             if n > 0:
@@ -446,115 +447,11 @@ cdef class RecordDeserializer:
                 if not self._advance():
                     return _NO_RECORD
                 continue
-            v = self._span_step()
+            v = _span_step(self)
             if not is_no_record(v):
                 if self._cur_pos == self._cur_end:
                     self._advance_keeping(v)
                 return v
-
-    cdef int _new_target(self, Py_ssize_t size, bint as_bytes) except -1:
-        """Memory for a record (or its one bytes value) of ``size`` bytes.
-        Up to ASSEMBLY_EAGER bytes, or what the input already holds, are
-        allocated now, the rest as the bytes arrive: a length prefix alone
-        never costs more memory than a fixed amount (max_record_size bounds
-        the total)."""
-        cdef Py_ssize_t cap = size
-        cdef Py_ssize_t avail
-        cdef _Chunk c
-        if cap > ASSEMBLY_EAGER:
-            avail = self._cur_end - self._cur_pos
-            for c in self._pending[self._pending_head:]:
-                avail += c.end - c.start
-            cap = ASSEMBLY_EAGER if avail < ASSEMBLY_EAGER else avail
-            if cap > size:
-                cap = size
-        if as_bytes:
-            self._target = PyBytes_FromStringAndSize(NULL, cap)
-            self._dst = PyBytes_AS_STRING(self._target)
-        else:
-            self._target = PyByteArray_FromStringAndSize(NULL, cap)
-            self._dst = PyByteArray_AS_STRING(self._target)
-        self._target_is_value = as_bytes
-        self._cap = cap
-        return 0
-
-    cdef int _grow_target(self, Py_ssize_t min_size) except -1:
-        """Grow the record being assembled to at least ``min_size`` bytes
-        (at most the record's size), geometrically."""
-        cdef Py_ssize_t cap = self._cap * 2
-        cdef PyObject *o
-        if cap < min_size:
-            cap = min_size
-        if cap > self._need:
-            cap = self._need
-        if self._target_is_value:
-            # _PyBytes_Resize needs the only reference: take it over
-            o = <PyObject *>self._target
-            Py_INCREF(self._target)
-            self._target = None
-            if _PyBytes_Resize(&o, cap) < 0:
-                return -1                      # o was freed; MemoryError is set
-            self._target = <object>o
-            Py_DECREF(self._target)
-            self._dst = PyBytes_AS_STRING(self._target)
-        else:
-            PyByteArray_Resize(self._target, cap)
-            self._dst = PyByteArray_AS_STRING(self._target)
-        self._cap = cap
-        return 0
-
-    cdef object _span_step(self):
-        """A stage of the assembled record is complete: move to the next one.
-        Returns the record once it is done, else NO_RECORD."""
-        cdef Py_ssize_t n, h, raw
-        cdef const char *hdr = <const char *>self._hdr
-        if self._span == SPAN_PREFIX:
-            n = <Py_ssize_t>fb_load_u32(hdr, 1)
-            if n > self._max_record_size:
-                return self._bad_length(n)
-            self._rec_len = n
-            if self._codec == CODEC_TYPED and n > 0:
-                # peek at the value header before choosing where the body goes
-                self._span = SPAN_HEAD
-                self._dst = <char *>self._hdr + 4
-                self._have = 0
-                self._need = self._cap = n if n < HEAD_PEEK else HEAD_PEEK
-                return _NO_RECORD
-            self._new_target(n, self._codec == CODEC_BYTES)
-            self._span = SPAN_BODY
-            self._have = 0
-            self._need = n
-            if n > 0:
-                return _NO_RECORD
-        elif self._span == SPAN_HEAD:
-            n = self._rec_len
-            h = self._have
-            if h < n:
-                raw = <Py_ssize_t>fb_load_u32(hdr + 5, 0)
-                if h == HEAD_PEEK and <uint8_t>hdr[4] == T_BYTES32 and raw == n - HEAD_PEEK:
-                    # one bytes value: assemble it straight into the result
-                    self._new_target(raw, True)
-                    self._have = 0
-                    self._need = raw
-                else:
-                    self._new_target(n, False)
-                    memcpy(self._dst, hdr + 4, <size_t>h)
-                    self._need = n
-                self._span = SPAN_BODY
-                return _NO_RECORD
-            # the whole payload fit in the peek area
-            self._span = SPAN_NONE
-            self._dst = NULL
-            return self._decode_or_fail(hdr + 4, n, self._rec_start, None)
-        # SPAN_BODY complete
-        self._span = SPAN_NONE
-        self._dst = NULL
-        target = self._target
-        self._target = None
-        if self._target_is_value:
-            return target
-        return self._decode_or_fail(PyByteArray_AS_STRING(target), self._rec_len,
-                                    self._rec_start, target)
 
     cdef object _decode_or_fail(self, const char *p, Py_ssize_t n, int64_t record_start,
                                 object base):

@@ -1,5 +1,5 @@
 # Decoding dicts in time linear in their size, whatever keys a writer
-# chose.  Included by typed.pyx.
+# chose.  Included by typed_decoder.pyx.
 
 # The hashes of int, float, tuple, None and bool keys are not salted (hash(n)
 # is n mod 2**61 - 1), so a writer chooses them, and so how much work
@@ -77,3 +77,25 @@ cdef int _shadow_start(_Dec *d, const char *kat, fb_shadow *s, dict m) except -1
         if r:
             return _shadow_failed(d, kat, r, k)
     return 0
+
+
+cdef tuple dict_shadow_stats(object keys):
+    """What the shadow of CPython's dict table that decoding keeps for a
+    large dict makes of ``keys``, distinct keys inserted in order:
+    ``(table size, slots visited)``."""
+    cdef fb_shadow s
+    cdef Py_ssize_t same
+    cdef Py_hash_t h
+    cdef int r = 0
+    fb_shadow_init(&s)
+    try:
+        for k in keys:
+            h = PyObject_Hash(k)
+            r = fb_shadow_before(&s, type(k) is str, 1 << 32)
+            if r == 0:
+                r = fb_shadow_after(&s, h, True, &same, 0)
+            if r:
+                raise MemoryError()
+        return s.size, s.probes
+    finally:
+        fb_shadow_free(&s)
