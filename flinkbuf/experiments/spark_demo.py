@@ -777,10 +777,10 @@ def _start_live_view(sc, address, printer):
     if address is None:
         return None
     from flinkbuf.spark import LiveView
-    from flinkbuf.spark._task import _driver_addresses
+    from flinkbuf.spark.driver import driver_addresses
 
     host, port = check_live_view(address)
-    bind, advertised = _driver_addresses(sc)
+    bind, advertised = driver_addresses(sc)
     try:
         view = LiveView(host, port, report_host=bind, report_advertise=advertised)
     except OSError as exc:
