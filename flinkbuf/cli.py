@@ -24,10 +24,10 @@ from flinkbuf import demo as _demo
 from flinkbuf.experiments import ExperimentArgumentError
 from flinkbuf.experiments import backpressure as _bp
 from flinkbuf.experiments import slow_subpartition as _ss
-from flinkbuf.experiments._args import MAX_SECONDS, MissingRequirementError
-from flinkbuf.experiments._failures import one_line
-from flinkbuf.experiments._output import PLOT_HINT, prepare_out_dir, remove_empty
-from flinkbuf.experiments._remote import TRANSPORTS
+from flinkbuf.experiments.arguments import MAX_SECONDS, MissingRequirementError
+from flinkbuf.experiments.failures import one_line
+from flinkbuf.experiments.output import PLOT_HINT, prepare_out_dir, remove_empty
+from flinkbuf.experiments.remote import TRANSPORTS
 
 # Parameter names of the library functions -> the options that set them.
 _OPTION_NAMES = {
@@ -388,18 +388,18 @@ def _run_spark_demo(args):
 
 
 def _run_monitor(args):
-    from flinkbuf.experiments._args import check_int, check_real, fail
-    from flinkbuf.spark import _live_text
+    from flinkbuf.experiments.arguments import check_int, check_real, fail
+    from flinkbuf.spark import live_text
 
     try:
-        _live_text.view_url(args.url)
+        live_text.view_url(args.url)
     except ValueError as exc:
         fail(exc)
     check_real("interval", args.interval, ge=0.1, le=60.0, names=_OPTION_NAMES)
     if args.count is not None:
         check_int("count", args.count, ge=1, names=_OPTION_NAMES)
     check_real("timeout", args.timeout, ge=0.1, le=300.0, names=_OPTION_NAMES)
-    _live_text.watch(args.url, interval=args.interval, count=args.count, timeout=args.timeout)
+    live_text.watch(args.url, interval=args.interval, count=args.count, timeout=args.timeout)
     return 0
 
 

@@ -52,21 +52,21 @@ import threading
 import time
 
 from flinkbuf.experiments import backpressure as _bp
-from flinkbuf.experiments._args import (
+from flinkbuf.experiments._throttle import Throttle
+from flinkbuf.experiments.arguments import (
     MissingRequirementError,
     check_int,
     check_real,
     check_seconds,
     fail,
 )
-from flinkbuf.experiments._failures import RunFailed
-from flinkbuf.experiments._output import (
+from flinkbuf.experiments.failures import RunFailed
+from flinkbuf.experiments.output import (
     VERDICT,
     load_plotting,
     prepare_out_dir,
     write_table_and_doc,
 )
-from flinkbuf.experiments._throttle import Throttle
 
 NAME = "spark-backpressure"
 LOG_FILE = f"{NAME}.log"
@@ -663,7 +663,7 @@ def run_spark_demo(out_dir, phase_seconds=4.0, *, interval=0.5, tasks=2, records
     its JVM's output going to ``out_dir/spark-backpressure.log``.
     Arguments, the master's slots, PySpark and Java are checked and
     ``out_dir`` made before anything runs; a failure once Spark runs raises
-    :class:`~flinkbuf.experiments._failures.RunFailed`, its cause in one
+    :class:`~flinkbuf.experiments.failures.RunFailed`, its cause in one
     line."""
     own = spark is None
     check_arguments(phase_seconds, interval, tasks, records, segment_size, full_speed_fraction,
