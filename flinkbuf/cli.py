@@ -372,11 +372,12 @@ def _run_slow_subpartition(args):
 
 def _run_spark_demo(args):
     from flinkbuf.experiments import spark_demo as _sd
+    from flinkbuf.experiments import spark_launcher
     live_view = None if args.no_live_view else args.live_view
     _sd.check_arguments(args.phase_seconds, args.interval, args.tasks, args.records,
                         args.segment_size, args.full_speed_fraction, args.master,
                         live_view=live_view, names=_OPTION_NAMES)
-    _sd.check_environment(args.master, names=_OPTION_NAMES)
+    spark_launcher.check_environment(args.master, names=_OPTION_NAMES)
     with _out_dir(args.out, _sd.OUTPUT_FILES):
         doc = _sd.run_spark_demo(args.out, args.phase_seconds, interval=args.interval,
                                  tasks=args.tasks, records=args.records,
