@@ -992,6 +992,30 @@ def test_spark_demo_with_short_phases(spark, tmp_path):
     assert leftovers(spark.sparkContext, SLOTS) == []
 
 
+def test_the_launcher_starts_the_tests_session_with_their_settings(sc):
+    """The tests start Spark as the demo does (flinkbuf.experiments.spark_launcher),
+    their own settings over its defaults."""
+    conf = sc.getConf()
+    assert conf.get("spark.app.name") == "flinkbuf-tests"
+    assert conf.get("spark.barrier.sync.timeout") == "60s"          # the launcher's is 120s
+    assert conf.get("spark.python.worker.reuse") == "true"
+    assert conf.get("spark.driver.host") == conf.get("spark.driver.bindAddress") == "127.0.0.1"
+    assert conf.get("spark.ui.enabled") == "false"
+    assert conf.get("spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures") == "1"
+
+
+def test_the_launcher_reads_what_a_master_url_gives():
+    from flinkbuf.experiments import ExperimentArgumentError
+    from flinkbuf.experiments.spark_launcher import executors_of, master_slots
+
+    assert executors_of("local-cluster[3,2,1024]") == 3
+    assert executors_of("local[4]") is None and executors_of("spark://h:7077") is None
+    assert [master_slots(m) for m in ("local", "local[3]", "local[2,4]",
+                                      "local-cluster[3,2,1024]", "yarn")] == [1, 3, 2, 6, None]
+    with pytest.raises(ExperimentArgumentError, match="must be a Spark master URL"):
+        master_slots("locale[2]")
+
+
 @pytest.mark.parametrize("args, message", [
     (["--tasks", "0"], "--tasks must be >= 1"),
     (["--records", "-1"], "--records must be >= 1"),
