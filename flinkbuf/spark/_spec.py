@@ -22,6 +22,7 @@ from flinkbuf.io import default_max_parallelism
 from flinkbuf.io.producer import emit_all
 from flinkbuf.network.addresses import is_wildcard
 from flinkbuf.serialization import CODECS
+from flinkbuf.spark._reports import Target
 
 # How the tasks of an exchange learn each other's addresses.
 RENDEZVOUS = ("driver", "barrier")
@@ -119,7 +120,7 @@ class ExchangeSpec:
     encryption: bool | None
     port_retries: int
     rendezvous: tuple[str, int] | None
-    live: Any = None
+    live: Target | None = None
 
     @property
     def timeouts(self):
