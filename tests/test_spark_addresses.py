@@ -74,14 +74,15 @@ def test_own_host_that_finds_no_address_says_what_to_set(monkeypatch):
 def test_addresses_never_advertise_a_wildcard(monkeypatch):
     monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
     ctx = _Ctx(f"{ELSEWHERE}:4000")
-    assert _task_environment.task_addresses(ctx, 0, _spec()) == ("127.0.0.1", "127.0.0.1")
-    assert _task_environment.task_addresses(ctx, 0, _spec(host="0.0.0.0")) == ("0.0.0.0", "127.0.0.1")
-    assert _task_environment.task_addresses(ctx, 0, _spec(host="0.0.0.0", advertise="10.1.2.3")) == \
+    task_addresses = _task_environment.task_addresses
+    assert task_addresses(ctx, 0, _spec()) == ("127.0.0.1", "127.0.0.1")
+    assert task_addresses(ctx, 0, _spec(host="0.0.0.0")) == ("0.0.0.0", "127.0.0.1")
+    assert task_addresses(ctx, 0, _spec(host="0.0.0.0", advertise="10.1.2.3")) == \
         ("0.0.0.0", "10.1.2.3")
     # a dict maps a host's own address to the one it advertises; others keep theirs
-    assert _task_environment.task_addresses(ctx, 0, _spec(advertise={"127.0.0.1": "10.9.9.9"})) == \
+    assert task_addresses(ctx, 0, _spec(advertise={"127.0.0.1": "10.9.9.9"})) == \
         ("127.0.0.1", "10.9.9.9")
-    assert _task_environment.task_addresses(ctx, 0, _spec(advertise={"127.0.0.5": "10.9.9.9"})) == \
+    assert task_addresses(ctx, 0, _spec(advertise={"127.0.0.5": "10.9.9.9"})) == \
         ("127.0.0.1", "127.0.0.1")
 
 
@@ -264,7 +265,8 @@ def test_a_task_server_takes_a_port_of_its_range():
     first = _free_run(2)
     spec = dataclasses.replace(_spec(task_port=first), port_retries=1)
     with _listen(first):
-        env = _task_environment.start_environment(spec, 2, "127.0.0.1", "127.0.0.1", "task attempt 1", 5)
+        env = _task_environment.start_environment(spec, 2, "127.0.0.1", "127.0.0.1",
+                                                  "task attempt 1", 5)
         try:
             assert env.address == ("127.0.0.1", first + 1)
             assert env.peer_id == "task attempt 1"

@@ -20,7 +20,7 @@ from flinkbuf.io import (
 )
 from flinkbuf.io.metrics import TaskMetrics
 from flinkbuf.io.producer import ProducerThread
-from flinkbuf.network import format_address
+from flinkbuf.network.addresses import format_address
 from flinkbuf.spark import _reports
 from flinkbuf.spark._task_environment import peer_id, start_environment, task_addresses
 from flinkbuf.spark._task_peers import (
