@@ -92,17 +92,18 @@ def run(rows, exchange, segment_size, encryption):
     """Both tasks' CPU seconds and context switches (voluntary,
     involuntary) for ``rows`` rows, with or without the exchange."""
     from flinkbuf.io import default_max_parallelism
-    from flinkbuf.spark import _rendezvous, _task, arrow
+    from flinkbuf.spark import _rendezvous, _spec, arrow
 
     parallelism = default_max_parallelism(TASKS)
-    spec = _task.make_spec(
+    options = _spec.check_options(
         TASKS, _count, num_partitions=None, key=None, selector=arrow._by_destination,
         codec="typed", segment_size=segment_size, buffers_per_channel=2, floating_buffers=8,
         buffer_timeout=0.1, max_record_size=256 << 20, max_parallelism=parallelism,
         host="127.0.0.1", timeout=60.0, monitor=None,
         produce=arrow._route("k", parallelism), read=arrow._batches, encryption=encryption)
-    server = _rendezvous.RendezvousServer(spec.secret, TASKS, timeout=60.0)
-    spec.rendezvous = server.address
+    secret = _spec.new_secret()
+    server = _rendezvous.RendezvousServer(secret, TASKS, timeout=60.0)
+    spec = _spec.make_spec(options, secret=secret, rendezvous=server.address)
     results = multiprocessing.Queue()
     procs = [multiprocessing.Process(target=_one_task,
                                      args=(i, rows // TASKS, exchange, spec, results))

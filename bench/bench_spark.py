@@ -208,7 +208,7 @@ def _arrow_marked(outdir, inner):
 def _session(rows=ROWS, master="local[2]"):
     """local[2] (or the cluster at ``master``), warmed up: every row once on
     a few records (Python workers started, the JVM's code compiled)."""
-    from flinkbuf.experiments.spark_demo import spark_session
+    from flinkbuf.experiments.spark_launcher import spark_session, wait_for_executors
 
     if master.startswith("local"):
         spark = spark_session(master)
@@ -216,12 +216,7 @@ def _session(rows=ROWS, master="local[2]"):
         spark = _cluster_session(master)
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "65536")
     if not master.startswith("local"):
-        tracker = spark.sparkContext._jsc.statusTracker()
-        deadline = time.monotonic() + 120
-        while len(tracker.getExecutorInfos()) - 1 < TASKS:       # the driver is listed too
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{TASKS} executors did not register within 120 s")
-            time.sleep(0.2)
+        wait_for_executors(spark.sparkContext, TASKS, timeout=120)
     for row in rows:
         measure(spark, row, 20_000)
     return spark
@@ -231,23 +226,12 @@ def _cluster_session(master):
     """A session on the cluster at ``master`` (run in the driver's host,
     ``SPARK_LOCAL_IP`` its address): executors that import this checkout's
     flinkbuf, barrier settings that fail fast."""
-    from pyspark.sql import SparkSession
+    from flinkbuf.experiments.spark_launcher import spark_session
 
-    host = os.environ["SPARK_LOCAL_IP"]
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = (SparkSession.builder.master(master).appName("flinkbuf-bench-cluster")
-             .config("spark.driver.host", host)
-             .config("spark.driver.bindAddress", host)
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.executor.memory", "1g")
-             .config("spark.executorEnv.PYTHONPATH", ROOT)
-             .config("spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures", "1")
-             .config("spark.scheduler.barrier.maxConcurrentTasksCheck.interval", "1s")
-             .config("spark.barrier.sync.timeout", "120s")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+    return spark_session(master, app="flinkbuf-bench-cluster",
+                         host=os.environ["SPARK_LOCAL_IP"], log_level="ERROR",
+                         conf={"spark.executor.memory": "1g",
+                               "spark.executorEnv.PYTHONPATH": ROOT})
 
 
 def _job(spark, row, n, outdir):

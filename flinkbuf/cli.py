@@ -24,10 +24,10 @@ from flinkbuf import demo as _demo
 from flinkbuf.experiments import ExperimentArgumentError
 from flinkbuf.experiments import backpressure as _bp
 from flinkbuf.experiments import slow_subpartition as _ss
-from flinkbuf.experiments._args import MAX_SECONDS, MissingRequirementError
-from flinkbuf.experiments._failures import one_line
-from flinkbuf.experiments._output import PLOT_HINT, prepare_out_dir, remove_empty
-from flinkbuf.experiments._remote import TRANSPORTS
+from flinkbuf.experiments.arguments import MAX_SECONDS, MissingRequirementError
+from flinkbuf.experiments.failures import one_line
+from flinkbuf.experiments.output import PLOT_HINT, prepare_out_dir, remove_empty
+from flinkbuf.experiments.remote import TRANSPORTS
 
 # Parameter names of the library functions -> the options that set them.
 _OPTION_NAMES = {
@@ -372,11 +372,12 @@ def _run_slow_subpartition(args):
 
 def _run_spark_demo(args):
     from flinkbuf.experiments import spark_demo as _sd
+    from flinkbuf.experiments import spark_launcher
     live_view = None if args.no_live_view else args.live_view
     _sd.check_arguments(args.phase_seconds, args.interval, args.tasks, args.records,
                         args.segment_size, args.full_speed_fraction, args.master,
                         live_view=live_view, names=_OPTION_NAMES)
-    _sd.check_environment(args.master, names=_OPTION_NAMES)
+    spark_launcher.check_environment(args.master, names=_OPTION_NAMES)
     with _out_dir(args.out, _sd.OUTPUT_FILES):
         doc = _sd.run_spark_demo(args.out, args.phase_seconds, interval=args.interval,
                                  tasks=args.tasks, records=args.records,
@@ -388,18 +389,18 @@ def _run_spark_demo(args):
 
 
 def _run_monitor(args):
-    from flinkbuf.experiments._args import check_int, check_real, fail
-    from flinkbuf.spark import _live_text
+    from flinkbuf.experiments.arguments import check_int, check_real, fail
+    from flinkbuf.spark import live_text
 
     try:
-        _live_text.view_url(args.url)
+        live_text.view_url(args.url)
     except ValueError as exc:
         fail(exc)
     check_real("interval", args.interval, ge=0.1, le=60.0, names=_OPTION_NAMES)
     if args.count is not None:
         check_int("count", args.count, ge=1, names=_OPTION_NAMES)
     check_real("timeout", args.timeout, ge=0.1, le=300.0, names=_OPTION_NAMES)
-    _live_text.watch(args.url, interval=args.interval, count=args.count, timeout=args.timeout)
+    live_text.watch(args.url, interval=args.interval, count=args.count, timeout=args.timeout)
     return 0
 
 

@@ -18,7 +18,7 @@ import threading
 import time
 
 import flinkbuf as fb
-from flinkbuf.experiments._args import MAX_SECONDS, check_int, check_pool_fits, check_real
+from flinkbuf.experiments.arguments import MAX_SECONDS, check_int, check_pool_fits, check_real
 
 NUM_SEGMENTS = 4
 POOL_BUFFERS = 2

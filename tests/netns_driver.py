@@ -200,32 +200,26 @@ def arrow(n, partitions, keys=101, opts=None):
 def _session(conf):
     global SC, SPARK
     from pyspark import cloudpickle
-    from pyspark.sql import SparkSession
+
+    from flinkbuf.experiments import spark_launcher
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    b = (SparkSession.builder.master(conf["master"]).appName("flinkbuf-multihost")
-         .config("spark.driver.host", conf["host"])
-         .config("spark.driver.bindAddress", conf["host"])
-         .config("spark.driver.port", str(conf["driver_port"]))
-         .config("spark.blockManager.port", str(conf["block_manager_port"]))
-         .config("spark.ui.enabled", "false")
-         .config("spark.ui.showConsoleProgress", "false")
-         .config("spark.executor.memory", "1g")
-         .config("spark.executor.extraJavaOptions", conf["java_opts"])
-         .config("spark.driver.extraJavaOptions", conf["java_opts"])
-         .config("spark.executor.heartbeatInterval", "1s")
-         .config("spark.network.timeout", "10s")
-         .config("spark.network.timeoutInterval", "1s")
-         .config("spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures", "1")
-         .config("spark.scheduler.barrier.maxConcurrentTasksCheck.interval", "1s")
-         .config("spark.barrier.sync.timeout", "60s")
-         .config("spark.python.worker.reuse", "true")
-         .config("spark.executorEnv.PYTHONPATH", conf["python_path"]))
-    for k, v in conf.get("extra", {}).items():
-        b = b.config(k, v)
-    SPARK = b.getOrCreate()
+    SPARK = spark_launcher.spark_session(
+        conf["master"], app="flinkbuf-multihost", host=conf["host"],
+        log_level=conf.get("log_level", "WARN"),
+        conf={"spark.driver.port": str(conf["driver_port"]),
+              "spark.blockManager.port": str(conf["block_manager_port"]),
+              "spark.executor.memory": "1g",
+              "spark.executor.extraJavaOptions": conf["java_opts"],
+              "spark.driver.extraJavaOptions": conf["java_opts"],
+              "spark.executor.heartbeatInterval": "1s",
+              "spark.network.timeout": "10s",
+              "spark.network.timeoutInterval": "1s",
+              "spark.barrier.sync.timeout": "60s",
+              "spark.python.worker.reuse": "true",
+              "spark.executorEnv.PYTHONPATH": conf["python_path"],
+              **conf.get("extra", {})})
     SC = SPARK.sparkContext
-    SC.setLogLevel(conf.get("log_level", "WARN"))
 
 
 def _reply(fd, doc):

@@ -12,7 +12,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def spark_session(master, *, app="flinkbuf-tests", **conf):
-    """A SparkSession on ``master`` for the tests (stop it when done)."""
+    """A SparkSession on ``master`` for the tests (stop it when done),
+    started as the demo starts its own (flinkbuf.experiments.spark_launcher)."""
+    from flinkbuf.experiments import spark_launcher
+
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     os.environ["PYSPARK_PYTHON"] = sys.executable
     # Executors import flinkbuf and these helpers from this checkout.
@@ -20,37 +23,23 @@ def spark_session(master, *, app="flinkbuf-tests", **conf):
     path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     os.environ["PYTHONPATH"] = os.pathsep.join([ROOT, tests] + [p for p in path
                                                                  if p not in (ROOT, tests)])
-    from pyspark.sql import SparkSession
-
-    builder = (SparkSession.builder.master(master).appName(app)
-               .config("spark.driver.host", "127.0.0.1")
-               .config("spark.driver.bindAddress", "127.0.0.1")
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures", "1")
-               .config("spark.scheduler.barrier.maxConcurrentTasksCheck.interval", "1s")
-               .config("spark.barrier.sync.timeout", "60s")
-               .config("spark.python.worker.reuse", "true")
-               .config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"]))
-    for k, v in conf.items():
-        builder = builder.config(k, v)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("FATAL")
-    return spark
+    return spark_launcher.spark_session(
+        master, app=app, log_level="FATAL",
+        conf={"spark.barrier.sync.timeout": "60s",
+              "spark.python.worker.reuse": "true",
+              "spark.executorEnv.PYTHONPATH": os.environ["PYTHONPATH"], **conf})
 
 
 def wait_for_executors(sc, count, timeout=120.0):
     """Wait until ``count`` executors registered (a barrier job needs all
     its slots at once)."""
-    tracker = sc._jsc.sc().statusTracker()
-    deadline = time.monotonic() + timeout
-    while True:
-        # The driver is listed too.
-        if len(tracker.getExecutorInfos()) - 1 >= count:
-            return
-        if time.monotonic() > deadline:
-            pytest.fail(f"{count} executors did not register within {timeout} s")
-        time.sleep(0.2)
+    from flinkbuf.experiments import spark_launcher
+    from flinkbuf.experiments.failures import RunFailed
+
+    try:
+        spark_launcher.wait_for_executors(sc, count, timeout)
+    except RunFailed as exc:
+        pytest.fail(str(exc))
 
 
 def _probe(_):

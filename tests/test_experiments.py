@@ -266,7 +266,7 @@ def test_a_ctrl_c_while_the_consumers_spawn_waits_until_stderr_is_back():
     process's handler afterwards, with its standard error restored."""
     import signal
 
-    from flinkbuf.experiments._remote import _quiet_spawn
+    from flinkbuf.experiments.remote import _quiet_spawn
 
     before = os.fstat(2)
     seen = []
@@ -294,7 +294,7 @@ def _write_to_stderr(stderr, text):
 def test_a_child_spawned_quietly_takes_the_real_stderr_back(capfd):
     import multiprocessing
 
-    from flinkbuf.experiments._remote import _quiet_spawn
+    from flinkbuf.experiments.remote import _quiet_spawn
 
     ctx = multiprocessing.get_context("spawn")
     with _quiet_spawn() as stderr:
@@ -312,7 +312,7 @@ def test_transport_in_use_tells_the_transports_apart():
     import sys
 
     import flinkbuf as fb
-    from flinkbuf.experiments._remote import new_secret, transport_in_use
+    from flinkbuf.experiments.remote import new_secret, transport_in_use
     from flinkbuf.network import NetworkEnvironment
 
     secret = new_secret()

@@ -1,7 +1,7 @@
 """One line for the error that ends a run (what the command line prints
 instead of a traceback), from errors shaped like those of PySpark's JVM."""
 
-from flinkbuf.experiments._failures import RunFailed, describe, one_line
+from flinkbuf.experiments.failures import RunFailed, describe, one_line
 
 
 class Py4JJavaError(Exception):

@@ -501,7 +501,7 @@ def test_monitor_shows_the_view_in_a_terminal(view, nbp, monkeypatch):
                and line.split()[0] == "0")
     assert row.split()[1:3] == ["21", "FINISHED"]
     # In place on a terminal, the levels in Flink's colours.
-    from flinkbuf.spark import _live_text
+    from flinkbuf.spark import live_text
 
     class Terminal:
         def __init__(self):
@@ -518,7 +518,7 @@ def test_monitor_shows_the_view_in_a_terminal(view, nbp, monkeypatch):
 
     out = Terminal()
     monkeypatch.setenv("COLUMNS", "200")      # a terminal wide enough for every column
-    assert _live_text.watch(view.url, interval=0.05, count=2, out=out) == 2
+    assert live_text.watch(view.url, interval=0.05, count=2, out=out) == 2
     assert out.text.count("\x1b[H\x1b[J") == 2
     assert "48;2;82;196;26m" in out.text or "48;2;245;34;45m" in out.text \
         or "48;2;250;173;20m" in out.text
@@ -538,7 +538,7 @@ def test_monitor_says_why_when_it_cannot_show_the_view(view):
     proc = _cli("monitor", "ftp://host:1")
     assert proc.returncode == 2 and "must start with http://" in proc.stderr
     with pytest.raises(RemoteConnectionError, match="not a flinkbuf live view"):
-        from flinkbuf.spark import _live_text
+        from flinkbuf.spark import live_text
         import http.server
 
         class NotAView(http.server.BaseHTTPRequestHandler):
@@ -556,7 +556,7 @@ def test_monitor_says_why_when_it_cannot_show_the_view(view):
         thread = threading.Thread(target=server.handle_request)
         thread.start()
         try:
-            _live_text.fetch(f"http://127.0.0.1:{server.server_address[1]}/", 10)
+            live_text.fetch(f"http://127.0.0.1:{server.server_address[1]}/", 10)
         finally:
             thread.join(10)
             server.server_close()
@@ -564,15 +564,15 @@ def test_monitor_says_why_when_it_cannot_show_the_view(view):
 
 @given(st.text(max_size=40))
 def test_any_address_text_is_a_view_url_or_a_value_error(text):
-    from flinkbuf.spark import _live_text, live
+    from flinkbuf.spark import live, live_text
 
     try:
-        url = _live_text.view_url(text)
+        url = live_text.view_url(text)
     except ValueError:
         pass
     else:
         assert url.startswith("http://") and url.endswith("/")
-        assert _live_text.view_url(url) == url          # read again, the same
+        assert live_text.view_url(url) == url          # read again, the same
     try:
         live.check_option(text)
     except ValueError:
@@ -583,7 +583,7 @@ def test_any_address_text_is_a_view_url_or_a_value_error(text):
 
 
 def test_the_terminal_view_names_the_bottleneck():
-    from flinkbuf.spark import _live_text
+    from flinkbuf.spark import live_text
 
     store = _live_store.Store(0.5)
     store.register("ex", "pipelined_exchange of RDD 1 into count", 2)
@@ -597,10 +597,10 @@ def test_the_terminal_view_names_the_bottleneck():
                                            backPressuredTimeMsPerSecond=960.0,
                                            idleTimeMsPerSecond=idle,
                                            numRecordsInPerSecond=87_000.0, inPoolUsage=0.9)})
-    text = _live_text.render(store.document(), "http://x:1/", width=200)
+    text = live_text.render(store.document(), "http://x:1/", width=200)
     assert "bottleneck: task 1 — its consumer waits for input only 4 ms/s" in text
     rows = [line.split() for line in text.splitlines() if "RUNNING" in line and "HIGH" in line]
     assert [r[:3] for r in rows] == [["0", "10", "RUNNING"], ["*", "1", "11"]]
     assert rows[0][4:9] == ["960", "990", "0", "87.0", "k"]   # bp, idle, busy, records in/s
-    assert all(len(line) <= 80 for line in _live_text.render(
+    assert all(len(line) <= 80 for line in live_text.render(
         store.document(), "http://x:1/", width=80).splitlines())

@@ -708,12 +708,13 @@ SELECTOR_NAMES = {
 def _spark_selector(name):
     """What a task of pipelined_exchange gives its RecordWriter for
     ``selector=name`` (checked and made as on the driver, then in the task)."""
-    from flinkbuf.spark import _task
-    spec = _task.make_spec(2, None, num_partitions=None, key=None, selector=name,
-                           codec="typed", segment_size=4096, buffers_per_channel=2,
-                           floating_buffers=0, buffer_timeout=0.1, max_record_size=1 << 20,
-                           max_parallelism=None, host=None, timeout=10.0, monitor=None)
-    return _task._make_selector(spec.selector, spec.key, spec.max_parallelism)
+    from flinkbuf.spark import _spec, _task
+    options = _spec.check_options(2, None, num_partitions=None, key=None, selector=name,
+                                  codec="typed", segment_size=4096, buffers_per_channel=2,
+                                  floating_buffers=0, buffer_timeout=0.1,
+                                  max_record_size=1 << 20, max_parallelism=None, host=None,
+                                  timeout=10.0, monitor=None)
+    return _task.make_selector(options.selector, options.key, options.max_parallelism)
 
 
 @pytest.mark.parametrize("name", sorted(SELECTOR_NAMES))

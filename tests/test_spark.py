@@ -390,7 +390,7 @@ def test_errors_that_only_say_a_peer_went_away():
         RemoteConnectionError,
         RemoteError,
     )
-    from flinkbuf.spark._task import _is_consequence
+    from flinkbuf.spark._task_peers import is_consequence as _is_consequence
 
     def failed(cause):
         err = ProducerFailedError("the producer failed")
@@ -439,15 +439,14 @@ def _threaded_spec(monkeypatch, fn, monitor, **options):
 
     from pyspark import BarrierTaskContext
 
-    from flinkbuf.spark import _task
+    from flinkbuf.spark._spec import check_options, make_spec
 
     kw = {"num_partitions": None, "key": None, "selector": "hash", "codec": "typed",
           "segment_size": 4096, "buffers_per_channel": 2, "floating_buffers": 0,
           "buffer_timeout": 0.01, "max_record_size": 1 << 20, "max_parallelism": None,
           "host": "127.0.0.1", "timeout": 10.0, "monitor": monitor}
     kw.update(options)
-    spec = _task.make_spec(2, fn, **kw)
-    spec.rendezvous = None
+    spec = make_spec(check_options(2, fn, **kw))          # no rendezvous: allGather
     contexts = threading.local()
     monkeypatch.setattr(BarrierTaskContext, "get", staticmethod(lambda: contexts.ctx))
     return spec, contexts
@@ -475,7 +474,7 @@ def test_a_peer_gone_while_connecting_is_reported_after_the_peers_own_error(monk
 
     from flinkbuf.errors import RemoteConnectionError
     from flinkbuf.network import NetworkEnvironment
-    from flinkbuf.spark import _task
+    from flinkbuf.spark import _task, _task_peers
 
     def fn(records):
         if BarrierTaskContext.get().partitionId() == 1:
@@ -519,7 +518,7 @@ def test_a_peer_gone_while_connecting_is_reported_after_the_peers_own_error(monk
     assert isinstance(raised[1][0], ValueError)
     assert isinstance(raised[0][0], RemoteConnectionError), raised[0]
     assert gate_failed_at, "task 0 did not meet the closed peer while connecting"
-    assert raised[0][1] - gate_failed_at[0] >= _task._CONSEQUENCE_DELAY * 0.9
+    assert raised[0][1] - gate_failed_at[0] >= _task_peers.CONSEQUENCE_DELAY * 0.9
     assert raised[0][1] > raised[1][1]
 
 
@@ -582,6 +581,7 @@ def test_a_task_is_registered_at_the_rendezvous_before_its_first_record(monkeypa
     first record is known to its stage attempt, so the tasks of a retried
     attempt cannot join the failed one (Spark numbers them next to the
     failed one's)."""
+    import dataclasses
     import threading
 
     from flinkbuf.spark import _rendezvous, _task
@@ -598,7 +598,7 @@ def test_a_task_is_registered_at_the_rendezvous_before_its_first_record(monkeypa
 
     spec, contexts = _threaded_spec(monkeypatch, fn, None, timeout=5.0, selector="round_robin")
     server = _rendezvous.RendezvousServer(spec.secret, 2, timeout=5.0)
-    spec.rendezvous = server.address
+    spec = dataclasses.replace(spec, rendezvous=server.address)
     raised = {}
 
     def run():
@@ -834,6 +834,42 @@ def test_the_driver_rendezvous_lives_as_long_as_the_result(sc):
     assert _servers() == []
 
 
+def test_the_driver_prepares_an_exchange_in_one_sequence(sc):
+    """What both exchanges run on the driver before their stage: the
+    session's defaults resolved into the spec, made once (the session sets
+    no spark.port.maxRetries: 16; no encryption of its own: None), the
+    rendezvous started where the spec says; a stage that cannot be built
+    closes the rendezvous at once; too few slots start nothing."""
+    import dataclasses
+
+    from flinkbuf.spark import InsufficientSlotsError, _prepare, close_rendezvous
+    from flinkbuf.spark._spec import check_options
+
+    close_rendezvous()
+    options = check_options(2, None, num_partitions=None, key=None, selector="hash",
+                            codec="typed", segment_size=4096, buffers_per_channel=2,
+                            floating_buffers=0, buffer_timeout=0.1, max_record_size=1 << 20,
+                            max_parallelism=None, host=None, timeout=5.0, monitor=None)
+    prepared = _prepare.prepare(sc, 2, options, False, "a test exchange")
+    spec, server = prepared.spec, prepared.server
+    assert spec.options is options
+    assert (spec.port_retries, spec.encryption, spec.live) == (16, None, None)
+    assert spec.rendezvous == server.address and not server.closed
+    assert _servers() == [server]
+    with pytest.raises(ValueError, match="no stage"):
+        prepared.launch(lambda: (_ for _ in ()).throw(ValueError("no stage")))
+    assert server.closed and _servers() == []
+    barrier = _prepare.prepare(sc, 2, dataclasses.replace(options, rendezvous="barrier",
+                                                          port_retries=3, encryption=True),
+                               False, "a test exchange")
+    assert barrier.server is None and barrier.spec.rendezvous is None
+    assert (barrier.spec.port_retries, barrier.spec.encryption) == (3, True)
+    assert barrier.spec.secret != spec.secret and barrier.spec.exchange_id != spec.exchange_id
+    with pytest.raises(InsufficientSlotsError):
+        _prepare.prepare(sc, SLOTS + 1, options, False, "a test exchange")
+    assert _servers() == []
+
+
 def test_the_driver_rendezvous_refuses_strangers_and_keeps_serving(sc):
     from flinkbuf.errors import AuthenticationError
     from flinkbuf.spark import close_rendezvous
@@ -954,6 +990,30 @@ def test_spark_demo_with_short_phases(spark, tmp_path):
     assert any(ln.startswith("live view: http://127.0.0.1:") for ln in lines), lines
     assert not [t for t in threading.enumerate() if t.name.startswith("flinkbuf-live")]
     assert leftovers(spark.sparkContext, SLOTS) == []
+
+
+def test_the_launcher_starts_the_tests_session_with_their_settings(sc):
+    """The tests start Spark as the demo does (flinkbuf.experiments.spark_launcher),
+    their own settings over its defaults."""
+    conf = sc.getConf()
+    assert conf.get("spark.app.name") == "flinkbuf-tests"
+    assert conf.get("spark.barrier.sync.timeout") == "60s"          # the launcher's is 120s
+    assert conf.get("spark.python.worker.reuse") == "true"
+    assert conf.get("spark.driver.host") == conf.get("spark.driver.bindAddress") == "127.0.0.1"
+    assert conf.get("spark.ui.enabled") == "false"
+    assert conf.get("spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures") == "1"
+
+
+def test_the_launcher_reads_what_a_master_url_gives():
+    from flinkbuf.experiments import ExperimentArgumentError
+    from flinkbuf.experiments.spark_launcher import executors_of, master_slots
+
+    assert executors_of("local-cluster[3,2,1024]") == 3
+    assert executors_of("local[4]") is None and executors_of("spark://h:7077") is None
+    assert [master_slots(m) for m in ("local", "local[3]", "local[2,4]",
+                                      "local-cluster[3,2,1024]", "yarn")] == [1, 3, 2, 6, None]
+    with pytest.raises(ExperimentArgumentError, match="must be a Spark master URL"):
+        master_slots("locale[2]")
 
 
 @pytest.mark.parametrize("args, message", [
@@ -1098,7 +1158,7 @@ def test_encryption_seals_the_exchange_between_tasks(sc, encryption):
 
 
 def test_the_session_s_own_encryption_turns_the_exchange_s_on():
-    from flinkbuf.spark._task import session_encryption
+    from flinkbuf.spark.driver import session_encryption
 
     class Conf(dict):
         def get(self, key, default=None):
@@ -1124,9 +1184,9 @@ def test_the_rendezvous_knows_which_task_attempt_ids_spark_has_issued(sc):
     """On a real SparkContext the driver's rendezvous can tell an id Spark
     issued from one it has not (a registration with a made-up id, such as
     2**63 - 1, would otherwise make every real task look older)."""
-    from flinkbuf.spark._task import _issued_task_ids
+    from flinkbuf.spark.driver import issued_task_ids
 
-    issued = _issued_task_ids(sc)
+    issued = issued_task_ids(sc)
     assert issued is not None
     before = issued()
     sc.parallelize(range(8), 4).count()

@@ -4,6 +4,7 @@ attempts that cannot get their slots: the parts that need no Spark job
 (the multi-host tests run them on a cluster)."""
 
 import collections
+import dataclasses
 import errno
 import socket
 import threading
@@ -12,7 +13,9 @@ import time
 import pytest
 
 from flinkbuf.errors import AuthenticationError, NoFreePortError, RemoteConnectionError
-from flinkbuf.spark import _rendezvous, _task
+from flinkbuf.spark import _rendezvous, _slot_watch, _task_environment, _task_peers
+from flinkbuf.spark._spec import Timeouts as _Timeouts
+from flinkbuf.spark._spec import check_options, make_spec
 
 SECRET = b"flinkbuf-spark-address-test-secret"
 # An address of no host here (TEST-NET-1, RFC 5737).
@@ -35,19 +38,19 @@ def _spec(**kw):
                 buffer_timeout=0.01, max_record_size=1 << 20, max_parallelism=None,
                 host=None, timeout=10.0, monitor=None)
     base.update(kw)
-    return _task.make_spec(2, None, **base)
+    return make_spec(check_options(2, None, **base))
 
 
 # ---- addresses -------------------------------------------------------------------------------
 
 def test_own_host_prefers_spark_local_ip(monkeypatch):
     monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
-    assert _task.own_host(_Ctx(f"{ELSEWHERE}:4000"), 0) == "127.0.0.1"
+    assert _task_environment.own_host(_Ctx(f"{ELSEWHERE}:4000"), 0) == "127.0.0.1"
 
 
 def test_own_host_takes_the_executors_address_when_it_is_this_hosts(monkeypatch):
     monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
-    assert _task.own_host(_Ctx("127.0.0.2:4000"), 0) == "127.0.0.2"
+    assert _task_environment.own_host(_Ctx("127.0.0.2:4000"), 0) == "127.0.0.2"
 
 
 def test_own_host_behind_a_nat_takes_the_address_on_the_route_to_the_driver(monkeypatch):
@@ -56,7 +59,7 @@ def test_own_host_behind_a_nat_takes_the_address_on_the_route_to_the_driver(monk
     address this host reaches the driver from."""
     monkeypatch.setenv("SPARK_LOCAL_IP", ELSEWHERE)
     monkeypatch.setattr(socket, "gethostname", lambda: "no-such-host.invalid")
-    assert _task.own_host(_Ctx(f"{ELSEWHERE}:4000"), 0, ("127.0.0.1", 9)) == "127.0.0.1"
+    assert _task_environment.own_host(_Ctx(f"{ELSEWHERE}:4000"), 0, ("127.0.0.1", 9)) == "127.0.0.1"
 
 
 def test_own_host_that_finds_no_address_says_what_to_set(monkeypatch):
@@ -65,20 +68,21 @@ def test_own_host_that_finds_no_address_says_what_to_set(monkeypatch):
     with pytest.raises(RemoteConnectionError, match=rf"task 1 found no address of its own host "
                                                     rf".*SPARK_LOCAL_IP is {ELSEWHERE}.*Spark "
                                                     rf"saw the executor at {ELSEWHERE}"):
-        _task.own_host(_Ctx(f"{ELSEWHERE}:4000"), 1)
+        _task_environment.own_host(_Ctx(f"{ELSEWHERE}:4000"), 1)
 
 
 def test_addresses_never_advertise_a_wildcard(monkeypatch):
     monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
     ctx = _Ctx(f"{ELSEWHERE}:4000")
-    assert _task._addresses(ctx, 0, _spec()) == ("127.0.0.1", "127.0.0.1")
-    assert _task._addresses(ctx, 0, _spec(host="0.0.0.0")) == ("0.0.0.0", "127.0.0.1")
-    assert _task._addresses(ctx, 0, _spec(host="0.0.0.0", advertise="10.1.2.3")) == \
+    task_addresses = _task_environment.task_addresses
+    assert task_addresses(ctx, 0, _spec()) == ("127.0.0.1", "127.0.0.1")
+    assert task_addresses(ctx, 0, _spec(host="0.0.0.0")) == ("0.0.0.0", "127.0.0.1")
+    assert task_addresses(ctx, 0, _spec(host="0.0.0.0", advertise="10.1.2.3")) == \
         ("0.0.0.0", "10.1.2.3")
     # a dict maps a host's own address to the one it advertises; others keep theirs
-    assert _task._addresses(ctx, 0, _spec(advertise={"127.0.0.1": "10.9.9.9"})) == \
+    assert task_addresses(ctx, 0, _spec(advertise={"127.0.0.1": "10.9.9.9"})) == \
         ("127.0.0.1", "10.9.9.9")
-    assert _task._addresses(ctx, 0, _spec(advertise={"127.0.0.5": "10.9.9.9"})) == \
+    assert task_addresses(ctx, 0, _spec(advertise={"127.0.0.5": "10.9.9.9"})) == \
         ("127.0.0.1", "127.0.0.1")
 
 
@@ -97,6 +101,107 @@ def test_addresses_never_advertise_a_wildcard(monkeypatch):
 def test_bad_address_and_port_options_are_refused(kw, error, match):
     with pytest.raises(error, match=match):
         _spec(**kw)
+
+
+# ---- the spec and the bounds of the waits -------------------------------------------------------
+
+def test_the_spec_is_frozen_and_travels_in_a_closure():
+    """The spec is made once on the driver and reaches each task through
+    cloudpickle (as Spark ships a stage's closure): nothing can change it
+    on the way, and what arrives is what was made."""
+    import pickle
+
+    from pyspark import cloudpickle
+
+    spec = _spec(advertise={"127.0.0.1": "10.9.9.9"}, task_port=7100, key=0,
+                 selector="hash", encryption=True)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.encryption = False
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.options.timeouts.io = 1.0
+    arrived = pickle.loads(cloudpickle.dumps(lambda: spec))()
+    assert arrived == spec                      # every field, the secret included
+    assert arrived.secret == spec.secret and len(spec.secret) == 32
+    assert repr(spec.secret) not in repr(spec)  # the secret is not shown
+    assert arrived.options.advertise == {"127.0.0.1": "10.9.9.9"}
+
+
+def test_the_bounds_of_the_waits_come_from_timeout_and_connect_timeout():
+    assert _spec(timeout=42.0, connect_timeout=3.0).timeouts == _Timeouts(
+        connect=3.0, request=42.0, io=42.0, slots=42.0, rendezvous=42.0)
+
+
+def test_each_wait_of_a_task_takes_its_own_bound(monkeypatch):
+    """The task's environment waits for a connection, a partition request
+    and a stalled frame by the bounds of those names, its registration at
+    the rendezvous for the acknowledgement by the connect bound and for the
+    answer by the rendezvous one."""
+    from flinkbuf.spark import _task_peers
+
+    bounds = _Timeouts(connect=1.0, request=2.0, io=3.0, slots=4.0, rendezvous=5.0)
+    spec = dataclasses.replace(_spec(), options=dataclasses.replace(_spec().options,
+                                                                     timeouts=bounds),
+                               rendezvous=("127.0.0.1", 9))
+    seen = {}
+
+    def environment(*args, **kw):
+        seen["environment"] = kw
+        raise OSError(errno.EPERM, "not started")
+
+    def registration(*args, **kw):
+        seen["registration"] = kw
+
+    monkeypatch.setattr(_task_environment, "NetworkEnvironment", environment)
+    monkeypatch.setattr(_rendezvous, "Registration", registration)
+    with pytest.raises(OSError, match="not started"):
+        _task_environment.start_environment(spec, 2, "127.0.0.1", "127.0.0.1", "", 5)
+    _task_peers.register(spec, _FakeTaskContext(), 7, "127.0.0.1:1")
+    env = seen["environment"]
+    assert (env["connect_timeout"], env["request_timeout"], env["io_timeout"]) == (1.0, 2.0, 3.0)
+    reg = seen["registration"]
+    assert (reg["connect_timeout"], reg["timeout"]) == (1.0, 5.0)
+
+
+def test_the_driver_s_rendezvous_and_slot_watch_take_their_own_bounds(monkeypatch):
+    from flinkbuf.spark import _prepare
+
+    bounds = _Timeouts(connect=1.0, request=2.0, io=3.0, slots=4.0, rendezvous=5.0)
+    options = dataclasses.replace(_spec().options, timeouts=bounds, rendezvous_port=7)
+    seen = {}
+
+    class Server:
+        address = ("127.0.0.1", 7)
+
+        def __init__(self, *args, **kw):
+            seen["server"] = kw
+
+    monkeypatch.setattr(_rendezvous, "RendezvousServer", Server)
+    monkeypatch.setattr(_slot_watch.SlotWatch, "watch",
+                        classmethod(lambda cls, sc, server, n, timeout:
+                                    seen.setdefault("watch", timeout)))
+    server = _prepare.start_rendezvous(_FakeSession(), SECRET, 2, options, 3)
+    assert isinstance(server, Server)
+    assert (seen["server"]["timeout"], seen["server"]["port"],
+            seen["server"]["port_retries"]) == (5.0, 7, 3)
+    assert seen["watch"] == 4.0
+
+
+class _FakeTaskContext(_Ctx):
+    def __init__(self):
+        super().__init__("127.0.0.1:1")
+
+    def stageId(self):
+        return 1
+
+    def partitionId(self):
+        return 0
+
+
+class _FakeSession:
+    """What the driver's helpers ask of a SparkContext with no JVM."""
+
+    def getConf(self):
+        return {"spark.driver.host": "127.0.0.1"}
 
 
 # ---- ports -----------------------------------------------------------------------------------
@@ -158,10 +263,10 @@ def test_the_rendezvous_binds_its_pinned_port():
 
 def test_a_task_server_takes_a_port_of_its_range():
     first = _free_run(2)
-    spec = _spec(task_port=first)
-    spec.port_retries = 1
+    spec = dataclasses.replace(_spec(task_port=first), port_retries=1)
     with _listen(first):
-        env = _task._start_environment(spec, 2, "127.0.0.1", "127.0.0.1", "task attempt 1", 5)
+        env = _task_environment.start_environment(spec, 2, "127.0.0.1", "127.0.0.1",
+                                                  "task attempt 1", 5)
         try:
             assert env.address == ("127.0.0.1", first + 1)
             assert env.peer_id == "task attempt 1"
@@ -172,7 +277,7 @@ def test_a_task_server_takes_a_port_of_its_range():
 def test_a_task_server_on_an_address_of_another_host_says_so():
     with pytest.raises(RemoteConnectionError, match=f"cannot bind {ELSEWHERE}.*not an address "
                                                     "of this host.*advertise="):
-        _task._start_environment(_spec(), 2, ELSEWHERE, ELSEWHERE, "", 5)
+        _task_environment.start_environment(_spec(), 2, ELSEWHERE, ELSEWHERE, "", 5)
 
 
 # ---- the rendezvous, unreachable --------------------------------------------------------------
@@ -242,7 +347,7 @@ def test_the_rendezvous_answers_the_task_attempt_ids():
 # ---- errors that name the peer ----------------------------------------------------------------
 
 def test_connection_errors_name_both_tasks_and_the_direction():
-    peers = _task._Peers(0, ["10.0.0.1:7100", "10.0.0.2:7100", "10.0.0.2:7101"])
+    peers = _task_peers.Peers(0, ["10.0.0.1:7100", "10.0.0.2:7100", "10.0.0.2:7101"])
     timed_out = peers.named(RemoteConnectionError("cannot connect to 10.0.0.2:7100: timed out"),
                             connecting=True, connect_timeout=3)
     assert str(timed_out).startswith(
@@ -338,10 +443,10 @@ def test_the_watch_cancels_an_attempt_that_cannot_get_its_slots_after_the_timeou
     ref, since = weakref.ref(server), {}
     sc.active[5] = [4, 0, 1]          # attempt 1 of stage 5: 4 tasks, none running
     sc.slots = 2                      # a host was lost
-    _task._SlotWatch._check(ref, sc, 4, 0.3, since)
+    _slot_watch.SlotWatch._check(ref, sc, 4, 0.3, since)
     assert sc.cancelled == []
     time.sleep(0.35)
-    _task._SlotWatch._check(ref, sc, 4, 0.3, since)
+    _slot_watch.SlotWatch._check(ref, sc, 4, 0.3, since)
     [(stage, reason)] = sc.cancelled
     assert stage == 5
     assert reason.startswith("flinkbuf: attempt 1 of stage 5, a barrier stage of an exchange, "
@@ -355,15 +460,15 @@ def test_the_watch_lets_an_attempt_run_when_its_slots_come_back_in_time():
     ref, since = weakref.ref(server), {}
     sc.active[5] = [4, 0, 1]
     sc.slots = 2
-    _task._SlotWatch._check(ref, sc, 4, 0.3, since)
+    _slot_watch.SlotWatch._check(ref, sc, 4, 0.3, since)
     sc.slots = 4                      # the host came back
     time.sleep(0.35)
-    _task._SlotWatch._check(ref, sc, 4, 0.3, since)
+    _slot_watch.SlotWatch._check(ref, sc, 4, 0.3, since)
     assert since == {}                # its clock starts afresh if the slots go again
     sc.active[5] = [4, 4, 1]          # the attempt runs
     sc.slots = 2
     sc.active[6] = [4, 0, 0]          # stage 6: slots enough at submission? not now
     del sc.active[6]                  # ... and no longer active: nothing to watch
     time.sleep(0.35)
-    _task._SlotWatch._check(ref, sc, 4, 0.3, since)
+    _slot_watch.SlotWatch._check(ref, sc, 4, 0.3, since)
     assert sc.cancelled == []

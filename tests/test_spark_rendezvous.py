@@ -299,7 +299,7 @@ def test_close_does_not_wait_for_the_accept_slice():
 
 
 def test_a_server_closes_when_its_owner_goes():
-    from flinkbuf.spark._task import serve_while
+    from flinkbuf.spark._prepare import serve_while
 
     class Owner:
         pass

@@ -15,7 +15,7 @@ They write a CSV table and a JSON document, and a PNG figure when
 matplotlib is installed (``pip install 'flinkbuf[plot]'``).
 """
 
-from flinkbuf.experiments._args import ExperimentArgumentError
+from flinkbuf.experiments.arguments import ExperimentArgumentError
 from flinkbuf.experiments.backpressure import DEFAULT_SCHEDULE, run_backpressure
 from flinkbuf.experiments.slow_subpartition import DEFAULT_MODES, MODES, run_slow_subpartition
 

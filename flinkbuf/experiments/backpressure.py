@@ -56,7 +56,8 @@ import threading
 import time
 
 import flinkbuf as fb
-from flinkbuf.experiments._args import (
+from flinkbuf.experiments._throttle import Throttle
+from flinkbuf.experiments.arguments import (
     MAX_SECONDS,
     check_int,
     check_pool_fits,
@@ -64,14 +65,14 @@ from flinkbuf.experiments._args import (
     check_seconds,
     fail,
 )
-from flinkbuf.experiments._failures import RunFailed
-from flinkbuf.experiments._output import (
+from flinkbuf.experiments.failures import RunFailed
+from flinkbuf.experiments.output import (
     VERDICT,
     load_plotting,
     prepare_out_dir,
     write_table_and_doc,
 )
-from flinkbuf.experiments._remote import (
+from flinkbuf.experiments.remote import (
     MetricsProxy,
     RemoteConsumers,
     buffers_not_returned,
@@ -80,7 +81,6 @@ from flinkbuf.experiments._remote import (
     new_secret,
     transport_in_use,
 )
-from flinkbuf.experiments._throttle import Throttle
 from flinkbuf.io import task_segments
 from flinkbuf.io.metrics import TaskMetrics, backpressure_level
 

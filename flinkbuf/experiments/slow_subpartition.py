@@ -45,20 +45,21 @@ import threading
 import time
 
 import flinkbuf as fb
-from flinkbuf.experiments._args import (
+from flinkbuf.experiments._throttle import Throttle
+from flinkbuf.experiments.arguments import (
     check_int,
     check_pool_fits,
     check_seconds,
     fail,
 )
-from flinkbuf.experiments._output import (
+from flinkbuf.experiments.failures import RunFailed
+from flinkbuf.experiments.output import (
     VERDICT,
     load_plotting,
     prepare_out_dir,
     write_table_and_doc,
 )
-from flinkbuf.experiments._failures import RunFailed
-from flinkbuf.experiments._remote import (
+from flinkbuf.experiments.remote import (
     RemoteConsumers,
     buffers_not_returned,
     check_transport,
@@ -66,7 +67,6 @@ from flinkbuf.experiments._remote import (
     new_secret,
     transport_in_use,
 )
-from flinkbuf.experiments._throttle import Throttle
 from flinkbuf.io import task_segments
 
 DEFAULT_MODES = ("unimpeded", "shared-pool", "per-channel-cap", "backlog-aware")

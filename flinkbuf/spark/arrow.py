@@ -30,16 +30,9 @@ from flinkbuf.io import (
     task_segments,
 )
 from flinkbuf.spark import live
-from flinkbuf.spark._task import (
-    check_buffers,
-    check_slots,
-    make_spec,
-    run_task,
-    serve_while,
-    session_encryption,
-    session_ports,
-    start_rendezvous,
-)
+from flinkbuf.spark._prepare import prepare
+from flinkbuf.spark._spec import check_buffers, check_options
+from flinkbuf.spark._task import run_task
 
 __all__ = ["arrow_exchange", "default_segment_size", "key_partitions"]
 
@@ -479,39 +472,27 @@ def arrow_exchange(df, fn, key, schema, *, segment_size=None, buffers_per_channe
         max_parallelism = default_max_parallelism(n)
     if segment_size is None:
         segment_size = default_segment_size(n, buffers_per_channel, floating_buffers)
-    spec = make_spec(n, fn, num_partitions=None, key=None,
-                      selector=_by_destination, codec="typed", segment_size=segment_size,
-                      buffers_per_channel=buffers_per_channel,
-                      floating_buffers=floating_buffers, buffer_timeout=buffer_timeout,
-                      max_record_size=max_record_size, max_parallelism=max_parallelism,
-                      host=host, timeout=timeout, monitor=monitor, rendezvous=rendezvous,
-                      encryption=encryption, produce=_route(key, max_parallelism), read=_batches,
-                      advertise=advertise, task_port=task_port, rendezvous_port=rendezvous_port,
-                      port_retries=port_retries, connect_timeout=connect_timeout)
-
-    sc = df.sparkSession.sparkContext
-    spec.encryption = session_encryption(sc, spec.encryption)
-    session_ports(sc, spec)
-    live.check_option(live_view)
-    check_slots(sc, n, spec.timeout)
-    spec.live = live.attach(sc, live_view, spec.exchange_id, n,
-                            live.exchange_name("arrow_exchange", key, fn))
+    options = check_options(n, fn, num_partitions=None, key=None, selector=_by_destination,
+                            codec="typed", segment_size=segment_size,
+                            buffers_per_channel=buffers_per_channel,
+                            floating_buffers=floating_buffers, buffer_timeout=buffer_timeout,
+                            max_record_size=max_record_size, max_parallelism=max_parallelism,
+                            host=host, timeout=timeout, monitor=monitor, rendezvous=rendezvous,
+                            encryption=encryption, produce=_route(key, max_parallelism),
+                            read=_batches, advertise=advertise, task_port=task_port,
+                            rendezvous_port=rendezvous_port, port_retries=port_retries,
+                            connect_timeout=connect_timeout)
+    prepared = prepare(df.sparkSession.sparkContext, n, options, live_view,
+                       live.exchange_name("arrow_exchange", key, fn))
+    spec = prepared.spec
 
     def task(batches):
         return run_task(spec, batches)
 
-    server = start_rendezvous(sc, spec, n)
-    try:
-        result = df.mapInArrow(task, schema, barrier=True)
-    except BaseException:
-        if server is not None:
-            server.close()
-        raise
     # A DataFrame made from the result holds only the JVM's plan: the
     # rendezvous serves while the returned DataFrame is referenced, then
     # until it has been idle for the timeout.
-    serve_while(server, result)
-    return result
+    return prepared.launch(lambda: df.mapInArrow(task, schema, barrier=True))
 
 
 def _by_destination(record, num_channels):

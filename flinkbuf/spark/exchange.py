@@ -20,19 +20,9 @@ its peers have taken all their subpartitions.
 """
 
 from flinkbuf.spark import _rendezvous, live
-from flinkbuf.spark._task import (
-    RENDEZVOUS,
-    SELECTORS,
-    ExchangeTask,
-    check_slots,
-    current_task,
-    make_spec,
-    session_encryption,
-    session_ports,
-    run_task,
-    serve_while,
-    start_rendezvous,
-)
+from flinkbuf.spark._prepare import prepare
+from flinkbuf.spark._spec import RENDEZVOUS, SELECTORS, check_options
+from flinkbuf.spark._task import ExchangeTask, current_task, run_task
 
 __all__ = ["ExchangeTask", "RENDEZVOUS", "SELECTORS", "close_rendezvous", "current_task",
            "pipelined_exchange"]
@@ -96,13 +86,18 @@ def pipelined_exchange(rdd, fn=None, *, num_partitions=None, key=None, selector=
     ``buffer_timeout``: seconds a partly filled buffer may wait before it
     is sent (Flink's buffer timeout; None: only full buffers).
 
-    Every wait is bounded: connecting to a peer or to the rendezvous (and
-    the handshake) lasts at most ``connect_timeout`` seconds; a peer's
-    partition request, a stalled frame and the wait at the end for peers
-    that take nothing more of this task's output at most ``timeout``
-    seconds; a peer that dies fails its connection at once, and a task
-    that raises (in its input or in ``fn``) fails its partition, so its
-    peers raise :class:`~flinkbuf.ProducerFailedError` carrying its error.
+    Every wait is bounded, each by a bound of its own, all derived from two
+    options: connecting to a peer or to the rendezvous (the handshake and
+    the rendezvous's acknowledgement included) lasts at most
+    ``connect_timeout`` seconds; each of the others at most ``timeout``
+    seconds: a peer's partition request waiting for the partition
+    (request), a stalled frame and, at a task's end, its producer and its
+    peers taking nothing more of its output (I/O), the wait on the driver
+    for a cluster's slots (slots), and a task's wait for every task's
+    address (rendezvous).  A peer that dies fails its connection at once,
+    and a task that raises (in its input or in ``fn``) fails its
+    partition, so its peers raise :class:`~flinkbuf.ProducerFailedError`
+    carrying its error.
     An error about a connection names the task at the other end and which
     way it failed (connecting to it, or reading from it).  Each task leaves
     no thread, socket or buffer behind.  Spark aborts the job when the
@@ -192,34 +187,22 @@ def pipelined_exchange(rdd, fn=None, *, num_partitions=None, key=None, selector=
     if not isinstance(rdd, RDD):
         raise TypeError(f"rdd must be a pyspark RDD, got {type(rdd).__name__}")
     n = rdd.getNumPartitions()
-    spec = make_spec(n, fn, num_partitions=num_partitions, key=key, selector=selector,
-                      codec=codec, segment_size=segment_size,
-                      buffers_per_channel=buffers_per_channel,
-                      floating_buffers=floating_buffers, buffer_timeout=buffer_timeout,
-                      max_record_size=max_record_size, max_parallelism=max_parallelism,
-                      host=host, timeout=timeout, monitor=monitor, rendezvous=rendezvous,
-                      encryption=encryption, advertise=advertise, task_port=task_port,
-                      rendezvous_port=rendezvous_port, port_retries=port_retries,
-                      connect_timeout=connect_timeout)
-
-    spec.encryption = session_encryption(rdd.context, spec.encryption)
-    session_ports(rdd.context, spec)
-    live.check_option(live_view)
-    check_slots(rdd.context, n, spec.timeout)
-    spec.live = live.attach(rdd.context, live_view, spec.exchange_id, n,
-                            live.exchange_name("pipelined_exchange", rdd, fn))
+    options = check_options(n, fn, num_partitions=num_partitions, key=key, selector=selector,
+                            codec=codec, segment_size=segment_size,
+                            buffers_per_channel=buffers_per_channel,
+                            floating_buffers=floating_buffers, buffer_timeout=buffer_timeout,
+                            max_record_size=max_record_size, max_parallelism=max_parallelism,
+                            host=host, timeout=timeout, monitor=monitor, rendezvous=rendezvous,
+                            encryption=encryption, advertise=advertise, task_port=task_port,
+                            rendezvous_port=rendezvous_port, port_retries=port_retries,
+                            connect_timeout=connect_timeout)
+    prepared = prepare(rdd.context, n, options, live_view,
+                       live.exchange_name("pipelined_exchange", rdd, fn))
+    spec = prepared.spec
 
     def task(iterator):
         return run_task(spec, iterator)
 
     # Every RDD made from the result holds ``task`` (PySpark composes the
     # functions of a pipeline): the rendezvous serves as long as one lives.
-    server = start_rendezvous(rdd.context, spec, n)
-    try:
-        result = rdd.barrier().mapPartitions(task)
-    except BaseException:
-        if server is not None:
-            server.close()
-        raise
-    serve_while(server, task)
-    return result
+    return prepared.launch(lambda: rdd.barrier().mapPartitions(task), owner=task)

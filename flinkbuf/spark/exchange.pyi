@@ -7,7 +7,7 @@ from pyspark import RDD
 
 from flinkbuf.io._io import InputGate, RecordWriter, ResultPartition, _JavaKey
 from flinkbuf.io.metrics import TaskMetrics
-from flinkbuf.network.environment import NetworkEnvironment
+from flinkbuf.network import NetworkEnvironment
 from flinkbuf.serialization import CodecName
 from flinkbuf.spark.live import LiveView
 

@@ -36,6 +36,7 @@ import weakref
 
 from flinkbuf.checks import check_int, check_real
 from flinkbuf.spark import _collector, _live_page, _live_store, _prometheus, _reports
+from flinkbuf.spark.driver import driver_addresses
 
 __all__ = ["LiveView", "live_view"]
 
@@ -385,9 +386,7 @@ def live_view(spark, *, host=None, port=None, interval=None):
                                  f"{view.interval:g} s); close it to start one with "
                                  f"{', '.join(asked)}")
             return view
-        from flinkbuf.spark._task import _driver_addresses
-
-        bind, advertised = _driver_addresses(sc)
+        bind, advertised = driver_addresses(sc)
         view = LiveView(host if host is not None else "127.0.0.1", port or 0,
                         interval=0.5 if interval is None else interval,
                         report_host=bind, report_advertise=advertised)

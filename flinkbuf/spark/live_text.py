@@ -1,6 +1,7 @@
 """The live view in a terminal (``flinkbuf monitor URL``): the view's JSON
 fetched every interval and drawn as text, in place on a terminal (one
-frame after another otherwise)."""
+frame after another otherwise): :func:`watch`, over :func:`view_url`,
+:func:`fetch` and :func:`render`."""
 
 import json
 import math
@@ -19,6 +20,8 @@ MAX_DOCUMENT = 32 << 20        # bytes of JSON a view may send
 _LEVEL_RGB = {level: tuple(bytes.fromhex(hex_colour[1:]))
               for level, hex_colour in LEVEL_COLOURS.items()}
 _CLEAR = "\x1b[H\x1b[J"
+
+__all__ = ["fetch", "render", "view_url", "watch"]
 
 
 def view_url(text):

@@ -16,8 +16,8 @@ import threading
 import time
 from multiprocessing import reduction
 
-from flinkbuf.experiments._args import check_choice, fail
-from flinkbuf.experiments._failures import RunFailed
+from flinkbuf.experiments.arguments import check_choice, fail
+from flinkbuf.experiments.failures import RunFailed
 
 _BATCH = 64
 # Buffers lent to the consumers' process come back moments after it let go

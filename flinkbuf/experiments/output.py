@@ -6,7 +6,7 @@ import json
 import os
 import tempfile
 
-from flinkbuf.experiments._args import fail
+from flinkbuf.experiments.arguments import fail
 
 # How a check reads in the printed summary (None: the check did not run).
 VERDICT = {True: "yes", False: "NO", None: "n/a"}

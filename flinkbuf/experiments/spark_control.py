@@ -1,0 +1,239 @@
+"""The Spark demo's control protocol: the driver steers the tasks of its
+exchange while they run, over one connection per task (JSON lines).
+
+In each task (its Python worker), the exchange's monitor (:class:`Monitor`)
+connects to the driver and answers it from a thread (:class:`TaskControl`):
+``limits`` sets the throttles of the task's producer and consumer (in % of
+full speed; None: unthrottled), ``sample`` returns its cumulative counters
+(records out and in, back-pressured nanoseconds, pool usage) and the moment
+it read them, ``stop`` ends its producer.  The task's producer
+(:func:`paced_source`) and consumer (:func:`paced_count`) run at those
+limits.  On the driver, :class:`Control` accepts a connection per task
+(each proving the run's token) and asks them all at once, while the job
+runs in a thread of its own (:class:`Job`).
+"""
+
+import collections
+import json
+import secrets
+import socket
+import threading
+import time
+
+from flinkbuf.experiments._throttle import Throttle
+from flinkbuf.experiments.failures import RunFailed
+from flinkbuf.experiments.shuffle_comparison import KEYS
+
+BATCH = 128                     # records between two calls of a throttle
+CONTROL_TIMEOUT = 120.0         # seconds for the tasks to start and call in
+
+
+# ---- in the tasks ----------------------------------------------------------------------
+
+class TaskControl:
+    """One task's end of the control connection (in its Python worker): the
+    throttles of its producer and consumer, and a thread that answers the
+    driver."""
+
+    def __init__(self, task, address, token):
+        self.task = task
+        self.producer = Throttle()
+        self.consumer = Throttle()
+        self.stop = threading.Event()
+        self.max_out_pool = 0.0
+        self.sock = socket.create_connection(address, timeout=CONTROL_TIMEOUT)
+        self.sock.settimeout(None)
+        self.file = self.sock.makefile("rw", encoding="utf-8", newline="\n")
+        self._send({"hello": token, "task": task.index})
+        self.thread = threading.Thread(target=self._serve, daemon=True,
+                                       name=f"demo-control-{task.index}")
+        self.thread.start()
+
+    def _send(self, msg):
+        self.file.write(json.dumps(msg) + "\n")
+        self.file.flush()
+
+    def _serve(self):
+        try:
+            for line in self.file:
+                msg = json.loads(line)
+                cmd = msg["cmd"]
+                if cmd == "limits":
+                    for throttle, pct in ((self.producer, msg["producer"]),
+                                          (self.consumer, msg["consumer"])):
+                        if pct is None:
+                            throttle.unthrottle()
+                        else:
+                            throttle.set_limit(pct, msg["rate"])
+                    self._send({"ok": True})
+                elif cmd == "sample":
+                    # cumulative counters and the time they were read at: the
+                    # driver takes differences over exactly its intervals
+                    writer = self.task.writer
+                    snap = self.task.metrics.snapshot()
+                    self.max_out_pool = max(self.max_out_pool, snap["outPoolUsage"])
+                    self._send({"t_ns": time.monotonic_ns(),
+                                "out": writer.num_records_out,
+                                "in": self.task.gate.num_records_in,
+                                "bp_ns": writer.back_pressured_time_ns,
+                                "out_pool": snap["outPoolUsage"],
+                                "in_pool": snap["inPoolUsage"]})
+                elif cmd == "stop":
+                    self.stop.set()
+                    self.producer.unthrottle()
+                    self.consumer.unthrottle()
+                    self._send({"ok": True})
+        except (OSError, ValueError):
+            pass
+        finally:
+            self.stop.set()
+            self.producer.unthrottle()
+            self.consumer.unthrottle()
+
+    def close(self):
+        self.stop.set()
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.thread.join(5)
+        self.file.close()
+        self.sock.close()
+
+
+_CURRENT: "dict[str, TaskControl]" = {}   # in a Python worker: the running task's control
+
+
+class Monitor:
+    """The exchange's monitor: calls the driver from each task.  A class at
+    module level, so that it travels by reference and shares this module's
+    state in the worker with the source and the consumer."""
+
+    def __init__(self, address, token):
+        self.address = tuple(address)
+        self.token = token
+
+    def __call__(self, task):
+        control = TaskControl(task, self.address, self.token)
+        _CURRENT["current"] = control
+
+        def done():
+            _CURRENT.pop("current", None)
+            control.close()
+        return done
+
+
+def paced_source(index, _):
+    """A producer's records until the driver says stop, paced by its throttle."""
+    control = _CURRENT["current"]
+    pace, stop = control.producer.pace, control.stop
+    i = index
+    step = control.task.num_tasks
+    while not stop.is_set():
+        for _ in range(BATCH):
+            yield (i % KEYS, i)
+            i += step
+        pace(BATCH)
+
+
+def paced_count(records):
+    """A consumer: counts per key, paced by its throttle; yields its totals."""
+    control = _CURRENT["current"]
+    pace = control.consumer.pace
+    counts = collections.Counter()
+    n = 0
+    for key, _ in records:
+        counts[key] += 1
+        n += 1
+        if n == BATCH:
+            pace(n)
+            n = 0
+    stats = control.task.stats()
+    stats["max_out_pool_usage"] = control.max_out_pool
+    yield {"stats": stats, "keys": len(counts), "records": sum(counts.values())}
+
+
+# ---- on the driver --------------------------------------------------------------------
+
+class Control:
+    """The driver's end: accepts one connection per task and asks them."""
+
+    def __init__(self, host, num_tasks):
+        self.token = secrets.token_hex(16)
+        self.server = socket.create_server((host, 0))
+        self.server.settimeout(1.0)
+        self.address = self.server.getsockname()[:2]
+        self.num_tasks = num_tasks
+        self.tasks = {}
+
+    def accept(self, job, timeout=CONTROL_TIMEOUT):
+        """Take every task's connection as it calls in; RunFailed if the
+        ``job`` fails or ends first, or after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while len(self.tasks) < self.num_tasks:
+            alive = job.is_alive()
+            if job.error is not None:
+                raise RunFailed.because("the Spark job failed before its tasks started",
+                                        job.error)
+            if not alive:
+                raise RunFailed("the Spark job ended before its tasks started")
+            if time.monotonic() > deadline:
+                raise RunFailed(f"the demo's {self.num_tasks} tasks did not start within "
+                                f"{timeout:g} s (they run as one barrier stage: each needs a "
+                                "slot at the same time)")
+            try:
+                sock, _ = self.server.accept()
+            except socket.timeout:
+                continue
+            sock.settimeout(10.0)
+            f = sock.makefile("rw", encoding="utf-8", newline="\n")
+            try:
+                hello = json.loads(f.readline())
+            except (OSError, ValueError):
+                hello = None
+            if not isinstance(hello, dict) or hello.get("hello") != self.token:
+                f.close()
+                sock.close()
+                continue
+            sock.settimeout(CONTROL_TIMEOUT)
+            self.tasks[hello["task"]] = (sock, f)
+
+    def ask(self, msg):
+        """Send ``msg`` to every task; their answers, in task order."""
+        out = []
+        for index in sorted(self.tasks):
+            _, f = self.tasks[index]
+            f.write(json.dumps(msg) + "\n")
+            f.flush()
+        for index in sorted(self.tasks):
+            line = self.tasks[index][1].readline()
+            if not line:
+                raise RunFailed(f"task {index} of the demo went away")
+            out.append(json.loads(line))
+        return out
+
+    def close(self):
+        """Close every task's connection and the server."""
+        for sock, f in self.tasks.values():
+            try:
+                f.close()
+                sock.close()
+            except OSError:
+                pass
+        self.server.close()
+
+
+class Job(threading.Thread):
+    """A Spark action in a thread of its own (the driver steers meanwhile)."""
+
+    def __init__(self, action):
+        super().__init__(daemon=True, name="spark-demo-job")
+        self._action = action
+        self.result = None
+        self.error = None
+
+    def run(self):
+        try:
+            self.result = self._action()
+        except BaseException as exc:    # noqa: BLE001 - raised by the demo
+            self.error = exc

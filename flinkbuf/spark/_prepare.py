@@ -1,0 +1,92 @@
+"""What the driver does for an exchange before its stage runs, the same for
+both exchanges (:func:`~flinkbuf.spark.pipelined_exchange` over an RDD,
+:func:`~flinkbuf.spark.arrow_exchange` over a DataFrame): :func:`prepare`
+makes the spec its tasks run with and starts what serves them, and
+:meth:`Prepared.launch` builds the stage and ties the rendezvous's
+lifetime to the result.
+"""
+
+import weakref
+
+from flinkbuf.spark import _rendezvous, live
+from flinkbuf.spark._slot_watch import SlotWatch
+from flinkbuf.spark._spec import make_spec, new_exchange_id, new_secret
+from flinkbuf.spark.driver import (
+    check_slots,
+    driver_addresses,
+    issued_task_ids,
+    session_encryption,
+    session_port_retries,
+)
+
+
+class Prepared:
+    """An exchange made ready on the driver: the ``spec`` its tasks run with
+    and the ``server`` of its rendezvous (None: the tasks use
+    ``allGather``)."""
+
+    def __init__(self, spec, server):
+        self.spec = spec
+        self.server = server
+
+    def launch(self, build, owner=None):
+        """``build()``, the exchange's stage (which holds the tasks' spec),
+        returned; the rendezvous serves while ``owner`` (default: the
+        returned object) lives, then until no task has registered for the
+        rendezvous bound; if ``build`` fails, it closes at once."""
+        try:
+            result = build()
+        except BaseException:
+            if self.server is not None:
+                self.server.close()
+            raise
+        serve_while(self.server, result if owner is None else owner)
+        return result
+
+
+def prepare(sc, num_tasks, options, live_view, name):
+    """Make an exchange of ``num_tasks`` tasks ready on the driver of
+    SparkContext ``sc``, in order: the session's defaults for the checked
+    ``options`` (``encryption``, ``port_retries``), the ``live_view=``
+    option checked, the master's slots checked (waiting up to the
+    ``slots`` bound), the exchange's secret and id made, its tasks'
+    reports attached to the live view (``name``: what the view calls the
+    exchange), and the driver's rendezvous started (with the
+    ``"driver"`` rendezvous): the spec, made once, and the server."""
+    encryption = session_encryption(sc, options.encryption)
+    port_retries = session_port_retries(sc, options.port_retries)
+    live.check_option(live_view)
+    check_slots(sc, num_tasks, options.timeouts.slots)
+    secret, exchange_id = new_secret(), new_exchange_id()
+    target = live.attach(sc, live_view, exchange_id, num_tasks, name)
+    server = None
+    if options.rendezvous == "driver":
+        server = start_rendezvous(sc, secret, num_tasks, options, port_retries)
+    spec = make_spec(options, secret=secret, exchange_id=exchange_id, encryption=encryption,
+                     port_retries=port_retries,
+                     rendezvous=None if server is None else server.address, live=target)
+    return Prepared(spec, server)
+
+
+def start_rendezvous(sc, secret, num_tasks, options, port_retries):
+    """The driver's rendezvous of an exchange (on ``spark.driver.host``, at
+    ``rendezvous_port`` or one of the next ``port_retries``), watched for
+    stage attempts that lack their slots."""
+    bind, advertised = driver_addresses(sc)
+    timeouts = options.timeouts
+    server = _rendezvous.RendezvousServer(secret, num_tasks, host=bind, advertise=advertised,
+                                          timeout=timeouts.rendezvous,
+                                          issued_task_ids=issued_task_ids(sc),
+                                          port=options.rendezvous_port,
+                                          port_retries=port_retries)
+    SlotWatch.watch(sc, server, num_tasks, timeouts.slots)
+    return server
+
+
+def serve_while(server, owner):
+    """Keep ``server`` up while ``owner`` lives; once it is garbage
+    collected, until no task has registered for the rendezvous bound.
+    :func:`~flinkbuf.spark.close_rendezvous` and the interpreter's exit
+    close it at once."""
+    if server is not None:
+        weakref.finalize(owner, server.release).atexit = False
