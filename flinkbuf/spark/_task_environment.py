@@ -10,27 +10,8 @@ import socket
 from flinkbuf.errors import RemoteConnectionError
 from flinkbuf.io import task_segments
 from flinkbuf.network import NetworkEnvironment
-from flinkbuf.network.addresses import is_wildcard
+from flinkbuf.network.addresses import is_host_address, is_wildcard
 from flinkbuf.spark import _rendezvous
-
-
-def _is_own_address(host):
-    """Whether ``host`` is an address of this host (a socket binds it)."""
-    if is_wildcard(host):
-        return False
-    try:
-        infos = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM,
-                                   flags=getattr(socket, "AI_NUMERICHOST", 0))
-    except (OSError, UnicodeError):
-        return False
-    for family, kind, proto, _, sockaddr in infos:
-        try:
-            with socket.socket(family, kind, proto) as s:
-                s.bind(sockaddr[:1] + (0,) + tuple(sockaddr[2:]))
-            return True
-        except OSError:
-            continue
-    return False
 
 
 def _source_address(target):
@@ -56,13 +37,13 @@ def own_host(ctx, index, driver=None):
     host's); else the address this host reaches the driver (``driver``,
     ``(host, port)``) from; else the address of this host's name."""
     local_ip = os.environ.get("SPARK_LOCAL_IP", "").strip().strip("[]")
-    if local_ip and _is_own_address(local_ip):
+    if local_ip and is_host_address(local_ip):
         return local_ip
     try:
         seen = ctx.getTaskInfos()[index].address.rpartition(":")[0].strip("[]")
     except Exception:       # noqa: BLE001 - fall back below
         seen = ""
-    if _is_own_address(seen):
+    if is_host_address(seen):
         return seen
     if driver is not None:
         source = _source_address(driver)
@@ -72,7 +53,7 @@ def own_host(ctx, index, driver=None):
         name = socket.gethostbyname(socket.gethostname())
     except OSError:
         name = ""
-    if _is_own_address(name):
+    if is_host_address(name):
         return name
     raise RemoteConnectionError(
         f"task {index} found no address of its own host for its peers to reach it at "
