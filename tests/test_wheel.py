@@ -17,9 +17,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Every module a user imports; none may need an extra (PySpark, matplotlib) to import.
 PUBLIC_MODULES = ("flinkbuf", "flinkbuf.buffer", "flinkbuf.serialization", "flinkbuf.io",
                   "flinkbuf.io.metrics", "flinkbuf.io.pipeline", "flinkbuf.network",
+                  "flinkbuf.network.addresses", "flinkbuf.network.config",
+                  "flinkbuf.network.environment", "flinkbuf.network.transports",
                   "flinkbuf.errors", "flinkbuf.cli", "flinkbuf.experiments",
-                  "flinkbuf.experiments.spark_demo", "flinkbuf.spark", "flinkbuf.spark.exchange",
-                  "flinkbuf.spark.arrow")
+                  "flinkbuf.experiments.spark_demo", "flinkbuf.experiments.spark_launcher",
+                  "flinkbuf.spark", "flinkbuf.spark.exchange", "flinkbuf.spark.arrow",
+                  "flinkbuf.spark.driver", "flinkbuf.spark.live_text")
 # Generated or local state a copy of the sources must not carry along.
 _NOT_SOURCES = shutil.ignore_patterns(
     ".git", ".venv", "build", "dist", "out", "*.so", "__pycache__", ".pytest_cache",
