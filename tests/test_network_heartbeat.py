@@ -144,12 +144,12 @@ def busy(seconds):
     return n
 
 
-PAUSE_TIMEOUT = 1.0
-PAUSE = 4 * PAUSE_TIMEOUT
+PAUSE_TIMEOUT = 1.5
+PAUSE = 3 * PAUSE_TIMEOUT
 
 
 def test_a_consumer_that_does_not_read_for_several_io_timeouts_is_not_failed(children):
-    """This process's consumer stops reading (its Python busy) for four
+    """This process's consumer stops reading (its Python busy) for three
     times the I/O timeout, under backpressure from a producer process:
     neither side fails, and the records go on where they stopped."""
     prod = children.start("producer", producer_cfg(PAUSE_TIMEOUT), life=60)
@@ -177,7 +177,7 @@ def test_a_consumer_that_does_not_read_for_several_io_timeouts_is_not_failed(chi
 
 
 def test_a_producer_whose_consumer_pauses_for_several_io_timeouts_is_not_failed(children):
-    """A consumer process pauses (its gate not read) for four times the I/O
+    """A consumer process pauses (its gate not read) for three times the I/O
     timeout while this process's producer is backpressured by it: neither
     side fails, and the consumer then reads on."""
     with NetworkEnvironment(64, SEG, secret=SECRET, io_timeout=PAUSE_TIMEOUT) as env:

@@ -67,7 +67,7 @@ def test_a_hoarders_close_gives_every_lent_segment_back_at_once(shm_children, mo
                               buffer_timeout=0)
         hoarder = children.start("hoarder", {
             "mode": mode, "addr": address_of(env), "sub": 1, "credit": HOARD,
-            "segment_size": SEG, "num_segments": 64, "exclusive": 2, "floating": HOARD - 2},
+            "segment_size": SEG, "num_segments": 64, "exclusive": HOARD, "floating": 0},
             life=60)
         peer = hoarder.address()
         for _ in range(HOARD):               # each record fills a buffer, lent to the hoarder

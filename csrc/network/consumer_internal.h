@@ -23,8 +23,9 @@ void consumer_body_done(fb_conn_t *c, int received);
 /* The channel receiving the body closes (recv_abort): the segment goes
  * back at once, the rest of the body is dropped. */
 void consumer_body_abort(fb_conn_t *c);
-/* An ERROR_RESPONSE: its channel fails (or retries a request not found).
- * 1 when it ends the whole connection (why: the peer's message). */
+/* An ERROR_RESPONSE: its channel fails (or retries a request not found);
+ * 0, or the FB_NET_ERR_* code to end the whole connection with (a
+ * connection-wide error; why: the peer's message). */
 int consumer_error(fb_conn_t *c, const fb_wire_frame_t *f, char *why);
 /* A BUFFER_LENT: 0, or -1 with why. */
 int consumer_lent(fb_conn_t *c, const fb_wire_frame_t *f, char *why);
