@@ -19,24 +19,14 @@ from flinkbuf.io import RecordWriter, create_partition
 from flinkbuf.network import NetworkEnvironment, handshake
 from flinkbuf.network._network import _shm_region
 from network_helpers import SECRET, RingSocket
+from test_network_seal import HANDSHAKE_FRAMES, RECORD_PREFIX, TAG
+from test_network_seal import _recv_exact as recv_exact
 
 pytestmark = pytest.mark.one_transport
 
 SEG = 4096
 IO_TIMEOUT = 2.0
 SLACK = 1.5
-HANDSHAKE_FRAMES = {"up": 2, "down": 2}     # HELLO, AUTH / CHALLENGE, AUTH_OK
-RECORD_PREFIX, TAG = 4, 16
-
-
-def _recv_exact(sock, n):
-    data = bytearray()
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise EOFError
-        data += chunk
-    return bytes(data)
 
 
 class HalfRelay:
@@ -70,12 +60,12 @@ class HalfRelay:
     def _pump(self, src, dst, way):
         try:
             for _ in range(HANDSHAKE_FRAMES[way]):
-                head = _recv_exact(src, 9)
-                dst.sendall(head + _recv_exact(src, struct.unpack_from(">I", head)[0] - 9))
+                head = recv_exact(src, 9)
+                dst.sendall(head + recv_exact(src, struct.unpack_from(">I", head)[0] - 9))
             index = 0
             while not self.stop.is_set():
-                prefix = _recv_exact(src, RECORD_PREFIX)
-                record = prefix + _recv_exact(src, struct.unpack(">I", prefix)[0] + TAG)
+                prefix = recv_exact(src, RECORD_PREFIX)
+                record = prefix + recv_exact(src, struct.unpack(">I", prefix)[0] + TAG)
                 if way == "down" and index == self.k:
                     dst.sendall(record[:len(record) // 2])
                     self.held.set()
