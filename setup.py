@@ -151,10 +151,12 @@ CSRC = {
     "common": ["csrc/common/clock.c"],
     "buffer": ["csrc/buffer/arena.c", "csrc/buffer/redistribution.c", "csrc/buffer/pool.c"],
     "io": ["csrc/io/exchange.c", "csrc/io/keygroup.c", "csrc/io/channel_order.c"],
-    "network": ["csrc/network/wire.c", "csrc/network/credit.c", "csrc/network/transport.c",
-                "csrc/network/shm.c", "csrc/network/connection.c", "csrc/network/inchan.c",
-                "csrc/network/reader.c", "csrc/network/direct.c", "csrc/network/writer.c",
-                "csrc/network/lease.c", "csrc/network/lend.c", "csrc/network/seal.c"],
+    "network": ["csrc/network/wire.c", "csrc/network/credit.c", "csrc/network/frame_reader.c",
+                "csrc/network/transport.c", "csrc/network/shm.c", "csrc/network/seal.c",
+                "csrc/network/lease.c", "csrc/network/conn_state.c", "csrc/network/inchan.c",
+                "csrc/network/consumer.c", "csrc/network/producer.c",
+                "csrc/network/lifecycle.c", "csrc/network/writer.c", "csrc/network/reader.c",
+                "csrc/network/direct.c", "csrc/network/connection.c"],
 }
 # Sealed connections use OpenSSL's libcrypto (AES-256-GCM).
 LIBRARIES = ["crypto"]

@@ -8,9 +8,10 @@
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
 
 from flinkbuf.buffer._buffer cimport Buffer, LocalBufferPool, NetworkBufferPool
+from flinkbuf.csrc.clock cimport fb_monotonic_ns
 from flinkbuf.csrc.credit cimport *
+from flinkbuf.csrc.pool cimport FB_NO_CHANNEL
 from flinkbuf.csrc.status cimport FB_OK
-from flinkbuf.csrc.wire cimport *
 from flinkbuf.io._io cimport ResultPartition, _serialize_event
 from flinkbuf.serialization._serialization cimport (FULL_BUFFER, FULL_RECORD, RecordDeserializer,
                                                   RecordSerializer, dict_shadow_stats,

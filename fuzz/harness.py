@@ -48,7 +48,7 @@ def import_flinkbuf():
         export_libfuzzer()
     with atheris.instrument_imports(include=["flinkbuf"]):
         import flinkbuf as fb
-        import flinkbuf._testing                     # noqa: F401  (the wire decoder's hooks)
+        import flinkbuf._testing                     # noqa: F401  (the network layer's hooks)
         import flinkbuf.serialization                # noqa: F401
     if NATIVE and not SEEDING and not os.path.abspath(fb.__file__).startswith(
             os.path.abspath(NATIVE)):

@@ -284,7 +284,9 @@ class Children:
 MAGIC = 0x46425546
 MSG_BUFFER, MSG_ERROR, MSG_REQUEST, MSG_CANCEL, MSG_CLOSE, MSG_CREDIT = 0, 1, 2, 4, 5, 6
 MSG_EVENT_CREDIT = 7
+MSG_LENT, MSG_RELEASE, MSG_HEARTBEAT, MSG_HEARTBEAT_RESPONSE = 8, 9, 12, 13
 EVENT_WINDOW = 16      # events a reader may have outstanding per channel
+ALL = 0xFFFFFFFF       # the receiver id of what is about the whole connection
 
 
 def frame(msg_id, body=b"", *, length=None, magic=MAGIC):
@@ -318,6 +320,22 @@ def credit_frame(receiver, credit, **kw):
 
 def cancel_frame(receiver, **kw):
     return frame(MSG_CANCEL, struct.pack(">I", receiver), **kw)
+
+
+def heartbeat_frame(token, *, response=False, **kw):
+    """A HEARTBEAT_REQUEST, or (``response``) the HEARTBEAT_RESPONSE that
+    answers the request of that token: what a peer's connection threads
+    answer, so that a peer spoken by hand answers it too."""
+    return frame(MSG_HEARTBEAT_RESPONSE if response else MSG_HEARTBEAT,
+                 struct.pack(">II", ALL, token), **kw)
+
+
+def heartbeat_answer(msg_id, body):
+    """The answer a hand-spoken peer owes for a frame it read (a
+    HEARTBEAT_RESPONSE for a HEARTBEAT_REQUEST), or None."""
+    if msg_id != MSG_HEARTBEAT:
+        return None
+    return heartbeat_frame(struct.unpack(">II", body)[1], response=True)
 
 
 def event_bytes(payload):
@@ -752,6 +770,20 @@ def role_producer(cfg, cmds):
     _out(closed=True, stats=stats, **_hygiene())
 
 
+def _paused(env, cmds, life):
+    """Until "resume": "drop_connections" closes this environment's
+    connections (its gates keep what they hold)."""
+    deadline = time.monotonic() + life
+    while True:
+        cmd = cmds.get(max(0.0, deadline - time.monotonic()))
+        if cmd is None or cmd["cmd"] in ("resume", "eof"):
+            return
+        if cmd["cmd"] == "drop_connections":
+            for conn in env.connections():
+                conn.close()
+            _out(dropped=True)
+
+
 def role_consumer(cfg, cmds):
     """Gates (``cfg["gates"]``: lists of [address, partition_id,
     subpartition]) read from one thread each; reports per gate and
@@ -802,7 +834,7 @@ def role_consumer(cfg, cmds):
                     st_[1] = idx
                 if k == 0 and cfg.get("pause_after") == n:
                     _out(paused=n)
-                    cmds.wait_for("resume", cfg["life"])
+                    _paused(env, cmds, cfg["life"])
                 if k == 0 and cfg.get("close_after") == n:
                     gate.close()
                     results[k] = {"closed_early": n, "streams": streams}
@@ -883,6 +915,67 @@ def role_peer(cfg, cmds):
     cmds.wait_for("close", cfg["life"])
     env.close()
     _out(closed=True, stats=stats, connections=conns, **_hygiene())
+
+
+def _raw_hoard(cfg, cmds):
+    """A peer spoken by hand over shared memory: it asks for subpartition
+    ``sub`` of "p" with ``credit``, counts the buffers lent to it, answers
+    heartbeats, and never releases one."""
+    from flinkbuf.network import handshake   # noqa: PLC0415
+    port = cfg["addr"].rpartition(":")[2]
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(f"\0flinkbuf-tcp-{port}")
+    _, _, fds, _ = handshake.client(sock, SECRET, "127.0.0.1:1", cfg["segment_size"], 5.0,
+                                    shared_memory=True)
+    ring = RingSocket(sock, *fds[:3], side=1)      # (its arena and ledger left untouched)
+    ring.sendall(request_frame(1, cfg["sub"], cfg["credit"], "p"))
+    lent = [0]
+
+    def read():
+        data = b""
+        try:
+            while True:
+                data += ring.recv(65536)
+                while len(data) >= 9 and len(data) >= struct.unpack_from(">I", data)[0]:
+                    length, _, msg_id = struct.unpack_from(">IIB", data)
+                    body, data = data[9:length], data[length:]
+                    if msg_id == MSG_LENT:
+                        lent[0] += 1
+                        _out(lent=lent[0])
+                    answer = heartbeat_answer(msg_id, body)
+                    if answer is not None:
+                        ring.sendall(answer)
+        except (OSError, ValueError):
+            pass
+
+    ring.settimeout(None)
+    threading.Thread(target=read, daemon=True).start()
+    _out(addr="127.0.0.1:1")
+    cmds.wait_for("close", cfg["life"])
+    ring.close()
+    return fds[3:]
+
+
+def role_hoarder(cfg, cmds):
+    """Reads subpartition ``sub`` of "p" at ``addr`` and never gives back
+    what it holds: ``mode`` "raw", a peer spoken by hand (_raw_hoard);
+    "flinkbuf", a gate that reads ``reads`` records and keeps the rest.  On
+    "close" it ends its connection (raw: its socket; flinkbuf: its
+    environment, with the gate unread) and lives on until stdin ends."""
+    if cfg["mode"] == "raw":
+        kept = _raw_hoard(cfg, cmds)
+    else:
+        env = _env(cfg)
+        gate = env.create_input_gate([(cfg["addr"], "p", cfg["sub"])], codec="bytes")
+        for _ in range(cfg.get("reads", 0)):
+            next(gate)
+        _out(addr=_addr(env))
+        cmds.wait_for("close", cfg["life"])
+        env.close()
+        kept = [gate]
+    _out(closed=True)
+    cmds.wait_for("eof", cfg["life"])
+    del kept
 
 
 def role_race_fail_then_drop(cfg, cmds):

@@ -133,7 +133,7 @@ def test_internal_headers_stay_in_their_folder():
     """A private header is included only by C of its own folder, and no
     Cython declares it."""
     internal = [f for f in _c_files() if _is_internal(f)]
-    assert internal, "the connection's units share connection_internal.h"
+    assert internal, "the connection's units share their *_internal.h headers"
     for rel in _c_files():
         with open(os.path.join(ROOT, "csrc", rel)) as f:
             includes = re.findall(r'#include\s+"([^"]+)"', f.read())

@@ -18,7 +18,7 @@ from network_helpers import (
 pytestmark = pytest.mark.one_transport
 
 SEG = 4096
-# A connection's budget of partition requests (csrc/network/connection_internal.h).
+# A connection's budget of partition requests (csrc/network/conn_internal.h).
 REQUEST_BURST, REQUEST_RATE = 4096, 10_000
 
 

@@ -32,6 +32,7 @@ from network_helpers import (
     error_frame,
     event_bytes,
     frame,
+    heartbeat_answer,
     parse_error,
     recv_exact,
 )
@@ -105,6 +106,9 @@ class FakeProducer:
         length, magic, msg_id = struct.unpack(">IIB", recv_exact(self.sock, 9, timeout))
         assert magic == 0x46425546 and 9 <= length <= 2000, (length, magic)
         body = recv_exact(self.sock, length - 9, timeout)
+        answer = heartbeat_answer(msg_id, body)      # as a peer's connection threads do
+        if answer is not None:
+            self.send(answer)
         if msg_id == MSG_CREDIT:
             receiver, n = struct.unpack(">II", body)
             assert n > 0

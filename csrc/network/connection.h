@@ -1,16 +1,19 @@
-/* One connection between two processes: the network layer's data path.
+/* One connection between two processes: the network layer's data path,
+ * and its contract with the Cython layer (flinkbuf/csrc/connection.pxd).
  *
  * A connection carries every channel between two processes, in both
  * directions (docs/PROTOCOL.md): it serves subpartitions of this process to
- * readers over there (out-channels) and reads subpartitions over there into
- * input gates here (in-channels).  Two threads per connection, both plain C
- * and never holding the GIL: the reader parses frames and receives buffer
- * bodies straight into pool segments; the writer sends buffers of served
+ * readers over there (out-channels: the producer's side) and reads
+ * subpartitions over there into input gates here (in-channels: the
+ * consumer's side).  Two threads per connection, both plain C and never
+ * holding the GIL: the reader parses frames and receives buffer bodies
+ * straight into pool segments; the writer sends buffers of served
  * subpartitions as their credit allows (header and segment in one vectored
- * send), and the control messages (requests, credit, errors).  Sent segments
- * go back to the producer's pool through its ops; received ones reach the
- * consumer through an fb_subpart_t queue, and when the consumer recycles
- * them a pool recycle hook gives them back to their channel as credit.
+ * send), and the control messages (requests, credit, errors, heartbeats).
+ * Sent segments go back to the producer's pool through its ops; received
+ * ones reach the consumer through an fb_subpart_t queue, and when the
+ * consumer recycles them a pool recycle hook gives them back to their
+ * channel as credit.  conn_internal.h names the units that implement it.
  *
  * Credit-based flow control as in Flink: each in-channel has exclusive
  * buffers (a local pool of its own) and borrows from its gate's floating
@@ -74,8 +77,11 @@ typedef struct fb_conn_stats {
 
 /* A connection over the transport `t` (connected and authenticated; the
  * connection owns it from here, and destroys it if this fails), whose
- * buffers are `segment_size` bytes on both sides.  The caller holds one
- * reference.  NULL when out of memory. */
+ * buffers are `segment_size` bytes on both sides.  A peer silent for a
+ * quarter of `io_timeout` (seconds) is asked for a heartbeat, which its
+ * connection's threads answer; one silent for the whole of it (stopped, or
+ * stalled in the middle of a frame) fails the connection.  The caller holds
+ * one reference.  NULL when out of memory. */
 fb_conn_t *fb_conn_new(fb_transport_t *t, int32_t segment_size, const fb_conn_callbacks_t *cb,
                        double io_timeout);
 /* Before the start, over shared memory with another process on this host:
@@ -83,10 +89,15 @@ fb_conn_t *fb_conn_new(fb_transport_t *t, int32_t segment_size, const fb_conn_ca
  * not copied, each for a credit as a copied one; `pidfd` (taken) is the
  * peer process, whose end gives back what it still holds; ledger_fd (not
  * kept: fb_ledger_new, passed to the peer) shows after the connection what
- * the peer let go of.  0, ENOMEM, or EINVAL (not a ledger for np). */
+ * the peer let go of.  When the peer's side ends first (or its ledger says
+ * it let go of everything), every lent segment comes back at once,
+ * whatever it held.  0, ENOMEM, or EINVAL (not a ledger for np). */
 int fb_conn_lend(fb_conn_t *c, const fb_netpool_t *np, int pidfd, int ledger_fd);
 /* Before the start: map the peer's arena (memfd) to read the buffers it
- * lends, and its ledger (neither fd is kept).  0, or -1 with why in err. */
+ * lends, and its ledger (neither fd is kept).  Before this side of the
+ * connection ends, what it still holds of the arena is copied into memory
+ * of its own (the buffers read the same bytes), so that the peer may take
+ * every segment back.  0, or -1 with why in err. */
 int fb_conn_borrow(fb_conn_t *c, int memfd, int ledger_fd, char *err, size_t errlen);
 /* Buffers lent to the peer now; the peer's held here now. */
 int32_t fb_conn_lent(fb_conn_t *c);
@@ -104,10 +115,15 @@ void fb_conn_set_caller_sends(fb_conn_t *c, int on);
 int fb_conn_start(fb_conn_t *c);
 /* Close: a CLOSE_REQUEST if the connection is open, then both threads end
  * and every channel on it fails (FB_NET_ERR_CLOSED) or ends; waits for the
- * threads (no GIL!).  Idempotent. */
+ * threads (no GIL!).  Buffers the peer lent are copied if still held
+ * before this side ends; buffers lent to it come back (at once if the
+ * peer's side let go).  Idempotent. */
 void fb_conn_close(fb_conn_t *c);
+/* References: the owner's, and its channels' and lenders'.  The owner
+ * closes the connection before it drops its own; the last reference frees
+ * the memory. */
 void fb_conn_incref(fb_conn_t *c);
-void fb_conn_decref(fb_conn_t *c);          /* the last reference frees it (closed first) */
+void fb_conn_decref(fb_conn_t *c);
 /* 1 while the connection can carry new channels. */
 int fb_conn_is_open(fb_conn_t *c);
 /* Why it ended: an FB_NET_ERR_* code (0 while open) and a message. */

@@ -2,16 +2,12 @@
  * its gate, or a producer waiting for a buffer of its pool, reads the
  * connection itself (common/waiter.h's lender) up to its own deadline. */
 #define _GNU_SOURCE
-#include "network/connection_internal.h"
+#include "network/direct_internal.h"
+#include "network/lifecycle_internal.h"
+#include "network/reader_internal.h"
+#include "network/writer_internal.h"
 
 #include <errno.h>
-#include <poll.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/eventfd.h>
 #include <unistd.h>
 
 static void direct_wake(void *arg)
@@ -64,7 +60,7 @@ static int read_until(fb_conn_t *c, const waiting_t *w, int64_t deadline_ns)
             if (r != 0)
                 break;
             now = fb_monotonic_ns();
-            if (now >= deadline_ns || stalled(c, now))
+            if (now >= deadline_ns || overdue(c, now))
                 break;
             /* Credit (and releases) deferred for this read go out before the wait: the
              * buffers that came since may have left the sender short, and
@@ -86,7 +82,7 @@ static int read_until(fb_conn_t *c, const waiting_t *w, int64_t deadline_ns)
         /* A frame staged whole, or input waiting inside the transport,
          * would wait for no input: the reader thread would not see it.
          * What is staged now is a frame's start only. */
-        while (r >= 0 && r != RX_YIELD && ((c->rx_phase == RX_FRAME && frame_staged(c))
+        while (r >= 0 && r != RX_YIELD && (fb_frame_staged_whole(&c->fr)
                                            || fb_transport_pending(c->t)))
             if ((r = read_step(c)) == 1)
                 stat_add(&c->stats.frames_in_direct, 1);
@@ -123,9 +119,6 @@ static int gate_ready(void *g)
     return fb_gate_ready(g);
 }
 
-/* The lender of a remote channel's gate (fb_lender_t.serve): the
- * consumer's thread, waiting for its gate, receives from the connection
- * itself (read_until). */
 int direct_read(void *arg, void *g, int64_t deadline_ns)
 {
     fb_inchan_t *ch = arg;
@@ -148,9 +141,6 @@ static int pool_ready(void *lp)
     return ((fb_localpool_t *)lp)->ops->ready(lp);
 }
 
-/* The lender of a served partition's pool (fb_lender_t.serve): a producer
- * waiting for a buffer reads the connection itself (read_until), so that
- * credit arrives, and the buffers go out and come back, in its own thread. */
 int pool_wait(void *arg, void *lp, int64_t deadline_ns)
 {
     waiting_t w = {pool_begin, pool_end, pool_ready, lp};

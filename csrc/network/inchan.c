@@ -2,17 +2,31 @@
  * (credit.h) fed by the recycle hooks of its exclusive segments and of its
  * gate's floating ones. */
 #define _GNU_SOURCE
-#include "network/connection_internal.h"
+#include "network/inchan_internal.h"
 
-#include <errno.h>
-#include <poll.h>
-#include <stdarg.h>
 #include <stddef.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <unistd.h>
+
+/* Fail an in-channel (mu held): its consumer raises.  What the channel holds
+ * (buffers for the sender, items not read) stays with it until its close,
+ * which runs in the consumer's thread while the pools are certainly alive:
+ * given back from here, it could reach a pool the consumer, woken by the
+ * failure, has freed meanwhile. */
+void inchan_fail_locked(fb_conn_t *c, fb_inchan_t *ch, int code, const char *type,
+                        const char *msg)
+{
+    if (!holds_buffers(ch))
+        return;
+    if (ch->state == CH_RETRY)
+        c->num_retrying--;
+    ch->state = CH_FAILED;
+    ch->err_code = code;
+    copy_text(ch->err_type, sizeof(ch->err_type), type, strlen(type));
+    copy_text(ch->err_msg, sizeof(ch->err_msg), msg, strlen(msg));
+    ch->nfailed_items = fb_subpart_terminate(&ch->queue, FB_SP_FAILED, &ch->failed_items);
+}
 
 /* Act on a credit decision (mu held): queue the message it calls for.
  * Returns how the caller (unlocked) is to wake the writer (writer_kick), or 0. */
@@ -343,7 +357,7 @@ static void inchan_release(void *arg)
 
 int fb_inchan_attach_reader(fb_inchan_t *ch, fb_gate_t *g)
 {
-    fb_lender_t r = {direct_read, inchan_hold, inchan_release, ch};
+    fb_lender_t r = {ch->conn->gate_lender, inchan_hold, inchan_release, ch};
     return fb_gate_set_reader(g, &r);
 }
 

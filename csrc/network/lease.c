@@ -27,7 +27,8 @@ struct fb_lease {
     size_t ledger_size;
     int32_t num_held;
     int refs;                   /* the connection's, and one per held segment */
-    int detached;
+    int detached;               /* takes nothing more (let go, or detached) */
+    int let_go;                 /* fb_lease_let_go ran */
     fb_lease_release_t release;
     void *release_arg;
     fb_lease_untag_t untag;
@@ -155,8 +156,9 @@ int fb_lease_take(fb_lease_t *l, uint32_t segment, uint32_t size, fb_item_t *out
     pthread_mutex_lock(&l->mu);
     if (segment >= (uint32_t)l->shell.num_segments || size > (uint32_t)l->shell.segment_size
             || l->held[segment] || l->detached) {
+        int detached = l->detached;
         pthread_mutex_unlock(&l->mu);
-        return EPROTO;
+        return detached ? ESHUTDOWN : EPROTO;
     }
     l->held[segment] = 1;
     l->tag[segment] = NULL;
@@ -209,13 +211,77 @@ static int lease_recycle(fb_localpool_t *lp, int32_t index)
     return FB_OK;
 }
 
+/* Move a private copy of the len bytes (whole pages) at `at` over them:
+ * the same bytes at the same addresses, no longer the arena's.  The move
+ * (mremap) is one step for the threads reading them: a read sees the
+ * arena's bytes or the copy's, which are the same (the lender does not
+ * write a segment while it is lent).  valid: the bytes of the arena's file
+ * from `at` on (what lies past its end is not touched). */
+static int move_private(char *at, size_t len, size_t valid)
+{
+    void *copy = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (copy == MAP_FAILED)
+        return -1;
+    memcpy(copy, at, valid < len ? valid : len);
+    if (mprotect(copy, len, PROT_READ) != 0
+            || mremap(copy, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, at) == MAP_FAILED) {
+        munmap(copy, len);
+        return -1;
+    }
+    return 0;
+}
+
+/* Every held segment's pages made private (l->mu held): 0, or -1 when a
+ * copy could not be made (those stay shared). */
+static int privatize_locked(fb_lease_t *l)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), lo = 0, hi = 0, start, end;
+    size_t mapped = (l->map_size + page - 1) & ~(page - 1);
+    char *base = l->map;
+    int rc = 0;
+    for (int32_t k = 0; k < l->shell.num_segments; k++) {
+        if (!l->held[k])
+            continue;
+        start = ((size_t)k * l->shell.stride) & ~(page - 1);
+        end = ((size_t)k * l->shell.stride + (size_t)l->shell.segment_size + page - 1)
+              & ~(page - 1);
+        if (end > mapped)
+            end = mapped;
+        if (hi > lo && start <= hi) {           /* (segments in order: ranges grow) */
+            hi = end > hi ? end : hi;
+            continue;
+        }
+        if (hi > lo && move_private(base + lo, hi - lo, l->map_size - lo) != 0)
+            rc = -1;
+        lo = start;
+        hi = end;
+    }
+    if (hi > lo && move_private(base + lo, hi - lo, l->map_size - lo) != 0)
+        rc = -1;
+    return rc;
+}
+
+int fb_lease_let_go(fb_lease_t *l)
+{
+    int rc = 0;
+    pthread_mutex_lock(&l->mu);
+    if (!l->let_go) {
+        l->let_go = 1;
+        l->release = NULL;
+        l->detached = 1;
+        rc = privatize_locked(l);
+        __atomic_store_n(ledger_closed(l->ledger),
+                         rc == 0 ? FB_LEDGER_LET_GO : FB_LEDGER_DETACHED, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&l->mu);
+    return rc;
+}
+
 void fb_lease_detach(fb_lease_t *l)
 {
     int last;
+    fb_lease_let_go(l);
     pthread_mutex_lock(&l->mu);
-    l->release = NULL;
-    l->detached = 1;
-    __atomic_store_n(ledger_closed(l->ledger), 1, __ATOMIC_RELEASE);
     last = --l->refs == 0;
     pthread_mutex_unlock(&l->mu);
     if (last)
@@ -350,7 +416,8 @@ static void give_back(fb_lent_t *t, int32_t k)
 /* Give back what the ledger shows the peer let go of (all: it ended). */
 static void give_back_released(fb_lent_t *t, int all)
 {
-    int closed = all || __atomic_load_n(ledger_closed(t->ledger), __ATOMIC_ACQUIRE) != 0;
+    uint32_t closed = all ? FB_LEDGER_LET_GO
+                      : __atomic_load_n(ledger_closed(t->ledger), __ATOMIC_ACQUIRE);
     uint8_t state;
     int32_t k;
     for (k = 0; t->count > 0 && k < t->num_segments; k++) {
@@ -358,9 +425,22 @@ static void give_back_released(fb_lent_t *t, int all)
             continue;
         state = __atomic_load_n(ledger_entry(t->ledger, (uint32_t)k), __ATOMIC_ACQUIRE);
         /* LENT after the borrower detached: a frame it never read */
-        if (all || state == 0 || (closed && state != FB_LEDGER_HELD))
+        if (closed == FB_LEDGER_LET_GO || state == 0
+                || (closed == FB_LEDGER_DETACHED && state != FB_LEDGER_HELD))
             give_back(t, k);
     }
+}
+
+int fb_lent_let_go(const fb_lent_t *t)
+{
+    return t->ledger != NULL
+           && __atomic_load_n(ledger_closed(t->ledger), __ATOMIC_ACQUIRE) == FB_LEDGER_LET_GO;
+}
+
+void fb_lent_give_back_all(fb_lent_t *t)
+{
+    if (t->count > 0)
+        give_back_released(t, 1);
 }
 
 #define REAP_MAX_WAIT_MS 100

@@ -289,6 +289,13 @@ static int sealed_pending(fb_transport_t *t)
     return s->rx_errno || s->plain_pos < s->plain_end || whole_record(s) != 0;
 }
 
+/* Bytes of a record whose rest is still to come. */
+static int sealed_partial(fb_transport_t *t)
+{
+    sealed_t *s = (sealed_t *)t;
+    return s->in_end > s->in_pos && whole_record(s) == 0;
+}
+
 static ssize_t recv_records(sealed_t *s, struct iovec *iov, int iovcnt);
 
 static ssize_t sealed_recv(fb_transport_t *t, struct iovec *iov, int iovcnt)
@@ -394,7 +401,7 @@ static void sealed_destroy(fb_transport_t *t)
 
 static const fb_transport_ops_t SEALED_OPS = {
     sealed_send, sealed_recv, sealed_wait, sealed_shutdown, sealed_close, sealed_destroy,
-    sealed_why, sealed_pending,
+    sealed_why, sealed_pending, sealed_partial,
 };
 
 fb_transport_t *fb_transport_sealed(fb_transport_t *inner, const unsigned char tx_key[FB_SEAL_KEY],

@@ -61,7 +61,10 @@ int fb_seal_open(fb_seal_t *s, const unsigned char *rec, size_t n, const struct 
  * libraries).  Its receive gives only bytes of records whose tag matched;
  * a record that fails is -1 with errno EBADMSG (and every receive after),
  * a length out of range EPROTO, a stream that ends inside a record
- * ECONNRESET; fb_transport_why says which record and why. */
+ * ECONNRESET; fb_transport_why says which record and why.  A record not
+ * whole yet is a partial unit (fb_transport_partial): the connection above
+ * counts it as a frame half read, and a peer (or a relay) that stops
+ * inside one stalls it as one that stops inside a frame. */
 fb_transport_t *fb_transport_sealed(fb_transport_t *inner, const unsigned char tx_key[FB_SEAL_KEY],
                                     const unsigned char rx_key[FB_SEAL_KEY]);
 

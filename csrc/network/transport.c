@@ -74,6 +74,7 @@ static void socket_destroy(fb_transport_t *t)
 
 static const fb_transport_ops_t SOCKET_OPS = {
     socket_send, socket_recv, socket_wait, socket_shutdown, socket_close, socket_destroy, NULL,
+    NULL, NULL,
 };
 
 fb_transport_t *fb_transport_socket(int fd)

@@ -49,6 +49,12 @@ typedef struct fb_transport_ops {
      * the stream (the sealed transport's opened records); asked by the
      * thread that reads, before it lets another read.  No such op: never. */
     int (*pending)(fb_transport_t *t);
+    /* Whether the transport holds part of a unit of its own that the rest
+     * must come for before any of it can be received (the sealed
+     * transport's record not whole yet): the connection counts that as a
+     * frame half read.  Asked by the thread that reads.  No such op:
+     * never (a byte stream gives every byte as it comes). */
+    int (*partial)(fb_transport_t *t);
 } fb_transport_ops_t;
 
 struct fb_transport {
@@ -63,6 +69,11 @@ static inline const char *fb_transport_why(fb_transport_t *t)
 static inline int fb_transport_pending(fb_transport_t *t)
 {
     return t->ops->pending != NULL && t->ops->pending(t);
+}
+
+static inline int fb_transport_partial(fb_transport_t *t)
+{
+    return t->ops->partial != NULL && t->ops->partial(t);
 }
 
 /* A transport over a connected stream socket, which it owns from here on

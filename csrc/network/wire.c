@@ -38,6 +38,8 @@ static int body_bounds(uint8_t msg, int32_t segment_size, uint32_t *min, uint32_
         return 1;
     case FB_MSG_ADD_CREDIT:
     case FB_MSG_ADD_EVENT_CREDIT:
+    case FB_MSG_HEARTBEAT_REQUEST:
+    case FB_MSG_HEARTBEAT_RESPONSE:
         *min = *max = 8;
         return 1;
     case FB_MSG_CLOSE:
@@ -83,6 +85,9 @@ int fb_wire_decode_header(const char *p, int32_t segment_size, fb_wire_head_t *h
             return bad(err, errlen, "buffer lent frame of %u bytes", len);
         case FB_MSG_RELEASE:
             return bad(err, errlen, "release frame of %u bytes", len);
+        case FB_MSG_HEARTBEAT_REQUEST:
+        case FB_MSG_HEARTBEAT_RESPONSE:
+            return bad(err, errlen, "heartbeat frame of %u bytes", len);
         default:
             return bad(err, errlen, "frame of %u bytes for message %u", len, msg);
         }
@@ -188,6 +193,18 @@ static int decode_release(const fb_wire_head_t *h, const char *p, fb_wire_frame_
     return FB_WIRE_OK;
 }
 
+static int decode_heartbeat(const char *p, fb_wire_frame_t *f, char *err, size_t errlen)
+{
+    f->receiver_id = fb_load_u32(p, 1);
+    f->u.heartbeat = fb_load_u32(p + 4, 1);
+    if (f->receiver_id != FB_NET_ALL)
+        return bad(err, errlen, "a heartbeat for receiver id 0x%08x (it is connection-wide)",
+                   f->receiver_id);
+    if (f->u.heartbeat == 0)
+        return bad(err, errlen, "a heartbeat of token 0");
+    return FB_WIRE_OK;
+}
+
 int fb_wire_decode_body(const fb_wire_head_t *h, const char *p, fb_wire_frame_t *f, char *err,
                         size_t errlen)
 {
@@ -218,6 +235,9 @@ int fb_wire_decode_body(const fb_wire_head_t *h, const char *p, fb_wire_frame_t 
         return decode_lent(h, p, f, err, errlen);
     case FB_MSG_RELEASE:
         return decode_release(h, p, f, err, errlen);
+    case FB_MSG_HEARTBEAT_REQUEST:
+    case FB_MSG_HEARTBEAT_RESPONSE:
+        return decode_heartbeat(p, f, err, errlen);
     default:            /* a header fb_wire_decode_header did not pass */
         return bad(err, errlen, "unknown message id %u", h->msg);
     }
@@ -324,6 +344,14 @@ char *fb_wire_put_cancel(char *p, uint32_t receiver_id)
 char *fb_wire_put_close(char *p)
 {
     return fb_wire_put_header(p, 0, FB_MSG_CLOSE);
+}
+
+char *fb_wire_put_heartbeat(char *p, uint8_t msg, uint32_t token)
+{
+    p = fb_wire_put_header(p, 8, msg);
+    fb_store_u32(p, FB_NET_ALL, 1);
+    fb_store_u32(p + 4, token, 1);
+    return p + 8;
 }
 
 char *fb_wire_put_error_body(char *p, uint32_t receiver_id, uint8_t code, const char *type,

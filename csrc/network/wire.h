@@ -34,6 +34,8 @@
 #define FB_NET_MAX_CONTROL_FRAME (FB_NET_HEADER + FB_NET_REQUEST_FIELDS + FB_NET_MAX_PARTITION_ID)
 /* A RELEASE of FB_NET_MAX_RELEASE segments: receiver id, count, the segments. */
 #define FB_NET_MAX_RELEASE_FRAME (FB_NET_HEADER + 8 + 4 * FB_NET_MAX_RELEASE)
+/* A HEARTBEAT_REQUEST or HEARTBEAT_RESPONSE: receiver id (all), token. */
+#define FB_NET_HEARTBEAT_FRAME (FB_NET_HEADER + 8)
 
 enum {
     FB_MSG_BUFFER = 0,
@@ -44,7 +46,9 @@ enum {
     FB_MSG_ADD_CREDIT = 6,
     FB_MSG_ADD_EVENT_CREDIT = 7,
     FB_MSG_BUFFER_LENT = 8,       /* a data buffer in a segment of the sender's arena */
-    FB_MSG_RELEASE = 9            /* the receiver is done with these lent segments */
+    FB_MSG_RELEASE = 9,           /* the receiver is done with these lent segments */
+    FB_MSG_HEARTBEAT_REQUEST = 12,    /* are you there? (a connection's threads answer) */
+    FB_MSG_HEARTBEAT_RESPONSE = 13    /* yes: the latest request's token */
 };
 
 /* A BUFFER_RESPONSE's data type. */
@@ -119,6 +123,7 @@ typedef union fb_wire_body {
     fb_wire_lent_t lent;
     fb_wire_release_t release;
     int32_t credit;               /* ADD_CREDIT, ADD_EVENT_CREDIT: > 0 */
+    uint32_t heartbeat;           /* HEARTBEAT_REQUEST, HEARTBEAT_RESPONSE: the token, > 0 */
 } fb_wire_body_t;
 
 typedef struct fb_wire_frame {
@@ -171,6 +176,8 @@ char *fb_wire_put_request(char *p, uint32_t receiver_id, uint32_t subpartition, 
 char *fb_wire_put_credit(char *p, uint8_t msg, uint32_t receiver_id, int32_t n);
 char *fb_wire_put_cancel(char *p, uint32_t receiver_id);
 char *fb_wire_put_close(char *p);
+/* HEARTBEAT_REQUEST or HEARTBEAT_RESPONSE (FB_NET_HEARTBEAT_FRAME bytes). */
+char *fb_wire_put_heartbeat(char *p, uint8_t msg, uint32_t token);
 /* A BUFFER_LENT (FB_NET_HEADER + FB_NET_LENT_FIELDS bytes): a data buffer of
  * `size` bytes in segment `segment` of this side's arena. */
 char *fb_wire_put_lent(char *p, uint32_t receiver_id, uint32_t sequence, int32_t backlog,

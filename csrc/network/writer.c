@@ -1,16 +1,17 @@
-/* Frames out: batches of control frames and served buffers in one send,
- * by the writer thread or (caller_sends) by a producer's thread. */
+/* Frames out: batches of control frames (the consumer's side's requests,
+ * credit and releases, errors, heartbeats) and served buffers (what the
+ * producer's side takes) in one send, by the writer thread or
+ * (caller_sends) by a producer's thread. */
 #define _GNU_SOURCE
-#include "network/connection_internal.h"
+#include "network/writer_internal.h"
+#include "network/consumer_internal.h"
+#include "network/lifecycle_internal.h"
+#include "network/producer_internal.h"
 
 #include <errno.h>
-#include <poll.h>
-#include <stdarg.h>
 #include <stddef.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <unistd.h>
 
 /* Drop the first n bytes of an iovec array (after a partial send): *iov moves
@@ -64,14 +65,6 @@ static int send_all(fb_conn_t *c, struct iovec *iov, int iovcnt)
 #define BATCH_FRAMES 16
 #define BATCH_BYTES (256 * 1024)
 
-/* One buffer response of a batch. */
-typedef struct frame {
-    char hdr[FB_NET_HEADER + FB_NET_LENT_FIELDS];   /* (longer than a BUFFER_RESPONSE's) */
-    fb_item_t item;
-    outchan_t *ended;           /* the channel this frame ends (its last item), or NULL */
-    int lent;                   /* a BUFFER_LENT: the segment stays out until released */
-} frame_t;
-
 /* What the writer sends in one sendmsg. */
 struct batch {
     int32_t nframes;
@@ -86,7 +79,6 @@ struct batch {
     struct iovec iov[2 * BATCH_FRAMES + 8];
 };
 
-/* A batch for a connection's sender (fb_conn_new: the producers'). */
 batch_t *batch_new(void)
 {
     return malloc(sizeof(batch_t));
@@ -100,33 +92,15 @@ static void batch_iov(batch_t *b, void *base, size_t len)
 }
 
 /* A control message's frame at p (mu held); returns the end of it.  Credit
- * and requests are read from their channel now: an ADD_CREDIT carries all
- * the credit gathered by the time it is written. */
+ * and requests are read from their channel now (consumer.c): an ADD_CREDIT
+ * carries all the credit gathered by the time it is written. */
 static char *put_control(fb_conn_t *c, ctl_t *m, char *p, int *close_now)
 {
-    int32_t slot, n;
-    fb_inchan_t *ch = NULL;
-    if (m->type == FB_MSG_ADD_CREDIT || m->type == FB_MSG_ADD_EVENT_CREDIT
-            || m->type == FB_MSG_PARTITION_REQUEST) {
-        slot = in_lookup(c, m->receiver_id);
-        if (slot < 0)
-            return p;                /* the channel closed meanwhile */
-        ch = c->ins[slot];
-    }
     switch (m->type) {
     case FB_MSG_ADD_CREDIT:
-        n = ch->state == CH_REQUESTED ? fb_credit_take_announcement(&ch->cr) : 0;
-        fb_credit_unqueue(&ch->cr);
-        return n > 0 ? fb_wire_put_credit(p, FB_MSG_ADD_CREDIT, ch->receiver_id, n) : p;
     case FB_MSG_ADD_EVENT_CREDIT:
-        n = fb_credit_take_event_grant(&ch->cr, ch->state == CH_REQUESTED);
-        return n > 0 ? fb_wire_put_credit(p, FB_MSG_ADD_EVENT_CREDIT, ch->receiver_id, n) : p;
     case FB_MSG_PARTITION_REQUEST:
-        if (ch->state != CH_REQUESTED)
-            return p;
-        n = fb_credit_take_initial(&ch->cr);      /* every buffer held: credit */
-        return fb_wire_put_request(p, ch->receiver_id, ch->subpartition, n, ch->partition_id,
-                                   ch->id_len);
+        return consumer_put_control_locked(c, m, p);
     case FB_MSG_CANCEL:
         return fb_wire_put_cancel(p, m->receiver_id);
     case FB_MSG_CLOSE:
@@ -139,6 +113,23 @@ static char *put_control(fb_conn_t *c, ctl_t *m, char *p, int *close_now)
     }
 }
 
+/* The heartbeat frames due (mu held): an answer, and a request. */
+static char *put_heartbeats_locked(fb_conn_t *c, batch_t *b, char *p)
+{
+    if (c->pong_token != 0) {
+        p = fb_wire_put_heartbeat(p, FB_MSG_HEARTBEAT_RESPONSE, c->pong_token);
+        c->pong_token = 0;
+        b->frames_out++;
+    }
+    if (c->ping_queued) {
+        p = fb_wire_put_heartbeat(p, FB_MSG_HEARTBEAT_REQUEST, c->ping_token);
+        c->ping_queued = 0;
+        __atomic_store_n(&c->ping_written, c->ping_token, __ATOMIC_RELEASE);
+        b->frames_out++;
+    }
+    return p;
+}
+
 /* Append the queued control frames to the batch's control area (mu held
  * by the caller).  Messages that do not fit stay queued for the next batch;
  * the ones taken are returned for ctl_free_list once unlocked. */
@@ -146,11 +137,13 @@ static ctl_t *take_control_locked(fb_conn_t *c, batch_t *b)
 {
     ctl_t *m, *taken = NULL, **tail = &taken;
     char *p = c->ctlbuf + b->ctl_used, *end;
+    if (CTL_CAP - b->ctl_used >= 2 * FB_NET_HEARTBEAT_FRAME)
+        p = put_heartbeats_locked(c, b, p);
     /* Segments of the peer's we recycled go first: before a CLOSE_REQUEST
      * (after which the peer reads nothing), and before the credit they free. */
     if (c->rel != NULL) {
         int more;
-        end = put_releases_locked(c, p, c->ctlbuf + CTL_CAP, &more);
+        end = consumer_put_releases_locked(c, p, c->ctlbuf + CTL_CAP, &more);
         b->frames_out += end > p;
         p = end;
         if (more) {
@@ -185,66 +178,12 @@ static ctl_t *take_control_locked(fb_conn_t *c, batch_t *b)
 }
 
 /* Add what a served channel may send now to the batch: one buffer (or
- * event).  A channel that failed, was released or cancelled ends here. */
+ * event), as the producer's side takes it. */
 static void take_buffer(fb_conn_t *c, batch_t *b, int32_t slot)
 {
-    outchan_t *oc;
-    frame_t *fr;
-    int rc, last = 0;
-    pthread_mutex_lock(&c->mu);
-    oc = c->outs[slot];
-    if (oc == NULL) {
-        pthread_mutex_unlock(&c->mu);
+    frame_t *fr = &b->frames[b->nframes];
+    if (!producer_take(c, slot, fr))
         return;
-    }
-    if (oc->cancelled) {
-        outchan_free_slot(c, oc);
-        pthread_mutex_unlock(&c->mu);
-        outchan_end(c, oc, 1);
-        return;
-    }
-    fr = &b->frames[b->nframes];
-    rc = fb_subpart_poll_credit(oc->sp, oc->credit, oc->event_credit,
-                                &fr->item, &last);
-    if (rc == FB_EMPTY) {
-        pthread_mutex_unlock(&c->mu);
-        return;
-    }
-    if (rc != FB_OK) {
-        /* The producer failed, or released its partition: tell the reader
-         * (after what this batch sends for it: the error is queued). */
-        char type[FB_NET_MAX_ERROR_TYPE] = "", msg[FB_NET_MAX_MESSAGE] = "the partition was released";
-        uint32_t id = oc->receiver_id;
-        outchan_free_slot(c, oc);
-        pthread_mutex_unlock(&c->mu);
-        if (rc == FB_EFAILED)
-            c->cb.describe_failure(c->cb.ctx, oc->owner, type, sizeof(type), msg, sizeof(msg));
-        pthread_mutex_lock(&c->mu);
-        if (c->state == CONN_OPEN)
-            ctl_error(c, id, rc == FB_EFAILED ? FB_NET_ERR_PRODUCER_FAILED : FB_NET_ERR_RELEASED,
-                      type, msg);
-        pthread_mutex_unlock(&c->mu);
-        outchan_end(c, oc, 0);
-        return;
-    }
-    fr->lent = oc->lends && lend_locked(c, oc, &fr->item);
-    if (fr->lent)
-        fb_wire_put_lent(fr->hdr, oc->receiver_id, oc->seq++, fb_subpart_backlog(oc->sp),
-                         (uint32_t)fr->item.size, (uint32_t)fr->item.index);
-    else
-        fb_wire_put_buffer(fr->hdr, oc->receiver_id, oc->seq++, fb_subpart_backlog(oc->sp),
-                           fr->item.kind == FB_ITEM_DATA ? FB_WIRE_DATA : FB_WIRE_EVENT,
-                           (uint32_t)fr->item.size);
-    if (fr->item.kind != FB_ITEM_DATA)
-        oc->event_credit--;
-    else
-        oc->credit--;                /* lent or copied: a credit each */
-    fr->ended = NULL;
-    if (last) {                      /* its last item: the channel ends once it is sent */
-        outchan_free_slot(c, oc);
-        fr->ended = oc;
-    }
-    pthread_mutex_unlock(&c->mu);
     b->nframes++;
     if (fr->lent) {
         batch_iov(b, fr->hdr, FB_NET_HEADER + FB_NET_LENT_FIELDS);
@@ -294,31 +233,6 @@ static void finish_batch(fb_conn_t *c, batch_t *b, ctl_t *taken, int rc)
     }
 }
 
-/* Requests whose retry time came: queue them again (mu held); the next
- * deadline, or FB_WAIT_FOREVER. */
-static int64_t due_retries_locked(fb_conn_t *c)
-{
-    int64_t now = fb_monotonic_ns(), next = FB_WAIT_FOREVER;
-    int32_t k;
-    if (c->num_retrying == 0)
-        return next;
-    for (k = 0; k < FB_NET_MAX_CHANNELS; k++) {
-        fb_inchan_t *ch = c->ins[k];
-        if (ch == NULL || ch->state != CH_RETRY)
-            continue;
-        if (ch->retry_at <= now) {
-            ch->state = CH_REQUESTED;
-            ch->next_seq = 0;
-            fb_credit_reset_events(&ch->cr);
-            c->num_retrying--;
-            ctl_push(c, FB_MSG_PARTITION_REQUEST, ch->receiver_id, NULL, 0);
-        } else if (ch->retry_at < next) {
-            next = ch->retry_at;
-        }
-    }
-    return next;
-}
-
 /* Gather a batch starting with `slot`: whatever else is ready now (up to
  * BATCH_FRAMES buffers, BATCH_BYTES, and the control frames) goes into one
  * send: a credit announcement goes out with the data beside it, and small
@@ -365,7 +279,7 @@ static int send_nowait(fb_conn_t *c, batch_t *b)
 
 /* The batch a producer's thread left (send_mu held, no GIL: blocking is
  * fine here): sent whole, or given back if the connection failed. */
-int flush_pending(fb_conn_t *c, int send)
+static int flush_pending(fb_conn_t *c, int send)
 {
     batch_t *b = c->pending;
     int rc;
@@ -378,11 +292,7 @@ int flush_pending(fb_conn_t *c, int send)
     return rc;
 }
 
-/* The gate hook (caller_sends): a producer's add made a served subpartition
- * ready.  If the writer thread is idle, this thread sends what is ready
- * itself, without blocking (it may hold the GIL): no hand-off to the writer
- * thread and no wake-up of it.  Otherwise, or if the socket would block,
- * the writer thread is woken to do it. */
+/* (No hand-off to the writer thread and no wake-up of it while it idles.) */
 void conn_ready(void *arg)
 {
     fb_conn_t *c = arg;
@@ -420,7 +330,41 @@ void conn_ready(void *arg)
         fb_gate_wake(&c->out);            /* what did not fit in this batch */
 }
 
-/* The writer thread: wait for a ready slot, gather a batch, send it. */
+void end_served_channels(fb_conn_t *c)
+{
+    outchan_t **ended;
+    int32_t n = 0, k;
+    /* A producer's thread sending now finishes first; a batch it left
+     * unsent goes back (the connection has ended: it is not sent). */
+    pthread_mutex_lock(&c->send_mu);
+    if (c->pending != NULL) {
+        batch_t *spare = c->pending;
+        flush_pending(c, 0);
+        if (c->direct == NULL)
+            c->direct = spare;
+    }
+    pthread_mutex_unlock(&c->send_mu);
+    ended = malloc(sizeof(outchan_t *) * FB_NET_MAX_CHANNELS);
+    pthread_mutex_lock(&c->mu);
+    for (k = 1; k <= FB_NET_MAX_CHANNELS; k++)
+        if (c->outs[k] != NULL) {
+            if (ended == NULL) {        /* no memory: one at a time, unlocking between */
+                outchan_t *oc = c->outs[k];
+                outchan_free_slot(c, oc);
+                pthread_mutex_unlock(&c->mu);
+                outchan_end(c, oc, 1);
+                pthread_mutex_lock(&c->mu);
+                continue;
+            }
+            ended[n++] = c->outs[k];
+            outchan_free_slot(c, c->outs[k]);
+        }
+    pthread_mutex_unlock(&c->mu);
+    for (k = 0; k < n; k++)
+        outchan_end(c, ended[k], 1);
+    free(ended);
+}
+
 void *writer_main(void *arg)
 {
     fb_conn_t *c = arg;
@@ -435,7 +379,7 @@ void *writer_main(void *arg)
     }
     for (;;) {
         pthread_mutex_lock(&c->mu);
-        deadline = due_retries_locked(c);
+        deadline = consumer_due_retries_locked(c);
         pthread_mutex_unlock(&c->mu);
         rc = fb_gate_wait(&c->out, deadline, &slot);
         if (rc == FB_ECLOSED)

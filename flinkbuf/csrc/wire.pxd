@@ -11,6 +11,7 @@ cdef extern from "network/wire.h" nogil:
         FB_NET_LENT_FIELDS
         FB_NET_MAX_RELEASE
         FB_NET_MAX_RELEASE_FRAME
+        FB_NET_HEARTBEAT_FRAME
         FB_NET_MAX_CHANNELS
         FB_NET_MAX_PARTITION_ID
         FB_NET_MAX_ERROR_FRAME
@@ -28,6 +29,8 @@ cdef extern from "network/wire.h" nogil:
         FB_MSG_ADD_EVENT_CREDIT
         FB_MSG_BUFFER_LENT
         FB_MSG_RELEASE
+        FB_MSG_HEARTBEAT_REQUEST
+        FB_MSG_HEARTBEAT_RESPONSE
         FB_WIRE_DATA
         FB_WIRE_EVENT
         FB_NET_ERR_PRODUCER_FAILED
@@ -77,6 +80,7 @@ cdef extern from "network/wire.h" nogil:
         fb_wire_lent_t lent
         fb_wire_release_t release
         int32_t credit
+        uint32_t heartbeat
 
     ctypedef struct fb_wire_frame_t:
         uint8_t msg
@@ -93,6 +97,7 @@ cdef extern from "network/wire.h" nogil:
     char *fb_wire_put_credit(char *p, uint8_t msg, uint32_t receiver_id, int32_t n)
     char *fb_wire_put_cancel(char *p, uint32_t receiver_id)
     char *fb_wire_put_close(char *p)
+    char *fb_wire_put_heartbeat(char *p, uint8_t msg, uint32_t token)
     char *fb_wire_put_lent(char *p, uint32_t receiver_id, uint32_t sequence, int32_t backlog,
                            uint32_t size, uint32_t segment)
     char *fb_wire_put_release(char *p, const uint32_t *segments, uint32_t count)

@@ -15,12 +15,15 @@ from flinkbuf.buffer._buffer cimport Buffer, LocalBufferPool, NetworkBufferPool,
 from flinkbuf.capi cimport write_unraisable
 from flinkbuf.csrc.clock cimport fb_deadline_after
 from flinkbuf.csrc.connection cimport *
+from flinkbuf.csrc.credit cimport *
 from flinkbuf.csrc.exchange cimport *
+from flinkbuf.csrc.frame_reader cimport *
 from flinkbuf.csrc.lease cimport fb_lease_is, fb_ledger_new
 from flinkbuf.csrc.pool cimport FB_NO_CHANNEL, fb_netpool_memfd
 from flinkbuf.csrc.status cimport *
 from flinkbuf.csrc.shm cimport *
-from flinkbuf.csrc.seal cimport FB_SEAL_KEY, fb_transport_sealed
+from flinkbuf.csrc.seal cimport (FB_SEAL_KEY, fb_seal_free, fb_seal_new, fb_seal_record,
+                                 fb_transport_sealed)
 from flinkbuf.csrc.transport cimport fb_transport_socket, fb_transport_t
 from flinkbuf.csrc.wire cimport *
 from flinkbuf.io._io cimport (InputChannel, InputGate, ResultPartition, ResultSubpartition,
@@ -47,3 +50,4 @@ cdef int _refuse_bare(object token, str what) except -1:
 
 include "connection.pyx"
 include "remote_input_channel.pyx"
+include "hooks.pxi"

@@ -11,9 +11,12 @@
  * recycles it.  Over "lend" (shared memory, the producers' pool a shared
  * arena) the producer side lends its data buffers instead of copying them:
  * the consumers read them in place, their recycles go back as RELEASE, and
- * after a connection ends the ledger gives back what was let go of.  Rounds vary direct reads and caller sends, cancel channels
- * from the consumer side mid-stream, and close either connection while
- * everybody is busy.  After every round all segments must be back.
+ * after a connection ends what was lent comes back (the consumer side lets
+ * go of the arena before it ends).  Rounds vary direct reads and caller
+ * sends, cancel channels from the consumer side mid-stream, close either
+ * connection while everybody is busy, and leave both sides quiet with a
+ * short I/O timeout (heartbeats keep them open).  After every round all
+ * segments must be back.
  *
  * Usage: stress_connection [buffers per channel] [unix|tcp|shm|lend]
  * Prints "ok" and exits 0, or prints why not and exits 1. */
@@ -27,6 +30,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "buffer/pool.h"
@@ -48,6 +52,7 @@
 #define ROUND_LIMIT_S 45.0      /* the watchdog's limit per phase */
 #define EVENT_TAG 0xE5
 #define EVENT_BURST 20          /* more than FB_NET_EVENT_WINDOW */
+#define QUIET_IO_TIMEOUT_S 2.0  /* a quiet round's: a heartbeat after 0.5 s of silence */
 
 enum { PRODUCER_SIDE = 0, CONSUMER_SIDE = 1, NO_SIDE = -1 };
 /* What became of a consumer's channel. */
@@ -164,6 +169,8 @@ typedef struct round {
     int sessions;                       /* partitions read one after the other */
     int cancel;                         /* consumers close some channels mid-stream */
     int close_side;                     /* the connection closed mid-stream, or NO_SIDE */
+    double quiet_s;                     /* then both sides idle this long (io_timeout 2 s:
+                                           heartbeats cross, and keep them open) */
 } round_t;
 
 typedef struct server server_t;
@@ -721,7 +728,7 @@ static fb_conn_t *new_conn(fb_transport_t *t, const fb_conn_callbacks_t *cb, con
 {
     fb_conn_t *c;
     CHECK(t != NULL);
-    c = fb_conn_new(t, SEG, cb, 10.0);
+    c = fb_conn_new(t, SEG, cb, rd->quiet_s > 0 ? QUIET_IO_TIMEOUT_S : 10.0);
     CHECK(c != NULL);
     fb_conn_set_caller_sends(c, rd->caller_sends);
     fb_conn_set_direct_reads(c, rd->direct_reads);
@@ -820,6 +827,17 @@ static void run_round(const round_t *rd, uint32_t nbuf, int over)
     w.conn[CONSUMER_SIDE] = pair[1];
     for (int i = 0; i < rd->sessions; i++)
         run_session(&w, rd, nbuf, i);
+    if (rd->quiet_s > 0) {              /* silent peers answer: nothing fails */
+        struct timespec ts = {(time_t)rd->quiet_s,
+                              (long)((rd->quiet_s - (time_t)rd->quiet_s) * 1e9)};
+        nanosleep(&ts, NULL);
+        for (int i = 0; i < 2; i++)
+            if (!fb_conn_is_open(w.conn[i])) {
+                char why[256];
+                fb_conn_error(w.conn[i], why, sizeof(why));
+                die("a quiet connection ended: %s", why);
+            }
+    }
     for (int i = 0; i < 2; i++)
         fb_conn_close(w.conn[i]);
     check_traffic(&w, rd, nbuf);        /* (counted after the sends: once they ended) */
@@ -845,6 +863,8 @@ static const round_t ROUNDS[] = {
      * consumer holds the socket and the writer thread sends alone. */
     {"direct reads only",                  1, 0, 0, 2, 0, NO_SIDE},
     {"direct reads only, small buffers",   1, 0, 1, 2, 0, NO_SIDE},
+    /* Heartbeats between sessions and after them, with a short I/O timeout. */
+    {"quiet, direct + caller",             1, 1, 0, 2, 0, NO_SIDE, 2.5},
 };
 
 #define NUM(a) (sizeof(a) / sizeof((a)[0]))

@@ -1,10 +1,32 @@
-/* What the units of a connection share: its state, its constants and the
- * functions one unit calls in another (connection.c: tables, control queue
- * and lifecycle; inchan.c: in-channels and their credit; reader.c: frames
- * in; direct.c: reads by a waiting thread; writer.c: frames out).  Private
- * to csrc/network: nothing outside includes it.  No Python API. */
-#ifndef FLINKBUF_CONNECTION_INTERNAL_H
-#define FLINKBUF_CONNECTION_INTERNAL_H
+/* What every unit of a connection shares: its state (struct fb_conn and its
+ * channels), its constants, and the primitives of conn_state.c (the
+ * channel tables, the control queue, waking the writer, references).
+ *
+ * The units, each with the header that says what it exports and to whom,
+ * from the bottom up (a unit calls only units below it; the calls that go
+ * up are the hooks named where they are set):
+ *   conn_state.c  this header: shared state and its primitives
+ *   inchan.c      inchan_internal.h: in-channels, their credit, floating
+ *                 buffers (and the in-channel half of connection.h)
+ *   consumer.c    consumer_internal.h: the consumer's side: buffers,
+ *                 errors and lent buffers arriving for in-channels; the
+ *                 control frames an in-channel sends; releases
+ *   producer.c    producer_internal.h: the producer's side: partition
+ *                 requests, credit received, what a served channel sends
+ *                 next, lending and releases
+ *   lifecycle.c   lifecycle_internal.h: how a connection ends (failure,
+ *                 protocol errors, the peer's end) and its heartbeat
+ *   writer.c      writer_internal.h: frames out (the writer thread and
+ *                 sends by producers' threads)
+ *   reader.c      reader_internal.h: frames in (the frame reader driven
+ *                 from the transport, each frame to its side; the reader
+ *                 thread)
+ *   direct.c      reads by threads that wait for something else
+ *   connection.c  connection.h: creating, starting, closing, stats
+ * Private to csrc/network: nothing outside includes these headers.  No
+ * Python API. */
+#ifndef FLINKBUF_CONN_INTERNAL_H
+#define FLINKBUF_CONN_INTERNAL_H
 
 #include <pthread.h>
 #include <stdint.h>
@@ -14,13 +36,11 @@
 #include "common/clock.h"
 #include "network/connection.h"
 #include "network/credit.h"
+#include "network/frame_reader.h"
 #include "network/lease.h"
 #include "network/transport.h"
 #include "network/wire.h"
 
-#define RD_CAP 65536                /* the reader's staging buffer */
-#define READ_AHEAD 2048             /* staged past what is needed: small frames share a recv,
-                                       a buffer's body mostly lands straight in its segment */
 #define CTL_CAP 65536               /* the writer's control-frame buffer */
 #define RELEASE_BATCH 256           /* segments per RELEASE: one fits FB_NET_MAX_CONTROL_FRAME */
 #define IDMAP_SIZE (2 * FB_NET_MAX_CHANNELS)
@@ -32,12 +52,15 @@
  * many channels as a connection carries), then REQUEST_RATE a second. */
 #define REQUEST_RATE 10000
 #define REQUEST_BURST FB_NET_MAX_CHANNELS
-/* Where the frame being read is (c->rx_phase). */
-enum { RX_FRAME, RX_BODY, RX_SKIP };
 /* Control messages queued for the writer; past this the reader reads no more
  * requests until the writer sent some (a peer that floods us with requests
  * and does not read the answers is held back by TCP, not by our memory). */
 #define CTL_MAX (2 * FB_NET_MAX_CHANNELS + 64)
+/* Why a side refuses what the peer sent (a protocol error, said by the
+ * unit above that ends the connection). */
+#define WHY_LEN FB_NET_MAX_MESSAGE
+/* A silent peer is asked for a heartbeat after this part of the I/O timeout. */
+#define HEARTBEAT_PART 4
 
 /* In-channel states. */
 enum { CH_NEW, CH_REQUESTED, CH_RETRY, CH_FINISHED, CH_FAILED, CH_CLOSED };
@@ -59,7 +82,7 @@ typedef struct idmap {
 
 /* ---- structures ------------------------------------------------------------ */
 
-typedef struct batch batch_t;       /* what the writer sends in one sendmsg */
+typedef struct batch batch_t;       /* what the writer sends in one sendmsg (writer.c) */
 
 typedef struct outchan {
     uint32_t receiver_id;
@@ -72,7 +95,7 @@ typedef struct outchan {
     int32_t event_credit;       /* events the reader may still take */
     uint32_t seq;
     int cancelled;
-    int lends;                  /* its buffers are lent, not copied (lend.c) */
+    int lends;                  /* its buffers are lent, not copied (producer.c) */
     fb_owner_ref_t *ref;        /* keeps owner (and pool) alive while a buffer is lent */
 } outchan_t;
 
@@ -114,7 +137,7 @@ struct fb_inchan {
     fb_item_t *failed_items;    /* what the queue held when the channel failed */
     int32_t nfailed_items;
     int64_t buffers_in, bytes_in;
-    int32_t kept_busy;          /* kept segments on their way back (lend.c) */
+    int32_t kept_busy;          /* kept segments on their way back (inchan.c) */
 };
 
 struct fb_conn {
@@ -122,6 +145,12 @@ struct fb_conn {
     int32_t segment_size;
     int io_timeout_ms;
     fb_conn_callbacks_t cb;
+    /* The lenders this connection offers (common/waiter.h), set by
+     * connection.c: a gate's reader (a consumer waiting on it reads the
+     * connection) and a served pool's waiter (a producer waiting for a
+     * buffer does).  Both run direct.c's read_until. */
+    int (*gate_lender)(void *arg, void *gate, int64_t deadline_ns);
+    int (*pool_lender)(void *arg, void *pool, int64_t deadline_ns);
     pthread_mutex_t mu;
     pthread_cond_t cv;           /* recv_busy cleared, close request sent */
     fb_gate_t out;               /* the writer's ready ring: 0 control, 1.. served slots */
@@ -140,6 +169,7 @@ struct fb_conn {
     int32_t nctl;                /* messages queued */
     int close_queued, close_sent;
     int close_on_send;           /* the socket closes once the CLOSE_REQUEST went */
+    int closed;                  /* fb_conn_close ran */
     fb_inchan_t *recv_busy;      /* the reader receives into this channel's segment */
     int recv_abort;              /* atomic: that channel closes, let go of the segment */
     pthread_t reader, writer;
@@ -152,23 +182,30 @@ struct fb_conn {
      * writer thread, which sends it before anything else. */
     pthread_mutex_t send_mu;
     int caller_sends;
-    fb_gate_hook_t hook;
+    fb_gate_hook_t hook;         /* ready: writer.c's conn_ready */
     batch_t *direct, *pending;
     struct ctl *pending_taken;
     int refs;
     fb_conn_stats_t stats;
-    /* the reader's staging buffer */
-    char *rd;
-    size_t rd_pos, rd_end;
-    /* The frame being read, which belongs to the connection, not to the
-     * thread that started it (whoever holds the read right goes on). */
-    int rx_phase;                /* RX_FRAME: at a frame's start or in its staged part */
-    fb_inchan_t *rx_ch;          /* RX_BODY: the channel received into (a reference) ... */
-    fb_item_t rx_item;           /* ... and where its body goes */
+    /* Frames in (reader.c): the frame being read belongs to the connection,
+     * not to the thread that started it (whoever holds the read right goes
+     * on), and so does the body being received for an in-channel. */
+    fb_frame_reader_t fr;
+    fb_inchan_t *rx_ch;          /* the channel a body is received for (a reference) ... */
+    fb_item_t rx_item;           /* ... and where it goes */
     int32_t rx_backlog;
-    size_t rx_left;              /* RX_BODY, RX_SKIP: body bytes still to come */
     int64_t rx_since;            /* when the last byte came */
-    int64_t rq_tat;              /* the budget of partition requests (reader.c) */
+    int64_t rq_tat;              /* the budget of partition requests (producer.c) */
+    int64_t rq_resume;           /* the reader thread waits for the budget until then */
+    /* Heartbeat (lifecycle.c).  The read right's holder asks a silent peer
+     * for a heartbeat once per silence (ping_for: the rx_since it asked
+     * for) and checks the answers; under mu: what the writer writes next. */
+    int64_t ping_for;
+    uint32_t ping_token;         /* mu: the last HEARTBEAT_REQUEST queued ... */
+    int ping_queued;             /* mu: ... still to be written */
+    uint32_t ping_written;       /* atomic: the last one written */
+    uint32_t pong_seen;          /* the last one answered */
+    uint32_t pong_token;         /* mu: a HEARTBEAT_RESPONSE to write (0: none) */
     /* The right to read the socket (rd_mu): the reader thread takes it when
      * the socket is readable and nobody has it; a consumer's thread waiting
      * on its gate takes it when it is free, receives what comes itself
@@ -185,13 +222,15 @@ struct fb_conn {
     int direct_wake_fd;          /* an eventfd that wakes a direct reader's poll */
     int thread_wake_fd;          /* an eventfd that wakes the reader thread's poll */
     int write_errno;             /* atomic: writing failed as the peer went (conn_write_failed) */
+    int peer_ended;              /* atomic: the peer ended its side first (its end was read) */
     int rd_thread_polls;         /* the reader thread polls with no time limit */
     /* the writer's control frames */
     char *ctlbuf;
-    /* Lending (lend.c).  Producer: buffers of lend_np go to the peer as
+    /* Lending.  Producer (producer.c): buffers of lend_np go to the peer as
      * BUFFER_LENT, recorded in `lent` (under mu) until released, or until
-     * the peer process (peer_pidfd) ended.  Consumer: the peer's arena
-     * (lease), and the recycled segments the next RELEASE names. */
+     * the connection's end gives them back.  Consumer (consumer.c): the
+     * peer's arena (lease), and the recycled segments the next RELEASE
+     * names. */
     const fb_netpool_t *lend_np;
     fb_lent_t lent;
     int peer_pidfd;
@@ -226,48 +265,13 @@ static inline int holds_buffers(const fb_inchan_t *ch)
     return ch->state == CH_NEW || ch->state == CH_REQUESTED || ch->state == CH_RETRY;
 }
 
-/* A frame is half read (its rest is coming). */
-static inline int mid_frame(const fb_conn_t *c)
+/* A frame is half read (its rest is coming), in the frame reader or in the
+ * transport under it (a sealed record not whole yet).  The read right's
+ * holder asks. */
+static inline int mid_frame(fb_conn_t *c)
 {
-    return c->rx_phase != RX_FRAME || c->rd_end > c->rd_pos;
+    return fb_frame_mid(&c->fr) || fb_transport_partial(c->t);
 }
-
-#pragma GCC visibility push(hidden)
-
-/* idmap (connection.c) */
-void idmap_init(idmap_t *m);
-int32_t idmap_get(const idmap_t *m, uint32_t id);
-void idmap_put(idmap_t *m, uint32_t id, int32_t slot);
-void idmap_del(idmap_t *m, uint32_t id);
-
-/* connection.c */
-void notify_writer(fb_conn_t *c, int32_t slot);
-void writer_kick(fb_conn_t *c, int how);
-void inchan_incref(fb_inchan_t *ch);
-void ctl_free_list(ctl_t *m);
-int ctl_push_quiet(fb_conn_t *c, uint8_t type, uint32_t receiver_id, const char *body,
-                   uint32_t len, int quiet);
-int ctl_push(fb_conn_t *c, uint8_t type, uint32_t receiver_id, const char *body,
-             uint32_t len);
-int ctl_error(fb_conn_t *c, uint32_t receiver_id, int code, const char *type,
-              const char *msg);
-void inchan_fail_locked(fb_conn_t *c, fb_inchan_t *ch, int code, const char *type,
-                        const char *msg);
-void outchan_free_slot(fb_conn_t *c, outchan_t *oc);
-void outchan_end(fb_conn_t *c, outchan_t *oc, int release);
-void close_socket(fb_conn_t *c);
-int conn_end(fb_conn_t *c, int code, const char *msg);
-void conn_fail(fb_conn_t *c, int code, const char *fmt, ...);
-void conn_write_failed(fb_conn_t *c, int err);
-int write_failed(fb_conn_t *c);
-void conn_fail_peer_closed(fb_conn_t *c, int mid_frame);
-void end_served_channels(fb_conn_t *c);
-int32_t in_lookup(fb_conn_t *c, uint32_t id);
-void conn_hold(void *arg);
-void conn_release(void *arg);
-
-/* lend.c */
-int lend_locked(fb_conn_t *c, outchan_t *oc, const fb_item_t *item);
 
 /* A consumer's thread reads the socket, or did a moment ago (the lend): what
  * it leaves for the writer (credit, releases) goes out with its next read. */
@@ -283,41 +287,47 @@ static inline int control_waits(fb_conn_t *c)
     return __atomic_load_n(&c->nctl, __ATOMIC_RELAXED) > 0
            || __atomic_load_n(&c->nrel, __ATOMIC_RELAXED) > 0;
 }
-char *put_releases_locked(fb_conn_t *c, char *p, char *end, int *more);
-int read_lent(fb_conn_t *c, const fb_wire_frame_t *f);
-int read_release(fb_conn_t *c, const fb_wire_frame_t *f);
-void lending_detach(fb_conn_t *c);
-void lending_end(fb_conn_t *c);
 
-/* inchan.c */
-void want_buffers(fb_inchan_t *ch, int32_t backlog);
-/* A lent buffer of ch was recycled: a segment its credit kept aside goes
- * back, and with it the credit (no lock held). */
-void inchan_return_kept(fb_inchan_t *ch);
+/* Writing failed as the peer went (conn_write_failed). */
+static inline int write_failed(fb_conn_t *c)
+{
+    return __atomic_load_n(&c->write_errno, __ATOMIC_ACQUIRE) != 0;
+}
 
-/* reader.c */
-int protocol_error(fb_conn_t *c, const char *fmt, ...);
-fb_inchan_t *buffer_target(fb_conn_t *c, uint32_t id, uint32_t seq, uint8_t type,
-                          uint32_t size, fb_item_t *item, int *rc);
-void buffer_deliver(fb_conn_t *c, fb_inchan_t *ch, fb_item_t *item, int received,
-                    int32_t backlog);
-int read_step(fb_conn_t *c);
-int wait_ms(const fb_conn_t *c, int64_t deadline, int64_t now);
-int stalled(fb_conn_t *c, int64_t now);
-int frame_staged(const fb_conn_t *c);
-void rd_give_back(fb_conn_t *c);
-int poll_input(fb_conn_t *c, int wake_fd, int ms);
-void *reader_main(void *arg);
+#pragma GCC visibility push(hidden)
 
-/* direct.c */
-int direct_read(void *arg, void *g, int64_t deadline_ns);
-int pool_wait(void *arg, void *lp, int64_t deadline_ns);
+/* ---- conn_state.c, for every unit above it -------------------------------- */
 
-/* writer.c */
-batch_t *batch_new(void);
-int flush_pending(fb_conn_t *c, int send);
-void conn_ready(void *arg);
-void *writer_main(void *arg);
+void idmap_init(idmap_t *m);
+int32_t idmap_get(const idmap_t *m, uint32_t id);
+void idmap_put(idmap_t *m, uint32_t id, int32_t slot);
+void idmap_del(idmap_t *m, uint32_t id);
+/* The slot of in-channel `id` (mu held), or -1. */
+int32_t in_lookup(fb_conn_t *c, uint32_t id);
+void notify_writer(fb_conn_t *c, int32_t slot);
+/* Make `slot` ready and send it now in this thread, through the out gate's
+ * hook (writer.c's conn_ready; caller_sends only), without waiting. */
+void send_now(fb_conn_t *c, int32_t slot);
+/* Control messages were queued (no lock held): with caller_sends (and `how`
+ * 1) this thread sends them now if the writer thread is idle (send_now),
+ * else (`how` 2) the writer thread is woken. */
+void writer_kick(fb_conn_t *c, int how);
+void ctl_free_list(ctl_t *m);
+/* Queue a control message (mu held); the writer sends them in order.  A
+ * quiet push leaves waking the writer to the caller, once it has unlocked. */
+int ctl_push_quiet(fb_conn_t *c, uint8_t type, uint32_t receiver_id, const char *body,
+                   uint32_t len, int quiet);
+int ctl_push(fb_conn_t *c, uint8_t type, uint32_t receiver_id, const char *body,
+             uint32_t len);
+/* An ERROR_RESPONSE (mu held). */
+int ctl_error(fb_conn_t *c, uint32_t receiver_id, int code, const char *type,
+              const char *msg);
+/* The socket goes: both directions shut, the writer stops.  Idempotent. */
+void close_socket(fb_conn_t *c);
+void inchan_incref(fb_inchan_t *ch);
+/* References for lenders and the gate hook (fb_lender_t, fb_gate_hook_t). */
+void conn_hold(void *arg);
+void conn_release(void *arg);
 
 #pragma GCC visibility pop
 
