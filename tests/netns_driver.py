@@ -24,13 +24,15 @@ _REPLY_LOCK = threading.Lock()
 
 def _where(task):
     """What a task says of itself: index, its stage attempt, the address
-    its server bound and the one it published, its process, and the
-    transport of each of its connections by peer."""
+    its server bound, the one its environment gives peers and the one it
+    published, its process, and the transport of each of its connections
+    by peer."""
     from pyspark import BarrierTaskContext
 
     ctx = BarrierTaskContext.get()
     return {"index": task.index, "task_attempt": ctx.taskAttemptId(),
-            "bound": "%s:%d" % task.environment.address, "published": task.address,
+            "bound": "%s:%d" % task.environment.bound_address,
+            "address": "%s:%d" % task.environment.address, "published": task.address,
             "pid": os.getpid(), "local_ip": os.environ.get("SPARK_LOCAL_IP"),
             "infos": [i.address for i in ctx.getTaskInfos()],
             "connections": sorted([c["peer"], c["transport"]]

@@ -16,6 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from flinkbuf.errors import EnvironmentClosedError, RemoteConnectionError
 from flinkbuf.io import RecordWriter, create_partition
 from flinkbuf.network import NetworkEnvironment
+from flinkbuf.network import addresses
 from flinkbuf.network.addresses import OwnAddresses, host_address, is_host_address
 from flinkbuf.network.config import NetworkConfig
 from flinkbuf.network.connection_table import ConnectionTable
@@ -321,7 +322,15 @@ def test_host_address_falls_back_without_a_route(monkeypatch):
 
     monkeypatch.setattr(socket, "socket", NoRoute)
     monkeypatch.setattr(socket, "gethostname", lambda: "localhost")
+    # without a route: an interface's address, when one is up
+    interfaces = addresses._interface_addresses(socket.AF_INET)
+    assert host_address() == (interfaces[0] if interfaces else "127.0.0.1")
+    assert all(is_host_address(a) and not a.startswith("127.") for a in interfaces)
+    # nor an interface: loopback, never the address of a name no socket binds
+    monkeypatch.setattr(addresses, "_interface_addresses", lambda family: [])
+    monkeypatch.setattr(socket, "gethostname", lambda: "192.0.2.254")
     assert host_address() == "127.0.0.1"
+    assert addresses._interface_addresses(socket.AF_INET6) == []
 
 
 # ---- the sealing rule, accepting side ---------------------------------------------------

@@ -107,6 +107,8 @@ def test_tasks_bound_to_every_interface_on_the_same_ports_of_two_hosts(hosts):
     where = out["where"]
     for w in where:
         assert w["bound"].startswith("0.0.0.0:"), w
+        # the environment's own address is its host's, as the task publishes
+        assert w["address"] == w["published"], w
         w["bound"] = w["published"]
     _on_two_hosts(where)
     ports = sorted(int(w["published"].rpartition(":")[2]) for w in where)

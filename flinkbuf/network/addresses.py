@@ -55,7 +55,9 @@ _LOCAL_HOSTS = ("127.", "::1", "localhost")
 def host_address(family: int = socket.AF_INET) -> str:
     """A concrete address of this host that peers can dial, for a server
     bound to every interface: the source address of the default route,
-    else the address this host's name resolves to, else loopback."""
+    else the first address of an interface that is up (not loopback),
+    else the address this host's name resolves to if a socket can bind
+    it, else loopback."""
     try:
         with socket.socket(family, socket.SOCK_DGRAM) as probe:
             probe.connect(_ROUTE_PROBES[family])
@@ -64,15 +66,50 @@ def host_address(family: int = socket.AF_INET) -> str:
             return str(host)
     except (OSError, KeyError):
         pass
+    for host in _interface_addresses(family):
+        return host
     try:
         for *_, sockaddr in socket.getaddrinfo(socket.gethostname(), None, family,
                                                 socket.SOCK_STREAM):
             host = str(sockaddr[0])
-            if not is_wildcard(host) and not host.startswith(_LOCAL_HOSTS):
+            if (not is_wildcard(host) and not host.startswith(_LOCAL_HOSTS)
+                    and is_host_address(host)):
                 return host
     except (OSError, UnicodeError):
         pass
     return _LOOPBACK.get(family, "127.0.0.1")
+
+
+# Linux ioctls of an interface's flags and IPv4 address (<linux/sockios.h>).
+_SIOCGIFFLAGS = 0x8913
+_SIOCGIFADDR = 0x8915
+_IFF_UP, _IFF_LOOPBACK = 0x1, 0x8
+
+
+def _interface_addresses(family: int) -> list[str]:
+    """The IPv4 addresses of this host's interfaces that are up and not
+    loopback, in interface order (Linux; elsewhere, and for IPv6, none)."""
+    if family != socket.AF_INET or not hasattr(socket, "if_nameindex"):
+        return []
+    try:
+        import fcntl
+        import struct
+        names = [name for _, name in socket.if_nameindex()]
+    except (ImportError, OSError):
+        return []
+    found = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for name in names:
+            request = struct.pack("256s", name.encode()[:15])
+            try:
+                flags = struct.unpack_from("H", fcntl.ioctl(probe, _SIOCGIFFLAGS, request),
+                                           16)[0]
+                if not flags & _IFF_UP or flags & _IFF_LOOPBACK:
+                    continue
+                found.append(socket.inet_ntoa(fcntl.ioctl(probe, _SIOCGIFADDR, request)[20:24]))
+            except OSError:     # no IPv4 address on it, or gone meanwhile
+                continue
+    return found
 
 
 def is_host_address(host: str) -> bool:
