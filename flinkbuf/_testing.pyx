@@ -12,6 +12,7 @@ from flinkbuf.csrc.pool cimport FB_NO_CHANNEL
 from flinkbuf.csrc.status cimport FB_OK
 from flinkbuf.csrc.wire cimport *
 from flinkbuf.io._io cimport ResultPartition, _serialize_event
+from flinkbuf.network._network cimport Connection
 from flinkbuf.serialization._serialization cimport (FULL_BUFFER, FULL_RECORD, RecordDeserializer,
                                                   RecordSerializer, is_no_record)
 from flinkbuf.serialization.codecs.dict_shadow cimport *
