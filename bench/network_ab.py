@@ -9,9 +9,9 @@ variant once per round, rounds repeated, medians and ratios reported).
                              [--channels 1] [--flush-ms 100] [--cpu] VARIANT...
 
 ``--busy N`` (any of the three) runs N busy-loop processes beside every
-measurement, started before it and stopped after it: the machine as a
-Spark executor running other tasks sees it (``--busy 1`` on two cores: one
-core taken).
+measurement, started before it and stopped after it: a machine as a Spark
+executor running other tasks beside the exchange has it (``--busy 1`` on
+two cores: one core taken).
 
 A VARIANT is a peer (``raw_tcp``, ``raw_uds``, ``pyzmq``, ``mp_queue``) or
 ``flinkbuf`` with spec options after colons, e.g. ``flinkbuf:transport=tcp``,

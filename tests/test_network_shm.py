@@ -205,7 +205,8 @@ def sealed_memfd(size, header=None, seals=None):
     return fd
 
 
-GOOD_HEADER = struct.pack("<III", 0x46425348, 1, 16384)
+VERSION = 2              # of the region's layout (docs/PROTOCOL.md, section 2.1)
+GOOD_HEADER = struct.pack("<III", 0x46425348, VERSION, 16384)
 BAD_REGIONS = {
     "unsealed": lambda: sealed_memfd(HEADER + 2 * 16384, GOOD_HEADER, seals=0),
     "shrinkable": lambda: sealed_memfd(HEADER + 2 * 16384, GOOD_HEADER,
@@ -215,10 +216,12 @@ BAD_REGIONS = {
     "bad magic": lambda: sealed_memfd(HEADER + 2 * 16384, struct.pack("<III", 1, 1, 16384)),
     "bad version": lambda: sealed_memfd(HEADER + 2 * 16384,
                                         struct.pack("<III", 0x46425348, 9, 16384)),
-    "ring not a power of two": lambda: sealed_memfd(HEADER + 2 * 12288,
-                                                    struct.pack("<III", 0x46425348, 1, 12288)),
+    "the version before": lambda: sealed_memfd(HEADER + 2 * 16384,
+                                               struct.pack("<III", 0x46425348, 1, 16384)),
+    "ring not a power of two": lambda: sealed_memfd(
+        HEADER + 2 * 12288, struct.pack("<III", 0x46425348, VERSION, 12288)),
     "ring too small": lambda: sealed_memfd(HEADER + 2 * 1024,
-                                           struct.pack("<III", 0x46425348, 1, 1024)),
+                                           struct.pack("<III", 0x46425348, VERSION, 1024)),
 }
 
 

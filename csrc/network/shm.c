@@ -82,6 +82,7 @@ typedef struct shm_transport {
     uint32_t bells_seen;      /* atomic: rx->bells when this side last drained its bell */
     int64_t rang_ns;          /* atomic: when this side last rang the peer awake */
     int32_t wake_ns;          /* atomic: how long a look after a ring may be (0: none) */
+    int woke_apart;           /* atomic: the last rung peer read on another CPU, soon */
     fb_shm_stats_t stats;     /* atomic counters */
 } shm_t;
 
@@ -308,19 +309,24 @@ static int look(shm_t *s, int events, int ms, int64_t t0)
 
 /* Learn from a wait on `cpu` how long a look after a ring may be: once
  * the peer read after this side rang it, as long as that took and half as
- * much again if it ran on another CPU, else none (a look would have held
- * it off this one).  Each ring teaches once. */
+ * much again if it ran on another CPU within WAKE_MAX_NS the last two
+ * times, else none (a look would have held it off this one, or would not
+ * have lasted).  Each ring teaches once. */
 static void learn(shm_t *s, int cpu)
 {
     int64_t rang = PEEK(&s->rang_ns), took = since(PEEK(&s->peer->read_ns), rang);
-    int32_t wake = 0;
+    int good;
     if (rang == 0 || took <= 0
             || !__atomic_compare_exchange_n(&s->rang_ns, &rang, 0, 0, __ATOMIC_RELAXED,
                                             __ATOMIC_RELAXED))
         return;
-    if (took < WAKE_MAX_NS && (cpu < 0 || PEEK(&s->peer->cpu) != cpu))
-        wake = (int32_t)(took + took / 2 + 2000);
-    SET(&s->wake_ns, wake);
+    good = took < WAKE_MAX_NS && (cpu < 0 || PEEK(&s->peer->cpu) != cpu);
+    if (good && __atomic_exchange_n(&s->woke_apart, 1, __ATOMIC_RELAXED))
+        SET(&s->wake_ns, (int32_t)(took + took / 2 + 2000));
+    else
+        SET(&s->wake_ns, 0);
+    if (!good)
+        SET(&s->woke_apart, 0);
 }
 
 /* Sleep up to ms on the doorbells (and wake_fd), counted as a sleeper so
