@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.one_transport,
 HEADER = 4096
 RING0_HEAD = 64          # the control page: 16 bytes, then ring 0 (head first)
 RING0_BELLS = 204        # doorbells ring 0's writer rang for input (u32)
-SIDE0 = 448              # side 0's line: when it last moved bytes, read bytes (i64), its CPU (i32)
+SIDE0 = 448              # side 0's line: when it last moved bytes, read, looked (i64), its CPU (i32)
 
 
 def dev_shm():
@@ -349,7 +349,7 @@ def test_a_peer_writing_garbage_where_it_says_how_it_runs_changes_nothing():
     try:
         with mmap.mmap(memfd, os.fstat(memfd).st_size) as m:
             for t in (2**63 - 1, -2**63, -1, 0, time.monotonic_ns() + 10**9):
-                struct.pack_into("<qqi", m, SIDE0, t, t, (t >> 7) % 4096 - 1)
+                struct.pack_into("<qqqi", m, SIDE0, t, t, t, (t >> 7) % 4096 - 1)
                 struct.pack_into("<I", m, RING0_BELLS, t & 0xFFFFFFFF)
                 os.write(data0, b"!")
                 assert wait_until(lambda: unread_bells(data0) == 0, 5)

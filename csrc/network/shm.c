@@ -26,18 +26,28 @@
  * round trip between two awake processes takes a few.  A look at a peer
  * that sleeps, waits for a CPU, or would run on this one is worse than
  * useless: it takes the core that the peer (or the process beside it)
- * needs.  So each side publishes when it last moved bytes and on which CPU
- * (side_ctl_t), and a wait looks only
- *   - while the peer moved bytes within LIVE_NS (it is running: it is
- *     answering, or about to), and not on this wait's CPU (a peer that
- *     last ran here does not run now: it sleeps or waits for this core);
+ * needs.  So each side publishes when it last moved bytes, when it last
+ * looked, and on which CPU it moved them (side_ctl_t), and a wait looks,
+ * if the peer did not last move on this wait's CPU (a peer that last ran
+ * here does not run now: it sleeps or waits for this core), only
+ *   - while the peer moved bytes recently (it is running: it is answering,
+ *     or about to).  Recently is learned (learn_live): LIVE_MIN_NS, or as
+ *     long as the peer's moves were apart (up to LIVE_MAX_NS) when it
+ *     answered a wait that slept soon enough for a look, from another CPU;
+ *     a look that did not pay takes a quarter off;
+ *   - while the peer looks at the rings itself (it runs on another CPU now)
+ *     with bytes from this side to read, or for WAITING_NS without (two
+ *     sides that both wait for a third thread stop looking soon);
  *   - or, after this side rang the sleeping peer's doorbell, for as long as
- *     a rung peer took to move on another CPU before (learned: see learn);
+ *     a rung peer took to read on another CPU before (learn_wake);
  * and never longer than SPIN_MAX_NS.  What the peer publishes is a hint: a
  * garbage value only makes a wait look (at most SPIN_MAX_NS) or sleep. */
-#define SPIN_MAX_NS 30000
-#define LIVE_NS 16000
-#define WAKE_MAX_NS 30000
+#define SPIN_MAX_NS 30000           /* the longest look */
+#define LIVE_MIN_NS 16000
+#define LIVE_MAX_NS 60000
+#define LOOKING_NS 2000             /* a look's time older than this: it ended */
+#define WAITING_NS 4000
+#define WAKE_MAX_NS 30000           /* a rung peer slower than this: no look after a ring */
 
 /* One ring's shared indices.  head and tail only grow (mod 2^64); each
  * is written by one side and sits on a cache line of its own. */
@@ -54,6 +64,7 @@ typedef struct ring_ctl {
 typedef struct side_ctl {
     _Alignas(64) int64_t moved_ns;    /* CLOCK_MONOTONIC of its last send or receive */
     int64_t read_ns;                  /* of its last receive */
+    int64_t looked_ns;                /* of its last look at the rings (every ~16 pauses) */
     int32_t cpu;                      /* the CPU of its last send or receive (-1: unknown) */
 } side_ctl_t;
 
@@ -81,6 +92,7 @@ typedef struct shm_transport {
     int peer_gone;            /* atomic: the socket or a doorbell reported the end */
     uint32_t bells_seen;      /* atomic: rx->bells when this side last drained its bell */
     int64_t rang_ns;          /* atomic: when this side last rang the peer awake */
+    int32_t live_ns;          /* atomic: how long after the peer's move a look pays */
     int32_t wake_ns;          /* atomic: how long a look after a ring may be (0: none) */
     int woke_apart;           /* atomic: the last rung peer read on another CPU, soon */
     fb_shm_stats_t stats;     /* atomic counters */
@@ -278,14 +290,20 @@ static inline int64_t since(int64_t now, int64_t then)
     return (int64_t)((uint64_t)now - (uint64_t)then);
 }
 
-/* Whether a look at `now` still pays: the peer moved bytes within LIVE_NS
- * (since this side last rang it), or it was rung and a rung peer moved
- * this soon before.  `moved` and `rang` as read by the caller. */
-static inline int peer_live(const shm_t *s, int64_t now, int64_t moved, int64_t rang)
+/* Whether a look that began at t0 still pays at `now`: the peer looks at
+ * the rings now with bytes from this side to read (or this look is young),
+ * or it moved bytes within live_ns (since this side last rang it), or it
+ * was rung and a rung peer read this soon before.  `moved` and `rang` as
+ * read by the caller. */
+static inline int peer_live(const shm_t *s, int64_t t0, int64_t now, int64_t moved, int64_t rang)
 {
+    int64_t looked = since(now, PEEK(&s->peer->looked_ns));
+    if (looked >= 0 && looked < LOOKING_NS
+            && (now - t0 < WAITING_NS || PEEK(&s->tx_head) != PEEK(&s->tx->tail)))
+        return 1;
     if (rang != 0 && since(rang, moved) > 0)   /* it slept since this side rang it */
         return since(now, rang) < PEEK(&s->wake_ns);
-    return since(now, moved) >= 0 && since(now, moved) < LIVE_NS;
+    return since(now, moved) >= 0 && since(now, moved) < PEEK(&s->live_ns);
 }
 
 /* Look at the ring while the peer is live, for at most SPIN_MAX_NS and ms:
@@ -294,17 +312,43 @@ static int look(shm_t *s, int events, int ms, int64_t t0)
 {
     int64_t until = t0 + ((ms > 0 && (int64_t)ms * 1000000 < SPIN_MAX_NS)
                           ? (int64_t)ms * 1000000 : SPIN_MAX_NS), now;
+    SET(&s->me->looked_ns, t0);
     for (int i = 1;; i++) {
         cpu_relax();
         if (ready(s, events))
             return 1;
         if ((i & 15) == 0) {
             now = fb_monotonic_ns();
+            SET(&s->me->looked_ns, now);
             if (now >= until
-                    || !peer_live(s, now, PEEK(&s->peer->moved_ns), PEEK(&s->rang_ns)))
+                    || !peer_live(s, t0, now, PEEK(&s->peer->moved_ns), PEEK(&s->rang_ns)))
                 return 0;
         }
     }
+}
+
+/* Learn from a wait that began at t0 on `cpu` and slept (the peer had
+ * moved at moved0, this side rang it at rang0; `looked` first, in vain)
+ * how long after the peer's move a look pays: a quarter less after a look
+ * in vain; as long as the peer's moves were apart (and a quarter more) if
+ * it answered a wait that did not look soon enough for a look to have seen
+ * it, from another CPU, without being rung. */
+static void learn_live(shm_t *s, int cpu, int64_t t0, int64_t moved0, int64_t rang0, int looked)
+{
+    int64_t moved = PEEK(&s->peer->moved_ns), gap = since(moved, moved0);
+    int32_t live = PEEK(&s->live_ns), next = live;
+    if (looked)
+        next = live - live / 4;
+    else if (!looked && gap > 0 && gap < LIVE_MAX_NS && since(moved, t0) >= 0
+             && since(moved, t0) < SPIN_MAX_NS && (rang0 == 0 || since(rang0, moved0) <= 0)
+             && (cpu < 0 || PEEK(&s->peer->cpu) != cpu) && gap + gap / 4 > live)
+        next = (int32_t)(gap + gap / 4);
+    if (next < LIVE_MIN_NS)
+        next = LIVE_MIN_NS;
+    if (next > LIVE_MAX_NS)
+        next = LIVE_MAX_NS;
+    if (next != live)
+        SET(&s->live_ns, next);
 }
 
 /* Learn from a wait on `cpu` how long a look after a ring may be: once
@@ -312,7 +356,7 @@ static int look(shm_t *s, int events, int ms, int64_t t0)
  * much again if it ran on another CPU within WAKE_MAX_NS the last two
  * times, else none (a look would have held it off this one, or would not
  * have lasted).  Each ring teaches once. */
-static void learn(shm_t *s, int cpu)
+static void learn_wake(shm_t *s, int cpu)
 {
     int64_t rang = PEEK(&s->rang_ns), took = since(PEEK(&s->peer->read_ns), rang);
     int good;
@@ -382,24 +426,29 @@ static int sleep_on_bells(shm_t *s, int events, int wake_fd, int ms)
 static int shm_wait(fb_transport_t *t, int events, int wake_fd, int ms)
 {
     shm_t *s = (shm_t *)t;
-    int64_t t0;
-    int cpu, rc;
+    int64_t t0, moved0, rang0;
+    int cpu, rc, looked = 0;
     if (ready(s, events))
         return 1;
     COUNT(s, waits);
     t0 = fb_monotonic_ns();
     cpu = sched_getcpu();
+    moved0 = PEEK(&s->peer->moved_ns);
+    rang0 = PEEK(&s->rang_ns);
     if (ms != 0 && (cpu < 0 || PEEK(&s->peer->cpu) != cpu)
-            && peer_live(s, t0, PEEK(&s->peer->moved_ns), PEEK(&s->rang_ns))) {
+            && peer_live(s, t0, t0, moved0, rang0)) {
         COUNT(s, looks);
+        looked = 1;
         if (look(s, events, ms, t0)) {
             COUNT(s, looks_paid);
-            learn(s, cpu);
+            learn_wake(s, cpu);
             return 1;
         }
     }
     rc = sleep_on_bells(s, events, wake_fd, ms);
-    learn(s, cpu);
+    if (looked || (rc > 0 && ready(s, events)))
+        learn_live(s, cpu, t0, moved0, rang0, looked);
+    learn_wake(s, cpu);
     return rc;
 }
 
@@ -588,6 +637,7 @@ fb_transport_t *fb_transport_shm(int sock, int memfd, int data_fd, int room_fd, 
         return NULL;
     }
     s->base.ops = &SHM_OPS;
+    s->live_ns = LIVE_MIN_NS;
     s->sock = sock;
     s->data_fd = data_fd;
     s->room_fd = room_fd;

@@ -36,7 +36,8 @@
 #define SIDE(s) (448 + 64 * (s))
 #define SIDE_MOVED(s) (SIDE(s))
 #define SIDE_READ(s) (SIDE(s) + 8)
-#define SIDE_CPU(s) (SIDE(s) + 16)
+#define SIDE_LOOKED(s) (SIDE(s) + 16)
+#define SIDE_CPU(s) (SIDE(s) + 24)
 
 typedef struct pair {
     fb_transport_t *t[2];
@@ -167,6 +168,26 @@ static void running_peer_is_looked_at(void)
     pair_free(&p);
 }
 
+/* A peer that looks at the rings now (its time of looking is fresh) runs
+ * on another CPU: it is looked at, though it moved no bytes for long. */
+static void looking_peer_is_looked_at(void)
+{
+    pair_t p;
+    fb_shm_stats_t st;
+    int tries = 0;
+    pair_new(&p);
+    put64(&p, SIDE_MOVED(0), fb_monotonic_ns() - 1000000000LL);
+    do {
+        put64(&p, SIDE_LOOKED(0), fb_monotonic_ns());
+        CHECK(p.t[1]->ops->wait(p.t[1], FB_TRANSPORT_READABLE, -1, 1) == 0);
+        st = stats_of(p.t[1]);
+    } while (st.looks == 0 && ++tries < 10000);
+    CHECK(st.looks >= 1 && st.looks_paid == 0);
+    /* and a look publishes this side's time of looking */
+    CHECK(get64(&p, SIDE_LOOKED(1)) > 0);
+    pair_free(&p);
+}
+
 /* A peer that last moved on this wait's CPU does not run now: no look. */
 static void peer_on_this_cpu_is_not_looked_at(void)
 {
@@ -225,6 +246,7 @@ static void garbage_from_the_peer_changes_nothing_that_matters(void)
     for (size_t k = 0; k < sizeof(times) / sizeof(times[0]); k++) {
         put64(&p, SIDE_MOVED(0), times[k]);
         put64(&p, SIDE_READ(0), times[k]);
+        put64(&p, SIDE_LOOKED(0), times[k]);
         put32(&p, SIDE_CPU(0), (int32_t)(k * 7919) - 3);
         put32(&p, RING_BELLS(0), (int32_t)(0x9e3779b9u * (uint32_t)k));
         CHECK(p.t[1]->ops->wait(p.t[1], FB_TRANSPORT_READABLE, -1, 2) == 0);
@@ -293,6 +315,7 @@ static void *scribbler(void *arg)
                           (int64_t)rand_r(&seed) << 32 | (int64_t)rand_r(&seed)};
         put64(r->p, SIDE_MOVED(0), pick[rand_r(&seed) % 6]);
         put64(r->p, SIDE_READ(0), pick[rand_r(&seed) % 6]);
+        put64(r->p, SIDE_LOOKED(0), pick[rand_r(&seed) % 6]);
         put32(r->p, SIDE_CPU(0), rand_r(&seed) % 4 - 1);
         put32(r->p, RING_BELLS(0), rand_r(&seed));
         sched_yield();
@@ -339,6 +362,7 @@ int main(void)
 {
     quiet_peer_is_not_looked_at();
     running_peer_is_looked_at();
+    looking_peer_is_looked_at();
     peer_on_this_cpu_is_not_looked_at();
     a_side_publishes_when_it_moved();
     garbage_from_the_peer_changes_nothing_that_matters();
