@@ -339,7 +339,7 @@ static void learn_live(shm_t *s, int cpu, int64_t t0, int64_t moved0, int64_t ra
     int32_t live = PEEK(&s->live_ns), next = live;
     if (looked)
         next = live - live / 4;
-    else if (!looked && gap > 0 && gap < LIVE_MAX_NS && since(moved, t0) >= 0
+    else if (gap > 0 && gap < LIVE_MAX_NS && since(moved, t0) >= 0
              && since(moved, t0) < SPIN_MAX_NS && (rang0 == 0 || since(rang0, moved0) <= 0)
              && (cpu < 0 || PEEK(&s->peer->cpu) != cpu) && gap + gap / 4 > live)
         next = (int32_t)(gap + gap / 4);
