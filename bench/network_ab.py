@@ -8,6 +8,11 @@ variant once per round, rounds repeated, medians and ratios reported).
   python bench/network_ab.py records [--rounds 5] [--n 2000000] [--kind int64]
                              [--channels 1] [--flush-ms 100] [--cpu] VARIANT...
 
+``--busy N`` (any of the three) runs N busy-loop processes beside every
+measurement, started before it and stopped after it: a machine as a Spark
+executor running other tasks beside the exchange has it (``--busy 1`` on
+two cores: one core taken).
+
 A VARIANT is a peer (``raw_tcp``, ``raw_uds``, ``pyzmq``, ``mp_queue``) or
 ``flinkbuf`` with spec options after colons, e.g. ``flinkbuf:transport=tcp``,
 ``flinkbuf:exclusive=8:floating=32`` or ``flinkbuf:direct_reads=0`` (also
@@ -21,11 +26,13 @@ release builds.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -103,6 +110,21 @@ def measure_in(build, a, variant):
     return tuple(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
+@contextlib.contextmanager
+def busy(n):
+    """``n`` processes that spin in a Python loop while the block runs."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        if procs:
+            time.sleep(0.2)               # running, and spread over the cores
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("what", choices=["latency", "bulk", "records"])
@@ -118,6 +140,8 @@ def main():
     ap.add_argument("--cpu", action="store_true",
                     help="bulk, records: also the CPU time per record of each side's process "
                          "(where two cores are both busy, no transport can go faster)")
+    ap.add_argument("--busy", type=int, default=0, metavar="N",
+                    help="N busy-loop processes beside each measurement (a loaded machine)")
     ap.add_argument("--one", help=argparse.SUPPRESS)   # a child's single measurement
     a = ap.parse_intermixed_args()
     if a.one:
@@ -130,7 +154,8 @@ def main():
         for v in a.variants:
             impl, extra = parse(v)
             build = extra.pop("build", None)
-            val = measure(a, impl, extra) if build is None else measure_in(build, a, v)
+            with busy(a.busy):
+                val = measure(a, impl, extra) if build is None else measure_in(build, a, v)
             res[v].append(val)
             shown = val if a.what == "latency" or a.cpu else val[:1]
             print(f"round {r}: {v:<40} " + " ".join(f"{x:,.2f}" if x < 100 else f"{x:,.0f}"

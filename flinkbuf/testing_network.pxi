@@ -398,3 +398,12 @@ cdef class WaitlistModel:
 
     def __len__(self):
         return self.wl.n
+
+
+# ---- layer 4: the shared-memory transport ------------------------------------------
+
+def shm_waits(Connection conn not None):
+    """How the waits of ``conn``'s shared-memory transport went so far:
+    ``{"waits", "looks", "looks_paid", "sleeps"}`` (csrc/network/shm.h's
+    fb_shm_stats_t), or None over another transport."""
+    return conn._shm_waits()

@@ -1,17 +1,21 @@
 """The shared-memory transport: what it maps and leaves behind, what it
-checks of a region it is given, and a peer that corrupts the rings.  Every
-other network test runs over it too (conftest.py); kill -9 of either side
-is in test_network_failures.py."""
+checks of a region it is given, a peer that corrupts the rings or the
+fields where it says how it runs, and when a wait looks at the ring before
+it sleeps.  Every other network test runs over it too (conftest.py); kill -9
+of either side is in test_network_failures.py; the waits on their own, under
+sanitizers, in test_network_shm_waits.py."""
 
 import fcntl
 import mmap
 import os
 import socket
 import struct
+import termios
 import time
 
 import pytest
 
+from flinkbuf import _testing
 from flinkbuf.errors import RemoteConnectionError
 from flinkbuf.io import RecordWriter, create_partition
 from flinkbuf.network import NetworkEnvironment
@@ -24,6 +28,8 @@ pytestmark = [pytest.mark.one_transport,
 
 HEADER = 4096
 RING0_HEAD = 64          # the control page: 16 bytes, then ring 0 (head first)
+RING0_BELLS = 204        # doorbells ring 0's writer rang for input (u32)
+SIDE0 = 448              # side 0's line: when it last moved bytes, read, looked (i64), its CPU (i32)
 
 
 def dev_shm():
@@ -199,7 +205,8 @@ def sealed_memfd(size, header=None, seals=None):
     return fd
 
 
-GOOD_HEADER = struct.pack("<III", 0x46425348, 1, 16384)
+VERSION = 2              # of the region's layout (docs/PROTOCOL.md, section 2.1)
+GOOD_HEADER = struct.pack("<III", 0x46425348, VERSION, 16384)
 BAD_REGIONS = {
     "unsealed": lambda: sealed_memfd(HEADER + 2 * 16384, GOOD_HEADER, seals=0),
     "shrinkable": lambda: sealed_memfd(HEADER + 2 * 16384, GOOD_HEADER,
@@ -209,10 +216,12 @@ BAD_REGIONS = {
     "bad magic": lambda: sealed_memfd(HEADER + 2 * 16384, struct.pack("<III", 1, 1, 16384)),
     "bad version": lambda: sealed_memfd(HEADER + 2 * 16384,
                                         struct.pack("<III", 0x46425348, 9, 16384)),
-    "ring not a power of two": lambda: sealed_memfd(HEADER + 2 * 12288,
-                                                    struct.pack("<III", 0x46425348, 1, 12288)),
+    "the version before": lambda: sealed_memfd(HEADER + 2 * 16384,
+                                               struct.pack("<III", 0x46425348, 1, 16384)),
+    "ring not a power of two": lambda: sealed_memfd(
+        HEADER + 2 * 12288, struct.pack("<III", 0x46425348, VERSION, 12288)),
     "ring too small": lambda: sealed_memfd(HEADER + 2 * 1024,
-                                           struct.pack("<III", 0x46425348, 1, 1024)),
+                                           struct.pack("<III", 0x46425348, VERSION, 1024)),
 }
 
 
@@ -296,3 +305,88 @@ def test_a_client_gone_before_auth_ok_leaves_no_region_behind():
         assert wait_until(lambda: num_fds() <= fds_before and shared_memory_held() == [], 10)
     finally:
         server.close()
+
+
+# ---- when a wait looks at the ring ------------------------------------------------------------
+
+def unread_bells(fd):
+    """Bytes sent on the doorbell ``fd`` that its other end has not read."""
+    return struct.unpack("i", fcntl.ioctl(fd, termios.TIOCOUTQ, b"\0" * 4))[0]
+
+
+def test_a_waiter_whose_peer_is_quiet_sleeps_without_looking():
+    """A peer that moves no bytes (it sleeps, or has nothing to send) is not
+    looked at: the connection's reader sleeps on its doorbell at once, and a
+    bell with nothing in the ring behind it is emptied and slept on again,
+    still without looking."""
+    region = _shm_region(1024)
+    data0 = region[1]
+    conn, peer_sock = open_side(region)
+    try:
+        assert wait_until(lambda: _testing.shm_waits(conn)["sleeps"] >= 1, 5)
+        for _ in range(3):
+            os.write(data0, b"!")
+            assert wait_until(lambda: unread_bells(data0) == 0, 5)
+        waits = _testing.shm_waits(conn)
+        assert waits["looks"] == 0 and waits["looks_paid"] == 0, waits
+        assert 1 <= waits["sleeps"] <= waits["waits"], waits
+        assert conn.is_open
+    finally:
+        conn.close()
+        peer_sock.close()
+        close_quietly(*region[:3])
+
+
+def test_a_peer_writing_garbage_where_it_says_how_it_runs_changes_nothing():
+    """What a side publishes about itself (when it last moved and read
+    bytes, its CPU) and its count of doorbells are hints the other side only
+    reads: garbage there (times at the ends of the range or in the future,
+    any CPU, counts that never match) makes the connection neither look at
+    the ring nor fail, and a frame written after it is read as any other."""
+    region = _shm_region(1024)
+    memfd, data0 = region[0], region[1]
+    conn, peer_sock = open_side(region)
+    try:
+        with mmap.mmap(memfd, os.fstat(memfd).st_size) as m:
+            for t in (2**63 - 1, -2**63, -1, 0, time.monotonic_ns() + 10**9):
+                struct.pack_into("<qqqi", m, SIDE0, t, t, t, (t >> 7) % 4096 - 1)
+                struct.pack_into("<I", m, RING0_BELLS, t & 0xFFFFFFFF)
+                os.write(data0, b"!")
+                assert wait_until(lambda: unread_bells(data0) == 0, 5)
+            assert conn.is_open
+            assert _testing.shm_waits(conn)["looks"] == 0
+            close = _testing.wire_encode(("close",))
+            m[HEADER:HEADER + len(close)] = close
+            struct.pack_into("<Q", m, RING0_HEAD, len(close))
+            os.write(data0, b"!")
+            assert wait_until(lambda: not conn.is_open, 5)
+        assert "the peer closed the connection" in str(conn.error), conn.error
+    finally:
+        conn.close()
+        peer_sock.close()
+        close_quietly(memfd, *region[1:3])
+
+
+def test_the_wait_counters_of_connections():
+    """A connection over shared memory counts its waits (those that found
+    nothing at once), the looks among them and the looks that paid, and its
+    sleeps; a connection over a socket has no such counters."""
+    prod = NetworkEnvironment(64, 1024, secret=SECRET, transport="shm")
+    cons = NetworkEnvironment(64, 1024, secret=SECRET, transport="shm")
+    sock_cons = NetworkEnvironment(64, 1024, secret=SECRET, transport="unix")
+    try:
+        records = [os.urandom(n) for n in (10, 3000, 40000)] * 50
+        assert exchange(prod, cons, records) == records
+        assert exchange(prod, sock_cons, records) == records
+        [shm] = cons._table.open_connections()
+        [unix] = sock_cons._table.open_connections()
+        assert (shm.transport, unix.transport) == ("shm", "unix")
+        assert _testing.shm_waits(unix) is None
+        waits = _testing.shm_waits(shm)
+        assert waits["waits"] >= 1, waits
+        assert waits["looks_paid"] <= waits["looks"] <= waits["waits"], waits
+        assert waits["sleeps"] <= waits["waits"], waits
+    finally:
+        sock_cons.close()
+        cons.close()
+        prod.close()

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,16 +17,37 @@
 #include "common/clock.h"
 
 #define SHM_MAGIC 0x46425348u       /* "FBSH" */
-#define SHM_VERSION 1u
+#define SHM_VERSION 2u
 #define SHM_HEADER 4096u            /* the control page before the rings */
-/* How long a waiter looks at the ring before it sleeps, at most: a round
- * trip between two awake processes takes a few microseconds, a wake-up
- * through the kernel ten or more.  The budget adapts (see adapt_spin): an
- * eighth less after every look that found nothing, the most again after a
- * sleep that a look would have saved, so that an idle connection costs no
- * CPU and a busy one sleeps seldom. */
-#define SPIN_MAX_NS 30000
-#define SPIN_MIN_NS 1000
+
+/* When a wait looks at the ring before it sleeps.  A look pays only while
+ * the peer runs on another CPU and answers within the look: then it saves
+ * this side a wake-up through the kernel (ten or more microseconds), and a
+ * round trip between two awake processes takes a few.  A look at a peer
+ * that sleeps, waits for a CPU, or would run on this one is worse than
+ * useless: it takes the core that the peer (or the process beside it)
+ * needs.  So each side publishes when it last moved bytes, when it last
+ * looked, and on which CPU it moved them (side_ctl_t), and a wait looks,
+ * if the peer did not last move on this wait's CPU (a peer that last ran
+ * here does not run now: it sleeps or waits for this core), only
+ *   - while the peer moved bytes recently (it is running: it is answering,
+ *     or about to).  Recently is learned (learn_live): LIVE_MIN_NS, or as
+ *     long as the peer's moves were apart (up to LIVE_MAX_NS) when it
+ *     answered a wait that slept soon enough for a look, from another CPU;
+ *     a look that did not pay takes a quarter off;
+ *   - while the peer looks at the rings itself (it runs on another CPU now)
+ *     with bytes from this side to read, or for WAITING_NS without (two
+ *     sides that both wait for a third thread stop looking soon);
+ *   - or, after this side rang the sleeping peer's doorbell, for as long as
+ *     a rung peer took to read on another CPU before (learn_wake);
+ * and never longer than SPIN_MAX_NS.  What the peer publishes is a hint: a
+ * garbage value only makes a wait look (at most SPIN_MAX_NS) or sleep. */
+#define SPIN_MAX_NS 30000           /* the longest look */
+#define LIVE_MIN_NS 16000
+#define LIVE_MAX_NS 60000
+#define LOOKING_NS 2000             /* a look's time older than this: it ended */
+#define WAITING_NS 4000
+#define WAKE_MAX_NS 30000           /* a rung peer slower than this: no look after a ring */
 
 /* One ring's shared indices.  head and tail only grow (mod 2^64); each
  * is written by one side and sits on a cache line of its own. */
@@ -35,11 +57,21 @@ typedef struct ring_ctl {
     _Alignas(64) uint32_t readers_asleep;  /* the reader's threads polling for input */
     uint32_t writer_asleep;           /* the writer polls for room */
     uint32_t closed;                  /* the writer ended (after its last head) */
+    uint32_t bells;                   /* doorbells the writer rang for input (mod 2^32) */
 } ring_ctl_t;
+
+/* What a side tells the other about itself (written by that side only). */
+typedef struct side_ctl {
+    _Alignas(64) int64_t moved_ns;    /* CLOCK_MONOTONIC of its last send or receive */
+    int64_t read_ns;                  /* of its last receive */
+    int64_t looked_ns;                /* of its last look at the rings (every ~16 pauses) */
+    int32_t cpu;                      /* the CPU of its last send or receive (-1: unknown) */
+} side_ctl_t;
 
 typedef struct shm_header {
     uint32_t magic, version, ring_size, reserved;
     ring_ctl_t ring[2];               /* ring s: written by side s */
+    side_ctl_t side[2];
 } shm_header_t;
 
 _Static_assert(sizeof(shm_header_t) <= SHM_HEADER, "the header fits its page");
@@ -51,18 +83,26 @@ typedef struct shm_transport {
     char *map;
     size_t map_size;
     ring_ctl_t *tx, *rx;
+    side_ctl_t *me, *peer;
     char *tx_buf, *rx_buf;
     uint64_t size;            /* ring bytes, a power of two */
     uint64_t tx_head;         /* own copies of own indices (atomic: waiters read them) */
     uint64_t rx_tail;
     int shut;                 /* atomic */
     int peer_gone;            /* atomic: the socket or a doorbell reported the end */
-    int32_t spin_ns;          /* atomic: how long a wait looks before it sleeps */
+    uint32_t bells_seen;      /* atomic: rx->bells when this side last drained its bell */
+    int64_t rang_ns;          /* atomic: when this side last rang the peer awake */
+    int32_t live_ns;          /* atomic: how long after the peer's move a look pays */
+    int32_t wake_ns;          /* atomic: how long a look after a ring may be (0: none) */
+    int woke_apart;           /* atomic: the last rung peer read on another CPU, soon */
+    fb_shm_stats_t stats;     /* atomic counters */
 } shm_t;
 
 #define LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
 #define PEEK(p) __atomic_load_n((p), __ATOMIC_RELAXED)
 #define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+#define SET(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
+#define COUNT(s, f) __atomic_add_fetch(&(s)->stats.f, 1, __ATOMIC_RELAXED)
 
 static inline void cpu_relax(void)
 {
@@ -120,6 +160,7 @@ int fb_shm_region_new(uint32_t ring_size, int fds[FB_SHM_NFDS])
     h->magic = SHM_MAGIC;
     h->version = SHM_VERSION;
     h->ring_size = ring_size;
+    h->side[0].cpu = h->side[1].cpu = -1;
     munmap(h, SHM_HEADER);
     if (fcntl(fds[FB_SHM_MEMFD], F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
         goto fail;
@@ -152,21 +193,29 @@ static void ring_bell(int fd)
     (void)!send(fd, &one, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
-/* Ring `fd` if the other side may sleep on `asleep` (after publishing). */
-static inline void wake_if_asleep(int fd, uint32_t *asleep)
+/* Ring `fd` if the other side may sleep on `asleep` (after publishing),
+ * counting the ring in `*bells` (NULL: uncounted). */
+static inline void wake_if_asleep(shm_t *s, int fd, uint32_t *asleep, uint32_t *bells)
 {
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
-    if (PEEK(asleep) > 0)
+    if (PEEK(asleep) > 0) {
+        if (bells != NULL)
+            __atomic_add_fetch(bells, 1, __ATOMIC_RELAXED);
         ring_bell(fd);
+        SET(&s->rang_ns, fb_monotonic_ns());
+    }
 }
 
-/* Empty a doorbell; its end closed (the peer went) sets peer_gone. */
+/* Empty a doorbell (a short read emptied it); its end closed (the peer
+ * went) sets peer_gone. */
 static void drain(shm_t *s, int fd)
 {
     char buf[64];
     ssize_t r;
-    while ((r = recv(fd, buf, sizeof(buf), MSG_DONTWAIT)) > 0)
+    while ((r = recv(fd, buf, sizeof(buf), MSG_DONTWAIT)) == (ssize_t)sizeof(buf))
         ;
+    if (r > 0)
+        return;
     if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
         __atomic_store_n(&s->peer_gone, 1, __ATOMIC_RELEASE);
 }
@@ -223,90 +272,183 @@ static int ready(shm_t *s, int events)
     return (events & FB_TRANSPORT_WRITABLE) && tx_room(s) != 0;
 }
 
-/* The look's budget after a wait that began at t0 and slept: the most
- * again if what it waited for came soon enough for a look to have found
- * it, else an eighth less (nothing below SPIN_MIN_NS). */
-static void adapt_spin(shm_t *s, int32_t budget, int ready_now, int64_t t0)
+/* This side moved bytes (read them: `read`): tell the peer when and where. */
+static inline void moved(shm_t *s, int read)
 {
-    int32_t next;
-    if (ready_now && fb_monotonic_ns() - t0 < SPIN_MAX_NS)
-        next = SPIN_MAX_NS;
-    else
-        next = budget - budget / 8 < SPIN_MIN_NS ? 0 : budget - budget / 8;
-    if (next != budget)
-        __atomic_store_n(&s->spin_ns, next, __ATOMIC_RELAXED);
+    int64_t now = fb_monotonic_ns();
+    SET(&s->me->moved_ns, now);
+    if (read)
+        SET(&s->me->read_ns, now);
+    SET(&s->me->cpu, sched_getcpu());
 }
 
-/* Look at the ring for up to `budget` ns (and no longer than ms): 1 if
- * what the wait is for came. */
-static int look(shm_t *s, int events, int32_t budget, int ms, int64_t t0)
+/* ---- waiting: look, then sleep ------------------------------------------------------------ */
+
+/* now - then, wrapping (the peer's times can be anything). */
+static inline int64_t since(int64_t now, int64_t then)
 {
-    int64_t until = t0 + ((ms > 0 && (int64_t)ms * 1000000 < budget)
-                          ? (int64_t)ms * 1000000 : budget);
-    if (budget <= 0 || ms == 0)
-        return 0;
+    return (int64_t)((uint64_t)now - (uint64_t)then);
+}
+
+/* Whether a look that began at t0 still pays at `now`: the peer looks at
+ * the rings now with bytes from this side to read (or this look is young),
+ * or it moved bytes within live_ns (since this side last rang it), or it
+ * was rung and a rung peer read this soon before.  `moved` and `rang` as
+ * read by the caller. */
+static inline int peer_live(const shm_t *s, int64_t t0, int64_t now, int64_t moved, int64_t rang)
+{
+    int64_t looked = since(now, PEEK(&s->peer->looked_ns));
+    if (looked >= 0 && looked < LOOKING_NS
+            && (now - t0 < WAITING_NS || PEEK(&s->tx_head) != PEEK(&s->tx->tail)))
+        return 1;
+    if (rang != 0 && since(rang, moved) > 0)   /* it slept since this side rang it */
+        return since(now, rang) < PEEK(&s->wake_ns);
+    return since(now, moved) >= 0 && since(now, moved) < PEEK(&s->live_ns);
+}
+
+/* Look at the ring while the peer is live, for at most SPIN_MAX_NS and ms:
+ * 1 if what the wait is for came. */
+static int look(shm_t *s, int events, int ms, int64_t t0)
+{
+    int64_t until = t0 + ((ms > 0 && (int64_t)ms * 1000000 < SPIN_MAX_NS)
+                          ? (int64_t)ms * 1000000 : SPIN_MAX_NS), now;
+    SET(&s->me->looked_ns, t0);
     for (int i = 1;; i++) {
         cpu_relax();
         if (ready(s, events))
             return 1;
-        if ((i & 63) == 0 && fb_monotonic_ns() >= until)
-            return 0;
+        if ((i & 15) == 0) {
+            now = fb_monotonic_ns();
+            SET(&s->me->looked_ns, now);
+            if (now >= until
+                    || !peer_live(s, t0, now, PEEK(&s->peer->moved_ns), PEEK(&s->rang_ns)))
+                return 0;
+        }
     }
 }
 
-/* Wait up to ms for `events` (or the wake-up fd): look first, then sleep
- * counted as a sleeper so that the peer rings. */
-static int shm_wait(fb_transport_t *t, int events, int wake_fd, int ms)
+/* Learn from a wait that began at t0 on `cpu` and slept (the peer had
+ * moved at moved0, this side rang it at rang0; `looked` first, in vain)
+ * how long after the peer's move a look pays: a quarter less after a look
+ * in vain; as long as the peer's moves were apart (and a quarter more) if
+ * it answered a wait that did not look soon enough for a look to have seen
+ * it, from another CPU, without being rung. */
+static void learn_live(shm_t *s, int cpu, int64_t t0, int64_t moved0, int64_t rang0, int looked)
 {
-    shm_t *s = (shm_t *)t;
+    int64_t moved = PEEK(&s->peer->moved_ns), gap = since(moved, moved0);
+    int32_t live = PEEK(&s->live_ns), next = live;
+    if (looked)
+        next = live - live / 4;
+    else if (gap > 0 && gap < LIVE_MAX_NS && since(moved, t0) >= 0
+             && since(moved, t0) < SPIN_MAX_NS && (rang0 == 0 || since(rang0, moved0) <= 0)
+             && (cpu < 0 || PEEK(&s->peer->cpu) != cpu) && gap + gap / 4 > live)
+        next = (int32_t)(gap + gap / 4);
+    if (next < LIVE_MIN_NS)
+        next = LIVE_MIN_NS;
+    if (next > LIVE_MAX_NS)
+        next = LIVE_MAX_NS;
+    if (next != live)
+        SET(&s->live_ns, next);
+}
+
+/* Learn from a wait on `cpu` how long a look after a ring may be: once
+ * the peer read after this side rang it, as long as that took and half as
+ * much again if it ran on another CPU within WAKE_MAX_NS the last two
+ * times, else none (a look would have held it off this one, or would not
+ * have lasted).  Each ring teaches once. */
+static void learn_wake(shm_t *s, int cpu)
+{
+    int64_t rang = PEEK(&s->rang_ns), took = since(PEEK(&s->peer->read_ns), rang);
+    int good;
+    if (rang == 0 || took <= 0
+            || !__atomic_compare_exchange_n(&s->rang_ns, &rang, 0, 0, __ATOMIC_RELAXED,
+                                            __ATOMIC_RELAXED))
+        return;
+    good = took < WAKE_MAX_NS && (cpu < 0 || PEEK(&s->peer->cpu) != cpu);
+    if (good && __atomic_exchange_n(&s->woke_apart, 1, __ATOMIC_RELAXED))
+        SET(&s->wake_ns, (int32_t)(took + took / 2 + 2000));
+    else
+        SET(&s->wake_ns, 0);
+    if (!good)
+        SET(&s->woke_apart, 0);
+}
+
+/* Sleep up to ms on the doorbells (and wake_fd), counted as a sleeper so
+ * that the peer rings: poll's result. */
+static int sleep_on_bells(shm_t *s, int events, int wake_fd, int ms)
+{
     struct pollfd p[4];
-    int n = 0, rc, iw = -1, ir = -1, is;
-    int32_t budget = __atomic_load_n(&s->spin_ns, __ATOMIC_RELAXED);
-    int64_t t0;
-    if (ready(s, events))
-        return 1;
-    t0 = fb_monotonic_ns();
-    if (look(s, events, budget, ms, t0))
-        return 1;
+    int n = 0, rc, iw = -1, ir = -1, id = -1, slept = 0;
+    int64_t until = ms > 0 ? fb_monotonic_ns() + (int64_t)ms * 1000000 : 0;
+    uint64_t drained;
     if (events & FB_TRANSPORT_READABLE)
         __atomic_add_fetch(&s->rx->readers_asleep, 1, __ATOMIC_SEQ_CST);
     if (events & FB_TRANSPORT_WRITABLE)
         __atomic_add_fetch(&s->tx->writer_asleep, 1, __ATOMIC_SEQ_CST);
-    if (ready(s, events)) {
-        rc = 1;
-    } else {
-        is = n;
-        p[n++] = (struct pollfd){s->sock, POLLIN, 0};
-        if (events & FB_TRANSPORT_READABLE)
-            p[n++] = (struct pollfd){s->data_fd, POLLIN, 0};
-        if (events & FB_TRANSPORT_WRITABLE) {
-            ir = n;
-            p[n++] = (struct pollfd){s->room_fd, POLLIN, 0};
-        }
-        if (wake_fd >= 0) {
-            iw = n;
-            p[n++] = (struct pollfd){wake_fd, POLLIN, 0};
-        }
-        rc = poll(p, (nfds_t)n, ms);
-        if (rc > 0) {
-            uint64_t drained;
-            if (iw >= 0 && (p[iw].revents & POLLIN))
-                (void)!read(wake_fd, &drained, sizeof(drained));
-            /* Room is drained here (one sender waits at a time); input by
-             * the receive that finds the ring empty, so that every thread
-             * polling for input sees it until it is read. */
-            if (ir >= 0 && p[ir].revents)
-                drain(s, s->room_fd);
-            if (p[is].revents)
-                check_peer(s);
+    p[n++] = (struct pollfd){s->sock, POLLIN, 0};
+    if (events & FB_TRANSPORT_READABLE)
+        p[id = n++] = (struct pollfd){s->data_fd, POLLIN, 0};
+    if (events & FB_TRANSPORT_WRITABLE)
+        p[ir = n++] = (struct pollfd){s->room_fd, POLLIN, 0};
+    if (wake_fd >= 0)
+        p[iw = n++] = (struct pollfd){wake_fd, POLLIN, 0};
+    while (!(rc = ready(s, events))) {
+        if (!slept++)
+            COUNT(s, sleeps);
+        if ((rc = poll(p, (nfds_t)n, ms)) <= 0)
+            break;
+        if (iw >= 0 && (p[iw].revents & POLLIN))
+            (void)!read(wake_fd, &drained, sizeof(drained));
+        /* Room is drained here (one sender waits at a time); input by the
+         * receive that reads it after a ring, or here when it was read
+         * before this thread woke: then the sleep goes on. */
+        if (ir >= 0 && p[ir].revents)
+            drain(s, s->room_fd);
+        if (p[0].revents)
+            check_peer(s);
+        if (rc > 1 || id < 0 || !p[id].revents || ready(s, events))
+            break;
+        drain(s, s->data_fd);
+        if (ms > 0 && (ms = (int)((until - fb_monotonic_ns() + 999999) / 1000000)) <= 0) {
+            rc = 0;
+            break;
         }
     }
     if (events & FB_TRANSPORT_READABLE)
         __atomic_sub_fetch(&s->rx->readers_asleep, 1, __ATOMIC_RELAXED);
     if (events & FB_TRANSPORT_WRITABLE)
         __atomic_sub_fetch(&s->tx->writer_asleep, 1, __ATOMIC_RELAXED);
-    if (ms != 0)
-        adapt_spin(s, budget, ready(s, events), t0);
+    return rc;
+}
+
+/* Wait up to ms for `events` (or the wake-up fd): look first if it pays,
+ * then sleep. */
+static int shm_wait(fb_transport_t *t, int events, int wake_fd, int ms)
+{
+    shm_t *s = (shm_t *)t;
+    int64_t t0, moved0, rang0;
+    int cpu, rc, looked = 0;
+    if (ready(s, events))
+        return 1;
+    COUNT(s, waits);
+    t0 = fb_monotonic_ns();
+    cpu = sched_getcpu();
+    moved0 = PEEK(&s->peer->moved_ns);
+    rang0 = PEEK(&s->rang_ns);
+    if (ms != 0 && (cpu < 0 || PEEK(&s->peer->cpu) != cpu)
+            && peer_live(s, t0, t0, moved0, rang0)) {
+        COUNT(s, looks);
+        looked = 1;
+        if (look(s, events, ms, t0)) {
+            COUNT(s, looks_paid);
+            learn_wake(s, cpu);
+            return 1;
+        }
+    }
+    rc = sleep_on_bells(s, events, wake_fd, ms);
+    if (looked || (rc > 0 && ready(s, events)))
+        learn_live(s, cpu, t0, moved0, rang0, looked);
+    learn_wake(s, cpu);
     return rc;
 }
 
@@ -346,7 +488,8 @@ static ssize_t shm_send(fb_transport_t *t, const struct iovec *iov, int iovcnt, 
     }
     __atomic_store_n(&s->tx_head, head + n, __ATOMIC_RELAXED);
     STORE(&s->tx->head, head + n);
-    wake_if_asleep(s->data_fd, &s->tx->readers_asleep);
+    moved(s, 0);
+    wake_if_asleep(s, s->data_fd, &s->tx->readers_asleep, &s->tx->bells);
     return (ssize_t)n;
 }
 
@@ -354,9 +497,14 @@ static ssize_t shm_recv(fb_transport_t *t, struct iovec *iov, int iovcnt)
 {
     shm_t *s = (shm_t *)t;
     uint64_t avail = rx_avail(s), tail;
+    uint32_t bells = PEEK(&s->rx->bells);
     size_t n = 0, take;
-    if (avail == 0) {
-        drain(s, s->data_fd);     /* before the second look: a bell rung meanwhile stays */
+    /* The doorbell is emptied when the peer rang it since the last time,
+     * before a second look at the ring (a bell rung meanwhile stays), so
+     * that no thread polls awake for input read already. */
+    if (bells != PEEK(&s->bells_seen)) {
+        SET(&s->bells_seen, bells);
+        drain(s, s->data_fd);
         avail = rx_avail(s);
     }
     if (avail > s->size) {
@@ -378,7 +526,8 @@ static ssize_t shm_recv(fb_transport_t *t, struct iovec *iov, int iovcnt)
     }
     __atomic_store_n(&s->rx_tail, tail + n, __ATOMIC_RELAXED);
     STORE(&s->rx->tail, tail + n);
-    wake_if_asleep(s->room_fd, &s->rx->writer_asleep);
+    moved(s, 1);
+    wake_if_asleep(s, s->room_fd, &s->rx->writer_asleep, NULL);
     return (ssize_t)n;
 }
 
@@ -413,7 +562,8 @@ static void shm_destroy(fb_transport_t *t)
 }
 
 static const fb_transport_ops_t SHM_OPS = {
-    shm_send, shm_recv, shm_wait, shm_shutdown, shm_close, shm_destroy, NULL,
+    .send = shm_send, .recv = shm_recv, .wait = shm_wait, .shutdown = shm_shutdown,
+    .close = shm_close, .destroy = shm_destroy,
 };
 
 /* ---- attaching ------------------------------------------------------------------------- */
@@ -487,7 +637,7 @@ fb_transport_t *fb_transport_shm(int sock, int memfd, int data_fd, int room_fd, 
         return NULL;
     }
     s->base.ops = &SHM_OPS;
-    s->spin_ns = SPIN_MAX_NS;
+    s->live_ns = LIVE_MIN_NS;
     s->sock = sock;
     s->data_fd = data_fd;
     s->room_fd = room_fd;
@@ -496,9 +646,20 @@ fb_transport_t *fb_transport_shm(int sock, int memfd, int data_fd, int room_fd, 
     s->size = ring;
     s->tx = &((shm_header_t *)map)->ring[side];
     s->rx = &((shm_header_t *)map)->ring[1 - side];
+    s->me = &((shm_header_t *)map)->side[side];
+    s->peer = &((shm_header_t *)map)->side[1 - side];
     s->tx_buf = map + SHM_HEADER + (size_t)side * ring;
     s->rx_buf = map + SHM_HEADER + (size_t)(1 - side) * ring;
     /* Fresh rings start at zero (calloc): indices the peer wrote otherwise
      * fail the connection at their first use. */
     return &s->base;
+}
+
+void fb_shm_stats(fb_transport_t *t, fb_shm_stats_t *out)
+{
+    shm_t *s = (shm_t *)t;
+    out->waits = PEEK(&s->stats.waits);
+    out->looks = PEEK(&s->stats.looks);
+    out->looks_paid = PEEK(&s->stats.looks_paid);
+    out->sleeps = PEEK(&s->stats.sleeps);
 }

@@ -8,6 +8,7 @@ from flinkbuf.csrc.connection cimport fb_conn_t, fb_floating_t, fb_inchan_t
 from flinkbuf.csrc.credit cimport fb_credit_action_t, fb_credit_t, fb_waitlist_t
 from flinkbuf.csrc.frame_reader cimport fb_frame_reader_t, fb_frame_source_t
 from flinkbuf.csrc.seal cimport fb_seal_t
+from flinkbuf.csrc.transport cimport fb_transport_t
 from flinkbuf.csrc.wire cimport fb_wire_frame_t
 from flinkbuf.io._io cimport InputChannel
 
@@ -19,8 +20,10 @@ cdef class Connection:
     cdef str _peer              # the peer's server address
     cdef str _transport         # "unix", "tcp" or "shm"
     cdef bint _sealed           # frames sealed (AES-256-GCM), both ways
+    cdef fb_transport_t *_shm   # the shared-memory transport under it, or NULL
     cdef int _check(self) except -1
     cdef object _error(self)
+    cdef dict _shm_waits(self)  # test hook: how its shared-memory waits went
 
 
 cdef class FloatingBuffers:

@@ -127,6 +127,7 @@ cdef class Connection:
 
     def __cinit__(self, token=None):
         self._c = NULL
+        self._shm = NULL
         _refuse_bare(token, "connections")
 
     def __init__(self, token=None):
@@ -184,6 +185,7 @@ cdef class Connection:
             conn._transport = "shm"
             err[0] = 0
             t = fb_transport_shm(fd, memfd, data_fd, room_fd, side, err, sizeof(err))
+            conn._shm = t           # lives as long as conn._c (its transport)
             if t == NULL:
                 import os
                 for owned in (fd, data_fd, room_fd, pidfd):
@@ -295,6 +297,16 @@ cdef class Connection:
                 "frames_in_direct": st.frames_in_direct,
                 "buffers_lent": fb_conn_lent(self._c),
                 "buffers_borrowed": fb_conn_borrowed(self._c)}
+
+    cdef dict _shm_waits(self):
+        """The wait counters of the shared-memory transport (csrc/network/shm.h's
+        fb_shm_stats_t), or None on another transport."""
+        cdef fb_shm_stats_t st
+        if self._c == NULL or self._shm == NULL:
+            return None
+        fb_shm_stats(self._shm, &st)
+        return {"waits": st.waits, "looks": st.looks, "looks_paid": st.looks_paid,
+                "sleeps": st.sleeps}
 
     @property
     def num_channels(self):
