@@ -130,6 +130,8 @@ struct fb_inchan {
     fb_credit_t cr;
     uint32_t next_seq;
     int state;
+    int gap;                    /* a lent buffer dropped as the connection ends:
+                                   nothing after it is delivered (its failure follows) */
     int64_t request_deadline, retry_at, backoff_ns;
     int err_code;
     char err_type[FB_NET_MAX_ERROR_TYPE];

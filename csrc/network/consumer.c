@@ -31,7 +31,7 @@ static fb_inchan_t *buffer_target(fb_conn_t *c, uint32_t id, uint32_t seq, uint8
     pthread_mutex_lock(&c->mu);
     slot = in_lookup(c, id);
     ch = slot >= 0 ? c->ins[slot] : NULL;
-    if (ch == NULL || ch->state != CH_REQUESTED) {
+    if (ch == NULL || ch->state != CH_REQUESTED || ch->gap) {
         uint32_t issued = c->next_receiver_id;
         pthread_mutex_unlock(&c->mu);
         if (id == 0 || id >= issued)
@@ -301,7 +301,10 @@ int32_t fb_conn_borrowed(fb_conn_t *c)
 }
 
 /* A lent buffer that arrives as the connection ends (the lease let go): it
- * is not read, but its sequence and credit count as a buffer dropped. */
+ * is not read, but its sequence and credit count as a buffer dropped.  The
+ * channel delivers nothing after it (an event, a copied buffer): its
+ * consumer would see a gap in the data before the failure that conn_end is
+ * about to give it. */
 static int drop_lent(fb_conn_t *c, const fb_wire_lent_t *b, uint32_t id, char *why)
 {
     fb_item_t credit;
@@ -309,6 +312,9 @@ static int drop_lent(fb_conn_t *c, const fb_wire_lent_t *b, uint32_t id, char *w
     fb_inchan_t *ch = buffer_target(c, id, b->sequence, FB_WIRE_DATA, b->size, &credit, &rc, why);
     if (ch == NULL)
         return rc;
+    pthread_mutex_lock(&c->mu);
+    ch->gap = 1;
+    pthread_mutex_unlock(&c->mu);
     buffer_deliver(c, ch, &credit, -1, (int32_t)b->backlog);   /* the segment back */
     fb_inchan_decref(ch);
     return 0;
