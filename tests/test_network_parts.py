@@ -17,7 +17,8 @@ from flinkbuf.errors import EnvironmentClosedError, RemoteConnectionError
 from flinkbuf.io import RecordWriter, create_partition
 from flinkbuf.network import NetworkEnvironment
 from flinkbuf.network import addresses
-from flinkbuf.network.addresses import OwnAddresses, host_address, is_host_address
+from flinkbuf.network.addresses import (OwnAddresses, host_address, is_host_address,
+                                        source_address)
 from flinkbuf.network.config import NetworkConfig
 from flinkbuf.network.connection_table import ConnectionTable
 from network_helpers import SECRET
@@ -308,6 +309,10 @@ def test_host_address_is_an_address_of_this_host():
     assert is_host_address(host_address())
     assert not is_host_address("0.0.0.0") and not is_host_address("192.0.2.254")
     assert not is_host_address("not an address")
+    # the source toward a host: loopback's own, or none where nothing leads
+    assert source_address(("127.0.0.1", 9)) == "127.0.0.1"
+    assert source_address(("not an address", 9)) is None
+    assert source_address(("127.0.0.1", 1 << 20)) is None
 
 
 @pytest.mark.one_transport

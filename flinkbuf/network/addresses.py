@@ -8,7 +8,7 @@ import socket
 from typing import Union
 
 __all__ = ["Address", "OwnAddresses", "WILDCARD_HOSTS", "format_address", "host_address",
-           "is_host_address", "is_wildcard", "split_address"]
+           "is_host_address", "is_wildcard", "source_address", "split_address"]
 
 # An address: (host, port) or "host:port".
 Address = Union[tuple[str, int], str]
@@ -43,13 +43,26 @@ def split_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
-# Documentation-only addresses (RFC 5737, RFC 3849): a datagram socket
-# "connected" to one learns the source address of the default route, and
-# no packet is ever sent.
+# Documentation-only addresses (RFC 5737, RFC 3849): the source address
+# toward one is that of the default route.
 _ROUTE_PROBES: dict[int, tuple[str, int]] = {socket.AF_INET: ("192.0.2.1", 9),
                                               socket.AF_INET6: ("2001:db8::1", 9)}
 _LOOPBACK: dict[int, str] = {socket.AF_INET: "127.0.0.1", socket.AF_INET6: "::1"}
 _LOCAL_HOSTS = ("127.", "::1", "localhost")
+
+
+def source_address(target: tuple[str, int]) -> str | None:
+    """The address of this host the kernel sends from to reach ``target``
+    (a numeric ``(host, port)``), or None when no route leads there: a
+    datagram socket is "connected" to it, and no packet is sent."""
+    try:
+        family = socket.AF_INET6 if ":" in target[0] else socket.AF_INET
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect(target)
+            host = str(probe.getsockname()[0])
+    except (OSError, ValueError, TypeError, OverflowError):
+        return None
+    return None if is_wildcard(host) else host
 
 
 def host_address(family: int = socket.AF_INET) -> str:
@@ -58,14 +71,10 @@ def host_address(family: int = socket.AF_INET) -> str:
     else the first address of an interface that is up (not loopback),
     else the address this host's name resolves to if a socket can bind
     it, else loopback."""
-    try:
-        with socket.socket(family, socket.SOCK_DGRAM) as probe:
-            probe.connect(_ROUTE_PROBES[family])
-            host = probe.getsockname()[0]
-        if not is_wildcard(host):
-            return str(host)
-    except (OSError, KeyError):
-        pass
+    if family in _ROUTE_PROBES:
+        routed = source_address(_ROUTE_PROBES[family])
+        if routed is not None:
+            return routed
     for host in _interface_addresses(family):
         return host
     try:

@@ -10,22 +10,8 @@ import socket
 from flinkbuf.errors import RemoteConnectionError
 from flinkbuf.io import task_segments
 from flinkbuf.network import NetworkEnvironment
-from flinkbuf.network.addresses import is_host_address, is_wildcard
+from flinkbuf.network.addresses import is_host_address, is_wildcard, source_address
 from flinkbuf.spark import _rendezvous
-
-
-def _source_address(target):
-    """The address of this host the kernel sends from to reach ``target``
-    (host, port), or None: the address on the route to the driver, which
-    executors' peers on the driver's network reach (no packet is sent)."""
-    try:
-        family = socket.AF_INET6 if ":" in target[0] else socket.AF_INET
-        with socket.socket(family, socket.SOCK_DGRAM) as s:
-            s.connect(target)
-            host = s.getsockname()[0]
-    except (OSError, ValueError, TypeError):
-        return None
-    return None if is_wildcard(host) else host
 
 
 def own_host(ctx, index, driver=None):
@@ -46,7 +32,7 @@ def own_host(ctx, index, driver=None):
     if is_host_address(seen):
         return seen
     if driver is not None:
-        source = _source_address(driver)
+        source = source_address(driver)
         if source is not None:
             return source
     try:
