@@ -21,6 +21,7 @@ from flinkbuf.network.addresses import (OwnAddresses, host_address, is_host_addr
                                         source_address)
 from flinkbuf.network.config import NetworkConfig
 from flinkbuf.network.connection_table import ConnectionTable
+from helpers import wait_until
 from network_helpers import SECRET
 
 SEG = 1024
@@ -77,14 +78,25 @@ def test_the_configuration_refuses_what_the_environment_refuses(kw, error):
 # ---- the connection table ---------------------------------------------------------------
 
 class FakeConnection:
-    """What the table reads of a connection: whether it is open; close()."""
+    """What the table does with a connection: start it (once, before
+    anything closes it; ``fails``: its threads cannot start), read whether
+    it is open, close it."""
 
     _ids = itertools.count()
 
-    def __init__(self):
+    def __init__(self, fails=False):
         self.id = next(self._ids)
         self.is_open = True
         self.closed = 0
+        self.started = 0
+        self.fails = fails
+
+    def _start(self):
+        assert self.started == 0 and self.closed == 0, self
+        if self.fails:
+            self.is_open = False
+            raise MemoryError("cannot start the connection's threads")
+        self.started += 1
 
     def close(self):
         self.closed += 1
@@ -130,11 +142,16 @@ class TableModel(RuleBasedStateMachine):
             self.dialing.add(address)
 
     @precondition(lambda self: not self.closed and self.dialing)
-    @rule(data=st.data(), succeed=st.booleans())
-    def end_dial(self, data, succeed):
+    @rule(data=st.data(), succeed=st.booleans(), starts=st.booleans())
+    def end_dial(self, data, succeed, starts):
         address = data.draw(st.sampled_from(sorted(self.dialing)))
         self.dialing.discard(address)
-        conn = FakeConnection() if succeed else None
+        conn = FakeConnection(fails=not starts) if succeed else None
+        if conn is not None and not starts:
+            with pytest.raises(MemoryError):
+                self.table.end_dial(address, conn)
+            assert conn.closed == 1 and conn not in self.table.open_connections()
+            return
         self.table.end_dial(address, conn)
         if conn is not None:
             self.all.append(conn)
@@ -143,8 +160,9 @@ class TableModel(RuleBasedStateMachine):
             self.said[conn.id] = self.expected.get(address)
 
     @precondition(lambda self: not self.closed)
-    @rule(address=st.sampled_from(ADDRESSES), peer_id=st.sampled_from(["x", "y"]))
-    def accept(self, address, peer_id):
+    @rule(address=st.sampled_from(ADDRESSES), peer_id=st.sampled_from(["x", "y"]),
+          starts=st.booleans())
+    def accept(self, address, peer_id, starts):
         current = self.current.get(address)
         mine = current is not None and current.is_open and current.id in self.dialed
         keep = self.table.keep_incoming(address)
@@ -156,10 +174,17 @@ class TableModel(RuleBasedStateMachine):
             assert keep is True
         if not keep:
             return
+        if not starts:
+            conn = FakeConnection(fails=True)
+            with pytest.raises(MemoryError):
+                self.table.add_accepted(conn, address, peer_id)
+            assert conn not in self.table.open_connections()
+            return
         conn = FakeConnection()
         self.all.append(conn)
         self.said[conn.id] = peer_id
         assert self.table.add_accepted(conn, address, peer_id)
+        assert conn.started == 1
         if not mine and self.expected.get(address) in (None, peer_id):
             self.current[address] = conn
 
@@ -198,6 +223,7 @@ class TableModel(RuleBasedStateMachine):
             self.table.begin_dial(address)
         conn = FakeConnection()
         assert self.table.add_accepted(conn, address, "x") is False
+        assert conn.started == 0
         assert self.table.open_connections() == [] and self.table.close() == []
 
     @invariant()
@@ -207,6 +233,7 @@ class TableModel(RuleBasedStateMachine):
             return
         live = [c for c in self.all if c.is_open]
         assert self.table.open_connections() == live
+        assert all(c.started == 1 for c in live)       # listed only once running
         assert (self.table.admit() is None) is (len(live) < 3)
 
     @invariant()
@@ -268,7 +295,57 @@ def test_a_dial_ending_after_close_closes_its_connection():
     conn = FakeConnection()
     with pytest.raises(EnvironmentClosedError):
         table.end_dial(ADDRESSES[0], conn)
-    assert conn.closed == 1
+    assert conn.closed == 1 and conn.started == 0
+
+
+def _address(env):
+    return "%s:%d" % env.address
+
+
+@pytest.mark.parametrize("late", ["add_accepted", "end_dial"])
+def test_a_connection_is_listed_before_it_reads_or_writes(late, monkeypatch):
+    """However late a table takes a connection in (its acceptor's or its
+    dialer's thread descheduled), nothing goes over the connection before:
+    whoever reads a record over it finds it listed on both sides."""
+    with NetworkEnvironment(32, SEG, secret=SECRET) as dialer, \
+            NetworkEnvironment(32, SEG, secret=SECRET) as acceptor:
+        writers = []
+        for env in (dialer, acceptor):
+            part = create_partition(env.network_buffer_pool, 1)
+            env.register_partition("p", part)
+            writers.append(RecordWriter(part, "round_robin", codec="bytes", buffer_timeout=0))
+            writers[-1].emit(_address(env).encode())
+        table = (acceptor if late == "add_accepted" else dialer)._table
+        real = getattr(table, late)
+
+        def slow(*args):
+            threading.Event().wait(0.3)
+            return real(*args)
+
+        monkeypatch.setattr(table, late, slow)
+        got = []
+
+        def read_from_acceptor():
+            gate = dialer.create_input_gate([(_address(acceptor), "p", 0)], codec="bytes")
+            got.append(bytes(next(gate)))
+            got.append([c.peer for c in acceptor.connections()])
+            gate.close()
+
+        t = threading.Thread(target=read_from_acceptor)
+        t.start()
+        if late == "end_dial":
+            # the acceptor has the connection while the dialer has not taken
+            # it in yet, and reads over it
+            assert wait_until(lambda: acceptor.connections(), 10)
+            gate = acceptor.create_input_gate([(_address(dialer), "p", 0)], codec="bytes")
+            assert bytes(next(gate)) == _address(dialer).encode()
+            assert [c.peer for c in dialer.connections()] == [_address(acceptor)]
+            gate.close()
+        t.join(30)
+        assert got == [_address(acceptor).encode(), [_address(dialer)]]
+        assert [c.peer for c in dialer.connections()] == [_address(acceptor)]
+        for writer in writers:
+            writer.close()
 
 
 @pytest.mark.one_transport

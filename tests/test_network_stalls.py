@@ -20,6 +20,8 @@ from network_helpers import SECRET, RingSocket, frame, request_frame
 SEG = 4096
 IO_TIMEOUT = 30.0        # far longer than the tests: a stall is never ended by it
 MAX_GAP = 1.0            # the longest a healthy consumer may go without a record
+FIRST_WITHIN = 10.0      # a child's start, import and connects on a loaded machine; a
+                         # stall lasts until IO_TIMEOUT
 
 
 TRANSPORTS = ["tcp", "unix", "shm"]
@@ -95,6 +97,16 @@ class Progress:
         self.sample()
         self.longest = 0.0
 
+    def first(self, what):
+        """Wait (at most FIRST_WITHIN) for the child's first record, then
+        watch for gaps from there on."""
+        end = time.monotonic() + FIRST_WITHIN
+        while not self.count and time.monotonic() < end:
+            time.sleep(0.05)
+            self.sample()
+        assert self.count > 0, f"{what} delivered nothing in {FIRST_WITHIN} s"
+        self.reset()
+
 
 def producer_with_a_peer_as_pool_waiter(children, transport):
     """A producer writing endlessly to subpartition 0 of "p" for a healthy
@@ -114,9 +126,7 @@ def producer_with_a_peer_as_pool_waiter(children, transport):
         "floating": 0, "gates": [[[address, "p", 0]]], "report": "count", "progress": True},
         life=120)
     progress = Progress(consumer)
-    progress.watch(1.5)
-    assert progress.count > 0, "the healthy consumer got nothing at all"
-    progress.reset()
+    progress.first("the healthy consumer")
     return prod, peer, progress
 
 
@@ -244,9 +254,7 @@ def test_a_producer_stalled_mid_frame_pauses_no_other_channel_of_the_gate(childr
             "gates": [[[hostile.address, "p", 0], [healthy, "live", 0]]],
             "report": "count", "progress": True}, life=120)
         progress = Progress(consumer)
-        progress.watch(1.5)
-        assert progress.count > 0, "the healthy channel delivered nothing at all"
-        progress.reset()
+        progress.first("the healthy channel")
         progress.watch(5.0)
         assert progress.longest < MAX_GAP, (
             f"the gate waited {progress.longest:.1f} s for a record of the healthy channel")

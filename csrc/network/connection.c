@@ -131,6 +131,8 @@ void fb_conn_set_caller_sends(fb_conn_t *c, int on)
 
 int fb_conn_start(fb_conn_t *c)
 {
+    if (c->started || c->closed)
+        return FB_ESTATE;
     c->rx_since = c->ping_for = fb_monotonic_ns();   /* the peer's silence starts now */
     if (pthread_create(&c->reader, NULL, reader_main, c) != 0)
         return FB_ENOMEM;

@@ -111,7 +111,8 @@ int32_t fb_conn_borrowed(fb_conn_t *c);
  * (default on; off: only the reader thread reads). */
 void fb_conn_set_direct_reads(fb_conn_t *c, int on);
 void fb_conn_set_caller_sends(fb_conn_t *c, int on);
-/* Start the reader and writer threads: FB_OK or FB_ENOMEM. */
+/* Start the reader and writer threads: FB_OK, FB_ENOMEM, or FB_ESTATE
+ * (started before, or closed). */
 int fb_conn_start(fb_conn_t *c);
 /* Close: a CLOSE_REQUEST if the connection is open, then both threads end
  * and every channel on it fails (FB_NET_ERR_CLOSED) or ends; waits for the

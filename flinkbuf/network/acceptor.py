@@ -365,7 +365,13 @@ class Acceptor:
             self._log_limited(logging.WARNING, f"start: {type(exc).__name__}",
                               "could not start a connection from %s: %s", spec.peer, exc)
             return
-        if not self._table.add_accepted(conn, spec.peer, peer_id):
+        try:
+            kept = self._table.add_accepted(conn, spec.peer, peer_id)
+        except MemoryError as exc:
+            self._log_limited(logging.WARNING, "start: MemoryError",
+                              "could not start a connection from %s: %s", spec.peer, exc)
+            kept = False
+        if not kept:
             conn.close()
 
     def _refuse(self, sel: selectors.BaseSelector, pending: _Pending, sock: socket.socket,

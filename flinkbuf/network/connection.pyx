@@ -135,9 +135,11 @@ cdef class Connection:
 
     @staticmethod
     def _open(int fd, int32_t segment_size, lookup, str local, str peer, double io_timeout,
-              bint caller_sends=True, bint direct_reads=True, shared=None, keys=None):
-        """Start a connection over ``fd`` (connected, authenticated, owned
-        from here on).  ``lookup(partition_id)`` finds a registered
+              bint caller_sends=True, bint direct_reads=True, shared=None, keys=None,
+              bint start=True):
+        """A connection over ``fd`` (connected, authenticated, owned from
+        here on), running unless ``start`` is False (then :meth:`_start`
+        runs it).  ``lookup(partition_id)`` finds a registered
         partition or returns None; ``caller_sends`` and ``direct_reads``
         are the environment's (see NetworkEnvironment).  ``shared`` is
         ``(memfd, data_fd, room_fd, side, peer_arena, peer_ledger,
@@ -225,9 +227,22 @@ cdef class Connection:
                 f"cannot read the buffers {peer} lends: {err.decode('utf-8', 'replace')}")
         fb_conn_set_caller_sends(conn._c, caller_sends)
         fb_conn_set_direct_reads(conn._c, direct_reads)
-        if fb_conn_start(conn._c) != FB_OK:
-            raise MemoryError("cannot start the connection's threads")
+        if start:
+            conn._start()
         return conn
+
+    def _start(self):
+        """Run a connection :meth:`_open` made with ``start=False``: its
+        threads read and write from here on.  Once, before anything else
+        uses it; MemoryError (and the connection is failed) if the threads
+        cannot start."""
+        cdef int rc
+        self._check()
+        rc = fb_conn_start(self._c)
+        if rc == FB_ESTATE:
+            raise RuntimeError("the connection was started or closed before")
+        if rc != FB_OK:
+            raise MemoryError("cannot start the connection's threads")
 
     def __dealloc__(self):
         if self._c != NULL:

@@ -125,19 +125,28 @@ class ConnectionTable:
 
     def end_dial(self, address: str, conn: Connection | None) -> None:
         """The dial :meth:`begin_dial` began ended, with the connection this
-        process made (kept as the one to ``address``) or None.  A table
-        closed meanwhile closes ``conn`` and raises."""
+        process made, not started (kept as the one to ``address``, and
+        started) or None.  A table closed meanwhile closes ``conn`` and
+        raises EnvironmentClosedError; MemoryError if it cannot start."""
         with self._changed:
             peer = self._peer(address)
             peer.dialing = False
             self._changed.notify_all()
+            failed = None
             if conn is not None and not self._closed:
-                peer.conn = conn
-                self._conns[conn] = _Record(True, peer.expected)
-                return
+                try:
+                    self._start(conn)
+                except MemoryError as exc:
+                    failed = exc
+                else:
+                    peer.conn = conn
+                    self._conns[conn] = _Record(True, peer.expected)
+                    return
             self._prune(address)
         if conn is not None:
             conn.close()
+            if failed is not None:
+                raise failed
             raise EnvironmentClosedError
 
     def await_connection_from(self, address: str, peer_address: str) -> Connection:
@@ -215,13 +224,15 @@ class ConnectionTable:
             self._changed.notify_all()
 
     def add_accepted(self, conn: Connection, peer_address: str, peer_id: str) -> bool:
-        """Keep a connection the acceptor started, from the process that says
-        it is ``peer_id`` at ``peer_address``: the one to that address, unless
-        this process dialed that peer itself or the peer id is not the one
-        expected.  False if the table is closed (the caller closes it)."""
+        """Keep, and start, a connection the acceptor made from the process
+        that says it is ``peer_id`` at ``peer_address``: the one to that
+        address, unless this process dialed that peer itself or the peer id
+        is not the one expected.  False if the table is closed, MemoryError
+        if the connection cannot start (the caller closes it either way)."""
         with self._changed:
             if self._closed:
                 return False
+            self._start(conn)
             self._conns[conn] = _Record(False, peer_id)
             peer = self._peer(peer_address)
             current = peer.conn
@@ -261,6 +272,14 @@ class ConnectionTable:
             return conns
 
     # ---- the lock held ------------------------------------------------------------------
+
+    @staticmethod
+    def _start(conn: Connection) -> None:
+        """Start ``conn`` as the table takes it, under the lock (whoever
+        lists or closes connections finds it not kept yet, or running): every
+        connection that has read or written is listed.  MemoryError if its
+        threads cannot start."""
+        conn._start()
 
     def _peer(self, address: str) -> _Peer:
         peer = self._peers.get(address)

@@ -100,7 +100,9 @@ class ConnectionOpener:
         self._lookup = lookup
 
     def open(self, spec: ConnectionSpec) -> Connection:
-        """Run the connection ``spec`` says.  From this call on, its socket,
+        """The connection ``spec`` says, not started yet: the connection
+        table starts it once it keeps it, so that every connection that
+        reads or writes is in the table.  From this call on, its socket,
         doorbells and pidfd are the connection's (closed if it cannot
         start), and its memfds are closed here once mapped.
         RemoteConnectionError if the region or a peer's arena is not as it
@@ -109,7 +111,7 @@ class ConnectionOpener:
         if isinstance(spec, StreamSpec):
             return Connection._open(spec.fd, c.segment_size, self._lookup, self._local,
                                     spec.peer, c.io_timeout, c.caller_sends, c.direct_reads,
-                                    None, spec.keys)
+                                    None, spec.keys, start=False)
         arena, ledger = spec.borrowed if spec.borrowed is not None else (-1, -1)
         loan = spec.loan
         shared = (spec.region, spec.data, spec.room, spec.side, arena, ledger,
@@ -118,7 +120,7 @@ class ConnectionOpener:
         try:
             return Connection._open(spec.fd, c.segment_size, self._lookup, self._local,
                                     spec.peer, c.io_timeout, c.caller_sends, c.direct_reads,
-                                    shared, spec.keys)
+                                    shared, spec.keys, start=False)
         finally:
             handshake.close_fds([fd for fd in (spec.region, arena, ledger,
                                                loan.ledger if loan is not None else -1)
