@@ -474,6 +474,16 @@ int32_t fb_subpart_backlog(const fb_subpart_t *sp)
     return __atomic_load_n(&sp->backlog, __ATOMIC_RELAXED);
 }
 
+void fb_subpart_set_buffer_size(fb_subpart_t *sp, int32_t size)
+{
+    __atomic_store_n(&sp->buffer_size, size, __ATOMIC_RELAXED);
+}
+
+int32_t fb_subpart_buffer_size(const fb_subpart_t *sp)
+{
+    return __atomic_load_n(&sp->buffer_size, __ATOMIC_RELAXED);
+}
+
 int32_t fb_subpart_events(const fb_subpart_t *sp)
 {
     return __atomic_load_n(&sp->events, __ATOMIC_RELAXED);

@@ -101,6 +101,7 @@ typedef struct fb_subpart {
     int32_t events;    /* event items queued; written under mu, read atomically */
     int32_t state;     /* FB_SP_*; written under mu, read atomically */
     int32_t finished;  /* the producer added its last item */
+    int32_t buffer_size; /* the size its consumer announced (0: whole segments); atomic */
     fb_gate_t *gate;   /* consumer to notify, or NULL */
     int32_t gate_channel;
     fb_signal_t *on_poll; /* posted after every poll and on termination */
@@ -171,6 +172,11 @@ void fb_subpart_disconnect(fb_subpart_t *sp, fb_gate_t *g);
  * queued.  The gate is told. */
 int32_t fb_subpart_terminate(fb_subpart_t *sp, int32_t state, fb_item_t **out);
 int32_t fb_subpart_backlog(const fb_subpart_t *sp);
+/* The buffer size the consumer announced (buffer debloating): the producer
+ * finishes buffers at that many bytes; 0 (the start): whole segments.  Any
+ * thread; the caller checks the size (> 0, at most a segment). */
+void fb_subpart_set_buffer_size(fb_subpart_t *sp, int32_t size);
+int32_t fb_subpart_buffer_size(const fb_subpart_t *sp);
 int32_t fb_subpart_events(const fb_subpart_t *sp);         /* events queued */
 int32_t fb_subpart_state(const fb_subpart_t *sp);
 int32_t fb_subpart_size(fb_subpart_t *sp);                 /* items queued */

@@ -50,6 +50,8 @@ cdef extern from "io/exchange.h" nogil:
     void fb_subpart_disconnect(fb_subpart_t *sp, fb_gate_t *g)
     int32_t fb_subpart_terminate(fb_subpart_t *sp, int32_t state, fb_item_t **out)
     int32_t fb_subpart_backlog(const fb_subpart_t *sp)
+    void fb_subpart_set_buffer_size(fb_subpart_t *sp, int32_t size)
+    int32_t fb_subpart_buffer_size(const fb_subpart_t *sp)
     int32_t fb_subpart_events(const fb_subpart_t *sp)
     int32_t fb_subpart_state(const fb_subpart_t *sp)
     int32_t fb_subpart_size(fb_subpart_t *sp)

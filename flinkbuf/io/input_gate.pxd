@@ -11,6 +11,11 @@ cdef class InputChannel:
     cdef int32_t _backlog(self) except -1
     cdef object _source_pool(self)
     cdef object _own_buffer_counters(self)
+    # Buffer debloating (the consumer's thread): the buffer size the gate
+    # wants (bytes, checked: min..segment size) told to the producer, and
+    # the buffers and bytes in flight toward this consumer right now.
+    cdef int _announce_buffer_size(self, int32_t size) except -1
+    cdef int32_t _buffers_in_use(self) except -1
 
 
 cdef class LocalInputChannel(InputChannel):

@@ -103,6 +103,17 @@ cdef class InputChannel:
         None for a channel that hands over its producer's buffers."""
         return None
 
+    cdef int _announce_buffer_size(self, int32_t size) except -1:
+        """Tell the producer to finish buffers at ``size`` bytes (buffer
+        debloating); a channel whose producer is not known yet keeps it."""
+        return 0
+
+    cdef int32_t _buffers_in_use(self) except -1:
+        """The buffers between the producer and this consumer's reads:
+        what the producer queued for the channel, what arrived and waits,
+        and (for a channel with credit) what the producer may send into."""
+        return 0
+
     @property
     def index(self):
         """Position in the gate, or None before it joined one."""
@@ -168,6 +179,13 @@ cdef class LocalInputChannel(InputChannel):
 
     cdef object _source_pool(self):
         return self._partition._pool
+
+    cdef int _announce_buffer_size(self, int32_t size) except -1:
+        fb_subpart_set_buffer_size(&self._sp._c, size)
+        return 0
+
+    cdef int32_t _buffers_in_use(self) except -1:
+        return fb_subpart_backlog(&self._sp._c)
 
     @property
     def partition(self):

@@ -105,6 +105,14 @@ cdef class ResultSubpartition:
         return fb_subpart_backlog(&self._c)
 
     @property
+    def buffer_size(self):
+        """The buffer size its consumer announced (buffer debloating): the
+        writer finishes this subpartition's buffers at that many bytes;
+        None until a consumer announces one (whole segments)."""
+        cdef int32_t size = fb_subpart_buffer_size(&self._c)
+        return size if size > 0 else None
+
+    @property
     def num_queued(self):
         """Buffers and events queued."""
         return fb_subpart_size(&self._c)
