@@ -150,7 +150,8 @@ if SANITIZE:
 CSRC = {
     "common": ["csrc/common/clock.c"],
     "buffer": ["csrc/buffer/arena.c", "csrc/buffer/redistribution.c", "csrc/buffer/pool.c"],
-    "io": ["csrc/io/exchange.c", "csrc/io/keygroup.c", "csrc/io/channel_order.c"],
+    "io": ["csrc/io/exchange.c", "csrc/io/keygroup.c", "csrc/io/channel_order.c",
+           "csrc/io/debloat.c"],
     "network": ["csrc/network/wire.c", "csrc/network/credit.c", "csrc/network/frame_reader.c",
                 "csrc/network/transport.c", "csrc/network/shm.c", "csrc/network/seal.c",
                 "csrc/network/lease.c", "csrc/network/conn_state.c", "csrc/network/inchan.c",

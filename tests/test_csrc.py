@@ -1,7 +1,8 @@
 """The plain C: the pool and the network connections under threads, built
 with ThreadSanitizer and with AddressSanitizer + UBSan (any race, memory
 error, leak or broken invariant fails), the clock both extension modules
-share, and the one library every unit of csrc/ is compiled into."""
+share, buffer debloating's arithmetic, and the one library every unit of
+csrc/ is compiled into."""
 
 import glob
 import os
@@ -93,6 +94,24 @@ def test_clock_deadlines_and_timed_waits(tmp_path, sanitizer):
     subprocess.run([cc, "-O1", "-g", f"-fsanitize={sanitizer}", "-fno-sanitize-recover=all",
                     "-Icsrc", "tests/csrc/clock_check.c", "csrc/common/clock.c", "-lpthread", "-lm",
                     "-o", str(exe)], cwd=ROOT, check=True, capture_output=True, text=True)
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
+
+
+def test_debloating_arithmetic_alone(tmp_path):
+    """csrc/io/debloat.c with every warning an error and the sanitizers on
+    (float-cast-overflow too: a double cast out of an integer's range is
+    what its saturation exists to avoid): its configuration check, worked
+    steps, and every extreme of its inputs."""
+    cc = os.environ.get("CC", "gcc")
+    exe = tmp_path / "debloat_check"
+    proc = subprocess.run([cc, "-std=gnu11", "-O1", "-g", "-Wall", "-Wextra", "-Werror",
+                           "-fsanitize=address,undefined,float-cast-overflow",
+                           "-fno-sanitize-recover=all", "-Icsrc", "tests/csrc/debloat_check.c",
+                           "csrc/io/debloat.c", "-lm", "-o", str(exe)],
+                          cwd=ROOT, check=False, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
