@@ -40,6 +40,8 @@ from flinkbuf.errors import (
 from flinkbuf.io import (
     BacklogAwareRebalanceSelector,
     BroadcastSelector,
+    BufferDebloatConfig,
+    BufferDebloater,
     ChannelSelector,
     CustomSelector,
     Event,
@@ -65,6 +67,8 @@ __all__ = [
     "BacklogAwareRebalanceSelector",
     "BroadcastSelector",
     "Buffer",
+    "BufferDebloatConfig",
+    "BufferDebloater",
     "BufferRequestTimeoutError",
     "ChannelSelector",
     "CorruptRecordError",

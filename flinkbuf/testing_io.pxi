@@ -26,3 +26,17 @@ def detach_reader(ResultPartition partition not None):
 def num_readers(ResultPartition partition not None):
     """Readers in other processes that hold ``partition`` now."""
     return partition._reader_count()
+
+
+def debloater_ema(BufferDebloater debloater not None):
+    """The smoothed size a debloater's announced sizes follow (a float)."""
+    return debloater._ema()
+
+
+def debloater_sample_ns(BufferDebloater debloater not None, int64_t bytes, int64_t active_ns,
+                        int32_t buffers_in_use):
+    """What the gate calls (the C fast path): the size to announce or 0.
+    Takes what the Python method refuses (negative counts, exact ns)."""
+    if debloater.config is None:
+        raise RuntimeError("BufferDebloater is not initialised")
+    return debloater._sample(bytes, active_ns, buffers_in_use)

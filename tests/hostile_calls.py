@@ -249,6 +249,14 @@ PLAUSIBLE = {
     "secret": st.just(b"s" * 32), "host": st.just("127.0.0.1"), "port": st.just(0),
     "transport": st.sampled_from(["auto", "tcp", "unix", "shm"]),
     "keys": st.lists(st.one_of(st.integers(), st.text(max_size=2)), max_size=5),
+    **dict.fromkeys(("enabled", "buffer_debloat"), st.booleans()),
+    **dict.fromkeys(("period", "active_seconds", "buffer_debloat_period"),
+                    st.sampled_from([0.001, 0.2, 1.0])),
+    **dict.fromkeys(("samples", "threshold", "buffer_debloat_samples",
+                     "buffer_debloat_threshold"), st.integers(1, 100)),
+    **dict.fromkeys(("min_size", "buffer_debloat_min_size", "buffers_in_use"),
+                    st.integers(0, 512)),
+    "bytes": st.integers(0, 1 << 40),
 }
 
 
@@ -277,6 +285,8 @@ class World:
         self.deserializer = fb.RecordDeserializer(max_record_size=1 << 16)
         self.event = fb.UserEvent(b"e")
         self.metrics = fb.TaskMetrics("hostile", writers=[self.writer], gates=[self.gate])
+        self.debloat_config = fb.BufferDebloatConfig(True)
+        self.debloater = fb.BufferDebloater(self.debloat_config, 256)
         self.env = None
         if network:
             from flinkbuf.network import NetworkEnvironment
@@ -475,14 +485,16 @@ GROUPS = {
                       "task_segments",
                       "murmur_hash", "operator_index_for_key_group",
                       "default_max_parallelism", "monotonic_ns", "ChannelSelector",
-                      "Event", "InputChannel")]
+                      "Event", "InputChannel", "BufferDebloatConfig", "BufferDebloater")]
+        + _fixed("BufferDebloatConfig.from_options", fb.BufferDebloatConfig.from_options)
         + _fixed("TaskMetrics", fb.TaskMetrics)
         + _instance_targets("partition")
         + _instance_targets("subpartition")
         + _instance_targets("writer") + _instance_targets("gate")
         + _instance_targets("channel") + _instance_targets("unknown")
         + _instance_targets("pending_gate") + _instance_targets("event")
-        + _instance_targets("metrics")),
+        + _instance_targets("metrics")
+        + _instance_targets("debloat_config") + _instance_targets("debloater")),
     "network": _network_targets,
     "spark": _spark_targets,
 }

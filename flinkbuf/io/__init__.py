@@ -43,6 +43,11 @@ and :class:`BacklogAwareRebalanceSelector` (the backlog-aware round robin,
 :func:`assign_keys_to_operators` assigns a whole array of keys at once, and
 :func:`order_by_channel` groups the rows of such an array by channel.
 
+Buffer debloating: a :class:`BufferDebloatConfig` says how input gates size
+the buffers their producers fill, so that the bytes in flight toward a
+consumer take about ``target`` seconds to consume; a :class:`BufferDebloater`
+computes one gate's size from samples of its consumer's throughput.
+
 A task's buffers: :func:`task_segments` (how many its pool needs) and
 :func:`create_partition`; :func:`local_pipeline` runs a task's stages in
 threads joined by local channels.
@@ -55,6 +60,8 @@ from flinkbuf.io._io import (
     MAX_QUEUED_EVENTS,
     BacklogAwareRebalanceSelector,
     BroadcastSelector,
+    BufferDebloatConfig,
+    BufferDebloater,
     ChannelSelector,
     CustomSelector,
     Event,
@@ -90,6 +97,8 @@ __all__ = [
     "MAX_QUEUED_EVENTS",
     "BacklogAwareRebalanceSelector",
     "BroadcastSelector",
+    "BufferDebloatConfig",
+    "BufferDebloater",
     "ChannelSelector",
     "CustomSelector",
     "Event",

@@ -15,14 +15,18 @@
 #                                  a reader in another process holds the partition
 #   item_object(item, pool)        what a gate reads from an item
 #   _serialize_event(event)        the bytes a user event travels as
+#   BufferDebloatConfig, BufferDebloater
+#                                  buffer debloating: config._enabled, a
+#                                  debloater's _sample() and its _c (debloat.pxd)
 #
-# Test hooks (flinkbuf._testing): part._reader_count().
+# Test hooks (flinkbuf._testing): part._reader_count(), debloater._ema().
 #
 # Every other field and C method in the included files is the classes' own:
 # Cython needs them declared here, and no other module uses them.
 from libc.stdint cimport int32_t, int64_t
 
 from flinkbuf.buffer._buffer cimport Buffer, LocalBufferPool
+from flinkbuf.csrc.debloat cimport fb_debloater_t
 from flinkbuf.csrc.exchange cimport fb_gate_t, fb_item_t, fb_signal_t, fb_subpart_t
 from flinkbuf.serialization._serialization cimport RecordDeserializer, RecordSerializer
 
@@ -34,6 +38,7 @@ cdef object item_object(fb_item_t *item, LocalBufferPool pool)
 # The bytes a user event travels as (events.pyx).
 cdef bytes _serialize_event(object event)
 
+include "debloat.pxd"
 include "channel_selector.pxd"
 include "result_partition.pxd"
 include "record_writer.pxd"

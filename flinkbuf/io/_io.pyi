@@ -80,6 +80,78 @@ def order_by_channel(
     channels: _BufferProtocol, order: _BufferProtocol, counts: _BufferProtocol
 ) -> None: ...
 
+# ---- buffer debloating ------------------------------------------------------
+
+# Immutable and final; equal (and hashing alike) when every field is.
+@final
+class BufferDebloatConfig:
+    def __new__(
+        cls,
+        enabled: bool = False,
+        target: float = 1.0,
+        period: float = 0.2,
+        samples: int = 20,
+        threshold: int = 25,
+        min_size: int = 256,
+    ) -> Self: ...
+    @property
+    def enabled(self) -> bool: ...
+    @property
+    def target(self) -> float: ...
+    @property
+    def period(self) -> float: ...
+    @property
+    def samples(self) -> int: ...
+    @property
+    def threshold(self) -> int: ...
+    @property
+    def min_size(self) -> int: ...
+    # None keeps a field.
+    def replace(
+        self,
+        *,
+        enabled: bool | None = None,
+        target: float | None = None,
+        period: float | None = None,
+        samples: int | None = None,
+        threshold: int | None = None,
+        min_size: int | None = None,
+    ) -> BufferDebloatConfig: ...
+    @classmethod
+    def from_options(
+        cls,
+        buffer_debloat: bool | BufferDebloatConfig | None = None,
+        buffer_debloat_target: float | None = None,
+        buffer_debloat_period: float | None = None,
+        buffer_debloat_samples: int | None = None,
+        buffer_debloat_threshold: int | None = None,
+        buffer_debloat_min_size: int | None = None,
+        *,
+        default: BufferDebloatConfig | None = None,
+    ) -> BufferDebloatConfig: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def __ne__(self, value: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+    def __reduce__(
+        self,
+    ) -> tuple[type[BufferDebloatConfig], tuple[bool, float, float, int, int, int]]: ...
+
+@final
+class BufferDebloater:
+    def __init__(self, config: BufferDebloatConfig, segment_size: int) -> None: ...
+    # The new buffer size to announce, or None to keep buffer_size.
+    def sample(self, bytes: int, active_seconds: float, buffers_in_use: int) -> int | None: ...
+    @property
+    def buffer_size(self) -> int: ...
+    @property
+    def throughput(self) -> int: ...
+    @property
+    def estimated_time_to_consume(self) -> float: ...
+    @property
+    def config(self) -> BufferDebloatConfig: ...
+    @property
+    def segment_size(self) -> int: ...
+
 # ---- channel selectors ------------------------------------------------------
 
 # Abstract.  Selectors written in Python subclass CustomSelector (and override

@@ -1,7 +1,7 @@
 # Layer 3, tasks exchanging data: ResultPartition, RecordWriter and channel
-# selectors, InputGate and input channels, in-band events; one extension over
-# csrc/io/ (exchange.c, keygroup.c, channel_order.c, in the one library of
-# csrc/ every extension links).  Compiler directives live in setup.py.
+# selectors, InputGate and input channels, in-band events, buffer debloating;
+# one extension over csrc/io/ (exchange.c, keygroup.c, channel_order.c,
+# debloat.c, in the one library of csrc/ every extension links).  Compiler directives live in setup.py.
 # One concept per included file; errors from C result codes are raised in
 # one place per type (ResultPartition._raise_for_rc, the gate's _wait_item).
 
@@ -18,13 +18,14 @@ from cpython.pythread cimport PyThread_get_thread_ident
 from cpython.ref cimport Py_DECREF, Py_INCREF
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from cpython.unicode cimport PyUnicode_DATA, PyUnicode_GET_LENGTH, PyUnicode_KIND
-from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
+from libc.stdint cimport INT64_MAX, int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
 
 from flinkbuf.buffer._buffer cimport Buffer, LocalBufferPool
 from flinkbuf.capi cimport write_unraisable
 from flinkbuf.checks cimport as_int32, as_timeout
+from flinkbuf.csrc.debloat cimport *
 from flinkbuf.csrc.clock cimport FB_WAIT_FOREVER, FB_WAIT_SLICE, fb_deadline_after, fb_monotonic_ns
 from flinkbuf.csrc.exchange cimport *
 from flinkbuf.csrc.keygroup cimport *
@@ -104,6 +105,7 @@ def monotonic_ns():
 include "events.pyx"
 include "keygroup.pyx"
 include "channel_order.pyx"
+include "debloat.pyx"
 include "channel_selector.pyx"
 include "result_partition.pyx"
 include "record_writer.pyx"
