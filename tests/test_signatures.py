@@ -233,6 +233,9 @@ def test_a_constructor_signature_names_keyword_only_parameters():
             flinkbuf.RecordWriter(partition, "hash", "bytes")
         partition.release()
     assert str(inspect.signature(flinkbuf.InputGate.__init__)) == (
-        "(self, /, channels, *, codec='typed', max_record_size=67108864, name=None)")
+        "(self, /, channels, *, codec='typed', max_record_size=67108864, name=None, "
+        "buffer_debloat=None, buffer_debloat_target=None, buffer_debloat_period=None, "
+        "buffer_debloat_samples=None, buffer_debloat_threshold=None, "
+        "buffer_debloat_min_size=None)")
     # A class without a constructor of its own has its base's.
     assert str(inspect.signature(flinkbuf.RescaleSelector)) == "()"

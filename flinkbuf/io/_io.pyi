@@ -361,7 +361,16 @@ class InputGate:
         codec: CodecName = "typed",
         max_record_size: int = 67108864,
         name: str | None = None,
+        buffer_debloat: bool | BufferDebloatConfig | None = None,
+        buffer_debloat_target: float | None = None,
+        buffer_debloat_period: float | None = None,
+        buffer_debloat_samples: int | None = None,
+        buffer_debloat_threshold: int | None = None,
+        buffer_debloat_min_size: int | None = None,
     ) -> None: ...
+    @property
+    def buffer_debloat(self) -> BufferDebloatConfig: ...
+    def _debloat_metrics(self) -> tuple[int | None, float | None, int] | None: ...
     # Records (whatever the codec decodes) and UserEvents, in order.
     def __iter__(self) -> Self: ...
     def __next__(self) -> Any: ...

@@ -18,7 +18,7 @@ from cpython.pythread cimport PyThread_get_thread_ident
 from cpython.ref cimport Py_DECREF, Py_INCREF
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from cpython.unicode cimport PyUnicode_DATA, PyUnicode_GET_LENGTH, PyUnicode_KIND
-from libc.stdint cimport INT64_MAX, int32_t, int64_t, uint32_t, uint64_t
+from libc.stdint cimport INT32_MAX, INT64_MAX, int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
 
@@ -110,4 +110,6 @@ include "channel_selector.pyx"
 include "result_partition.pyx"
 include "record_writer.pyx"
 include "output_flusher.pyx"
+include "gate_debloat.pyx"
 include "input_gate.pyx"
+include "unknown_input_channel.pyx"

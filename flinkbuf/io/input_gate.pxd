@@ -16,6 +16,8 @@ cdef class InputChannel:
     # the buffers and bytes in flight toward this consumer right now.
     cdef int _announce_buffer_size(self, int32_t size) except -1
     cdef int32_t _buffers_in_use(self) except -1
+    # The size of the segments its producer's buffers come in (0: not known).
+    cdef int32_t _segment_size(self) except -1
 
 
 cdef class LocalInputChannel(InputChannel):
@@ -29,6 +31,7 @@ cdef class UnknownInputChannel(InputChannel):
     cdef InputChannel _channel  # the channel it stands for, once known
     cdef object _error          # why that will never be known, or None
     cdef bint _released
+    cdef int32_t _buffer_size   # the size announced, passed on to the channel it becomes
     cdef readonly object partition_id
     cdef readonly object subpartition
     cdef object __weakref__
@@ -57,6 +60,11 @@ cdef class InputGate:
     cdef int64_t _buffers_in
     cdef int64_t _idle_ns
     cdef int64_t _idle_since
+    # buffer debloating (None: off), sampled every _TICK_RECORDS records and
+    # every buffer
+    cdef _GateDebloat _debloat
+    cdef int32_t _countdown
+    cdef int _debloat_tick(self) except -1
 
     cdef inline object _next(self, int32_t *channel)
     cdef object _advance(self, int32_t *channel)

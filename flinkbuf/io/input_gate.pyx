@@ -114,6 +114,9 @@ cdef class InputChannel:
         and (for a channel with credit) what the producer may send into."""
         return 0
 
+    cdef int32_t _segment_size(self) except -1:
+        return 0
+
     @property
     def index(self):
         """Position in the gate, or None before it joined one."""
@@ -187,6 +190,9 @@ cdef class LocalInputChannel(InputChannel):
     cdef int32_t _buffers_in_use(self) except -1:
         return fb_subpart_backlog(&self._sp._c)
 
+    cdef int32_t _segment_size(self) except -1:
+        return self._partition._pool._nbp._c.segment_size
+
     @property
     def partition(self):
         return self._partition
@@ -198,140 +204,6 @@ cdef class LocalInputChannel(InputChannel):
     def __repr__(self):
         return (f"<flinkbuf.LocalInputChannel {self._partition._describe()} "
                 f"subpartition={self._subpartition}>")
-
-
-@cython.final
-@cython.no_gc_clear
-cdef class UnknownInputChannel(InputChannel):
-    """A place in an :class:`InputGate` for an input whose producer is not
-    known yet (Flink's ``UnknownInputChannel``): it delivers nothing until
-    :meth:`update` names the channel that reads the producer, which then
-    takes its place (and index) in the gate, or until :meth:`fail`, whose
-    error the gate raises as it reaches the channel.  Meanwhile the gate
-    reads its other channels, and its iteration cannot end.
-
-    ``partition_id`` and ``subpartition``: what the channel will read, for
-    whoever updates it (:meth:`NetworkEnvironment.update_input_channel
-    <flinkbuf.network.NetworkEnvironment.update_input_channel>`); any
-    values, kept as they are.  :meth:`update` and :meth:`fail` may be
-    called from any thread, once the channel is in a gate."""
-
-    def __init__(self, partition_id=None, subpartition=None):
-        self.partition_id = partition_id
-        self.subpartition = subpartition
-
-    cdef int _connect(self, InputGate gate, int32_t index) except -1:
-        if self._index >= 0 or self._gate is not None:
-            raise ValueError("the channel already belongs to an input gate")
-        self._gate = weakref.ref(gate)
-        self._index = index
-        if self._error is not None:
-            fb_gate_notify(&gate._c, index)
-        return 0
-
-    cdef InputGate _joined(self):
-        return None if self._gate is None else <InputGate>self._gate()
-
-    def update(self, channel):
-        """Put ``channel`` (an :class:`InputChannel`, or a ``(partition,
-        subpartition)`` pair) in this channel's place in its gate, with
-        what it already holds.  ValueError when this channel is in no gate,
-        was updated or failed before, or its gate was closed (then
-        ``channel`` is released, as the gate's own are)."""
-        cdef InputChannel ch = _as_channel(channel)
-        cdef InputGate gate = self._joined()
-        if self._index < 0 or gate is None:
-            raise ValueError("the channel is in no input gate: it is updated once its gate "
-                             "is made")
-        if self._channel is not None:
-            raise ValueError(f"input channel {self._index} was updated already")
-        if self._error is not None:
-            raise ValueError(f"input channel {self._index} failed already: {self._error!r}")
-        if self._released:
-            if ch._index < 0:
-                ch._discard()
-            raise ValueError(f"input channel {self._index}: its input gate is closed (the "
-                             "channel given was released)")
-        # Set before connecting: data that is already there wakes the gate,
-        # which polls this channel (all of it under the GIL, so in one step).
-        self._channel = ch
-        try:
-            ch._connect(gate, self._index)
-        except BaseException:
-            self._channel = None
-            raise
-
-    def fail(self, error):
-        """Make the gate raise ``error`` (an exception) as it reaches this
-        channel, unless the channel was updated (then the channel it stands
-        for reports its own errors).  Returns whether it took ``error``."""
-        if not isinstance(error, BaseException):
-            raise TypeError(f"error must be an exception, got {type(error).__name__}")
-        if self._channel is not None or self._error is not None:
-            return False
-        self._error = error
-        cdef InputGate gate = self._joined()
-        if gate is not None and self._index >= 0 and not self._released:
-            fb_gate_notify(&gate._c, self._index)
-        return True
-
-    cdef int _poll(self, fb_item_t *out) except -1:
-        if self._channel is not None:
-            return self._channel._poll(out)
-        return FB_EFAILED if self._error is not None else FB_EMPTY
-
-    cdef object _take(self, fb_item_t *item):
-        return self._channel._take(item)
-
-    cdef int _release(self, InputGate gate) except -1:
-        self._released = True
-        if self._channel is not None:
-            self._channel._release(gate)
-        return 0
-
-    cdef int _disconnect(self, InputGate gate) except -1:
-        if self._channel is not None:
-            self._channel._disconnect(gate)
-            self._channel = None
-        self._gate = None
-        self._index = -1
-        return 0
-
-    cdef int _discard(self) except -1:
-        if self._channel is not None:
-            self._channel._discard()
-        return 0
-
-    cdef object _failure(self):
-        return self._channel._failure() if self._channel is not None else None
-
-    cdef object _channel_error(self):
-        return self._channel._channel_error() if self._channel is not None else self._error
-
-    cdef int32_t _backlog(self) except -1:
-        return self._channel._backlog() if self._channel is not None else 0
-
-    cdef object _source_pool(self):
-        return self._channel._source_pool() if self._channel is not None else None
-
-    cdef object _own_buffer_counters(self):
-        return self._channel._own_buffer_counters() if self._channel is not None else None
-
-    @property
-    def channel(self):
-        """The channel this one stands for, or None before :meth:`update`."""
-        return self._channel
-
-    @property
-    def error(self):
-        """What :meth:`fail` was given, or None."""
-        return self._error
-
-    def __repr__(self):
-        state = ("failed" if self._error is not None else
-                 "unknown" if self._channel is None else f"-> {self._channel!r}")
-        return (f"<flinkbuf.UnknownInputChannel partition_id={self.partition_id!r} "
-                f"subpartition={self.subpartition!r} {state}>")
 
 
 cdef InputChannel _as_channel(object spec):
@@ -362,7 +234,11 @@ cdef class InputGate:
 
     channels: :class:`InputChannel` s, or ``(partition, subpartition)``
     pairs (local channels).  codec / max_record_size: for the record
-    deserializers, one per channel.
+    deserializers, one per channel.  ``buffer_debloat`` (a bool or a
+    :class:`BufferDebloatConfig`) and the ``buffer_debloat_*`` keywords
+    (see :class:`BufferDebloatConfig`): the gate measures its throughput
+    and tells its producers the buffer size that keeps its data in flight
+    near the target time.
     """
 
     def __cinit__(self):
@@ -373,10 +249,16 @@ cdef class InputGate:
         self._current = -1
         self._closed = True
 
-    def __init__(self, channels, *, codec="typed", max_record_size=64 << 20, name=None):
+    def __init__(self, channels, *, codec="typed", max_record_size=64 << 20, name=None,
+                 buffer_debloat=None, buffer_debloat_target=None, buffer_debloat_period=None,
+                 buffer_debloat_samples=None, buffer_debloat_threshold=None,
+                 buffer_debloat_min_size=None):
         if self._initialized:
             raise RuntimeError("InputGate is already initialised")
         _check_name(name)
+        cdef BufferDebloatConfig debloat = BufferDebloatConfig.from_options(
+            buffer_debloat, buffer_debloat_target, buffer_debloat_period,
+            buffer_debloat_samples, buffer_debloat_threshold, buffer_debloat_min_size)
         cdef list chans = [_as_channel(c) for c in channels]
         if not chans:
             raise ValueError("an input gate needs at least one channel")
@@ -395,6 +277,8 @@ cdef class InputGate:
         self._deserializers = deserializers
         self._finished = [False] * n
         self._closed = False
+        self._debloat = gate_debloat(debloat)
+        self._countdown = _TICK_RECORDS if self._debloat is not None else INT32_MAX
         cdef InputChannel ch
         cdef int32_t i
         try:
@@ -460,6 +344,9 @@ cdef class InputGate:
                 rec = des._next_record()
                 if not is_no_record(rec):
                     self._records_in += 1
+                    self._countdown -= 1
+                    if self._countdown <= 0:
+                        self._debloat_tick()
                     channel[0] = ch
                     return rec
                 self._cur_des = None
@@ -499,6 +386,8 @@ cdef class InputGate:
                 raise ValueError("input gate is closed")
             self._current = ch
             self._cur_des = <RecordDeserializer>des_obj
+            if self._debloat is not None:
+                self._debloat._tick(self, fb_monotonic_ns())
             return None
         try:
             event = _deserialize_event(obj)
@@ -668,6 +557,24 @@ cdef class InputGate:
         counts of them (see InputChannel._own_buffer_counters), or None."""
         cdef InputChannel ch
         return [ch._own_buffer_counters() for ch in self._channels]
+
+    cdef int _debloat_tick(self) except -1:
+        if self._debloat is None:
+            self._countdown = INT32_MAX
+            return 0
+        self._countdown = _TICK_RECORDS
+        return self._debloat._tick(self, fb_monotonic_ns())
+
+    @property
+    def buffer_debloat(self):
+        """The gate's :class:`BufferDebloatConfig` (``enabled`` False: off)."""
+        return self._debloat._config if self._debloat is not None else _DEBLOAT_OFF
+
+    def _debloat_metrics(self):
+        """``(debloated buffer size, estimated time to consume the buffers
+        in use in seconds, buffers in use)`` as of the last sample, or None
+        when debloating is off."""
+        return self._debloat._metrics() if self._debloat is not None else None
 
     def _metric_counters(self):
         """(records, bytes, buffers, idle ns incl. a wait in progress)."""

@@ -25,6 +25,16 @@ cdef enum:
                             # writer's next call; dropped buffers not reported
 
 
+cdef inline Buffer _trimmed(Buffer buf, ResultSubpartition sp):
+    """``buf`` holding at most the buffer size the subpartition's consumer
+    announced (buffer debloating): a record that does not fit goes on in
+    the next buffer."""
+    cdef int32_t size = fb_subpart_buffer_size(&sp._c)
+    if 0 < size < buf._capacity:
+        buf._capacity = size
+    return buf
+
+
 @cython.final
 @cython.no_gc_clear
 cdef class RecordWriter:
@@ -380,7 +390,7 @@ record is written or emit raises."""
         if fb_subpart_state(&sp._c) == FB_SP_LIVE and (not capped or self._pool.is_available):
             buf = self._pool._request(pool_ch)
             if buf is not None:
-                return buf
+                return _trimmed(buf, sp)
         cdef int mode = self._busy
         cdef bint released
         cdef int64_t t0 = fb_monotonic_ns()
@@ -407,7 +417,7 @@ record is written or emit raises."""
                     buf._release()
                     raise
                 if not released:
-                    return buf
+                    return _trimmed(buf, sp)
                 buf._release()
                 break
         finally:

@@ -11,6 +11,7 @@ import sys
 from typing import Literal, cast
 
 from flinkbuf.checks import check_int, check_seconds
+from flinkbuf.io import BufferDebloatConfig
 from flinkbuf.network import handshake
 from flinkbuf.network.addresses import is_wildcard
 
@@ -91,6 +92,23 @@ def _check_transport(transport: object) -> Literal["tcp", "unix", "shm"]:
     return cast(Literal["tcp", "unix", "shm"], transport)
 
 
+DEBLOAT_BY_DEFAULT = False
+
+
+def debloat_config(options: object) -> BufferDebloatConfig:
+    """The debloating of an environment's gates: ``options`` is a
+    BufferDebloatConfig, or a dict of the ``buffer_debloat*`` keywords as
+    given (``buffer_debloat`` None: the environment variable
+    ``FLINKBUF_NET_BUFFER_DEBLOAT``, ``0`` or ``1``, if set)."""
+    if isinstance(options, BufferDebloatConfig):
+        return options
+    kw = dict(options) if isinstance(options, dict) else {}
+    if not isinstance(kw.get("buffer_debloat"), BufferDebloatConfig):
+        kw["buffer_debloat"] = switch(kw.get("buffer_debloat"), "buffer_debloat",
+                                      "FLINKBUF_NET_BUFFER_DEBLOAT", DEBLOAT_BY_DEFAULT)
+    return BufferDebloatConfig.from_options(**kw)
+
+
 @dataclasses.dataclass(frozen=True)
 class NetworkConfig:
     """What a :class:`~flinkbuf.network.NetworkEnvironment` was asked for,
@@ -119,6 +137,7 @@ class NetworkConfig:
     max_connections: int
     advertise: str | None
     peer_id: str
+    buffer_debloat: BufferDebloatConfig
 
     @classmethod
     def of(cls, num_segments: int, segment_size: int, *, host: str, port: int,
@@ -126,7 +145,8 @@ class NetworkConfig:
            connect_timeout: float, request_timeout: float, io_timeout: float,
            transport: object, caller_sends: bool | None, direct_reads: bool | None,
            lend_buffers: bool | None, encryption: bool | None, max_connections: int,
-           advertise: str | None, peer_id: str) -> NetworkConfig:
+           advertise: str | None, peer_id: str,
+           buffer_debloat: object = None) -> NetworkConfig:
         """The configuration of these arguments (TypeError or ValueError,
         naming the argument, for one that is not right).  The pool's two
         sizes are checked by the pool itself."""
@@ -147,6 +167,7 @@ class NetworkConfig:
         reads = bool(switch(direct_reads, "direct_reads", "FLINKBUF_NET_DIRECT_READS"))
         seal = switch(encryption, "encryption", "FLINKBUF_NET_ENCRYPTION", default=None)
         lend = switch(lend_buffers, "lend_buffers", "FLINKBUF_NET_LEND_BUFFERS", default=False)
+        debloat = debloat_config(buffer_debloat)
         if seal and lend_buffers:
             raise ValueError("lend_buffers=True and encryption=True exclude each other: a lent "
                              "buffer is read in place, never sealed")
@@ -156,7 +177,8 @@ class NetworkConfig:
                    request_timeout=timeouts[1], io_timeout=timeouts[2], transport=resolved,
                    caller_sends=sends, direct_reads=reads,
                    lend_buffers=bool(lend) and seal is not True and UNIX, encryption=seal,
-                   max_connections=max_connections, advertise=advertise, peer_id=peer_id)
+                   max_connections=max_connections, advertise=advertise, peer_id=peer_id,
+                   buffer_debloat=debloat)
 
     @property
     def uses_unix_socket(self) -> bool:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Literal, TypedDict
 
 from flinkbuf.buffer import NetworkBufferPool
 from flinkbuf.errors import EnvironmentClosedError
-from flinkbuf.io import InputGate, ResultPartition, UnknownInputChannel
+from flinkbuf.io import BufferDebloatConfig, InputGate, ResultPartition, UnknownInputChannel
 from flinkbuf.network import handshake
 from flinkbuf.network._network import Connection
 from flinkbuf.network.acceptor import Acceptor, Listeners
@@ -195,6 +195,14 @@ class NetworkEnvironment:
     peer address must say, so that two peers with the same address (a port
     number used on two hosts behind one advertised address) are never
     taken for one another.
+
+    ``buffer_debloat`` (a bool, or a :class:`~flinkbuf.io.BufferDebloatConfig`;
+    None: ``FLINKBUF_NET_BUFFER_DEBLOAT`` as above, else off) and the
+    ``buffer_debloat_*`` keywords: buffer debloating for the input gates
+    this environment makes (see :class:`~flinkbuf.io.BufferDebloatConfig`):
+    each gate measures the rate it consumes at and tells its producers the
+    buffer size that keeps ``buffer_debloat_target`` seconds of data in
+    flight toward it, so that a slow consumer's records wait behind less.
     """
 
     def __init__(self, num_segments: int, segment_size: int = 32768, *,
@@ -205,7 +213,18 @@ class NetworkEnvironment:
                  caller_sends: bool | None = None, direct_reads: bool | None = None,
                  lend_buffers: bool | None = None, encryption: bool | None = None,
                  max_connections: int = 256, advertise: str | None = None,
-                 peer_id: str = "") -> None:
+                 peer_id: str = "", buffer_debloat: bool | BufferDebloatConfig | None = None,
+                 buffer_debloat_target: float | None = None,
+                 buffer_debloat_period: float | None = None,
+                 buffer_debloat_samples: int | None = None,
+                 buffer_debloat_threshold: int | None = None,
+                 buffer_debloat_min_size: int | None = None) -> None:
+        debloat = {"buffer_debloat": buffer_debloat,
+                   "buffer_debloat_target": buffer_debloat_target,
+                   "buffer_debloat_period": buffer_debloat_period,
+                   "buffer_debloat_samples": buffer_debloat_samples,
+                   "buffer_debloat_threshold": buffer_debloat_threshold,
+                   "buffer_debloat_min_size": buffer_debloat_min_size}
         config = NetworkConfig.of(
             num_segments, segment_size, host=host, port=port, secret=secret,
             exclusive_buffers_per_channel=exclusive_buffers_per_channel,
@@ -213,7 +232,8 @@ class NetworkEnvironment:
             connect_timeout=connect_timeout, request_timeout=request_timeout,
             io_timeout=io_timeout, transport=transport, caller_sends=caller_sends,
             direct_reads=direct_reads, lend_buffers=lend_buffers, encryption=encryption,
-            max_connections=max_connections, advertise=advertise, peer_id=peer_id)
+            max_connections=max_connections, advertise=advertise, peer_id=peer_id,
+            buffer_debloat=debloat)
         self._config = config
         self._closed = False
         self._closing = threading.Lock()
@@ -313,8 +333,9 @@ class NetworkEnvironment:
         self._partitions.register(partition_id, partition)
 
     def create_input_gate(self, specs: Iterable[ChannelSpec], *, codec: CodecName = "typed",
-                          max_record_size: int = 64 << 20,
-                          name: str | None = None) -> InputGate:
+                          max_record_size: int = 64 << 20, name: str | None = None,
+                          buffer_debloat: bool | BufferDebloatConfig | None = None
+                          ) -> InputGate:
         """An :class:`InputGate` over ``specs``, each ``(address,
         partition_id, subpartition)``: a :class:`RemoteInputChannel` for a
         partition of another process (``address`` is that process's
@@ -322,9 +343,12 @@ class NetworkEnvironment:
         (this environment's address), and for an ``address`` of None (not
         known yet) an :class:`~flinkbuf.io.UnknownInputChannel`, which
         :meth:`update_input_channel` turns into one of the other two once it
-        is known; the gate reads its other channels meanwhile."""
+        is known; the gate reads its other channels meanwhile.
+        ``buffer_debloat``: the gate's debloating, when not the
+        environment's (a bool: the environment's settings, on or off)."""
         return self._gates.create_input_gate(specs, codec=codec,
-                                             max_record_size=max_record_size, name=name)
+                                             max_record_size=max_record_size, name=name,
+                                             buffer_debloat=buffer_debloat)
 
     def update_input_channel(self, channel: UnknownInputChannel, address: Address) -> None:
         """Read through ``channel`` (an unknown channel of a gate that

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Union
 
 from flinkbuf.buffer import NetworkBufferPool
 from flinkbuf.errors import EnvironmentClosedError
-from flinkbuf.io import InputGate, LocalInputChannel, UnknownInputChannel
+from flinkbuf.io import BufferDebloatConfig, InputGate, LocalInputChannel, UnknownInputChannel
 from flinkbuf.network._network import (
     Connection,
     FloatingBuffers,
@@ -79,11 +79,17 @@ class InputGateFactory:
             raise EnvironmentClosedError
 
     def create_input_gate(self, specs: Iterable[ChannelSpec], *, codec: CodecName = "typed",
-                          max_record_size: int = 64 << 20,
-                          name: str | None = None) -> InputGate:
+                          max_record_size: int = 64 << 20, name: str | None = None,
+                          buffer_debloat: bool | BufferDebloatConfig | None = None
+                          ) -> InputGate:
         """See :meth:`NetworkEnvironment.create_input_gate
         <flinkbuf.network.NetworkEnvironment.create_input_gate>`."""
         parsed = _parse(list(specs))
+        debloat = self._config.buffer_debloat
+        if isinstance(buffer_debloat, BufferDebloatConfig):
+            debloat = buffer_debloat
+        elif buffer_debloat is not None:
+            debloat = BufferDebloatConfig.from_options(buffer_debloat, default=debloat)
         self._check_open()
         channels: list[Channel] = []
         floating: FloatingBuffers | None = None
@@ -100,7 +106,8 @@ class InputGateFactory:
                     channels.append(unknown)
                 else:
                     channels.append(self._channel_for(address, partition_id, sub, floating))
-            return InputGate(channels, codec=codec, max_record_size=max_record_size, name=name)
+            return InputGate(channels, codec=codec, max_record_size=max_record_size, name=name,
+                             buffer_debloat=debloat)
         except BaseException:
             for ch in channels:
                 if isinstance(ch, RemoteInputChannel):

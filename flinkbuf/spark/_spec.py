@@ -18,9 +18,10 @@ from collections.abc import Callable
 from typing import Any
 
 from flinkbuf.checks import check_choice, check_int, check_seconds
-from flinkbuf.io import default_max_parallelism
+from flinkbuf.io import BufferDebloatConfig, default_max_parallelism
 from flinkbuf.io.producer import emit_all
 from flinkbuf.network.addresses import is_wildcard
+from flinkbuf.network.config import debloat_config
 from flinkbuf.serialization import CODECS
 from flinkbuf.spark._reports import Target
 
@@ -102,6 +103,7 @@ class ExchangeOptions:
     rendezvous: str
     monitor: Callable[..., Any] | None
     timeouts: Timeouts
+    buffer_debloat: BufferDebloatConfig | None = None   # None: the task environment's default
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -162,7 +164,10 @@ def check_options(n, fn, *, num_partitions, key, selector, codec, segment_size,
                   buffers_per_channel, floating_buffers, buffer_timeout, max_record_size,
                   max_parallelism, host, timeout, monitor, rendezvous="driver",
                   produce=emit_all, read=None, encryption=None, advertise=None, task_port=0,
-                  rendezvous_port=0, port_retries=None, connect_timeout=10.0):
+                  rendezvous_port=0, port_retries=None, connect_timeout=10.0,
+                  buffer_debloat=None, buffer_debloat_target=None, buffer_debloat_period=None,
+                  buffer_debloat_samples=None, buffer_debloat_threshold=None,
+                  buffer_debloat_min_size=None):
     """Check the arguments of an exchange of ``n`` tasks (on the driver,
     before anything starts) and return its :class:`ExchangeOptions`."""
     if fn is not None and not callable(fn):
@@ -199,7 +204,14 @@ def check_options(n, fn, *, num_partitions, key, selector, codec, segment_size,
     if encryption is not None and not isinstance(encryption, bool):
         raise TypeError(f"encryption must be True, False or None, got "
                         f"{type(encryption).__name__}")
+    debloat = {"buffer_debloat": buffer_debloat, "buffer_debloat_target": buffer_debloat_target,
+               "buffer_debloat_period": buffer_debloat_period,
+               "buffer_debloat_samples": buffer_debloat_samples,
+               "buffer_debloat_threshold": buffer_debloat_threshold,
+               "buffer_debloat_min_size": buffer_debloat_min_size}
     return ExchangeOptions(
+        buffer_debloat=(None if all(v is None for v in debloat.values())
+                        else debloat_config(debloat)),
         fn=fn, produce=produce, read=read, selector=selector, key=key, codec=codec,
         segment_size=segment_size, buffers_per_channel=buffers_per_channel,
         floating_buffers=floating_buffers, buffer_timeout=buffer_timeout,

@@ -92,7 +92,7 @@ def start_environment(spec, n, bind, advertised, peer, out_buffers):
             floating_buffers_per_gate=options.floating_buffers,
             connect_timeout=timeouts.connect, request_timeout=timeouts.request,
             io_timeout=timeouts.io, encryption=spec.encryption, advertise=advertised,
-            peer_id=peer)
+            peer_id=peer, buffer_debloat=options.buffer_debloat)
 
     try:
         return _rendezvous.bind_in_range(start, bind, options.task_port, spec.port_retries,

@@ -419,7 +419,9 @@ def arrow_exchange(df, fn, key, schema, *, segment_size=None, buffers_per_channe
                    max_parallelism=None, host=None, timeout=60.0, monitor=None,
                    rendezvous="driver", encryption=None, advertise=None, task_port=0,
                    rendezvous_port=0, port_retries=None, connect_timeout=10.0,
-                   live_view=None):
+                   live_view=None, buffer_debloat=None, buffer_debloat_target=None,
+                   buffer_debloat_period=None, buffer_debloat_samples=None,
+                   buffer_debloat_threshold=None, buffer_debloat_min_size=None):
     """Exchange the rows of DataFrame ``df`` by ``key`` (a column name)
     between the tasks of one barrier stage and return the DataFrame of
     ``fn``'s output (``schema``, as for ``mapInArrow``): each task's
@@ -438,7 +440,8 @@ def arrow_exchange(df, fn, key, schema, *, segment_size=None, buffers_per_channe
     :func:`default_segment_size` (256 KiB for a few tasks, less for many).  Slots, memory,
     timeouts, failures, addresses and ports (``host``, ``advertise``,
     ``task_port``, ``rendezvous_port``, ``port_retries``), ``monitor``,
-    ``rendezvous``, ``encryption`` and ``live_view``: as
+    ``rendezvous``, ``encryption``, ``live_view`` and buffer debloating
+    (``buffer_debloat`` and the ``buffer_debloat_*`` keywords): as
     :func:`pipelined_exchange`, except that the driver's rendezvous serves
     as long as the returned DataFrame itself is referenced (a DataFrame
     made from it does not keep it up), then until no task has registered
@@ -481,7 +484,12 @@ def arrow_exchange(df, fn, key, schema, *, segment_size=None, buffers_per_channe
                             encryption=encryption, produce=_route(key, max_parallelism),
                             read=_batches, advertise=advertise, task_port=task_port,
                             rendezvous_port=rendezvous_port, port_retries=port_retries,
-                            connect_timeout=connect_timeout)
+                            connect_timeout=connect_timeout, buffer_debloat=buffer_debloat,
+                            buffer_debloat_target=buffer_debloat_target,
+                            buffer_debloat_period=buffer_debloat_period,
+                            buffer_debloat_samples=buffer_debloat_samples,
+                            buffer_debloat_threshold=buffer_debloat_threshold,
+                            buffer_debloat_min_size=buffer_debloat_min_size)
     prepared = prepare(df.sparkSession.sparkContext, n, options, live_view,
                        live.exchange_name("arrow_exchange", key, fn))
     spec = prepared.spec

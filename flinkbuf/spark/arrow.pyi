@@ -9,6 +9,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
+from flinkbuf.io import BufferDebloatConfig
 from flinkbuf.spark.exchange import ExchangeTask
 from flinkbuf.spark.live import LiveView
 
@@ -45,4 +46,10 @@ def arrow_exchange(
     port_retries: int | None = None,
     connect_timeout: float = 10.0,
     live_view: LiveView | bool | int | str | None = None,
+    buffer_debloat: bool | BufferDebloatConfig | None = None,
+    buffer_debloat_target: float | None = None,
+    buffer_debloat_period: float | None = None,
+    buffer_debloat_samples: int | None = None,
+    buffer_debloat_threshold: int | None = None,
+    buffer_debloat_min_size: int | None = None,
 ) -> DataFrame: ...

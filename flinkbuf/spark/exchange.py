@@ -42,7 +42,9 @@ def pipelined_exchange(rdd, fn=None, *, num_partitions=None, key=None, selector=
                        max_parallelism=None, host=None, timeout=60.0, monitor=None,
                        rendezvous="driver", encryption=None, advertise=None, task_port=0,
                        rendezvous_port=0, port_retries=None, connect_timeout=10.0,
-                       live_view=None):
+                       live_view=None, buffer_debloat=None, buffer_debloat_target=None,
+                       buffer_debloat_period=None, buffer_debloat_samples=None,
+                       buffer_debloat_threshold=None, buffer_debloat_min_size=None):
     """Exchange the records of ``rdd`` between the tasks of one barrier
     stage and return the RDD of ``fn``'s output: partition ``j`` of the
     result is ``fn(iterator of the records routed to j)``, as
@@ -176,6 +178,12 @@ def pipelined_exchange(rdd, fn=None, *, num_partitions=None, key=None, selector=
     yours in each task: this one runs none, and costs a report per task
     every half second.)
 
+    buffer_debloat (a bool or a :class:`~flinkbuf.io.BufferDebloatConfig`)
+    and the ``buffer_debloat_*`` keywords: buffer debloating in every
+    task's input gate (:class:`~flinkbuf.network.NetworkEnvironment` says
+    what it does; None everywhere: the tasks' default, which the
+    environment variable ``FLINKBUF_NET_BUFFER_DEBLOAT`` sets).
+
     Executors import flinkbuf: set ``PYSPARK_PYTHON`` to an interpreter
     that has it before the Spark session starts.
     """
@@ -195,7 +203,12 @@ def pipelined_exchange(rdd, fn=None, *, num_partitions=None, key=None, selector=
                             host=host, timeout=timeout, monitor=monitor, rendezvous=rendezvous,
                             encryption=encryption, advertise=advertise, task_port=task_port,
                             rendezvous_port=rendezvous_port, port_retries=port_retries,
-                            connect_timeout=connect_timeout)
+                            connect_timeout=connect_timeout, buffer_debloat=buffer_debloat,
+                            buffer_debloat_target=buffer_debloat_target,
+                            buffer_debloat_period=buffer_debloat_period,
+                            buffer_debloat_samples=buffer_debloat_samples,
+                            buffer_debloat_threshold=buffer_debloat_threshold,
+                            buffer_debloat_min_size=buffer_debloat_min_size)
     prepared = prepare(rdd.context, n, options, live_view,
                        live.exchange_name("pipelined_exchange", rdd, fn))
     spec = prepared.spec

@@ -5,7 +5,7 @@ from typing import Any, Final, Literal, SupportsIndex, TypedDict
 
 from pyspark import RDD
 
-from flinkbuf.io._io import InputGate, RecordWriter, ResultPartition, _JavaKey
+from flinkbuf.io._io import BufferDebloatConfig, InputGate, RecordWriter, ResultPartition, _JavaKey
 from flinkbuf.io.metrics import TaskMetrics
 from flinkbuf.network import NetworkEnvironment
 from flinkbuf.serialization import CodecName
@@ -86,4 +86,10 @@ def pipelined_exchange(
     port_retries: int | None = None,
     connect_timeout: float = 10.0,
     live_view: LiveView | bool | int | str | None = None,
+    buffer_debloat: bool | BufferDebloatConfig | None = None,
+    buffer_debloat_target: float | None = None,
+    buffer_debloat_period: float | None = None,
+    buffer_debloat_samples: int | None = None,
+    buffer_debloat_threshold: int | None = None,
+    buffer_debloat_min_size: int | None = None,
 ) -> RDD[Any]: ...

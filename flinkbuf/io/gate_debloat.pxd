@@ -1,0 +1,19 @@
+cdef class _GateDebloat:
+    cdef BufferDebloatConfig _config
+    cdef BufferDebloater _debloater     # None until a channel's segment size is known
+    cdef int64_t _period_ns
+    cdef int64_t _due_ns                # the next sample
+    cdef int64_t _since                 # the last sample: its time, the gate's bytes
+    cdef int64_t _bytes                 # taken and its idle time then
+    cdef int64_t _idle
+    cdef int32_t _in_use                # buffers in use at the last sample
+
+    # Every period (from the consumer's thread, now = fb_monotonic_ns()):
+    # sample the gate and announce a new buffer size to its channels.
+    cdef int _tick(self, InputGate gate, int64_t now) except -1
+    cdef int _mark(self, InputGate gate, int64_t now) except -1
+    cdef object _metrics(self)
+
+
+# The gate's debloating for `config`, or None when it is off.
+cdef _GateDebloat gate_debloat(BufferDebloatConfig config)

@@ -1,0 +1,76 @@
+# An input gate's buffer debloating (Flink's FLIP-183): every period the
+# gate's throughput (the bytes it took over the time it did not wait for
+# data) and the buffers in flight toward it give the buffer size that keeps
+# its in-flight data near the target time (BufferDebloater); a new size is
+# announced to every channel still open, which tells its producer.
+
+cdef enum:
+    _TICK_RECORDS = 64      # records between two looks at the clock
+
+
+cdef BufferDebloatConfig _DEBLOAT_OFF = BufferDebloatConfig()
+
+
+cdef _GateDebloat gate_debloat(BufferDebloatConfig config):
+    if not config._enabled:
+        return None
+    cdef _GateDebloat d = _GateDebloat.__new__(_GateDebloat)
+    d._config = config
+    d._period_ns = <int64_t>(config._period * 1e9)
+    return d
+
+
+cdef inline int64_t _consumed(InputGate gate):
+    """The bytes the gate's reader has read so far: those of the buffers it
+    took, but for what is left of the one it reads (a period shorter than
+    a buffer's reading would see its bytes all at once, then none)."""
+    cdef RecordDeserializer des = gate._cur_des
+    if des is None:
+        return gate._bytes_in
+    return gate._bytes_in - (des._cur_end - des._cur_pos)
+
+
+@cython.final
+cdef class _GateDebloat:
+    """What an input gate keeps to debloat its buffers (internal)."""
+
+    def __init__(self):
+        raise TypeError("_GateDebloat is made by InputGate")
+
+    cdef int _tick(self, InputGate gate, int64_t now) except -1:
+        cdef int32_t seg = 0, size, in_use = 0, k
+        if now < self._due_ns:
+            return 0
+        self._due_ns = now + self._period_ns
+        if self._debloater is None:
+            for k in range(gate._n):
+                seg = max(seg, (<InputChannel>gate._channels[k])._segment_size())
+            if seg > 0:
+                self._debloater = BufferDebloater(self._config, seg)
+                self._mark(gate, now)
+            return 0
+        for k in range(gate._n):
+            if not gate._finished[k]:
+                in_use += (<InputChannel>gate._channels[k])._buffers_in_use()
+        size = self._debloater._sample(_consumed(gate) - self._bytes,
+                                       (now - self._since) - (gate._idle_ns - self._idle),
+                                       in_use)
+        self._in_use = in_use
+        self._mark(gate, now)
+        if size > 0:
+            for k in range(gate._n):
+                if not gate._finished[k]:
+                    (<InputChannel>gate._channels[k])._announce_buffer_size(size)
+        return 0
+
+    cdef int _mark(self, InputGate gate, int64_t now) except -1:
+        self._since = now
+        self._bytes = _consumed(gate)
+        self._idle = gate._idle_ns
+        return 0
+
+    cdef object _metrics(self):
+        if self._debloater is None:
+            return (None, None, 0)
+        return (self._debloater._c.size, self._debloater._c.time_to_consume_ns / 1e9,
+                self._in_use)
