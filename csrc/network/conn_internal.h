@@ -52,6 +52,14 @@
  * many channels as a connection carries), then REQUEST_RATE a second. */
 #define REQUEST_RATE 10000
 #define REQUEST_BURST FB_NET_MAX_CHANNELS
+/* NEW_BUFFER_SIZE frames a peer may send per served channel: SIZE_BURST at
+ * once, then one per SIZE_INTERVAL_NS (2,000 a second).  An in-channel
+ * writes at most one per SIZE_GAP_NS (announcements in between wait and
+ * go as one, with the latest size): half the rate the producer allows, so
+ * that frames the network bunched never spend an honest peer's budget. */
+#define SIZE_BURST 64
+#define SIZE_INTERVAL_NS 500000LL
+#define SIZE_GAP_NS 1000000LL
 /* Control messages queued for the writer; past this the reader reads no more
  * requests until the writer sent some (a peer that floods us with requests
  * and does not read the answers is held back by TCP, not by our memory). */
@@ -97,6 +105,7 @@ typedef struct outchan {
     int cancelled;
     int lends;                  /* its buffers are lent, not copied (producer.c) */
     fb_owner_ref_t *ref;        /* keeps owner (and pool) alive while a buffer is lent */
+    int64_t size_tat;           /* the budget of NEW_BUFFER_SIZE frames (producer.c) */
 } outchan_t;
 
 typedef struct ctl {
