@@ -16,7 +16,9 @@
 #   item_object(item, pool)        what a gate reads from an item
 #   _serialize_event(event)        the bytes a user event travels as
 #
-# Test hooks (flinkbuf._testing): part._reader_count().
+# Test hooks (flinkbuf._testing): part._reader_count(); any channel's
+# _announce_buffer_size() and _buffers_in_use() (the gate's, for buffer
+# debloating).
 #
 # Every other field and C method in the included files is the classes' own:
 # Cython needs them declared here, and no other module uses them.
