@@ -12,7 +12,7 @@ from flinkbuf.csrc.clock cimport fb_monotonic_ns
 from flinkbuf.csrc.credit cimport *
 from flinkbuf.csrc.pool cimport FB_NO_CHANNEL
 from flinkbuf.csrc.status cimport FB_OK
-from flinkbuf.io._io cimport BufferDebloater, ResultPartition, _serialize_event
+from flinkbuf.io._io cimport BufferDebloater, InputChannel, ResultPartition, _serialize_event
 from flinkbuf.network._network cimport Connection
 from flinkbuf.serialization._serialization cimport (FULL_BUFFER, FULL_RECORD, RecordDeserializer,
                                                   RecordSerializer, dict_shadow_stats,

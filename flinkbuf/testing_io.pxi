@@ -40,3 +40,19 @@ def debloater_sample_ns(BufferDebloater debloater not None, int64_t bytes, int64
     if debloater.config is None:
         raise RuntimeError("BufferDebloater is not initialised")
     return debloater._sample(bytes, active_ns, buffers_in_use)
+
+
+def announce_buffer_size(InputChannel channel not None, int32_t size):
+    """Have ``channel`` (of any kind: a gate's are ``gate.channels``)
+    announce ``size`` to its producer, as its gate does for buffer
+    debloating; the gate checks the size first, this hook only that it is
+    positive."""
+    if size <= 0:
+        raise ValueError(f"a buffer size is positive, got {size}")
+    channel._announce_buffer_size(size)
+
+
+def buffers_in_use(InputChannel channel not None):
+    """The buffers in flight toward ``channel``'s consumer now, as its gate
+    counts them for buffer debloating."""
+    return channel._buffers_in_use()

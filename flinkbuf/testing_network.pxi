@@ -27,7 +27,9 @@ _MSG_NAMES = {FB_MSG_BUFFER: "buffer", FB_MSG_ERROR: "error",
               FB_MSG_CLOSE: "close", FB_MSG_ADD_CREDIT: "credit",
               FB_MSG_ADD_EVENT_CREDIT: "event_credit", FB_MSG_BUFFER_LENT: "lent",
               FB_MSG_RELEASE: "release", FB_MSG_HEARTBEAT_REQUEST: "heartbeat",
-              FB_MSG_HEARTBEAT_RESPONSE: "heartbeat_response"}
+              FB_MSG_HEARTBEAT_RESPONSE: "heartbeat_response",
+              FB_MSG_NEW_BUFFER_SIZE: "buffer_size"}
+MIN_BUFFER_SIZE = FB_NET_MIN_BUFFER_SIZE
 
 
 cdef tuple _frame_tuple(const fb_wire_frame_t *f, const char *frame, size_t used):
@@ -55,6 +57,8 @@ cdef tuple _frame_tuple(const fb_wire_frame_t *f, const char *frame, size_t used
                             for k in range(f.u.release.count)])
     if msg == FB_MSG_HEARTBEAT_REQUEST or msg == FB_MSG_HEARTBEAT_RESPONSE:
         return (_MSG_NAMES[msg], f.u.heartbeat)
+    if msg == FB_MSG_NEW_BUFFER_SIZE:
+        return ("buffer_size", f.receiver_id, f.u.buffer_size)
     return (_MSG_NAMES[msg], f.receiver_id, f.u.credit)
 
 
@@ -111,7 +115,8 @@ def wire_encode(tuple frame):
     ``("close",)``, ``("lent", receiver, sequence, backlog, size, segment)``,
     ``("release", [segment, ...])`` (1 to FB_NET_MAX_RELEASE segments; the
     receiver id of a release is always 0xFFFFFFFF),
-    ``("heartbeat" | "heartbeat_response", token)`` (connection-wide)."""
+    ``("heartbeat" | "heartbeat_response", token)`` (connection-wide),
+    ``("buffer_size", receiver, size)`` (any u32 size: the decoder checks it)."""
     cdef bytearray out
     cdef char *p
     cdef char *end
@@ -145,6 +150,8 @@ def wire_encode(tuple frame):
     elif kind in ("heartbeat", "heartbeat_response"):
         end = _WIRE.put_heartbeat(p, FB_MSG_HEARTBEAT_REQUEST if kind == "heartbeat"
                                   else FB_MSG_HEARTBEAT_RESPONSE, frame[1])
+    elif kind == "buffer_size":
+        end = _WIRE.put_buffer_size(p, frame[1], frame[2])
     else:
         raise ValueError(f"unknown frame kind {kind!r}")
     return bytes(out[:end - p])

@@ -78,7 +78,8 @@ def seeds():
                ("error", 4, 2, b"PartitionNotFoundError", b"no such partition"),
                ("request", 5, 1, 2, b"part-1"), ("cancel", 6), ("close",),
                ("credit", 7, 3), ("event_credit", 8, 16), ("lent", 9, 10, 3, 16, 42),
-               ("release", [42]), ("heartbeat", 1), ("heartbeat_response", 1)]
+               ("release", [42]), ("heartbeat", 1), ("heartbeat_response", 1),
+               ("buffer_size", 9, 64), ("buffer_size", 9, 513)]
     stream = b"".join(encode(s) for s in samples)
     out = []
     for cuts in ([], [1], [9, 10, 26], [len(stream) // 2]):

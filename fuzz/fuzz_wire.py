@@ -60,10 +60,17 @@ def seeds():
                ("error", 0xFFFFFFFF, 4, b"ProtocolError", b"bad"),
                ("request", 5, 1, 2, b"part-1"), ("cancel", 6), ("close",),
                ("credit", 7, 3), ("event_credit", 8, 16), ("lent", 9, 10, 3, 16, 42),
-               ("release", [42]), ("release", [0, 7, 0xFFFFFFFF])]
+               ("release", [42]), ("release", [0, 7, 0xFFFFFFFF]),
+               ("buffer_size", 7, 64), ("buffer_size", 7, 257)]
     out = []
     for s in samples:
         out.append(b"\x00\x10\xff" + encode(s))
+    # the smallest and largest buffer sizes of other segment sizes, and the
+    # sizes just outside them
+    for head, size in ((b"\x00\x00", 1), (b"\x00\x00", 2), (b"\x00\x03", 49),
+                       (b"\x00\x03", 48), (b"\x00\x04", 64), (b"\x00\x04", 63),
+                       (b"\x08\x00", 32769), (b"\x08\x00", 32770)):
+        out.append(head + b"\xff" + encode(("buffer_size", 7, size)))
     out.append(b"\x00\x10\x80" + b"".join(encode(s) for s in samples))
     return out
 

@@ -285,6 +285,7 @@ MAGIC = 0x46425546
 MSG_BUFFER, MSG_ERROR, MSG_REQUEST, MSG_CANCEL, MSG_CLOSE, MSG_CREDIT = 0, 1, 2, 4, 5, 6
 MSG_EVENT_CREDIT = 7
 MSG_LENT, MSG_RELEASE, MSG_HEARTBEAT, MSG_HEARTBEAT_RESPONSE = 8, 9, 12, 13
+MSG_NEW_BUFFER_SIZE = 10
 EVENT_WINDOW = 16      # events a reader may have outstanding per channel
 ALL = 0xFFFFFFFF       # the receiver id of what is about the whole connection
 
@@ -316,6 +317,11 @@ def request_frame(receiver, subpartition, credit, partition_id, **kw):
 
 def credit_frame(receiver, credit, **kw):
     return frame(MSG_CREDIT, struct.pack(">II", receiver, credit), **kw)
+
+
+def buffer_size_frame(receiver, size, **kw):
+    """A NEW_BUFFER_SIZE (buffer debloating) for ``receiver``."""
+    return frame(MSG_NEW_BUFFER_SIZE, struct.pack(">II", receiver, size & 0xFFFFFFFF), **kw)
 
 
 def cancel_frame(receiver, **kw):
@@ -466,12 +472,16 @@ class _Stdin:
             return None
 
     def wait_for(self, name, timeout):
+        return self.wait_for_any((name,), timeout)
+
+    def wait_for_any(self, names, timeout):
         deadline = time.monotonic() + timeout
         while True:
             cmd = self.get(max(0.0, deadline - time.monotonic()))
             if cmd is None:
-                raise TimeoutError(f"no {name!r} command within {timeout} s")
-            if cmd["cmd"] in (name, "eof"):
+                raise TimeoutError(f"no {' or '.join(map(repr, names))} command within "
+                                   f"{timeout} s")
+            if cmd["cmd"] in names or cmd["cmd"] == "eof":
                 return cmd
 
 
@@ -677,7 +687,9 @@ def role_producer(cfg, cmds):
     subpartition 0..n-1 round robin (or as ``selector`` says) until a write raises (progress is
     reported every 50 ms); "tolerant" writes the plan, skipping
     subpartitions whose consumers left; "idle" writes nothing (and does
-    not finish).  Holds the environment until "close"."""
+    not finish).  Holds the environment until "close"; meanwhile
+    "buffer_sizes" reports the buffer size each subpartition's consumer
+    announced (None: none yet)."""
     from flinkbuf.io import create_partition   # noqa: PLC0415
     if cfg.get("start_delay"):
         time.sleep(cfg["start_delay"])
@@ -758,7 +770,7 @@ def role_producer(cfg, cmds):
                if pp[0].get("mode") != "idle"]
     for t in threads:
         t.start()
-    cmd = cmds.wait_for("close", cfg["life"])
+    cmd = _until_close(cmds, parts, cfg["life"])
     for t, pp in zip(threads, [pp for pp in parts if pp[0].get("mode") != "idle"]):
         if pp[0].get("mode") != "endless":    # endless writers end with the environment
             t.join(cmd.get("join", 10))
@@ -768,6 +780,17 @@ def role_producer(cfg, cmds):
         t.join(5)
     parts = None
     _out(closed=True, stats=stats, **_hygiene())
+
+
+def _until_close(cmds, parts, life):
+    """The "close" command, answering "buffer_sizes" until it comes."""
+    deadline = time.monotonic() + life
+    while True:
+        cmd = cmds.wait_for_any(("close", "buffer_sizes"), max(0.0, deadline - time.monotonic()))
+        if cmd["cmd"] != "buffer_sizes":
+            return cmd
+        _out(buffer_sizes={p["id"]: [part.subpartition(k).buffer_size for k in range(p["n"])]
+                           for p, part in parts})
 
 
 def _paused(env, cmds, life):

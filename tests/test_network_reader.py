@@ -294,7 +294,7 @@ def _bad(fp, kind):
     elif kind == "wrong-magic":
         fp.send(frame(6, bytes(8), magic=0xDEADBEEF))
     elif kind == "unknown-message":
-        fp.send(frame(10))
+        fp.send(frame(11))
     elif kind == "huge-length":
         fp.send(frame(0, b"", length=0xFFFFFFF0))
     elif kind == "malformed-error":

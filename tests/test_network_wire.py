@@ -60,6 +60,7 @@ MESSAGES = [
     (("event_credit", 8, 16), frame(7, struct.pack(">II", 8, 16))),
     (("lent", 9, 10, 3, 100, 42), frame(8, lent_body(9, 10, 3, 0, 100, 42))),
     (("release", [42, 0, 0xFFFFFFFF]), frame(9, release_body([42, 0, 0xFFFFFFFF]))),
+    (("buffer_size", 11, 200), frame(10, struct.pack(">II", 11, 200))),
 ]
 
 
@@ -74,6 +75,27 @@ def test_a_lent_buffer_and_a_release_byte_by_byte():
         "00000019" "46425546" "09"            # length 25, magic, id 9
         "ffffffff" "00000002"                 # the connection-wide id, count
         "0000002a" "00000007")                # the segments
+
+
+def test_a_new_buffer_size_byte_by_byte():
+    assert t.wire_encode(("buffer_size", 9, 4096)) == bytes.fromhex(
+        "00000011" "46425546" "0a"            # length 17, magic, id 10
+        "00000009" "00001000")                # receiver, size
+
+
+@pytest.mark.parametrize("segment, smallest", [(SEGMENT, 64), (32768, 64), (64, 64), (63, 63),
+                                               (16, 16), (1, 1)])
+def test_a_buffer_size_from_64_or_a_smaller_segment_to_the_segment_passes(segment, smallest):
+    """The smallest size a consumer may announce is 64 bytes, or the
+    segment size when segments are smaller; the largest, a segment."""
+    for size in (smallest, segment):
+        wire = frame(10, struct.pack(">II", 3, size))
+        assert t.wire_decode(wire, segment) == ([("buffer_size", 3, size)], 17)
+    for size in (smallest - 1, segment + 1):
+        with pytest.raises(ValueError, match=rf"^buffer size {size} outside "
+                                             rf"{smallest}\.\.{segment}$"):
+            t.wire_decode(frame(10, struct.pack(">II", 3, size)), segment)
+    assert t.MIN_BUFFER_SIZE == 64
 
 
 @pytest.mark.parametrize("message, wire", MESSAGES, ids=[m[0] for m, _ in MESSAGES])
@@ -207,6 +229,22 @@ MALFORMED = {
                               "a release for receiver id 0x00000005"),
     "release for receiver id 0": (frame(9, release_body([1], rid=0)),
                                   "a release for receiver id 0x00000000"),
+    "buffer size 0": (frame(10, struct.pack(">II", 1, 0)), "buffer size 0 outside 64..256"),
+    "buffer size 1": (frame(10, struct.pack(">II", 1, 1)), "buffer size 1 outside 64..256"),
+    "buffer size 63": (frame(10, struct.pack(">II", 1, 63)), "buffer size 63 outside 64..256"),
+    "buffer size past a segment": (frame(10, struct.pack(">II", 1, SEGMENT + 1)),
+                                   "buffer size 257 outside 64..256"),
+    "buffer size 2**31": (frame(10, struct.pack(">II", 1, 2**31)),
+                          "buffer size 2147483648 outside 64..256"),
+    "buffer size 2**32-1": (frame(10, struct.pack(">II", 1, 2**32 - 1)),
+                            "buffer size 4294967295 outside 64..256"),
+    "buffer size without its size": (frame(10, struct.pack(">I", 1)),
+                                     "new buffer size frame of 13 bytes"),
+    "buffer size with a byte more": (frame(10, struct.pack(">II", 1, 100) + b"x"),
+                                     "new buffer size frame of 18 bytes"),
+    "buffer size empty": (frame(10, b""), "new buffer size frame of 9 bytes"),
+    "buffer size huge length": (frame(10, struct.pack(">II", 1, 100), length=0xFFFFFFFF),
+                                "new buffer size frame of 4294967295 bytes"),
 }
 
 
@@ -231,15 +269,17 @@ def test_a_header_is_judged_before_its_body_arrives():
     for wire, _ in (MALFORMED["error frame over 64 KiB"], MALFORMED["request id over the cap"],
                     MALFORMED["wrong magic"], MALFORMED["unknown message id"],
                     MALFORMED["release over the cap"], MALFORMED["lent with a byte more"],
-                    MALFORMED["lent shorter than its fields"]):
+                    MALFORMED["lent shorter than its fields"],
+                    MALFORMED["buffer size with a byte more"],
+                    MALFORMED["buffer size huge length"]):
         with pytest.raises(ValueError):
             t.wire_decode(wire[:9], SEGMENT)
 
 
 @pytest.mark.parametrize("message", [("lent", 1, 2, 3, 4, 5), ("release", [7]),
-                                     ("release", list(range(1024)))], ids=["lent", "release",
-                                                                           "release-1024"])
-def test_a_truncated_lent_or_release_waits_for_the_rest(message):
+                                     ("release", list(range(1024))), ("buffer_size", 1, 64)],
+                         ids=["lent", "release", "release-1024", "buffer-size"])
+def test_a_truncated_lent_release_or_buffer_size_waits_for_the_rest(message):
     """Every proper prefix of a good frame is "more", not a violation."""
     wire = t.wire_encode(message)
     for cut in range(len(wire)):
@@ -260,6 +300,7 @@ frames = st.one_of(
     st.just(("close",)),
     st.tuples(st.just("lent"), U32, U32, st.integers(0, 2**31 - 1), st.integers(1, SEGMENT), U32),
     st.tuples(st.just("release"), st.lists(U32, min_size=1, max_size=1024)),
+    st.tuples(st.just("buffer_size"), U32, st.integers(64, SEGMENT)),
 )
 
 
@@ -276,6 +317,13 @@ def test_any_release_encodes_to_its_bytes_and_decodes_back(segments):
     wire = frame(9, release_body(segments))
     assert t.wire_encode(("release", segments)) == wire
     assert t.wire_decode(wire, SEGMENT) == ([("release", segments)], 17 + 4 * len(segments))
+
+
+@given(U32, st.integers(64, SEGMENT))
+def test_any_buffer_size_encodes_to_its_bytes_and_decodes_back(rid, size):
+    wire = frame(10, struct.pack(">II", rid, size))
+    assert t.wire_encode(("buffer_size", rid, size)) == wire
+    assert t.wire_decode(wire, SEGMENT) == ([("buffer_size", rid, size)], 17)
 
 
 @given(st.lists(frames, max_size=8))

@@ -42,6 +42,9 @@
 #include "network/wire.h"
 
 #define CTL_CAP 65536               /* the writer's control-frame buffer */
+/* The most a queued message writes: a partition request, and its channel's
+ * buffer size after it. */
+#define CTL_FRAME_ROOM (FB_NET_MAX_CONTROL_FRAME + FB_NET_BUFFER_SIZE_FRAME)
 #define RELEASE_BATCH 256           /* segments per RELEASE: one fits FB_NET_MAX_CONTROL_FRAME */
 #define IDMAP_SIZE (2 * FB_NET_MAX_CHANNELS)
 #define NO_ID 0xFFFFFFFFu
@@ -52,10 +55,20 @@
  * many channels as a connection carries), then REQUEST_RATE a second. */
 #define REQUEST_RATE 10000
 #define REQUEST_BURST FB_NET_MAX_CHANNELS
+/* NEW_BUFFER_SIZE frames a peer may send per served channel: SIZE_BURST at
+ * once, then one per SIZE_INTERVAL_NS (2,000 a second).  An in-channel
+ * writes at most one per SIZE_GAP_NS (announcements in between wait and
+ * go as one, with the latest size): half the rate the producer allows, so
+ * that frames the network bunched never spend an honest peer's budget. */
+#define SIZE_BURST 64
+#define SIZE_INTERVAL_NS 500000LL
+#define SIZE_GAP_NS 1000000LL
 /* Control messages queued for the writer; past this the reader reads no more
  * requests until the writer sent some (a peer that floods us with requests
- * and does not read the answers is held back by TCP, not by our memory). */
-#define CTL_MAX (2 * FB_NET_MAX_CHANNELS + 64)
+ * and does not read the answers is held back by TCP, not by our memory).
+ * It leaves room for what this side's in-channels queue themselves: one
+ * ADD_CREDIT, ADD_EVENT_CREDIT and NEW_BUFFER_SIZE each at a time. */
+#define CTL_MAX (3 * FB_NET_MAX_CHANNELS + 64)
 /* Why a side refuses what the peer sent (a protocol error, said by the
  * unit above that ends the connection). */
 #define WHY_LEN FB_NET_MAX_MESSAGE
@@ -97,12 +110,14 @@ typedef struct outchan {
     int cancelled;
     int lends;                  /* its buffers are lent, not copied (producer.c) */
     fb_owner_ref_t *ref;        /* keeps owner (and pool) alive while a buffer is lent */
+    int64_t size_tat;           /* the budget of NEW_BUFFER_SIZE frames (producer.c) */
 } outchan_t;
 
 typedef struct ctl {
     struct ctl *next;
     uint8_t type;
-    uint32_t receiver_id;       /* PARTITION_REQUEST, ADD_*CREDIT: the channel's, read when sent */
+    uint32_t receiver_id;       /* PARTITION_REQUEST, ADD_*CREDIT, NEW_BUFFER_SIZE: the
+                                   channel's, read when sent */
     uint32_t len;               /* a prebuilt body (ERROR_RESPONSE) */
     char body[];
 } ctl_t;
@@ -140,6 +155,12 @@ struct fb_inchan {
     int32_t nfailed_items;
     int64_t buffers_in, bytes_in;
     int32_t kept_busy;          /* kept segments on their way back (inchan.c) */
+    /* Buffer debloating: the latest size announced (0: none) and the last
+     * one written; its NEW_BUFFER_SIZE is queued, or waits until size_at
+     * (one a SIZE_GAP_NS).  A PARTITION_REQUEST carries the size after it. */
+    int32_t buffer_size, size_sent;
+    uint8_t size_queued, size_waiting;
+    int64_t size_at;
 };
 
 struct fb_conn {
@@ -167,6 +188,7 @@ struct fb_conn {
     idmap_t in_ids;
     uint32_t next_receiver_id;
     int32_t num_retrying;
+    int32_t num_sizes_waiting;   /* in-channels whose NEW_BUFFER_SIZE waits for its time */
     ctl_t *ctl_head, *ctl_tail;
     int32_t nctl;                /* messages queued */
     int close_queued, close_sent;

@@ -175,14 +175,23 @@ void fb_inchan_decref(fb_inchan_t *ch);
 /* The consumer took an event of this channel (its gate polled it): one more
  * event may come (an ADD_EVENT_CREDIT is scheduled). */
 void fb_inchan_event_taken(fb_inchan_t *ch);
+/* Buffer debloating: tell the sender to finish this channel's buffers at
+ * `size` bytes (the caller checked it: fb_wire_min_buffer_size to the
+ * segment size).  Any thread.  One NEW_BUFFER_SIZE at a time carries the
+ * latest size when it is written (announcing while one waits changes only
+ * its size), at most one a millisecond; a channel whose request was not
+ * written yet, or is retried, sends it right after its PARTITION_REQUEST; a
+ * channel that ended ignores it. */
+void fb_inchan_announce_buffer_size(fb_inchan_t *ch, int32_t size);
 /* Why the channel failed: FB_NET_ERR_* (0 if it did not), the cause's type
  * name (for a producer failure) and a message. */
 int fb_inchan_error(fb_inchan_t *ch, char *type, size_t tlen, char *message, size_t mlen);
 uint32_t fb_inchan_receiver_id(fb_inchan_t *ch);
 /* Counters for metrics: buffers held for the sender (exclusive, floating),
- * exclusive segments in all, and what arrived. */
+ * exclusive segments in all, the sender's last backlog, data buffers that
+ * arrived and wait to be read (queued), and what arrived. */
 typedef struct fb_inchan_stats {
-    int32_t exclusive_available, floating_available, exclusive_total, backlog;
+    int32_t exclusive_available, floating_available, exclusive_total, backlog, queued;
     int64_t buffers_in, bytes_in;
 } fb_inchan_stats_t;
 void fb_inchan_stats(fb_inchan_t *ch, fb_inchan_stats_t *out);

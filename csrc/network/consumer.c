@@ -1,6 +1,7 @@
 /* The consumer's side of a connection (Flink's CreditBasedPartitionRequest-
  * ClientHandler): buffers, errors and lent buffers arriving for in-channels,
- * the control frames in-channels send (requests, credit), retried requests,
+ * the control frames in-channels send (requests, credit, buffer sizes),
+ * retried requests and buffer sizes that waited for their time,
  * and the releases of segments the peer lent: its arena mapped read-only
  * (network/lease.h), read in place. */
 #define _GNU_SOURCE
@@ -187,6 +188,7 @@ int consumer_error(fb_conn_t *c, const fb_wire_frame_t *f, char *why)
     if (ch != NULL && ch->state == CH_REQUESTED) {
         int64_t now = fb_monotonic_ns();
         if (code == FB_NET_ERR_NOT_FOUND && now + ch->backoff_ns < ch->request_deadline) {
+            size_unwait_locked(c, ch);        /* the retried request carries the size */
             ch->state = CH_RETRY;
             ch->retry_at = now + ch->backoff_ns;
             ch->backoff_ns = ch->backoff_ns * 2 > RETRY_MAX_NS ? RETRY_MAX_NS
@@ -205,6 +207,14 @@ int consumer_error(fb_conn_t *c, const fb_wire_frame_t *f, char *why)
 
 /* ---- what in-channels send --------------------------------------------------- */
 
+/* The channel's latest buffer size, told to the sender now (mu held). */
+static char *put_buffer_size_locked(fb_inchan_t *ch, char *p)
+{
+    ch->size_sent = ch->buffer_size;
+    ch->size_at = fb_monotonic_ns() + SIZE_GAP_NS;
+    return fb_wire_put_buffer_size(p, ch->receiver_id, (uint32_t)ch->buffer_size);
+}
+
 char *consumer_put_control_locked(fb_conn_t *c, const ctl_t *m, char *p)
 {
     int32_t slot = in_lookup(c, m->receiver_id), n;
@@ -213,6 +223,11 @@ char *consumer_put_control_locked(fb_conn_t *c, const ctl_t *m, char *p)
         return p;                    /* the channel closed meanwhile */
     ch = c->ins[slot];
     switch (m->type) {
+    case FB_MSG_NEW_BUFFER_SIZE:
+        ch->size_queued = 0;
+        if (ch->state != CH_REQUESTED || ch->buffer_size == ch->size_sent)
+            return p;                /* a request carries it, or carried it already */
+        return put_buffer_size_locked(ch, p);
     case FB_MSG_ADD_CREDIT:
         n = ch->state == CH_REQUESTED ? fb_credit_take_announcement(&ch->cr) : 0;
         fb_credit_unqueue(&ch->cr);
@@ -224,20 +239,39 @@ char *consumer_put_control_locked(fb_conn_t *c, const ctl_t *m, char *p)
         if (ch->state != CH_REQUESTED)
             return p;
         n = fb_credit_take_initial(&ch->cr);      /* every buffer held: credit */
-        return fb_wire_put_request(p, ch->receiver_id, ch->subpartition, n, ch->partition_id,
-                                   ch->id_len);
+        p = fb_wire_put_request(p, ch->receiver_id, ch->subpartition, n, ch->partition_id,
+                                ch->id_len);
+        /* The size announced so far follows its request: the sender serves
+         * the request before it reads the next frame. */
+        return ch->buffer_size > 0 ? put_buffer_size_locked(ch, p) : p;
     }
 }
 
-int64_t consumer_due_retries_locked(fb_conn_t *c)
+/* A buffer size waiting for its time (mu held): queued once it came, else
+ * when it comes. */
+static int64_t size_due_locked(fb_conn_t *c, fb_inchan_t *ch, int64_t now)
 {
-    int64_t now = fb_monotonic_ns(), next = FB_WAIT_FOREVER;
+    if (ch->state == CH_REQUESTED && ch->size_at > now)
+        return ch->size_at;
+    size_unwait_locked(c, ch);
+    if (size_schedule_locked(c, ch) == 1)
+        notify_writer(c, 0);
+    return FB_WAIT_FOREVER;
+}
+
+int64_t consumer_due_locked(fb_conn_t *c)
+{
+    int64_t now = fb_monotonic_ns(), next = FB_WAIT_FOREVER, at;
     int32_t k;
-    if (c->num_retrying == 0)
+    if (c->num_retrying == 0 && c->num_sizes_waiting == 0)
         return next;
     for (k = 0; k < FB_NET_MAX_CHANNELS; k++) {
         fb_inchan_t *ch = c->ins[k];
-        if (ch == NULL || ch->state != CH_RETRY)
+        if (ch == NULL)
+            continue;
+        if (ch->size_waiting && (at = size_due_locked(c, ch, now)) < next)
+            next = at;
+        if (ch->state != CH_RETRY)
             continue;
         if (ch->retry_at <= now) {
             ch->state = CH_REQUESTED;

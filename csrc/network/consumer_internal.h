@@ -30,15 +30,17 @@ int consumer_error(fb_conn_t *c, const fb_wire_frame_t *f, char *why);
 /* A BUFFER_LENT: 0, or -1 with why. */
 int consumer_lent(fb_conn_t *c, const fb_wire_frame_t *f, char *why);
 /* Writing: the frame of an in-channel's queued message (PARTITION_REQUEST,
- * ADD_CREDIT, ADD_EVENT_CREDIT) at p, its amounts read now (mu held); p
- * when there is nothing to send (the channel ended). */
+ * and the NEW_BUFFER_SIZE after it when a size was announced; ADD_CREDIT,
+ * ADD_EVENT_CREDIT, NEW_BUFFER_SIZE) at p, its amounts read now (mu held),
+ * at most CTL_FRAME_ROOM bytes; p when there is nothing to send (the
+ * channel ended, or the sender knows the size). */
 char *consumer_put_control_locked(fb_conn_t *c, const ctl_t *m, char *p);
 /* Writing: RELEASEs of recycled lent segments at p, up to end (mu held);
  * *more when some are left for the next batch. */
 char *consumer_put_releases_locked(fb_conn_t *c, char *p, char *end, int *more);
-/* Requests whose retry time came are queued again (mu held): the next
- * retry's deadline, or FB_WAIT_FOREVER. */
-int64_t consumer_due_retries_locked(fb_conn_t *c);
+/* Requests whose retry time came are queued again, and buffer sizes whose
+ * time came are queued (mu held): the next such time, or FB_WAIT_FOREVER. */
+int64_t consumer_due_locked(fb_conn_t *c);
 /* The connection ends (before its side does: no CLOSE_REQUEST or shutdown
  * went yet): buffers the peer lent are read no more from its arena (a
  * private copy of each one still held), so that the peer may take every

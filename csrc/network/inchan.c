@@ -21,11 +21,36 @@ void inchan_fail_locked(fb_conn_t *c, fb_inchan_t *ch, int code, const char *typ
         return;
     if (ch->state == CH_RETRY)
         c->num_retrying--;
+    size_unwait_locked(c, ch);
     ch->state = CH_FAILED;
     ch->err_code = code;
     copy_text(ch->err_type, sizeof(ch->err_type), type, strlen(type));
     copy_text(ch->err_msg, sizeof(ch->err_msg), msg, strlen(msg));
     ch->nfailed_items = fb_subpart_terminate(&ch->queue, FB_SP_FAILED, &ch->failed_items);
+}
+
+void size_unwait_locked(fb_conn_t *c, fb_inchan_t *ch)
+{
+    if (ch->size_waiting) {
+        ch->size_waiting = 0;
+        c->num_sizes_waiting--;
+    }
+}
+
+int size_schedule_locked(fb_conn_t *c, fb_inchan_t *ch)
+{
+    if (ch->size_queued || ch->size_waiting || ch->state != CH_REQUESTED
+            || c->state != CONN_OPEN || ch->buffer_size == ch->size_sent)
+        return 0;
+    if (fb_monotonic_ns() < ch->size_at) {
+        ch->size_waiting = 1;
+        c->num_sizes_waiting++;
+        return 2;                        /* the writer sets its wake-up for it */
+    }
+    if (ctl_push_quiet(c, FB_MSG_NEW_BUFFER_SIZE, ch->receiver_id, NULL, 0, 1) != FB_OK)
+        return 0;
+    ch->size_queued = 1;
+    return 1;
 }
 
 /* Act on a credit decision (mu held): queue the message it calls for.
@@ -299,6 +324,7 @@ void fb_inchan_close(fb_inchan_t *ch)
         ctl_push(c, FB_MSG_CANCEL, ch->receiver_id, NULL, 0);
     if (ch->state == CH_RETRY)
         c->num_retrying--;
+    size_unwait_locked(c, ch);
     /* (control messages queued for it find no channel when written) */
     if (ch->slot >= 0 && c->ins[ch->slot] == ch) {
         idmap_del(&c->in_ids, ch->receiver_id);
@@ -390,6 +416,20 @@ void fb_inchan_event_taken(fb_inchan_t *ch)
         writer_kick(c, wake);
 }
 
+void fb_inchan_announce_buffer_size(fb_inchan_t *ch, int32_t size)
+{
+    fb_conn_t *c = ch->conn;
+    int wake = 0;
+    pthread_mutex_lock(&c->mu);
+    if (holds_buffers(ch) && size > 0) {
+        ch->buffer_size = size;      /* a request not written yet carries it */
+        wake = size_schedule_locked(c, ch);
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (wake)
+        writer_kick(c, wake);
+}
+
 int fb_inchan_error(fb_inchan_t *ch, char *type, size_t tlen, char *message, size_t mlen)
 {
     int code;
@@ -412,6 +452,7 @@ void fb_inchan_stats(fb_inchan_t *ch, fb_inchan_stats_t *out)
     fb_credit_counts(&ch->cr, &out->exclusive_available, &out->floating_available);
     out->exclusive_total = ch->cr.num_exclusive;
     out->backlog = ch->cr.backlog;
+    out->queued = fb_subpart_backlog(&ch->queue);
     out->buffers_in = ch->buffers_in;
     out->bytes_in = ch->bytes_in;
     pthread_mutex_unlock(&ch->conn->mu);

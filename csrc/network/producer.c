@@ -1,7 +1,8 @@
 /* The producer's side of a connection: serving subpartitions of this
  * process to the peer (Flink's PartitionRequestServerHandler and
  * PartitionRequestQueue): partition requests and their budget, the credit
- * the reader grants, what a served channel sends next, and lending: over
+ * the reader grants, the buffer sizes it announces (and their budget), what
+ * a served channel sends next, and lending: over
  * shared memory, buffers of a shared pool go to the peer as BUFFER_LENT
  * frames naming their segment (network/lease.h), its RELEASE frames give
  * them back, and the connection's end gives back the rest. */
@@ -184,6 +185,42 @@ int producer_credit(fb_conn_t *c, const fb_wire_frame_t *f, char *why)
         send_now(c, slot);            /* a thread reading for itself sends too */
     else if (wake)
         notify_writer(c, slot);
+    stat_add(&c->stats.frames_in, 1);
+    return 0;
+}
+
+/* ---- buffer sizes (buffer debloating) ------------------------------------------ */
+
+/* One more NEW_BUFFER_SIZE on a served channel (mu held): 0 within the
+ * peer's budget (GCRA, as its partition requests), -1 past it. */
+static int size_budget_locked(outchan_t *oc, int64_t now)
+{
+    int64_t tat = oc->size_tat > now ? oc->size_tat : now;
+    if (tat - now > (int64_t)(SIZE_BURST - 1) * SIZE_INTERVAL_NS)
+        return -1;
+    oc->size_tat = tat + SIZE_INTERVAL_NS;
+    return 0;
+}
+
+int producer_buffer_size(fb_conn_t *c, const fb_wire_frame_t *f, char *why)
+{
+    uint32_t id = f->receiver_id;
+    int32_t slot;
+    int rc = 0;
+    pthread_mutex_lock(&c->mu);
+    slot = idmap_get(&c->out_ids, id);
+    if (slot >= 0) {                 /* (a channel that ended: ignored, as its credit) */
+        outchan_t *oc = c->outs[slot];
+        rc = size_budget_locked(oc, fb_monotonic_ns());
+        if (rc == 0)
+            fb_subpart_set_buffer_size(oc->sp, f->u.buffer_size);
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (rc < 0) {
+        snprintf(why, WHY_LEN, "buffer sizes on receiver id %u faster than %d at once and "
+                 "%lld a second", id, SIZE_BURST, 1000000000LL / SIZE_INTERVAL_NS);
+        return -1;
+    }
     stat_add(&c->stats.frames_in, 1);
     return 0;
 }

@@ -1,8 +1,8 @@
 /* producer.c's exports: the producer's side of a connection, serving
  * subpartitions of this process to the peer.  To reader.c (frames in:
  * PARTITION_REQUEST and its budget, ADD_CREDIT, ADD_EVENT_CREDIT,
- * CANCEL_PARTITION_REQUEST, RELEASE; the lent segments' return when the
- * connection ended), writer.c (what a served channel sends next; ending
+ * CANCEL_PARTITION_REQUEST, NEW_BUFFER_SIZE, RELEASE; the lent segments'
+ * return when the connection ended), writer.c (what a served channel sends next; ending
  * served channels) and connection.c (lending's end).  A frame the peer
  * should not have sent is refused with -1 and why; the caller ends the
  * connection.  Private to csrc/network.  No Python API. */
@@ -43,6 +43,10 @@ void producer_request(fb_conn_t *c, const fb_wire_frame_t *f);
 /* ADD_CREDIT, ADD_EVENT_CREDIT or CANCEL_PARTITION_REQUEST: 0, or -1 with
  * why. */
 int producer_credit(fb_conn_t *c, const fb_wire_frame_t *f, char *why);
+/* A NEW_BUFFER_SIZE: the served subpartition's buffers are finished at
+ * that size from now on (a channel that ended: ignored).  0, or -1 with
+ * why when the peer sends them past its budget (SIZE_BURST, SIZE_INTERVAL_NS). */
+int producer_buffer_size(fb_conn_t *c, const fb_wire_frame_t *f, char *why);
 /* A RELEASE: the segments go back to their pools.  0, or -1 with why. */
 int producer_release(fb_conn_t *c, const fb_wire_frame_t *f, char *why);
 /* The connection ended (no lock held): if the peer ended its side first,

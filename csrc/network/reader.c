@@ -119,6 +119,9 @@ static int read_control(fb_conn_t *c)
     case FB_MSG_RELEASE:
         r = producer_release(c, f, why);
         break;
+    case FB_MSG_NEW_BUFFER_SIZE:
+        r = producer_buffer_size(c, f, why);
+        break;
     case FB_MSG_CLOSE:
         conn_peer_ended(c, FB_NET_ERR_CONNECTION, "the peer closed the connection");
         return -1;

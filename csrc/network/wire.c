@@ -40,6 +40,7 @@ static int body_bounds(uint8_t msg, int32_t segment_size, uint32_t *min, uint32_
     case FB_MSG_ADD_EVENT_CREDIT:
     case FB_MSG_HEARTBEAT_REQUEST:
     case FB_MSG_HEARTBEAT_RESPONSE:
+    case FB_MSG_NEW_BUFFER_SIZE:
         *min = *max = 8;
         return 1;
     case FB_MSG_CLOSE:
@@ -88,6 +89,8 @@ int fb_wire_decode_header(const char *p, int32_t segment_size, fb_wire_head_t *h
         case FB_MSG_HEARTBEAT_REQUEST:
         case FB_MSG_HEARTBEAT_RESPONSE:
             return bad(err, errlen, "heartbeat frame of %u bytes", len);
+        case FB_MSG_NEW_BUFFER_SIZE:
+            return bad(err, errlen, "new buffer size frame of %u bytes", len);
         default:
             return bad(err, errlen, "frame of %u bytes for message %u", len, msg);
         }
@@ -205,6 +208,18 @@ static int decode_heartbeat(const char *p, fb_wire_frame_t *f, char *err, size_t
     return FB_WIRE_OK;
 }
 
+static int decode_buffer_size(const fb_wire_head_t *h, const char *p, fb_wire_frame_t *f,
+                              char *err, size_t errlen)
+{
+    uint32_t size = fb_load_u32(p + 4, 1);
+    int32_t min = fb_wire_min_buffer_size(h->segment_size);
+    f->receiver_id = fb_load_u32(p, 1);
+    if (min < 1 || size < (uint32_t)min || size > (uint32_t)h->segment_size)
+        return bad(err, errlen, "buffer size %u outside %d..%d", size, min, h->segment_size);
+    f->u.buffer_size = (int32_t)size;
+    return FB_WIRE_OK;
+}
+
 int fb_wire_decode_body(const fb_wire_head_t *h, const char *p, fb_wire_frame_t *f, char *err,
                         size_t errlen)
 {
@@ -238,6 +253,8 @@ int fb_wire_decode_body(const fb_wire_head_t *h, const char *p, fb_wire_frame_t 
     case FB_MSG_HEARTBEAT_REQUEST:
     case FB_MSG_HEARTBEAT_RESPONSE:
         return decode_heartbeat(p, f, err, errlen);
+    case FB_MSG_NEW_BUFFER_SIZE:
+        return decode_buffer_size(h, p, f, err, errlen);
     default:            /* a header fb_wire_decode_header did not pass */
         return bad(err, errlen, "unknown message id %u", h->msg);
     }
@@ -351,6 +368,14 @@ char *fb_wire_put_heartbeat(char *p, uint8_t msg, uint32_t token)
     p = fb_wire_put_header(p, 8, msg);
     fb_store_u32(p, FB_NET_ALL, 1);
     fb_store_u32(p + 4, token, 1);
+    return p + 8;
+}
+
+char *fb_wire_put_buffer_size(char *p, uint32_t receiver_id, uint32_t size)
+{
+    p = fb_wire_put_header(p, 8, FB_MSG_NEW_BUFFER_SIZE);
+    fb_store_u32(p, receiver_id, 1);
+    fb_store_u32(p + 4, size, 1);
     return p + 8;
 }
 

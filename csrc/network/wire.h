@@ -36,6 +36,11 @@
 #define FB_NET_MAX_RELEASE_FRAME (FB_NET_HEADER + 8 + 4 * FB_NET_MAX_RELEASE)
 /* A HEARTBEAT_REQUEST or HEARTBEAT_RESPONSE: receiver id (all), token. */
 #define FB_NET_HEARTBEAT_FRAME (FB_NET_HEADER + 8)
+/* A NEW_BUFFER_SIZE: receiver id, size. */
+#define FB_NET_BUFFER_SIZE_FRAME (FB_NET_HEADER + 8)
+/* The smallest buffer size a consumer may announce (or the segment size,
+ * when that is smaller). */
+#define FB_NET_MIN_BUFFER_SIZE 64
 
 enum {
     FB_MSG_BUFFER = 0,
@@ -47,6 +52,7 @@ enum {
     FB_MSG_ADD_EVENT_CREDIT = 7,
     FB_MSG_BUFFER_LENT = 8,       /* a data buffer in a segment of the sender's arena */
     FB_MSG_RELEASE = 9,           /* the receiver is done with these lent segments */
+    FB_MSG_NEW_BUFFER_SIZE = 10,  /* buffer debloating: finish this channel's buffers at a size */
     FB_MSG_HEARTBEAT_REQUEST = 12,    /* are you there? (a connection's threads answer) */
     FB_MSG_HEARTBEAT_RESPONSE = 13    /* yes: the latest request's token */
 };
@@ -123,6 +129,8 @@ typedef union fb_wire_body {
     fb_wire_lent_t lent;
     fb_wire_release_t release;
     int32_t credit;               /* ADD_CREDIT, ADD_EVENT_CREDIT: > 0 */
+    int32_t buffer_size;          /* NEW_BUFFER_SIZE: min(FB_NET_MIN_BUFFER_SIZE, segment
+                                     size) .. segment size */
     uint32_t heartbeat;           /* HEARTBEAT_REQUEST, HEARTBEAT_RESPONSE: the token, > 0 */
 } fb_wire_body_t;
 
@@ -178,6 +186,15 @@ char *fb_wire_put_cancel(char *p, uint32_t receiver_id);
 char *fb_wire_put_close(char *p);
 /* HEARTBEAT_REQUEST or HEARTBEAT_RESPONSE (FB_NET_HEARTBEAT_FRAME bytes). */
 char *fb_wire_put_heartbeat(char *p, uint8_t msg, uint32_t token);
+/* A NEW_BUFFER_SIZE (FB_NET_BUFFER_SIZE_FRAME bytes); the size is the
+ * caller's to check. */
+char *fb_wire_put_buffer_size(char *p, uint32_t receiver_id, uint32_t size);
+/* The smallest buffer size a consumer may announce for segments of
+ * segment_size bytes (the largest is segment_size). */
+static inline int32_t fb_wire_min_buffer_size(int32_t segment_size)
+{
+    return segment_size < FB_NET_MIN_BUFFER_SIZE ? segment_size : FB_NET_MIN_BUFFER_SIZE;
+}
 /* A BUFFER_LENT (FB_NET_HEADER + FB_NET_LENT_FIELDS bytes): a data buffer of
  * `size` bytes in segment `segment` of this side's arena. */
 char *fb_wire_put_lent(char *p, uint32_t receiver_id, uint32_t sequence, int32_t backlog,

@@ -100,6 +100,7 @@ static char *put_control(fb_conn_t *c, ctl_t *m, char *p, int *close_now)
     case FB_MSG_ADD_CREDIT:
     case FB_MSG_ADD_EVENT_CREDIT:
     case FB_MSG_PARTITION_REQUEST:
+    case FB_MSG_NEW_BUFFER_SIZE:
         return consumer_put_control_locked(c, m, p);
     case FB_MSG_CANCEL:
         return fb_wire_put_cancel(p, m->receiver_id);
@@ -152,7 +153,7 @@ static ctl_t *take_control_locked(fb_conn_t *c, batch_t *b)
         }
     }
     while (!b->ctl_full && (m = c->ctl_head) != NULL) {
-        if ((size_t)(p - c->ctlbuf) + FB_NET_MAX_CONTROL_FRAME + m->len > CTL_CAP) {
+        if ((size_t)(p - c->ctlbuf) + CTL_FRAME_ROOM + m->len > CTL_CAP) {
             notify_writer(c, 0);             /* the rest in the next batch */
             b->ctl_full = 1;
             break;
@@ -379,7 +380,7 @@ void *writer_main(void *arg)
     }
     for (;;) {
         pthread_mutex_lock(&c->mu);
-        deadline = consumer_due_retries_locked(c);
+        deadline = consumer_due_locked(c);
         pthread_mutex_unlock(&c->mu);
         rc = fb_gate_wait(&c->out, deadline, &slot);
         if (rc == FB_ECLOSED)

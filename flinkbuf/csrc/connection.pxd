@@ -50,7 +50,7 @@ cdef extern from "network/connection.h" nogil:
     void fb_floating_decref(fb_floating_t *f)
 
     ctypedef struct fb_inchan_stats_t:
-        int32_t exclusive_available, floating_available, exclusive_total, backlog
+        int32_t exclusive_available, floating_available, exclusive_total, backlog, queued
         int64_t buffers_in, bytes_in
 
     fb_inchan_t *fb_inchan_new(fb_conn_t *c, const char *partition_id, size_t len,
@@ -60,6 +60,7 @@ cdef extern from "network/connection.h" nogil:
     int fb_inchan_open(fb_inchan_t *ch)
     fb_subpart_t *fb_inchan_queue(fb_inchan_t *ch)
     void fb_inchan_event_taken(fb_inchan_t *ch)
+    void fb_inchan_announce_buffer_size(fb_inchan_t *ch, int32_t size)
     void fb_inchan_close(fb_inchan_t *ch)
     void fb_inchan_decref(fb_inchan_t *ch)
     int fb_inchan_attach_reader(fb_inchan_t *ch, fb_gate_t *g)

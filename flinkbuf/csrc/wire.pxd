@@ -12,6 +12,8 @@ cdef extern from "network/wire.h" nogil:
         FB_NET_MAX_RELEASE
         FB_NET_MAX_RELEASE_FRAME
         FB_NET_HEARTBEAT_FRAME
+        FB_NET_BUFFER_SIZE_FRAME
+        FB_NET_MIN_BUFFER_SIZE
         FB_NET_MAX_CHANNELS
         FB_NET_MAX_PARTITION_ID
         FB_NET_MAX_ERROR_FRAME
@@ -29,6 +31,7 @@ cdef extern from "network/wire.h" nogil:
         FB_MSG_ADD_EVENT_CREDIT
         FB_MSG_BUFFER_LENT
         FB_MSG_RELEASE
+        FB_MSG_NEW_BUFFER_SIZE
         FB_MSG_HEARTBEAT_REQUEST
         FB_MSG_HEARTBEAT_RESPONSE
         FB_WIRE_DATA
@@ -80,6 +83,7 @@ cdef extern from "network/wire.h" nogil:
         fb_wire_lent_t lent
         fb_wire_release_t release
         int32_t credit
+        int32_t buffer_size
         uint32_t heartbeat
 
     ctypedef struct fb_wire_frame_t:
@@ -98,6 +102,8 @@ cdef extern from "network/wire.h" nogil:
     char *fb_wire_put_cancel(char *p, uint32_t receiver_id)
     char *fb_wire_put_close(char *p)
     char *fb_wire_put_heartbeat(char *p, uint8_t msg, uint32_t token)
+    char *fb_wire_put_buffer_size(char *p, uint32_t receiver_id, uint32_t size)
+    int32_t fb_wire_min_buffer_size(int32_t segment_size)
     char *fb_wire_put_lent(char *p, uint32_t receiver_id, uint32_t sequence, int32_t backlog,
                            uint32_t size, uint32_t segment)
     char *fb_wire_put_release(char *p, const uint32_t *segments, uint32_t count)

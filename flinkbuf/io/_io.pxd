@@ -19,7 +19,9 @@
 #                                  buffer debloating: config._enabled, a
 #                                  debloater's _sample() and its _c (debloat.pxd)
 #
-# Test hooks (flinkbuf._testing): part._reader_count(), debloater._ema().
+# Test hooks (flinkbuf._testing): part._reader_count(), debloater._ema(); any
+# channel's _announce_buffer_size() and _buffers_in_use() (the gate's, for
+# buffer debloating).
 #
 # Every other field and C method in the included files is the classes' own:
 # Cython needs them declared here, and no other module uses them.

@@ -64,6 +64,7 @@ ctypedef struct wire_hooks_t:       # wire.h: the wire format
                       uint32_t size, uint32_t segment) noexcept nogil
     char *(*put_release)(char *p, const uint32_t *segments, uint32_t count) noexcept nogil
     char *(*put_heartbeat)(char *p, uint8_t msg, uint32_t token) noexcept nogil
+    char *(*put_buffer_size)(char *p, uint32_t receiver_id, uint32_t size) noexcept nogil
     char *(*put_error_body)(char *p, uint32_t receiver_id, uint8_t code, const char *type,
                             size_t type_len, const char *message,
                             size_t message_len) noexcept nogil

@@ -12,6 +12,7 @@ class _ChannelStats(TypedDict):
     floating_available: int
     exclusive_total: int
     backlog: int
+    queued: int
     buffers_in: int
     bytes_in: int
 

@@ -13,6 +13,7 @@ _WIRE_HOOKS.put_close = fb_wire_put_close
 _WIRE_HOOKS.put_lent = fb_wire_put_lent
 _WIRE_HOOKS.put_release = fb_wire_put_release
 _WIRE_HOOKS.put_heartbeat = fb_wire_put_heartbeat
+_WIRE_HOOKS.put_buffer_size = fb_wire_put_buffer_size
 _WIRE_HOOKS.put_error_body = fb_wire_put_error_body
 
 cdef credit_hooks_t _CREDIT_HOOKS

@@ -210,6 +210,20 @@ cdef class RemoteInputChannel(InputChannel):
     cdef object _source_pool(self):
         return None
 
+    cdef int _announce_buffer_size(self, int32_t size) except -1:
+        """Sent to the producer as NEW_BUFFER_SIZE (the latest size, at most
+        one a millisecond); before the request is served, right after it."""
+        with nogil:
+            fb_inchan_announce_buffer_size(self._c, size)
+        return 0
+
+    cdef int32_t _buffers_in_use(self) except -1:
+        """The buffers that arrived and wait in the channel's queue, and
+        those the channel holds for its sender (the credit it may fill)."""
+        cdef fb_inchan_stats_t st
+        fb_inchan_stats(self._c, &st)
+        return st.exclusive_available + st.floating_available + st.queued
+
     cdef object _own_buffer_counters(self):
         """The exclusive buffers (in use: not held for the sender), what
         arrived, and the gate's floating buffers: TaskMetrics' input buffer
@@ -246,13 +260,14 @@ cdef class RemoteInputChannel(InputChannel):
 
     def stats(self):
         """Buffers held for the sender (exclusive and floating), exclusive
-        buffers in all, the sender's last backlog, and what arrived."""
+        buffers in all, the sender's last backlog, data buffers that arrived
+        and wait to be read (queued), and what arrived."""
         cdef fb_inchan_stats_t st
         fb_inchan_stats(self._c, &st)
         return {"exclusive_available": st.exclusive_available,
                 "floating_available": st.floating_available,
                 "exclusive_total": st.exclusive_total, "backlog": st.backlog,
-                "buffers_in": st.buffers_in, "bytes_in": st.bytes_in}
+                "queued": st.queued, "buffers_in": st.buffers_in, "bytes_in": st.bytes_in}
 
     def __repr__(self):
         return (f"<flinkbuf.network.RemoteInputChannel partition={self._partition_id!r} "

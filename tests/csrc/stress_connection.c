@@ -8,7 +8,9 @@
  * buffers, user events and a final EndOfPartition; the consumer side reads
  * them through remote input channels (exclusive and floating buffers) in
  * NGATES gates, one consumer thread per gate, which checks every buffer and
- * recycles it.  Over "lend" (shared memory, the producers' pool a shared
+ * recycles it, and announces a buffer size (buffer debloating) after every
+ * buffer it took, far more often than the one a millisecond the channel
+ * sends (and than the producer side's budget allows).  Over "lend" (shared memory, the producers' pool a shared
  * arena) the producer side lends its data buffers instead of copying them:
  * the consumers read them in place, their recycles go back as RELEASE, and
  * after a connection ends what was lent comes back (the consumer side lets
@@ -387,6 +389,9 @@ static int take_data(gate_t *gt, uint32_t k, fb_item_t *item, fb_item_t *held)
             item->size);
     c->next_seq++;
     __atomic_add_fetch(&gt->s->consumed, 1, __ATOMIC_RELAXED);
+    fb_inchan_announce_buffer_size(c->ch, FB_NET_MIN_BUFFER_SIZE
+                                   + (int32_t)(mix(k * 7919 + c->next_seq)
+                                               % (SEG - FB_NET_MIN_BUFFER_SIZE + 1)));
     if (held->data != NULL)
         fb_item_dispose(held);
     *held = *item;
@@ -562,8 +567,11 @@ static void check_channels(session_t *s)
         rchan_t *c = &s->rch[k];
         producer_t *p = &s->prod[k];
         CHECK(c->state != RCH_OPEN);
+        int32_t size = fb_subpart_buffer_size(&s->sp[k]);
+        CHECK(size == 0 || (size >= FB_NET_MIN_BUFFER_SIZE && size <= SEG));
         if (c->state == RCH_FINISHED) {
             CHECK(c->next_seq == s->nbuf && p->refused == 0);
+            CHECK(size > 0);                    /* announced long before the end */
         } else if (c->state == RCH_CANCELLED) {
             CHECK((int)c->next_seq == cancel_point(s, k));
         } else {
