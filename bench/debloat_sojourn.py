@@ -46,9 +46,9 @@ def _produce(writer, stop):
         pass
 
 
-def _producer_process(pipe, transport):
+def _producer_process(pipe, transport, debloat):
     with NetworkEnvironment(256, secret=SECRET, transport=transport) as env:
-        part = create_partition(env.network_buffer_pool, 1)
+        part = create_partition(env.network_buffer_pool, 1, buffer_debloat=debloat)
         env.register_partition("p", part)
         writer = RecordWriter(part, "round_robin")
         stop = threading.Event()
@@ -90,7 +90,7 @@ def run_case(transport, rate, debloat, a):
     options = {"buffer_debloat": debloat, "buffer_debloat_target": a.target}
     if transport == "local":
         nbp = NetworkBufferPool(256, 32768)
-        part = create_partition(nbp, 1)
+        part = create_partition(nbp, 1, buffer_debloat=debloat)
         writer = RecordWriter(part, "round_robin")
         stop = threading.Event()
         t = threading.Thread(target=_produce, args=(writer, stop), daemon=True)
@@ -105,7 +105,7 @@ def run_case(transport, rate, debloat, a):
             nbp.destroy()
     ctx = mp.get_context("fork")
     here, there = ctx.Pipe()
-    proc = ctx.Process(target=_producer_process, args=(there, transport), daemon=True)
+    proc = ctx.Process(target=_producer_process, args=(there, transport, debloat), daemon=True)
     proc.start()
     try:
         address = here.recv()

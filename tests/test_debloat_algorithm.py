@@ -159,6 +159,28 @@ def test_the_aim_is_at_most_twice_the_size(samples, target, segment_size, data, 
     assert debloater_ema(d) <= 2 * before
 
 
+@given(config=configs, segment_size=st.integers(1, 1 << 20),
+       nbytes=st.integers(1, 1 << 40), active=st.integers(1, 10 ** 10),
+       buffers=st.integers(1, 4096))
+def test_started_small_the_first_sample_aims_at_once(config, segment_size, nbytes, active,
+                                                      buffers):
+    """A debloater started small begins at the minimum; a sample without
+    active time announces nothing, and the first one with it sets the size
+    to its aim at once (clamped), announced even when unchanged; smoothing
+    resumes after it."""
+    d = BufferDebloater(config, segment_size, start_small=True)
+    low = min(config.min_size, segment_size)
+    assert d.buffer_size == low and debloater_ema(d) == low
+    assert debloater_sample_ns(d, nbytes, 0, buffers) == 0 and d.buffer_size == low
+    aim = math.floor(nbytes * 1e9 / active) * config.target / buffers   # bytes/s truncated
+    expected = min(max(aim, low), segment_size)
+    assert debloater_sample_ns(d, nbytes, active, buffers) == d.buffer_size
+    assert abs(d.buffer_size - expected) <= 1 + expected * 1e-9
+    before = debloater_ema(d)
+    debloater_sample_ns(d, 10 ** 15, 1, 1)            # now smoothed: at most doubled
+    assert debloater_ema(d) <= 2 * before + 1e-9
+
+
 def test_worked_steps():
     """samples=1 (alpha 1), target 1 s, 1 s of activity, 1 buffer: the size
     is the bytes taken, at most twice the last, announced past 25 %."""

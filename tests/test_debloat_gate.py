@@ -217,3 +217,43 @@ def test_the_gate_keeps_the_options_it_was_given(nbp):
     assert cfg.period == 0.2 and cfg.samples == 20 and cfg.threshold == 25
     assert pickle.loads(pickle.dumps(cfg)) == cfg
     gate.close()
+
+
+def test_a_debloating_partition_starts_small(nbp):
+    """Its subpartitions start at the minimum size, so a slow consumer never
+    starts behind whole segments; its gate's first sample sets the size."""
+    part = create_partition(nbp, 2, min_buffers=48, buffer_debloat=True,
+                            buffer_debloat_min_size=512)
+    assert [part.subpartition(i).buffer_size for i in range(2)] == [512, 512]
+    plain = create_partition(nbp, 1)
+    assert plain.subpartition(0).buffer_size is None
+    writer = RecordWriter(part, "round_robin", codec="bytes", buffer_timeout=None)
+    for i in range(200):
+        writer.emit(b"r" * 100)
+    writer.flush()
+    assert part.backlog(0) >= 100 * 104 // 512          # buffers of at most 512 bytes
+    writer.close()
+    for p in (part, plain):
+        p.release()
+    with pytest.raises(ValueError, match="buffer_debloat_min_size"):
+        create_partition(nbp, 1, buffer_debloat=True, buffer_debloat_min_size=0)
+
+
+def test_a_fast_consumer_leaves_small_buffers_after_one_sample(nbp):
+    """A partition that starts small, read by a gate that keeps up: the
+    gate's first sample (a tenth of the period in) asks for whole segments."""
+    part = create_partition(nbp, 1, buffer_debloat=True)
+    writer = RecordWriter(part, "round_robin", codec="bytes", buffer_timeout=None)
+    stop = threading.Event()
+    t = _writer_thread(writer, stop, size=100)
+    gate = InputGate([(part, 0)], codec="bytes", buffer_debloat=True)
+    try:
+        end = time.monotonic() + 0.5
+        for _ in gate:
+            if time.monotonic() > end:
+                break
+        assert part.subpartition(0).buffer_size == SEG
+    finally:
+        stop.set()
+        gate.close()
+        t.join(10)

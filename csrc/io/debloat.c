@@ -41,6 +41,14 @@ void fb_debloater_init(fb_debloater_t *d, const fb_debloat_config_t *cfg)
     d->size = cfg->max_size;
     d->throughput = 0;
     d->time_to_consume_ns = 0;
+    d->warm = 0;
+}
+
+void fb_debloater_start_small(fb_debloater_t *d)
+{
+    d->ema = (double)d->cfg.min_size;
+    d->size = d->cfg.min_size;
+    d->warm = 1;
 }
 
 /* A non-negative double as an int64, INT64_MAX from 2**63 on (the cast
@@ -82,9 +90,15 @@ int32_t fb_debloater_sample(fb_debloater_t *d, int64_t bytes, int64_t active_ns,
 
     desired = (double)d->throughput * (double)cfg->target_ns / NS_PER_S;
     desirable = desired / buffers;
-    if (desirable > 2.0 * d->ema)
-        desirable = 2.0 * d->ema;
-    d->ema += alpha * (desirable - d->ema);
+    if (d->warm) {
+        if (active_ns <= 0)
+            return 0;                    /* nothing measured yet */
+        d->ema = desirable;
+    } else {
+        if (desirable > 2.0 * d->ema)
+            desirable = 2.0 * d->ema;
+        d->ema += alpha * (desirable - d->ema);
+    }
     if (d->ema < (double)cfg->min_size)
         d->ema = (double)cfg->min_size;
     if (d->ema > (double)cfg->max_size)
@@ -93,8 +107,9 @@ int32_t fb_debloater_sample(fb_debloater_t *d, int64_t bytes, int64_t active_ns,
 
     d->time_to_consume_ns = saturate((double)size * buffers * NS_PER_S
                                      / (double)(d->throughput > 1 ? d->throughput : 1));
-    if (skip_update(d, size))
+    if (!d->warm && skip_update(d, size))
         return 0;
+    d->warm = 0;
     d->size = size;
     return size;
 }

@@ -37,6 +37,7 @@ typedef struct fb_debloater {
     int32_t size;             /* the last announced size (starts at max_size) */
     int64_t throughput;       /* bytes/s of the last sample with active time (0 before) */
     int64_t time_to_consume_ns;   /* of the buffers in use at the last sample's size */
+    int32_t warm;             /* started small: the next sample with active time aims at once */
 } fb_debloater_t;
 
 /* FB_OK, or FB_EINVAL with why in err (NUL-terminated, cut at errlen; err
@@ -46,6 +47,14 @@ int fb_debloat_config_check(const fb_debloat_config_t *cfg, char *err, size_t er
 /* A debloater at the start: ema and size at max_size, throughput 0.  `cfg`
  * must have passed fb_debloat_config_check. */
 void fb_debloater_init(fb_debloater_t *d, const fb_debloat_config_t *cfg);
+
+/* Start small, as a gate does: ema and size at min_size, and the first
+ * sample with active time sets the ema to its aim at once (no smoothing,
+ * no doubling bound) and announces the size whatever it is (a sample
+ * without active time announces nothing).  A slow consumer then never
+ * starts behind whole segments, and a fast one leaves small buffers after
+ * one sample.  Right after fb_debloater_init. */
+void fb_debloater_start_small(fb_debloater_t *d);
 
 /* One sample: `bytes` the consumer took over `active_ns` of time it did not
  * wait for data, and the buffers in use now.  Negative arguments are the

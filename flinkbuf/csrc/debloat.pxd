@@ -21,8 +21,10 @@ cdef extern from "io/debloat.h" nogil:
         int32_t size
         int64_t throughput
         int64_t time_to_consume_ns
+        int32_t warm
 
     int fb_debloat_config_check(const fb_debloat_config_t *cfg, char *err, size_t errlen)
     void fb_debloater_init(fb_debloater_t *d, const fb_debloat_config_t *cfg)
+    void fb_debloater_start_small(fb_debloater_t *d)
     int32_t fb_debloater_sample(fb_debloater_t *d, int64_t bytes, int64_t active_ns,
                                 int32_t buffers_in_use)

@@ -138,7 +138,9 @@ class BufferDebloatConfig:
 
 @final
 class BufferDebloater:
-    def __init__(self, config: BufferDebloatConfig, segment_size: int) -> None: ...
+    def __init__(
+        self, config: BufferDebloatConfig, segment_size: int, *, start_small: bool = False
+    ) -> None: ...
     # The new buffer size to announce, or None to keep buffer_size.
     def sample(self, bytes: int, active_seconds: float, buffers_in_use: int) -> int | None: ...
     @property
@@ -236,7 +238,13 @@ class ResultSubpartition:
 @disjoint_base
 class ResultPartition:
     def __init__(
-        self, pool: LocalBufferPool, num_subpartitions: int, *, name: str | None = None
+        self,
+        pool: LocalBufferPool,
+        num_subpartitions: int,
+        *,
+        name: str | None = None,
+        buffer_debloat: bool | BufferDebloatConfig | None = None,
+        buffer_debloat_min_size: int | None = None,
     ) -> None: ...
     def add_buffer(self, subpartition: SupportsIndex, buffer: Buffer) -> None: ...
     def broadcast_event(self, event: UserEvent) -> None: ...

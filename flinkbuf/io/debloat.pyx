@@ -151,10 +151,15 @@ cdef BufferDebloatConfig _DEFAULT_DEBLOAT = BufferDebloatConfig()
 cdef class BufferDebloater:
     """The buffer size one input gate announces, from samples of its
     consumer's throughput (see BufferDebloatConfig): starts at
-    ``segment_size``, stays within [min(config.min_size, segment_size),
-    segment_size].  One thread samples it."""
+    ``segment_size`` (Flink's start), stays within [min(config.min_size,
+    segment_size), segment_size].  ``start_small``: starts at the minimum
+    instead, and the first sample with active time sets the size at once
+    (no smoothing, no doubling bound) and announces it whatever it is;
+    what an :class:`InputGate` does, so that a slow consumer never starts
+    behind whole segments.  One thread samples it."""
 
-    def __init__(self, BufferDebloatConfig config not None, segment_size):
+    def __init__(self, BufferDebloatConfig config not None, segment_size, *,
+                 bint start_small=False):
         if self._config is not None:
             raise RuntimeError("BufferDebloater is already initialised: make a new one")
         cdef int32_t size = as_int32(segment_size, "segment_size", 1)
@@ -170,6 +175,8 @@ cdef class BufferDebloater:
             raise ValueError(f"bad buffer debloating configuration: "
                              f"{err.decode('ascii', 'replace')}")
         fb_debloater_init(&self._c, &cfg)
+        if start_small:
+            fb_debloater_start_small(&self._c)
         self._config = config
 
     cdef int32_t _sample(self, int64_t bytes, int64_t active_ns,

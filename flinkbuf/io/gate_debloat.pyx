@@ -41,12 +41,16 @@ cdef class _GateDebloat:
         cdef int32_t seg = 0, size, in_use = 0, k
         if now < self._due_ns:
             return 0
-        self._due_ns = now + self._period_ns
+        # Started small (BufferDebloater's start_small), the first sample
+        # comes after a tenth of the period: a fast consumer's producers
+        # leave small buffers soon.
+        self._due_ns = now + (self._period_ns if self._debloater is not None
+                              and not self._debloater._c.warm else self._period_ns // 10)
         if self._debloater is None:
             for k in range(gate._n):
                 seg = max(seg, (<InputChannel>gate._channels[k])._segment_size())
             if seg > 0:
-                self._debloater = BufferDebloater(self._config, seg)
+                self._debloater = BufferDebloater(self._config, seg, start_small=True)
                 self._mark(gate, now)
             return 0
         for k in range(gate._n):

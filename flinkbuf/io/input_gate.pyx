@@ -191,7 +191,7 @@ cdef class LocalInputChannel(InputChannel):
         return fb_subpart_backlog(&self._sp._c)
 
     cdef int32_t _segment_size(self) except -1:
-        return self._partition._pool._nbp._c.segment_size
+        return self._partition._pool._c.net.segment_size
 
     @property
     def partition(self):

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 from flinkbuf.buffer import NetworkBufferPool
 from flinkbuf.checks import check_int
-from flinkbuf.io._io import ResultPartition
+from flinkbuf.io._io import BufferDebloatConfig, ResultPartition
 
 __all__ = ["create_partition", "partition_buffers", "task_segments"]
 
@@ -50,12 +50,16 @@ def task_segments(partitions: Iterable[int] = (), remote_channels: Iterable[int]
 def create_partition(network_pool: NetworkBufferPool, num_subpartitions: int, *,
                      min_buffers: int | None = None, max_buffers: int | None = None,
                      max_buffers_per_channel: int | None = None,
-                     max_overdraft_buffers: int = 0, name: str | None = None) -> ResultPartition:
+                     max_overdraft_buffers: int = 0, name: str | None = None,
+                     buffer_debloat: bool | BufferDebloatConfig | None = None,
+                     buffer_debloat_min_size: int | None = None) -> ResultPartition:
     """A :class:`ResultPartition` with a buffer pool made for it from
     ``network_pool``: at least ``num_subpartitions + 1`` buffers (Flink's
     minimum; more if ``min_buffers`` says so), growing up to ``max_buffers``
     (default: the minimum, i.e. a fixed-size pool), counted per
-    subpartition so that ``max_buffers_per_channel`` applies."""
+    subpartition so that ``max_buffers_per_channel`` applies.
+    ``buffer_debloat``, ``buffer_debloat_min_size``: see
+    :class:`ResultPartition`."""
     if not isinstance(network_pool, NetworkBufferPool):
         raise TypeError(f"network_pool must be a NetworkBufferPool, got "
                         f"{type(network_pool).__name__}")
@@ -67,7 +71,8 @@ def create_partition(network_pool: NetworkBufferPool, num_subpartitions: int, *,
         max_buffers_per_channel=max_buffers_per_channel,
         max_overdraft_buffers=max_overdraft_buffers)
     try:
-        return ResultPartition(pool, num_subpartitions, name=name)
+        return ResultPartition(pool, num_subpartitions, name=name, buffer_debloat=buffer_debloat,
+                               buffer_debloat_min_size=buffer_debloat_min_size)
     except BaseException:
         pool.destroy()
         raise

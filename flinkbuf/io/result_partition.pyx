@@ -159,6 +159,11 @@ cdef class ResultPartition:
     (closing its RecordWriter if that is still open, which hands over its
     partly filled buffers first), an exception fails it with that
     exception; neither releases it.
+
+    ``buffer_debloat`` (a bool or a :class:`BufferDebloatConfig`): its
+    consumers' gates debloat buffers (see :class:`BufferDebloatConfig`),
+    so each subpartition starts with buffers of ``buffer_debloat_min_size``
+    bytes (default the config's, 256) until its consumer announces a size.
     """
 
     def __cinit__(self):
@@ -167,10 +172,13 @@ cdef class ResultPartition:
         self._state = _P_LIVE
         self._cap = -1
 
-    def __init__(self, LocalBufferPool pool not None, num_subpartitions, *, name=None):
+    def __init__(self, LocalBufferPool pool not None, num_subpartitions, *, name=None,
+                 buffer_debloat=None, buffer_debloat_min_size=None):
         if self._n:
             raise RuntimeError("ResultPartition is already initialised")
         _check_name(name)
+        cdef BufferDebloatConfig debloat = BufferDebloatConfig.from_options(
+            buffer_debloat, buffer_debloat_min_size=buffer_debloat_min_size)
         cdef int32_t n = as_int32(num_subpartitions, "num_subpartitions", 1)
         cdef int32_t pool_channels = pool.num_subpartitions
         if pool_channels not in (0, n):
@@ -200,6 +208,8 @@ cdef class ResultPartition:
             sp._index = i
             sp._signal = self._signal
             sp._pool = pool
+            if debloat._enabled:      # small until its consumer's gate announces a size
+                fb_subpart_set_buffer_size(&sp._c, min(debloat._min_size, self._segment_size))
             self._subpartitions.append(sp)
         self._n = n
 

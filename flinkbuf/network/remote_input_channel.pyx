@@ -224,6 +224,9 @@ cdef class RemoteInputChannel(InputChannel):
         fb_inchan_stats(self._c, &st)
         return st.exclusive_available + st.floating_available + st.queued
 
+    cdef int32_t _segment_size(self) except -1:
+        return self._exclusive._c.net.segment_size
+
     cdef object _own_buffer_counters(self):
         """The exclusive buffers (in use: not held for the sender), what
         arrived, and the gate's floating buffers: TaskMetrics' input buffer

@@ -196,7 +196,8 @@ class _TaskRun:
         spec, options, env, index, n = self.spec, self.spec.options, self.env, self.index, self.n
         self.partition = create_partition(env.network_buffer_pool, n,
                                           min_buffers=self.out_buffers,
-                                          name=f"{spec.exchange_id}-{index}")
+                                          name=f"{spec.exchange_id}-{index}",
+                                          buffer_debloat=env.config.buffer_debloat)
         env.register_partition(spec.exchange_id, self.partition)
         published = format_address(env.advertised_address)
         self.writer = RecordWriter(
