@@ -183,7 +183,7 @@ def test_buffers_in_use_counts_the_credit_and_the_queued_buffers(pair):
     """Before anything arrives: the exclusive buffers (the sender's
     credit).  A consumer that does not read, of a subpartition with a long
     backlog: every exclusive and floating buffer of its channel holds a
-    buffer that arrived, none is credit."""
+    buffer that arrived, none is credit, and the sender's backlog counts."""
     a, b = pair                      # the consumer: 2 exclusive, 8 floating (the defaults)
     part = create_partition(a.network_buffer_pool, 2, min_buffers=48)
     a.register_partition("p", part)
@@ -202,7 +202,8 @@ def test_buffers_in_use_counts_the_credit_and_the_queued_buffers(pair):
             st = ch.stats()
             assert (st["queued"], st["exclusive_available"], st["floating_available"]) == \
                 (10, 0, 0), st
-            assert t.buffers_in_use(ch) == 10
+            assert st["backlog"] > 0                 # and the sender's, as it said last
+            assert t.buffers_in_use(ch) == 10 + st["backlog"]
             assert [bytes(r) for r in gate] == records
             assert ch.stats()["queued"] == 0
         assert list(empty) == []

@@ -188,7 +188,8 @@ cdef class LocalInputChannel(InputChannel):
         return 0
 
     cdef int32_t _buffers_in_use(self) except -1:
-        return fb_subpart_backlog(&self._sp._c)
+        # the queued ones and the producer's, which it fills meanwhile
+        return fb_subpart_backlog(&self._sp._c) + 1
 
     cdef int32_t _segment_size(self) except -1:
         return self._partition._pool._c.net.segment_size

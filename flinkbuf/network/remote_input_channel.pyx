@@ -218,11 +218,12 @@ cdef class RemoteInputChannel(InputChannel):
         return 0
 
     cdef int32_t _buffers_in_use(self) except -1:
-        """The buffers that arrived and wait in the channel's queue, and
-        those the channel holds for its sender (the credit it may fill)."""
+        """The buffers that arrived and wait in the channel's queue, those
+        the channel holds for its sender (the credit it may fill), and the
+        sender's backlog as it last said."""
         cdef fb_inchan_stats_t st
         fb_inchan_stats(self._c, &st)
-        return st.exclusive_available + st.floating_available + st.queued
+        return st.exclusive_available + st.floating_available + st.queued + max(0, st.backlog)
 
     cdef int32_t _segment_size(self) except -1:
         return self._exclusive._c.net.segment_size
