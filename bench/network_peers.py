@@ -186,11 +186,12 @@ def _fb_env(spec):
     # 8 floating per gate (experiments: exclusive=N floating=N); the
     # environment's direct reads and caller's sends (direct_reads=0,
     # caller_sends=0 turn them off), lending over shared memory (lend_buffers=1),
-    # sealed frames (encryption=1).
+    # sealed frames (encryption=1), buffer debloating (buffer_debloat=1).
     # Switches are passed only when the spec sets them, so that a build
     # from before they existed can be measured too (network_ab.py's @BUILD).
     switches = {name: _switch(spec, name)
-                for name in ("direct_reads", "caller_sends", "lend_buffers", "encryption")
+                for name in ("direct_reads", "caller_sends", "lend_buffers", "encryption",
+                             "buffer_debloat")
                 if spec.get(name) is not None}
     return NetworkEnvironment(512, SEGMENT, secret=SECRET,
                               exclusive_buffers_per_channel=spec.get("exclusive", 2),
@@ -208,7 +209,9 @@ def fb_producer(link, spec):
     kind, n, ch = spec["kind"], spec["n"], spec["channels"]
     codec = "bytes" if kind == "bytes32k" else "typed"
     with _fb_env(spec) as env:
-        part = create_partition(env.network_buffer_pool, ch, min_buffers=_out_buffers(spec, ch))
+        debloat = {"buffer_debloat": True} if spec.get("buffer_debloat") else {}
+        part = create_partition(env.network_buffer_pool, ch, min_buffers=_out_buffers(spec, ch),
+                                **debloat)
         env.register_partition("p", part)
         link.send(env.address)
         writer = RecordWriter(part, "round_robin", codec=codec,

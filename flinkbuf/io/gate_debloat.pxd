@@ -7,6 +7,7 @@ cdef class _GateDebloat:
     cdef int64_t _bytes                 # taken and its idle time then
     cdef int64_t _idle
     cdef int32_t _in_use                # buffers in use at the last sample
+    cdef int64_t _warm_until            # the gate's buffers taken that make the first sample
 
     # Every period (from the consumer's thread, now = fb_monotonic_ns()):
     # sample the gate and announce a new buffer size to its channels.

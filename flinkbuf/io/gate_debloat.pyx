@@ -6,6 +6,7 @@
 
 cdef enum:
     _TICK_RECORDS = 64      # records between two looks at the clock
+    _WARM_BUFFERS = 32      # buffers taken that make the first sample
 
 
 cdef BufferDebloatConfig _DEBLOAT_OFF = BufferDebloatConfig()
@@ -39,11 +40,12 @@ cdef class _GateDebloat:
 
     cdef int _tick(self, InputGate gate, int64_t now) except -1:
         cdef int32_t seg = 0, size, in_use = 0, k
-        if now < self._due_ns:
-            return 0
         # Started small (BufferDebloater's start_small), the first sample
-        # comes after a tenth of the period: a fast consumer's producers
-        # leave small buffers soon.
+        # comes after a tenth of the period or _WARM_BUFFERS buffers: a fast
+        # consumer's producers leave small buffers at once.
+        if now < self._due_ns and not (self._debloater is not None and self._debloater._c.warm
+                                       and gate._buffers_in >= self._warm_until):
+            return 0
         self._due_ns = now + (self._period_ns if self._debloater is not None
                               and not self._debloater._c.warm else self._period_ns // 10)
         if self._debloater is None:
@@ -51,6 +53,7 @@ cdef class _GateDebloat:
                 seg = max(seg, (<InputChannel>gate._channels[k])._segment_size())
             if seg > 0:
                 self._debloater = BufferDebloater(self._config, seg, start_small=True)
+                self._warm_until = gate._buffers_in + _WARM_BUFFERS
                 self._mark(gate, now)
             return 0
         for k in range(gate._n):

@@ -63,6 +63,7 @@ cdef class InputGate:
     # buffer debloating (None: off), sampled every _TICK_RECORDS records and
     # every buffer
     cdef _GateDebloat _debloat
+    cdef BufferDebloatConfig _debloat_config
     cdef int32_t _countdown
     cdef int _debloat_tick(self) except -1
 

@@ -279,6 +279,7 @@ cdef class InputGate:
         self._finished = [False] * n
         self._closed = False
         self._debloat = gate_debloat(debloat)
+        self._debloat_config = debloat
         self._countdown = _TICK_RECORDS if self._debloat is not None else INT32_MAX
         cdef InputChannel ch
         cdef int32_t i
@@ -569,7 +570,7 @@ cdef class InputGate:
     @property
     def buffer_debloat(self):
         """The gate's :class:`BufferDebloatConfig` (``enabled`` False: off)."""
-        return self._debloat._config if self._debloat is not None else _DEBLOAT_OFF
+        return self._debloat_config if self._debloat_config is not None else _DEBLOAT_OFF
 
     def _debloat_metrics(self):
         """``(debloated buffer size, estimated time to consume the buffers
