@@ -38,8 +38,13 @@ def address_of(env):
     return "{}:{}".format(*env.address)
 
 
-def connection_to(env, peer):
-    [conn] = [c for c in env.connections() if c.peer == peer]
+def connection_to(env, peer, within=10):
+    """The connection to ``peer``, once it is listed (a consumer reports its
+    address before its partition request has reached this side)."""
+    found = []
+    assert wait_until(lambda: found.extend(c for c in env.connections() if c.peer == peer)
+                      or found, within), (peer, env.connections())
+    [conn] = found
     return conn
 
 
