@@ -83,7 +83,7 @@ def _consume(gate, rate, seconds, settle):
             time.sleep(ahead / 1e9)
     metrics = gate._debloat_metrics()
     return sojourns, read_after / max(1e-9, seconds - settle), \
-        (metrics[0] if metrics else None)
+        (metrics["buffer_size"] if metrics else None)
 
 
 def run_case(transport, rate, debloat, a):

@@ -72,7 +72,9 @@ def test_a_slow_consumer_gets_small_buffers_and_every_record(nbp):
         # 104-byte records at 2000 a second for 50 ms, in one or two buffers in use
         assert size is not None and 2500 <= size <= 15000, size
         metrics = gate._debloat_metrics()
-        assert metrics[0] == size and 0.02 < metrics[1] < 0.2 and metrics[2] >= 0, metrics
+        assert metrics["buffer_size"] == size and 0.02 < metrics["time_to_consume"] < 0.2, metrics
+        assert metrics["buffers_in_use"] >= 0 and len(metrics["in_flight_bytes"]) == 1, metrics
+        assert metrics["in_flight_bytes"][0] % size == 0, metrics
         # from here on each buffer the gate takes holds at most `size` bytes
         _, bytes0, buffers0, _ = gate._metric_counters()
         more = _read_slowly(gate, 0.5, 2000)
@@ -144,7 +146,7 @@ def test_an_unknown_channel_passes_the_size_on(nbp):
         size = first.subpartition(0).buffer_size
         assert size is not None and size < SEG
         unknown.update(LocalInputChannel(later, 0))
-        announced = gate._debloat_metrics()[0]
+        announced = gate._debloat_metrics()["buffer_size"]
         assert later.subpartition(0).buffer_size == announced
     finally:
         stop.set()

@@ -577,6 +577,12 @@ cdef class LocalBufferPool:
         """True if a request would succeed now and no channel is at its cap."""
         return bool(fb_localpool_is_available(&self._c))
 
+    def _debloat_given_back(self):
+        """Segments this pool gave back to its network pool because the
+        channels it serves, debloated, need fewer (its size as the
+        redistribution would make it without that, minus its size now)."""
+        return 0
+
     # ---- test hooks (flinkbuf._testing) --------------------------------------
 
     cdef double _request_recycle_ns(self, Py_ssize_t iterations) except -1.0:

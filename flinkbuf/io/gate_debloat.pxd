@@ -8,12 +8,13 @@ cdef class _GateDebloat:
     cdef int64_t _idle
     cdef int32_t _in_use                # buffers in use at the last sample
     cdef int64_t _warm_until            # the gate's buffers taken that make the first sample
+    cdef int64_t _given_back            # segments its channels gave back to their pools
 
     # Every period (from the consumer's thread, now = fb_monotonic_ns()):
     # sample the gate and announce a new buffer size to its channels.
     cdef int _tick(self, InputGate gate, int64_t now) except -1
     cdef int _mark(self, InputGate gate, int64_t now) except -1
-    cdef object _metrics(self)
+    cdef object _metrics(self, InputGate gate)
 
 
 # The gate's debloating for `config`, or None when it is off.

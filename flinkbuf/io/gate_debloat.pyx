@@ -76,8 +76,15 @@ cdef class _GateDebloat:
         self._idle = gate._idle_ns
         return 0
 
-    cdef object _metrics(self):
-        if self._debloater is None:
-            return (None, None, 0)
-        return (self._debloater._c.size, self._debloater._c.time_to_consume_ns / 1e9,
-                self._in_use)
+    cdef object _metrics(self, InputGate gate):
+        cdef int32_t k, size = self._debloater._c.size if self._debloater is not None else 0
+        cdef list in_flight = []
+        for k in range(gate._n):
+            in_flight.append(0 if gate._finished[k] or size == 0 else
+                             (<InputChannel>gate._channels[k])._buffers_in_use() * size)
+        return {"buffer_size": size or None,
+                "time_to_consume": (self._debloater._c.time_to_consume_ns / 1e9
+                                    if self._debloater is not None else None),
+                "buffers_in_use": self._in_use,
+                "in_flight_bytes": in_flight,
+                "given_back": self._given_back}

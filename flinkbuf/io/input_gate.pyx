@@ -573,10 +573,15 @@ cdef class InputGate:
         return self._debloat_config if self._debloat_config is not None else _DEBLOAT_OFF
 
     def _debloat_metrics(self):
-        """``(debloated buffer size, estimated time to consume the buffers
-        in use in seconds, buffers in use)`` as of the last sample, or None
-        when debloating is off."""
-        return self._debloat._metrics() if self._debloat is not None else None
+        """None when debloating is off, else a dict: ``buffer_size`` (the
+        debloated size last announced, None before the first sample),
+        ``time_to_consume`` (seconds to consume the buffers in use at the
+        last sample's throughput, None before it), ``buffers_in_use`` (at
+        the last sample), ``in_flight_bytes`` (per channel, now: its buffers
+        in use times the buffer size; 0 for a finished channel) and
+        ``given_back`` (segments the gate's channels gave back to their
+        pools as their in-flight data shrank, in all)."""
+        return self._debloat._metrics(self) if self._debloat is not None else None
 
     def _metric_counters(self):
         """(records, bytes, buffers, idle ns incl. a wait in progress)."""

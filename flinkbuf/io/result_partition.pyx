@@ -213,6 +213,12 @@ cdef class ResultPartition:
             self._subpartitions.append(sp)
         self._n = n
 
+    def _debloat_given_back(self):
+        """Segments the partition's pool gave back to its NetworkBufferPool
+        because its debloated subpartitions need fewer buffers (0 when none
+        did, or debloating is off)."""
+        return self._pool._debloat_given_back()
+
     cdef int _raise_for_rc(self, int rc, int32_t index) except -1:
         cdef ResultSubpartition sp
         if rc == FB_OK:
