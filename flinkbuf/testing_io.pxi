@@ -42,14 +42,16 @@ def debloater_sample_ns(BufferDebloater debloater not None, int64_t bytes, int64
     return debloater._sample(bytes, active_ns, buffers_in_use)
 
 
-def announce_buffer_size(InputChannel channel not None, int32_t size):
+def announce_buffer_size(InputChannel channel not None, int32_t size, int32_t count=0):
     """Have ``channel`` (of any kind: a gate's are ``gate.channels``)
-    announce ``size`` to its producer, as its gate does for buffer
-    debloating; the gate checks the size first, this hook only that it is
-    positive."""
+    announce ``size`` to its producer, and that ``count`` buffers (0: no
+    bound) hold its in-flight data, as its gate does for buffer debloating;
+    the gate checks both first, this hook only that they are in range."""
     if size <= 0:
         raise ValueError(f"a buffer size is positive, got {size}")
-    channel._announce_buffer_size(size)
+    if count < 0:
+        raise ValueError(f"a buffer count is at least 0, got {count}")
+    channel._announce_buffer_size(size, count)
 
 
 def buffers_in_use(InputChannel channel not None):

@@ -5,8 +5,10 @@ Invariants after every step:
     pools with buffers in flight included) + unpooled outstanding = total;
   * per pool: requested = idle here + handed out (as the model counts them);
   * sizes are exactly Flink's redistribution of the live pools, in creation
-    order, over total - (sum of mins + unpooled outstanding), unless a pool
-    was resized by hand since the last redistribution;
+    order, over total - (sum of mins + unpooled outstanding), each pool
+    capped at its demand (buffer debloating; never under its minimum),
+    unless a pool was resized by hand since the last redistribution; what a
+    pool gives back is its size without demands minus its size;
   * every live pool keeps room for its minimum: the sizes of all other live
     pools plus its min_buffers fit in the segments not taken unpooled.
 """
@@ -34,6 +36,7 @@ class PoolModel(RuleBasedStateMachine):
         self.out = {}              # id(pool) -> list of handed-out buffers
         self.unpooled = []         # lists of unpooled segments
         self.resized = False       # set_num_buffers since the last redistribution
+        self.demand = {}           # id(pool) -> its demand (absent: none)
 
     def teardown(self):
         if self.nbp is None:
@@ -134,6 +137,32 @@ class PoolModel(RuleBasedStateMachine):
         assert pool.num_buffers == min(n, cap, limit)
         self.resized = True        # until the next redistribution
 
+    @rule(pool=pools, n=st.one_of(st.none(), st.integers(0, 12)))
+    def set_demand(self, pool, n):
+        if pool is None:
+            return
+        before = pool.num_requested
+        pool._set_demand(n)
+        if pool.is_destroyed:
+            return
+        if n is None:
+            self.demand.pop(id(pool), None)
+        else:
+            self.demand[id(pool)] = n
+        self.resized = False
+        # lazily: idle segments beyond the new size went back at once
+        assert pool.num_requested <= max(pool.num_buffers, before)
+        assert pool.num_available == 0 or pool.num_requested <= pool.num_buffers \
+            or pool.num_overdraft > 0
+
+    def capped(self, p):
+        mx = p.max_buffers
+        d = self.demand.get(id(p))
+        if d is None:
+            return mx
+        d = max(d, p.min_buffers)
+        return d if mx is None else min(d, mx)
+
     @rule(n=st.integers(1, 8))
     def request_unpooled(self, n):
         if self.required() + n > self.total:
@@ -176,9 +205,13 @@ class PoolModel(RuleBasedStateMachine):
         assert self.nbp.num_total_required_buffers == self.required()
         if self.resized:
             return
-        specs = [(p.min_buffers, p.max_buffers) for p in self.live]
+        specs = [(p.min_buffers, self.capped(p)) for p in self.live]
         expected = fb.redistribute(self.total - self.required(), specs)
         assert [p.num_buffers for p in self.live] == expected
+        free = fb.redistribute(self.total - self.required(),
+                               [(p.min_buffers, p.max_buffers) for p in self.live])
+        assert [p._debloat_given_back() for p in self.live] == \
+            [max(0, f - e) if self.demand else 0 for f, e in zip(free, expected)]
 
     @invariant()
     def every_pool_keeps_room_for_its_minimum(self):

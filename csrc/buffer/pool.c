@@ -112,17 +112,39 @@ static void set_size_locked(fb_localpool_t *lp, int64_t n)
         wake_pool_locked(lp);
 }
 
+/* A pool's cap in the redistribution: its max_buffers, lowered to its
+ * demand (never under its minimum). */
+static inline int64_t demanded_max(const fb_localpool_t *lp)
+{
+    int64_t d = lp->demand < lp->min_buffers ? lp->min_buffers : lp->demand;
+    return d < lp->max_buffers ? d : lp->max_buffers;
+}
+
 static void redistribute(fb_netpool_t *np)
 {
     size_t i, n = np->num_pools;
     int64_t *mins = np->scratch, *maxs = mins + np->cap_pools, *out = maxs + np->cap_pools;
+    int64_t avail = (int64_t)np->num_segments - np->total_required;
+    int demanding = 0;
     for (i = 0; i < n; i++) {
         mins[i] = np->pools[i]->min_buffers;
         maxs[i] = np->pools[i]->max_buffers;
+        demanding |= demanded_max(np->pools[i]) < maxs[i];
     }
-    fb_redistribute((int64_t)np->num_segments - np->total_required, n, mins, maxs, out);
-    for (i = 0; i < n; i++)
-        set_size_locked(np->pools[i], out[i]);
+    if (demanding) {     /* the sizes without demands: what the demands give back */
+        fb_redistribute(avail, n, mins, maxs, out);
+        for (i = 0; i < n; i++) {
+            np->pools[i]->given_back = (int32_t)out[i];
+            maxs[i] = demanded_max(np->pools[i]);
+        }
+    }
+    fb_redistribute(avail, n, mins, maxs, out);
+    for (i = 0; i < n; i++) {
+        fb_localpool_t *lp = np->pools[i];
+        lp->given_back = demanding && lp->given_back > out[i] ? lp->given_back - (int32_t)out[i]
+                                                              : 0;
+        set_size_locked(lp, out[i]);
+    }
 }
 
 /* ---- network pool ---------------------------------------------------- */
@@ -355,6 +377,9 @@ static void localpool_clear_waiter(fb_localpool_t *lp, void *arg)
 static int localpool_ready_locked(fb_localpool_t *lp)
 {
     fb_netpool_t *np = lp->net;
+    if (!lp->destroyed && lp->limit_wait >= 0
+            && lp->channel_count[lp->limit_wait] >= lp->channel_limit[lp->limit_wait])
+        return 0;
     return lp->destroyed || lp->num_avail > 0
            || (np->num_free > 0 && (lp->num_requested < lp->size
                                     || lp->num_overdraft < lp->max_overdraft));
@@ -395,10 +420,11 @@ static void localpool_release_channel(fb_localpool_t *lp, int32_t index)
     pthread_mutex_lock(&np->mu);
     if (index >= 0 && index < np->num_segments && np->state[index] == FB_SEG_OUT
             && (ch = np->channel[index]) >= 0) {
-        if (lp->channel_count[ch]-- == lp->max_per_channel) {
+        int32_t was = lp->channel_count[ch]--;
+        if (was == lp->max_per_channel)
             lp->num_unavailable_channels--;
+        if (was == lp->max_per_channel || was == lp->channel_limit[ch])
             wake_pool_locked(lp);
-        }
         np->channel[index] = FB_NO_CHANNEL;
     }
     pthread_mutex_unlock(&np->mu);
@@ -419,12 +445,20 @@ int fb_localpool_create(fb_netpool_t *np, fb_localpool_t *lp, int32_t min_buffer
         max_per_channel <= 0 || max_overdraft < 0)
         return FB_EINVAL;
     if (num_subpartitions > 0) {
+        int32_t k;
         lp->channel_count = calloc((size_t)num_subpartitions, sizeof(int32_t));
-        if (lp->channel_count == NULL)
+        lp->channel_limit = malloc((size_t)num_subpartitions * sizeof(int32_t));
+        if (lp->channel_count == NULL || lp->channel_limit == NULL) {
+            free(lp->channel_count);
+            free(lp->channel_limit);
             return FB_ENOMEM;
+        }
+        for (k = 0; k < num_subpartitions; k++)
+            lp->channel_limit[k] = FB_UNBOUNDED;
     }
     if (fb_cond_init(&lp->cv) != 0) {
         free(lp->channel_count);
+        free(lp->channel_limit);
         return FB_ENOMEM;
     }
     lp->ops = &fb_pool_ops;
@@ -436,6 +470,8 @@ int fb_localpool_create(fb_netpool_t *np, fb_localpool_t *lp, int32_t min_buffer
     lp->max_overdraft = max_overdraft;
     lp->num_subpartitions = num_subpartitions;
     lp->max_per_channel = max_per_channel;
+    lp->limit_wait = -1;
+    lp->demand = FB_UNBOUNDED;
 
     pthread_mutex_lock(&np->mu);
     if (np->destroyed) {
@@ -465,6 +501,7 @@ int fb_localpool_create(fb_netpool_t *np, fb_localpool_t *lp, int32_t min_buffer
     if (rc != FB_OK) {
         pthread_cond_destroy(&lp->cv);
         free(lp->channel_count);
+        free(lp->channel_limit);
         memset(lp, 0, sizeof(*lp));
     }
     return rc;
@@ -498,6 +535,7 @@ void fb_localpool_free(fb_localpool_t *lp)
         return;
     pthread_cond_destroy(&lp->cv);
     free(lp->channel_count);
+    free(lp->channel_limit);
     memset(lp, 0, sizeof(*lp));
 }
 
@@ -505,6 +543,8 @@ static inline int try_take(fb_localpool_t *lp, int32_t channel, int32_t *index)
 {
     fb_netpool_t *np = lp->net;
     int32_t i;
+    if (channel >= 0 && lp->channel_count[channel] >= lp->channel_limit[channel])
+        return FB_EMPTY;
     if (lp->num_avail > 0) {
         i = local_pop(lp);
     } else if (np->num_free > 0 &&
@@ -571,6 +611,9 @@ int fb_localpool_request_blocking(fb_localpool_t *lp, int32_t channel, int64_t d
             rc = FB_ETIMEDOUT;
             break;
         }
+        /* A lender serves until a buffer may be free: for this channel. */
+        lp->limit_wait = channel >= 0 && lp->channel_count[channel] >= lp->channel_limit[channel]
+                         ? channel : -1;
         if (!tried) {                /* what came meanwhile woke nobody: re-check */
             tried = !fb_waitpoint_serve(&lp->wp, &np->mu, lp, deadline_ns);
             continue;
@@ -578,6 +621,7 @@ int fb_localpool_request_blocking(fb_localpool_t *lp, int32_t channel, int64_t d
         wait_on_pool(lp, deadline_ns);
         tried = 0;
     }
+    lp->limit_wait = -1;
     pthread_mutex_unlock(&np->mu);
     return rc;
 }
@@ -689,6 +733,48 @@ static inline int is_available_locked(fb_localpool_t *lp)
 {
     return !lp->destroyed && lp->num_unavailable_channels == 0 &&
            (lp->num_avail > 0 || (lp->net->num_free > 0 && lp->num_requested < lp->size));
+}
+
+int fb_localpool_set_channel_limit(fb_localpool_t *lp, int32_t channel, int32_t n)
+{
+    fb_netpool_t *np = lp->net;
+    int32_t old;
+    if (channel < 0 || channel >= lp->num_subpartitions || n < 1)
+        return FB_EINVAL;
+    pthread_mutex_lock(&np->mu);
+    old = lp->channel_limit[channel];
+    lp->channel_limit[channel] = n;
+    if (n > old && lp->channel_count[channel] >= old)
+        wake_pool_locked(lp);          /* a request for it may go on */
+    pthread_mutex_unlock(&np->mu);
+    return FB_OK;
+}
+
+int fb_localpool_set_demand(fb_localpool_t *lp, int32_t n)
+{
+    fb_netpool_t *np = lp->net;
+    int32_t before;
+    if (n < 0)
+        return FB_EINVAL;
+    pthread_mutex_lock(&np->mu);
+    if (!lp->destroyed && n != lp->demand) {
+        before = np->num_free;
+        lp->demand = n;
+        redistribute(np);
+        if (np->num_free != before)
+            notify_global_return(np);
+    }
+    pthread_mutex_unlock(&np->mu);
+    return FB_OK;
+}
+
+int32_t fb_localpool_given_back(fb_localpool_t *lp)
+{
+    int32_t n;
+    pthread_mutex_lock(&lp->net->mu);
+    n = lp->destroyed ? 0 : lp->given_back;
+    pthread_mutex_unlock(&lp->net->mu);
+    return n;
 }
 
 int fb_localpool_is_available(fb_localpool_t *lp)

@@ -111,6 +111,10 @@ struct fb_localpool {
     int32_t max_per_channel; /* FB_UNBOUNDED for no cap */
     int32_t *channel_count;
     int32_t num_unavailable_channels;
+    int32_t *channel_limit;  /* per channel, FB_UNBOUNDED: none (buffer debloating) */
+    int32_t limit_wait;      /* the channel a blocked request waits for under its limit, or -1 */
+    int32_t demand;          /* what its users need now (FB_UNBOUNDED: up to max_buffers) */
+    int32_t given_back;      /* segments its demand left to other pools at the last redistribution */
     int32_t waiters;         /* blocked requests and availability waits */
     fb_recycle_hook_t hook;  /* or NULL */
     void *hook_arg;
@@ -189,6 +193,20 @@ void fb_localpool_set_recycle_hook(fb_localpool_t *lp, fb_recycle_hook_t hook, v
  * more than min_buffers + total - required).  FB_EINVAL if n < min_buffers;
  * FB_EDESTROYED if destroyed. */
 int fb_localpool_set_num_buffers(fb_localpool_t *lp, int32_t n);
+/* Buffer debloating.  A channel's limit: a request for it finds nothing
+ * while the channel has `n` segments out (n >= 1, or FB_UNBOUNDED: none);
+ * it bounds a debloated channel's buffers, whatever the pool's size.
+ * FB_EINVAL for a bad channel or n. */
+int fb_localpool_set_channel_limit(fb_localpool_t *lp, int32_t channel, int32_t n);
+/* The pool's demand: redistribution sizes it as if its max_buffers were
+ * max(min_buffers, n) (FB_UNBOUNDED: max_buffers again), so that segments
+ * it does not need go back to the network pool (idle ones now, handed-out
+ * ones as they are recycled) and to pools that can use them; raising it
+ * takes them back as they are free.  FB_EINVAL if n < 0. */
+int fb_localpool_set_demand(fb_localpool_t *lp, int32_t n);
+/* Segments the pool's demand leaves to other pools: its size at the last
+ * redistribution had its demand been unbounded, minus its size. */
+int32_t fb_localpool_given_back(fb_localpool_t *lp);
 int fb_localpool_is_available(fb_localpool_t *lp);
 /* Wait until available: FB_OK, FB_ETIMEDOUT or FB_EDESTROYED. */
 int fb_localpool_wait_available(fb_localpool_t *lp, int64_t deadline_ns);

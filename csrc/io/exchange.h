@@ -101,7 +101,8 @@ typedef struct fb_subpart {
     int32_t events;    /* event items queued; written under mu, read atomically */
     int32_t state;     /* FB_SP_*; written under mu, read atomically */
     int32_t finished;  /* the producer added its last item */
-    int32_t buffer_size; /* the size its consumer announced (0: whole segments); atomic */
+    int32_t buffer_size; /* the size its consumer announced (0: whole segments; -n: n,
+                          * the size it starts at, no consumer said yet); atomic */
     fb_gate_t *gate;   /* consumer to notify, or NULL */
     int32_t gate_channel;
     fb_signal_t *on_poll; /* posted after every poll and on termination */

@@ -183,6 +183,14 @@ void fb_inchan_event_taken(fb_inchan_t *ch);
  * written yet, or is retried, sends it right after its PARTITION_REQUEST; a
  * channel that ended ignores it. */
 void fb_inchan_announce_buffer_size(fb_inchan_t *ch, int32_t size);
+/* Buffer debloating: the channel holds at most `n` segments for its sender
+ * and its consumer together (n <= 0: no bound); a segment recycled beyond
+ * them goes back to its pool (an exclusive one is taken back when the
+ * bound rises).  No lock held, not from a recycle hook. */
+void fb_inchan_set_buffer_limit(fb_inchan_t *ch, int32_t n);
+/* The consumer took a data buffer from the channel's queue: under a bound,
+ * room for one more held segment may have opened.  No lock held. */
+void fb_inchan_buffer_taken(fb_inchan_t *ch);
 /* Why the channel failed: FB_NET_ERR_* (0 if it did not), the cause's type
  * name (for a producer failure) and a message. */
 int fb_inchan_error(fb_inchan_t *ch, char *type, size_t tlen, char *message, size_t mlen);

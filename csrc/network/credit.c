@@ -7,6 +7,7 @@ int fb_credit_init(fb_credit_t *cr, int32_t cap)
 {
     memset(cr, 0, sizeof(*cr));
     cr->cap = cap;
+    cr->limit = cap;
     cr->events_granted = FB_CREDIT_EVENT_WINDOW;
     cr->held = malloc(sizeof(int32_t) * (size_t)cap);
     cr->held_floating = malloc((size_t)cap);
@@ -138,6 +139,21 @@ int32_t fb_credit_need(fb_credit_t *cr, int32_t backlog)
     if (need > cr->cap - cr->nheld - cr->nkept)
         need = cr->cap - cr->nheld - cr->nkept;
     return need > 0 ? (int32_t)need : 0;
+}
+
+int32_t fb_credit_room(const fb_credit_t *cr, int32_t waiting)
+{
+    int64_t room = (int64_t)cr->limit - cr->nheld - cr->nkept - (waiting > 0 ? waiting : 0);
+    int64_t free = (int64_t)cr->cap - cr->nheld - cr->nkept;
+    if (room > free)
+        room = free;
+    return room > 0 ? (int32_t)room : 0;
+}
+
+void fb_credit_set_limit(fb_credit_t *cr, int32_t n)
+{
+    /* (read without the channel's lock by fb_inchan_buffer_taken) */
+    __atomic_store_n(&cr->limit, n >= 1 && n < cr->cap ? n : cr->cap, __ATOMIC_RELAXED);
 }
 
 void fb_credit_counts(const fb_credit_t *cr, int32_t *exclusive, int32_t *floating)

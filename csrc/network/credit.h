@@ -30,6 +30,8 @@ typedef struct fb_credit {
     uint8_t *held_floating;     /* 1: borrowed from the gate's floating buffers */
     int32_t nheld, nkept, cap;
     int32_t num_exclusive;
+    int32_t limit;              /* buffer debloating: held + kept + data waiting for the
+                                 * consumer stay under it (cap: no bound) */
     int32_t unannounced;        /* held, and not told to the sender yet */
     int32_t backlog;            /* buffers the sender said it has queued */
     int32_t wants;              /* floating segments asked for (under the waiting list's lock) */
@@ -89,6 +91,12 @@ void fb_credit_release_all(fb_credit_t *cr, const int32_t **held, const uint8_t 
 /* The sender has `backlog` buffers queued: floating segments wanted to hold
  * backlog + exclusive ones (0 if none). */
 int32_t fb_credit_need(fb_credit_t *cr, int32_t backlog);
+/* Buffer debloating: how many more segments the channel may hold for its
+ * sender while `waiting` data buffers wait for its consumer (0: none; a
+ * recycled segment then goes back to its pool). */
+int32_t fb_credit_room(const fb_credit_t *cr, int32_t waiting);
+/* The limit of fb_credit_room: n >= 1, or n > cap (or n <= 0) for none. */
+void fb_credit_set_limit(fb_credit_t *cr, int32_t n);
 /* Held segments, counted by kind. */
 void fb_credit_counts(const fb_credit_t *cr, int32_t *exclusive, int32_t *floating);
 

@@ -85,7 +85,8 @@ static int hold_for_sender(fb_inchan_t *ch, int32_t index, int floating)
     fb_conn_t *c = ch->conn;
     int kept = 0, wake = 0;
     pthread_mutex_lock(&c->mu);
-    if (holds_buffers(ch) && fb_credit_hold(&ch->cr, index, floating)) {
+    if (holds_buffers(ch) && fb_credit_room(&ch->cr, fb_subpart_backlog(&ch->queue)) > 0
+            && fb_credit_hold(&ch->cr, index, floating)) {
         wake = credit_act(c, ch, fb_credit_announce(&ch->cr, credit_open(c, ch),
                                                     consumer_reads(c)), FB_MSG_ADD_CREDIT);
         kept = 1;
@@ -145,6 +146,10 @@ void want_buffers(fb_inchan_t *ch, int32_t backlog)
         return;
     pthread_mutex_lock(&c->mu);
     need = holds_buffers(ch) ? fb_credit_need(&ch->cr, backlog) : 0;
+    if (need > 0) {
+        int32_t room = fb_credit_room(&ch->cr, fb_subpart_backlog(&ch->queue));
+        need = need < room ? need : room;
+    }
     pthread_mutex_unlock(&c->mu);
     if (need <= 0)
         return;
@@ -428,6 +433,40 @@ void fb_inchan_announce_buffer_size(fb_inchan_t *ch, int32_t size)
     pthread_mutex_unlock(&c->mu);
     if (wake)
         writer_kick(c, wake);
+}
+
+/* Room opened (the bound rose, or the consumer took a buffer that waited):
+ * hold exclusive segments given back to the channel's pool for the sender
+ * again (floating ones come as the sender's backlog asks for them). */
+static void reclaim(fb_inchan_t *ch, int32_t n, int set)
+{
+    fb_conn_t *c = ch->conn;
+    int32_t room, index;
+    pthread_mutex_lock(&c->mu);
+    if (!holds_buffers(ch) || (!set && ch->cr.limit >= ch->cr.cap)) {
+        pthread_mutex_unlock(&c->mu);
+        return;
+    }
+    if (set)
+        fb_credit_set_limit(&ch->cr, n);
+    room = fb_credit_room(&ch->cr, fb_subpart_backlog(&ch->queue));
+    pthread_mutex_unlock(&c->mu);
+    while (room-- > 0 && ch->exclusive->ops->request(ch->exclusive, FB_NO_CHANNEL, &index) == FB_OK)
+        if (!hold_for_sender(ch, index, 0)) {
+            ch->exclusive->ops->recycle(ch->exclusive, index);
+            break;
+        }
+}
+
+void fb_inchan_set_buffer_limit(fb_inchan_t *ch, int32_t n)
+{
+    reclaim(ch, n, 1);
+}
+
+void fb_inchan_buffer_taken(fb_inchan_t *ch)
+{
+    if (__atomic_load_n(&ch->cr.limit, __ATOMIC_RELAXED) < ch->cr.cap)
+        reclaim(ch, 0, 0);
 }
 
 int fb_inchan_error(fb_inchan_t *ch, char *type, size_t tlen, char *message, size_t mlen)

@@ -580,8 +580,26 @@ cdef class LocalBufferPool:
     def _debloat_given_back(self):
         """Segments this pool gave back to its network pool because the
         channels it serves, debloated, need fewer (its size as the
-        redistribution would make it without that, minus its size now)."""
-        return 0
+        redistribution would make it without its demand, minus its size)."""
+        return fb_localpool_given_back(&self._c)
+
+    def _set_demand(self, n):
+        """Buffer debloating: size the pool as if its ``max_buffers`` were
+        ``max(min_buffers, n)`` (None: ``max_buffers`` again); what it does
+        not need goes back to the network pool and to other pools."""
+        cdef int32_t d = FB_UNBOUNDED if n is None else as_int32(n, "demand", 0)
+        _raise_status(fb_localpool_set_demand(&self._c, d), "buffer pool")
+        if self._nbp._listening:
+            self._nbp._dispatch_listeners()
+
+    def _set_channel_limit(self, channel, n):
+        """Buffer debloating: a request for ``channel`` finds nothing while
+        it has ``n`` buffers out (None: no limit)."""
+        cdef int32_t ch = self._channel_arg(channel)
+        cdef int32_t limit = FB_UNBOUNDED if n is None else as_int32(n, "limit", 1)
+        if ch < 0 or fb_localpool_set_channel_limit(&self._c, ch, limit) != FB_OK:
+            raise ValueError(f"channel {channel!r} is not one of the pool's "
+                             f"{self._c.num_subpartitions} channels")
 
     # ---- test hooks (flinkbuf._testing) --------------------------------------
 

@@ -61,6 +61,8 @@ cdef extern from "network/connection.h" nogil:
     fb_subpart_t *fb_inchan_queue(fb_inchan_t *ch)
     void fb_inchan_event_taken(fb_inchan_t *ch)
     void fb_inchan_announce_buffer_size(fb_inchan_t *ch, int32_t size)
+    void fb_inchan_set_buffer_limit(fb_inchan_t *ch, int32_t n)
+    void fb_inchan_buffer_taken(fb_inchan_t *ch)
     void fb_inchan_close(fb_inchan_t *ch)
     void fb_inchan_decref(fb_inchan_t *ch)
     int fb_inchan_attach_reader(fb_inchan_t *ch, fb_gate_t *g)

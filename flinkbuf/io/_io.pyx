@@ -6,6 +6,7 @@
 # one place per type (ResultPartition._raise_for_rc, the gate's _wait_item).
 
 cimport cython
+from libc.math cimport ceil
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.buffer cimport (PyBUF_FORMAT, PyBUF_SIMPLE, PyBUF_STRIDES, PyBUF_WRITABLE,
                              PyBuffer_Release, PyObject_CheckBuffer, PyObject_GetBuffer)
@@ -31,6 +32,7 @@ from flinkbuf.csrc.exchange cimport *
 from flinkbuf.csrc.keygroup cimport *
 from flinkbuf.csrc.channel_order cimport fb_order_by_channel
 from flinkbuf.csrc.status cimport *
+from flinkbuf.csrc.pool cimport FB_UNBOUNDED
 from flinkbuf.serialization._serialization cimport (FULL_BUFFER, FULL_RECORD, RecordDeserializer,
                                                   RecordSerializer, is_no_record)
 

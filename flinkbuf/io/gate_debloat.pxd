@@ -9,11 +9,14 @@ cdef class _GateDebloat:
     cdef int32_t _in_use                # buffers in use at the last sample
     cdef int64_t _warm_until            # the gate's buffers taken that make the first sample
     cdef int64_t _given_back            # segments its channels gave back to their pools
+    cdef int32_t _count                 # buffers a channel's in-flight data takes (0: any)
 
     # Every period (from the consumer's thread, now = fb_monotonic_ns()):
     # sample the gate and announce a new buffer size to its channels.
     cdef int _tick(self, InputGate gate, int64_t now) except -1
     cdef int _mark(self, InputGate gate, int64_t now) except -1
+    cdef int32_t _buffer_count(self, int32_t seg, int32_t channels) noexcept
+    cdef int _follow_floating(self, InputGate gate) except -1
     cdef object _metrics(self, InputGate gate)
 
 

@@ -64,10 +64,47 @@ cdef class _GateDebloat:
                                        in_use)
         self._in_use = in_use
         self._mark(gate, now)
-        if size > 0:
+        count = self._buffer_count(self._debloater._c.cfg.max_size,
+                                   gate._n - gate._num_finished)
+        if size > 0 or count != self._count:
+            self._count = count
+            size = self._debloater._c.size
             for k in range(gate._n):
                 if not gate._finished[k]:
-                    (<InputChannel>gate._channels[k])._announce_buffer_size(size)
+                    (<InputChannel>gate._channels[k])._announce_buffer_size(size, count)
+            self._follow_floating(gate)
+        return 0
+
+    cdef int32_t _buffer_count(self, int32_t seg, int32_t channels) noexcept:
+        """The buffers a channel's share of the desired in-flight data
+        takes, as few as whole segments allow and one more (the one its
+        consumer reads while the next fills), at least 2; 0 (no bound) while
+        the size is the segment's (the gate could use more)."""
+        cdef double desired
+        if self._debloater._c.size >= seg or channels <= 0:
+            return 0
+        desired = (<double>self._debloater._c.throughput * self._debloater._c.cfg.target_ns
+                   / 1e9 / channels)
+        return <int32_t>max(2.0, min(1e6, ceil(desired / seg) + 1))
+
+    cdef int _follow_floating(self, InputGate gate) except -1:
+        """The gate's floating buffers (remote channels') are sized to what
+        its channels' counts leave beyond their exclusive buffers; what they
+        do not need goes back to the network pool."""
+        cdef int32_t k
+        cdef int64_t need = 0
+        cdef object pool = None, counters
+        for k in range(gate._n):
+            if gate._finished[k]:
+                continue
+            counters = (<InputChannel>gate._channels[k])._own_buffer_counters()
+            if counters is None or counters[4] is None:
+                continue
+            pool = counters[4]
+            need += max(0, self._count - 1 - counters[1])
+        if pool is not None:
+            pool._set_demand(need if self._count > 0 else None)
+            self._given_back = pool._debloat_given_back()
         return 0
 
     cdef int _mark(self, InputGate gate, int64_t now) except -1:

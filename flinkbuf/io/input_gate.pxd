@@ -14,7 +14,7 @@ cdef class InputChannel:
     # Buffer debloating (the consumer's thread): the buffer size the gate
     # wants (bytes, checked: min..segment size) told to the producer, and
     # the buffers and bytes in flight toward this consumer right now.
-    cdef int _announce_buffer_size(self, int32_t size) except -1
+    cdef int _announce_buffer_size(self, int32_t size, int32_t count) except -1
     cdef int32_t _buffers_in_use(self) except -1
     # The size of the segments its producer's buffers come in (0: not known).
     cdef int32_t _segment_size(self) except -1
@@ -32,6 +32,7 @@ cdef class UnknownInputChannel(InputChannel):
     cdef object _error          # why that will never be known, or None
     cdef bint _released
     cdef int32_t _buffer_size   # the size announced, passed on to the channel it becomes
+    cdef int32_t _buffer_count
     cdef readonly object partition_id
     cdef readonly object subpartition
     cdef object __weakref__

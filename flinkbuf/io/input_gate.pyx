@@ -103,9 +103,11 @@ cdef class InputChannel:
         None for a channel that hands over its producer's buffers."""
         return None
 
-    cdef int _announce_buffer_size(self, int32_t size) except -1:
+    cdef int _announce_buffer_size(self, int32_t size, int32_t count) except -1:
         """Tell the producer to finish buffers at ``size`` bytes (buffer
-        debloating); a channel whose producer is not known yet keeps it."""
+        debloating), and that ``count`` buffers (0: no bound) hold the
+        channel's in-flight data: the channel and its producer keep no
+        more; a channel whose producer is not known yet keeps both."""
         return 0
 
     cdef int32_t _buffers_in_use(self) except -1:
@@ -183,8 +185,9 @@ cdef class LocalInputChannel(InputChannel):
     cdef object _source_pool(self):
         return self._partition._pool
 
-    cdef int _announce_buffer_size(self, int32_t size) except -1:
+    cdef int _announce_buffer_size(self, int32_t size, int32_t count) except -1:
         fb_subpart_set_buffer_size(&self._sp._c, size)
+        self._sp._count = count        # the writer applies both as it requests a buffer
         return 0
 
     cdef int32_t _buffers_in_use(self) except -1:

@@ -30,6 +30,8 @@ cdef inline Buffer _trimmed(Buffer buf, ResultSubpartition sp):
     announced (buffer debloating): a record that does not fit goes on in
     the next buffer."""
     cdef int32_t size = fb_subpart_buffer_size(&sp._c)
+    if size < 0:                    # the size it starts at
+        size = -size
     if 0 < size < buf._capacity:
         buf._capacity = size
     return buf
@@ -386,6 +388,7 @@ record is written or emit raises."""
         cdef bint capped = self._partition._cap > 0
         cdef ResultSubpartition sp = <ResultSubpartition>self._subparts[channel]
         cdef Buffer buf
+        self._partition._follow_debloat(sp)
         # A released (or failed) channel takes the loop below, which says so.
         if fb_subpart_state(&sp._c) == FB_SP_LIVE and (not capped or self._pool.is_available):
             buf = self._pool._request(pool_ch)
@@ -400,17 +403,13 @@ record is written or emit raises."""
             while True:
                 if self._target_released(channel):
                     break
-                if capped:
-                    if not self._pool.wait_available(FB_WAIT_SLICE):
-                        continue
-                    buf = self._pool._request(pool_ch)
-                    if buf is None:
-                        continue
-                else:
-                    try:
-                        buf = self._pool._request_blocking(pool_ch, FB_WAIT_SLICE)
-                    except BufferRequestTimeoutError:
-                        continue
+                if capped and not self._pool.wait_available(FB_WAIT_SLICE):
+                    continue
+                try:        # (a debloated channel's limit may keep it waiting)
+                    buf = self._pool._request_blocking(pool_ch, FB_WAIT_SLICE)
+                except BufferRequestTimeoutError:
+                    self._partition._follow_debloat(sp)
+                    continue
                 try:
                     released = self._target_released(channel)
                 except BaseException:

@@ -15,6 +15,13 @@ cdef class ResultSubpartition:
     cdef object __weakref__
 
     cdef LocalBufferPool _pool  # where queued segments return: alive while they are queued
+    # Buffer debloating: the buffers its local consumer's in-flight data
+    # should take (0: none said), and the size and limit the writer applied
+    # to the pool last.
+    cdef int32_t _count
+    cdef int32_t _seen_size
+    cdef int32_t _seen_count
+    cdef int32_t _limit
     cdef int _add_buffer(self, Buffer buf, int32_t kind, bint last) except -1
     cdef int _add_bytes(self, bytes payload, bint last) except -1
     cdef int32_t _terminate(self, int32_t state) except -1
@@ -37,6 +44,11 @@ cdef class ResultPartition:
 
     cdef int _raise_for_rc(self, int rc, int32_t index) except -1
     cdef int32_t _segment_size   # an event must fit one buffer
+    # Buffer debloating, from the writer before it requests a buffer for
+    # `sp`: its pool's channel limit follows the size (and, for a local
+    # consumer, the count) announced, and the pool's demand the limits.
+    cdef int _follow_debloat(self, ResultSubpartition sp) except -1
+    cdef int32_t _demand
     cdef bytes _encode_event(self, object event)
     cdef int _add_event_all(self, bytes payload, bint last, RecordWriter writer) except -1
     cdef int _await_event_room(self, ResultSubpartition sp, RecordWriter writer) except -1

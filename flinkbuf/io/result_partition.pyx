@@ -110,7 +110,7 @@ cdef class ResultSubpartition:
         writer finishes this subpartition's buffers at that many bytes;
         None until a consumer announces one (whole segments)."""
         cdef int32_t size = fb_subpart_buffer_size(&self._c)
-        return size if size > 0 else None
+        return None if size == 0 else abs(size)
 
     @property
     def num_queued(self):
@@ -208,10 +208,42 @@ cdef class ResultPartition:
             sp._index = i
             sp._signal = self._signal
             sp._pool = pool
+            sp._limit = FB_UNBOUNDED
             if debloat._enabled:      # small until its consumer's gate announces a size
-                fb_subpart_set_buffer_size(&sp._c, min(debloat._min_size, self._segment_size))
+                fb_subpart_set_buffer_size(&sp._c, -min(debloat._min_size, self._segment_size))
             self._subpartitions.append(sp)
         self._n = n
+
+    cdef int _follow_debloat(self, ResultSubpartition sp) except -1:
+        cdef int32_t size = fb_subpart_buffer_size(&sp._c)
+        cdef int32_t limit, demand = 0
+        cdef ResultSubpartition other
+        if size == sp._seen_size and sp._count == sp._seen_count:
+            return 0
+        sp._seen_size = size
+        sp._seen_count = sp._count
+        if not self._pool_channels:
+            return 0
+        # A debloated channel keeps what its in-flight data takes: the count
+        # its local consumer said (the buffer it reads among them), or one
+        # buffer for a consumer over a connection, whose own credit holds
+        # the rest.  Before a consumer said a size (size <= 0), no bound.
+        if size <= 0 or size >= self._segment_size:
+            limit = FB_UNBOUNDED
+        else:
+            limit = sp._count if sp._count > 0 else 1
+        if limit != sp._limit:
+            sp._limit = limit
+            self._pool._set_channel_limit(sp._index, None if limit == FB_UNBOUNDED else limit)
+        for other in self._subpartitions:
+            if other._limit == FB_UNBOUNDED or demand >= FB_UNBOUNDED - other._limit:
+                demand = FB_UNBOUNDED
+                break
+            demand += other._limit
+        if demand != self._demand:
+            self._demand = demand
+            self._pool._set_demand(None if demand == FB_UNBOUNDED else demand)
+        return 0
 
     def _debloat_given_back(self):
         """Segments the partition's pool gave back to its NetworkBufferPool

@@ -62,7 +62,7 @@ cdef class UnknownInputChannel(InputChannel):
             self._channel = None
             raise
         if self._buffer_size > 0:
-            ch._announce_buffer_size(self._buffer_size)
+            ch._announce_buffer_size(self._buffer_size, self._buffer_count)
 
     def fail(self, error):
         """Make the gate raise ``error`` (an exception) as it reaches this
@@ -120,10 +120,11 @@ cdef class UnknownInputChannel(InputChannel):
     cdef object _own_buffer_counters(self):
         return self._channel._own_buffer_counters() if self._channel is not None else None
 
-    cdef int _announce_buffer_size(self, int32_t size) except -1:
+    cdef int _announce_buffer_size(self, int32_t size, int32_t count) except -1:
         self._buffer_size = size
+        self._buffer_count = count
         if self._channel is not None:
-            self._channel._announce_buffer_size(size)
+            self._channel._announce_buffer_size(size, count)
         return 0
 
     cdef int32_t _buffers_in_use(self) except -1:

@@ -97,7 +97,10 @@ class InputGateFactory:
             remote = [s for s in parsed if s[0] is None or not self._own.is_own(s[0])]
             if remote and self._config.floating_buffers_per_gate:
                 n = self._config.floating_buffers_per_gate
-                floating = make_floating_buffers(self._pool.create_buffer_pool(n, n))
+                # Debloating gives floating buffers back as the gate needs fewer:
+                # only one of them is required then.
+                floating = make_floating_buffers(
+                    self._pool.create_buffer_pool(1 if debloat.enabled else n, n))
             for address, partition_id, sub in parsed:
                 if address is None:
                     unknown = UnknownInputChannel(partition_id, sub)

@@ -151,6 +151,8 @@ cdef class RemoteInputChannel(InputChannel):
         cdef int rc = fb_subpart_poll(fb_inchan_queue(self._c), out)
         if rc == FB_OK and out.kind == FB_ITEM_EVENT:
             fb_inchan_event_taken(self._c)      # the sender may send one more event
+        elif rc == FB_OK:
+            fb_inchan_buffer_taken(self._c)     # debloated: room for one more credit
         return rc
 
     cdef object _take(self, fb_item_t *item):
@@ -210,20 +212,29 @@ cdef class RemoteInputChannel(InputChannel):
     cdef object _source_pool(self):
         return None
 
-    cdef int _announce_buffer_size(self, int32_t size) except -1:
-        """Sent to the producer as NEW_BUFFER_SIZE (the latest size, at most
-        one a millisecond); before the request is served, right after it."""
+    cdef int _announce_buffer_size(self, int32_t size, int32_t count) except -1:
+        """``size`` is sent to the producer as NEW_BUFFER_SIZE (the latest
+        size, at most one a millisecond; before the request is served, right
+        after it).  Of ``count`` buffers the producer keeps one (the one it
+        fills: see ResultPartition._follow_debloat) and the channel the
+        rest, at least one."""
         with nogil:
             fb_inchan_announce_buffer_size(self._c, size)
+            fb_inchan_set_buffer_limit(self._c, max(1, count - 1) if count > 0 else 0)
         return 0
 
     cdef int32_t _buffers_in_use(self) except -1:
         """The buffers that arrived and wait in the channel's queue, those
-        the channel holds for its sender (the credit it may fill), and the
-        sender's backlog as it last said."""
+        the channel holds for its sender (the credit it may fill), the
+        sender's backlog as it last said, and one for the two in part
+        ahead of a record (the one its producer fills and the one the
+        consumer reads), as a local channel counts them; 0 when there are
+        none of the others."""
         cdef fb_inchan_stats_t st
         fb_inchan_stats(self._c, &st)
-        return st.exclusive_available + st.floating_available + st.queued + max(0, st.backlog)
+        cdef int32_t n = (st.exclusive_available + st.floating_available + st.queued
+                          + max(0, st.backlog))
+        return n + 1 if n > 0 else 0          # (none at all: closed, or nothing to come)
 
     cdef int32_t _segment_size(self) except -1:
         return self._exclusive._c.net.segment_size

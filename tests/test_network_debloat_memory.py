@@ -1,0 +1,83 @@
+"""Buffer debloating gives memory back over a connection, on every
+transport: a slow remote consumer's channel holds few buffers for its
+sender and its reader, its gate's floating buffers go back to the
+NetworkBufferPool (another pool takes them), the producer keeps one buffer
+for the channel, and a consumer that speeds up gets whole segments again."""
+
+import threading
+import time
+
+import pytest
+
+from flinkbuf.io import BufferDebloatConfig, RecordWriter, create_partition
+from flinkbuf.network import NetworkEnvironment
+from helpers import wait_until
+from network_helpers import SECRET
+from test_debloat_gate import _writer_thread
+
+pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+
+SEG = 4096
+FAST = BufferDebloatConfig(True, target=0.05, period=0.01, samples=1, threshold=0)
+
+
+def _read(it, n, rate):
+    got = []
+    t0 = time.monotonic()
+    for _ in range(n):
+        got.append(int.from_bytes(bytes(next(it))[:4], "big"))
+        ahead = len(got) / rate - (time.monotonic() - t0)
+        if ahead > 0.001:
+            time.sleep(ahead)
+    return got
+
+
+@pytest.mark.timeout(60)
+def test_a_slow_remote_consumer_holds_few_buffers_and_gives_its_floating_ones_back():
+    prod = NetworkEnvironment(64, SEG, secret=SECRET)
+    cons = NetworkEnvironment(48, SEG, secret=SECRET)
+    stop = threading.Event()
+    try:
+        part = create_partition(prod.network_buffer_pool, 1, min_buffers=2, max_buffers=40,
+                                buffer_debloat=True)
+        prod.register_partition("p", part)
+        writer = RecordWriter(part, "round_robin", codec="bytes", buffer_timeout=0.01)
+        th = _writer_thread(writer, stop, size=100)
+        gate = cons.create_input_gate([(prod.address, "p", 0)], codec="bytes",
+                                      buffer_debloat=FAST)
+        with gate:
+            it = iter(gate)
+            seen = _read(it, 600, 600)           # a second at 600 records a second
+            ch = gate.channels[0]
+            floating = ch.floating_buffers.pool
+            assert floating.min_buffers == 1 and floating.max_buffers == 8
+            assert 0 < part.subpartition(0).buffer_size < SEG
+            # the channel: at most one buffer for the sender and the reader together
+            # beyond what arrived and waits, and none of the gate's floating ones
+            assert wait_until(lambda: gate._debloat_metrics()["given_back"] == 7, 5), \
+                (gate._debloat_metrics(), floating)
+            more = _read(it, 100, 600)
+            st = ch.stats()
+            assert st["exclusive_available"] + st["floating_available"] + st["queued"] <= 2, st
+            assert floating.num_buffers == 1
+            # the producer: one buffer for the channel; its pool gave the rest back
+            assert part._debloat_given_back() >= 30, part._debloat_given_back()
+            second = cons.network_buffer_pool.create_buffer_pool(1, None)
+            assert second.num_buffers >= 7 + 1   # the floating ones among them
+            second.destroy()
+            # speeding up: whole segments, and the memory comes back
+            end = time.monotonic() + 5
+            while part.subpartition(0).buffer_size != SEG and time.monotonic() < end:
+                _read(it, 500, 1e9)
+            assert part.subpartition(0).buffer_size == SEG
+            _read(it, 2000, 1e9)
+            assert wait_until(lambda: gate._debloat_metrics()["given_back"] == 0, 5)
+            assert floating.num_buffers == 8
+            nums = seen + more
+            assert nums == list(range(nums[0], nums[0] + len(nums)))
+            stop.set()
+        th.join(10)
+    finally:
+        stop.set()
+        cons.close()
+        prod.close()
