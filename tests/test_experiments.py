@@ -2,7 +2,6 @@
 behaviour expected of them (the only timed expectations in the suite), and
 the rows of the Spark demo computed from its tasks' counters."""
 
-import csv
 import json
 import os
 import re
@@ -19,16 +18,11 @@ from flinkbuf.experiments.backpressure import check_backpressure
 from flinkbuf.experiments.slow_subpartition import CSV_COLUMNS as SS_COLUMNS
 from flinkbuf.experiments.slow_subpartition import check_slow_subpartition
 from flinkbuf.experiments.spark_demo import DEFAULT_SCHEDULE, _steer, interval_row
+from helpers import read_csv
 from network_helpers import AUTO_SAME_HOST
 
 # The experiments measure rates: make test runs them alone.
 pytestmark = pytest.mark.serial
-
-
-def _read_csv(path):
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        return reader.fieldnames, list(reader)
 
 
 @pytest.mark.parametrize("where", ["local", "remote"])
@@ -43,7 +37,7 @@ def test_backpressure_experiment(tmp_path, capsys, where):
     # a live line per interval: time, limits, both rates, the backpressure level
     live = re.findall(r"^ *\d+\.\d +\d+/\d+ +[\d.]+% +[\d.]+% +(OK|LOW|HIGH) ", out, re.M)
     assert len(live) == 30, out
-    header, rows = _read_csv(tmp_path / "backpressure.csv")
+    header, rows = read_csv(tmp_path / "backpressure.csv")
     assert tuple(header) == BP_COLUMNS == (
         "t_seconds", "producer_limit_pct", "consumer_limit_pct", "producer_pct", "consumer_pct",
         "backpressure_level")
@@ -183,7 +177,7 @@ def test_slow_subpartition_experiment(tmp_path, capsys, where):
                "--phase-seconds", "1.6"] + (["--remote"] if where == "remote" else []))
     out = capsys.readouterr().out
     assert "backlog-aware" in out
-    header, rows = _read_csv(tmp_path / "slow-subpartition.csv")
+    header, rows = read_csv(tmp_path / "slow-subpartition.csv")
     assert tuple(header) == SS_COLUMNS == (
         "mode", "fast_consumer_records_per_s", "slow_consumer_records_per_s")
     assert [r["mode"] for r in rows] == ["unimpeded", "shared-pool", "per-channel-cap",
