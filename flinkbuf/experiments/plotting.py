@@ -35,9 +35,16 @@ def plot_backpressure(rows, doc, path):
     changes with the phases."""
     cfg = doc["config"]
     interval = cfg["interval_seconds"]
-    fig, (ax, strip) = plt.subplots(
-        2, 1, figsize=(10, 5.4), dpi=110, sharex=True,
-        gridspec_kw={"height_ratios": [8, 1], "hspace": 0.08})
+    sojourn = any(r.get("sojourn_p99_ms") is not None for r in rows)
+    if sojourn:
+        fig, (ax, soj, strip) = plt.subplots(
+            3, 1, figsize=(10, 7.4), dpi=110, sharex=True,
+            gridspec_kw={"height_ratios": [8, 4, 1], "hspace": 0.08})
+        _plot_sojourn(soj, rows, interval)
+    else:
+        fig, (ax, strip) = plt.subplots(
+            2, 1, figsize=(10, 5.4), dpi=110, sharex=True,
+            gridspec_kw={"height_ratios": [8, 1], "hspace": 0.08})
     top = max([125.0] + [1.2 * max(r["producer_pct"], r["consumer_pct"]) for r in rows])
     for x0, x1, p, c in _phase_spans(rows, interval):
         if c < p:
@@ -83,6 +90,22 @@ def plot_backpressure(rows, doc, path):
     fig.subplots_adjust(left=0.09, right=0.97, top=0.93, bottom=0.1)
     fig.savefig(path)
     plt.close(fig)
+
+
+def _plot_sojourn(ax, rows, interval):
+    """The records' sojourn per interval (p99, p50 dashed), the phase
+    boundaries dotted."""
+    for key, style in (("sojourn_p99_ms", "-"), ("sojourn_p50_ms", "--")):
+        pts = [(r["t_seconds"] - interval / 2, r[key]) for r in rows if r.get(key) is not None]
+        ax.plot([t for t, _ in pts], [v for _, v in pts], color=CONSUMER_COLOR, ls=style,
+                lw=1.4 if style == "-" else 1.0, label=key.split("_")[1])
+    for x0, _, _, _ in _phase_spans(rows, interval):
+        if x0 > 0:
+            ax.axvline(x0, color="grey", lw=0.8, ls=":")
+    ax.set_ylabel("record sojourn [ms]")
+    ax.set_ylim(bottom=0)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(loc="upper left", fontsize=8, framealpha=0.9)
 
 
 def plot_slow_subpartition(results, doc, path):
