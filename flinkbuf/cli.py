@@ -1,5 +1,6 @@
 """The ``flinkbuf`` command line: ``flinkbuf demo``, the experiments,
-``flinkbuf experiment backpressure`` and ``flinkbuf experiment slow-subpartition``,
+``flinkbuf experiment backpressure``, ``flinkbuf experiment slow-subpartition`` and
+``flinkbuf experiment debloat``,
 ``flinkbuf spark-demo`` (the backpressure schedule on PySpark tasks) and
 ``flinkbuf monitor URL`` (a live view of a driver's exchanges, in the terminal).
 
@@ -23,6 +24,7 @@ import flinkbuf
 from flinkbuf import demo as _demo
 from flinkbuf.experiments import ExperimentArgumentError
 from flinkbuf.experiments import backpressure as _bp
+from flinkbuf.experiments import debloat as _db
 from flinkbuf.experiments import slow_subpartition as _ss
 from flinkbuf.experiments.arguments import MAX_SECONDS, MissingRequirementError
 from flinkbuf.experiments.failures import one_line
@@ -50,6 +52,9 @@ _OPTION_NAMES = {
     "count": "--count",
     "timeout": "--timeout",
     "live_view": "--live-view",
+    "target": "--target",
+    "period": "--period",
+    "samples": "--samples",
 }
 _DEMO_NAMES = {"phase_seconds": "--seconds", "segment_size": "--segment-size"}
 
@@ -106,9 +111,10 @@ def build_parser():
         description="The experiments. Each writes a CSV table and a JSON document to --out, "
                     f"and a PNG figure when matplotlib is installed ({PLOT_HINT}).")
     which = exp.add_subparsers(dest="experiment", required=True,
-                               metavar="{backpressure,slow-subpartition}")
+                               metavar="{backpressure,slow-subpartition,debloat}")
     _add_backpressure(which)
     _add_slow_subpartition(which)
+    _add_debloat(which)
     _add_spark_demo(sub)
     _add_monitor(sub)
     return parser
@@ -151,7 +157,8 @@ def _add_spark_demo(sub):
             "through flinkbuf, hashed by key (flinkbuf.spark.pipelined_exchange). The "
             "producers run at 60 % of full speed, the consumers are slowed to 30 %, released, "
             "slowed and released; a line per interval shows both throughputs (summed over the "
-            "tasks) and the producers' backpressure level; meanwhile the driver serves a live "
+            "tasks), the producers' backpressure level and the records' p99 sojourn (read "
+            "time minus emit time, sampled without changing the records); meanwhile the driver serves a live "
             "view of the tasks (a page that names the bottleneck, JSON, Prometheus text) and "
             "prints its URL. Then a table of each task's metrics, and the keyed job (--records records counted per key) through flinkbuf "
             "and through Spark's shuffle, side by side. Writes DIR/spark-backpressure.csv, "
@@ -261,10 +268,7 @@ def _add_backpressure(which):
                          "connection (shared memory, or the --transport named) with "
                          "credit-based flow control (--buffers exclusive buffers); the output "
                          "says which transport the connection used")
-    bp.add_argument("--transport", choices=TRANSPORTS, default="auto",
-                    help="with --remote: auto (the fastest between processes on this host: "
-                         "shared memory where there is one), shm (shared memory), unix (a "
-                         "Unix socket) or tcp (TCP on loopback) (default: auto)")
+    _add_transport(bp)
     bp.add_argument("--no-plot", action="store_true", help="skip the PNG")
     bp.set_defaults(func=_run_backpressure, parser=bp)
 
@@ -311,12 +315,69 @@ def _add_slow_subpartition(which):
                     help="run both consumers in another process, reading over a local "
                          "connection (shared memory, or the --transport named); the output "
                          "says which transport the connection used")
-    ss.add_argument("--transport", choices=TRANSPORTS, default="auto",
-                    help="with --remote: auto (the fastest between processes on this host: "
-                         "shared memory where there is one), shm (shared memory), unix (a "
-                         "Unix socket) or tcp (TCP on loopback) (default: auto)")
+    _add_transport(ss)
     ss.add_argument("--no-plot", action="store_true", help="skip the PNG")
     ss.set_defaults(func=_run_slow_subpartition, parser=ss)
+
+
+def _add_debloat(which):
+    db = which.add_parser(
+        "debloat",
+        help="buffer debloating off and on under the backpressure schedule: records' sojourn "
+             "time, throughput and the data in flight",
+        description=(
+            "Buffer debloating (Flink's FLIP-183) under the backpressure schedule, off and on. "
+            "A producer and a consumer task exchange timestamped records through --buffers "
+            "buffers of --segment-size bytes; the producer runs at 60 % of full speed, the "
+            "consumer is not slowed, then slowed to 30 %, released (both at 100 %), slowed "
+            "and released. The schedule runs twice, debloating off and then on (--target "
+            "seconds of data in flight, a sample every --period seconds, smoothed over "
+            "--samples). Every --interval, a line with the consumer's throughput, the p50 and "
+            "p99 sojourn of the records read (read time minus emit time), the bytes in "
+            "flight, the debloated buffer size and the segments handed back to the network "
+            "pools; at the end a table per phase, off vs on. Writes DIR/debloat.csv (a row per "
+            "interval and run), .json and, with matplotlib, .png; exits with 1 if an "
+            "expectation fails (a lower p99 sojourn with debloating while the consumer is "
+            "slowed, the throughput kept, no buffer lost)."))
+    db.add_argument("--out", default="out", metavar="DIR",
+                    help="output directory, created if missing (default: out)")
+    db.add_argument("--phase-seconds", type=_number, default=None, metavar="S",
+                    help=f"length of each of the 5 phases, up to {MAX_SECONDS:g}, and at least "
+                         f"twice --interval (default: {_db.DEFAULT_PHASE_SECONDS:g})")
+    db.add_argument("--quick", action="store_true",
+                    help=f"phases of {_db.QUICK_PHASE_SECONDS:g} s (a smoke run of about 20 s)")
+    db.add_argument("--interval", type=_number, default=0.1, metavar="S",
+                    help=f"sampling interval, in [{_bp.MIN_INTERVAL:g}, 10] (default: 0.1)")
+    db.add_argument("--segment-size", type=_integer, default=32768, metavar="BYTES",
+                    help="segment size, the largest buffer, in [1024, 1048576] (default: 32768)")
+    db.add_argument("--buffers", type=_integer, default=16, metavar="N",
+                    help=f"buffers of the producer's pool (and, with --remote, the consumer's "
+                         f"exclusive buffers), in [{_db.MIN_BUFFERS}, 4096] (default: 16)")
+    db.add_argument("--target", type=_number, default=0.1, metavar="S",
+                    help="debloating's target: seconds of data in flight toward the consumer, "
+                         "in (0, 60] (default: 0.1)")
+    db.add_argument("--period", type=_number, default=0.05, metavar="S",
+                    help="seconds between two samples of the consumer's gate, in [0.001, 10] "
+                         "(default: 0.05)")
+    db.add_argument("--samples", type=_integer, default=10, metavar="N",
+                    help="samples the buffer size is smoothed over, in [1, 1000] (default: 10)")
+    db.add_argument("--full-speed-fraction", type=_number, default=0.25, metavar="F",
+                    help=f"full speed = F x the unthrottled rate without debloating, F in "
+                         f"[{_bp.MIN_FULL_SPEED_FRACTION:g}, 1] (default: 0.25)")
+    db.add_argument("--remote", action="store_true",
+                    help="run the consumer in another process, reading over a local "
+                         "connection (shared memory, or the --transport named) with "
+                         "credit-based flow control (--buffers exclusive buffers)")
+    _add_transport(db)
+    db.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    db.set_defaults(func=_run_debloat, parser=db)
+
+
+def _add_transport(parser):
+    parser.add_argument("--transport", choices=TRANSPORTS, default="auto",
+                        help="with --remote: auto (the fastest between processes on this "
+                             "host: shared memory where there is one), shm (shared memory), "
+                             "unix (a Unix socket) or tcp (TCP on loopback) (default: auto)")
 
 
 # Each command checks everything it can (arguments, then what it needs
@@ -367,6 +428,23 @@ def _run_slow_subpartition(args):
                                         segment_size=args.segment_size, modes=args.modes,
                                         remote=args.remote, transport=args.transport,
                                         plot=not args.no_plot)
+    return 0 if doc["checks"]["passed"] else 1
+
+
+def _run_debloat(args):
+    from flinkbuf.experiments.arguments import fail
+    if args.quick and args.phase_seconds is not None:
+        fail("--quick sets --phase-seconds: give one of them")
+    phase = args.phase_seconds
+    if phase is None:
+        phase = _db.QUICK_PHASE_SECONDS if args.quick else _db.DEFAULT_PHASE_SECONDS
+    kw = dict(interval=args.interval, segment_size=args.segment_size, buffers=args.buffers,
+              target=args.target, period=args.period, samples=args.samples,
+              full_speed_fraction=args.full_speed_fraction, remote=args.remote,
+              transport=args.transport)
+    _db.check_arguments(phase, names=_OPTION_NAMES, **kw)
+    with _out_dir(args.out, _db.OUTPUT_FILES):
+        doc = _db.run_debloat(args.out, phase, plot=not args.no_plot, **kw)
     return 0 if doc["checks"]["passed"] else 1
 
 

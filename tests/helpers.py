@@ -1,5 +1,6 @@
 """Small helpers shared by the tests."""
 
+import csv
 import sys
 import threading
 import time
@@ -57,3 +58,10 @@ def ticks_during(call):
         done.set()
         t.join()
         sys.setswitchinterval(old)
+
+
+def read_csv(path):
+    """(the header's columns, the rows as dicts) of the CSV table at ``path``."""
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        return reader.fieldnames, list(reader)

@@ -47,6 +47,7 @@ def _assert_refused(args, tmp_path, message):
 BP = ["experiment", "backpressure", "--out", "o"]
 SS = ["experiment", "slow-subpartition", "--out", "o"]
 SD = ["spark-demo", "--out", "o/deeper"]
+DB = ["experiment", "debloat", "--out", "o"]
 try:
     CPUS = len(os.sched_getaffinity(0))
 except AttributeError:
@@ -136,6 +137,29 @@ BAD_ARGUMENTS = [
     (SS + ["--modes", ","], "--modes must name at least one mode"),
     (SS + ["--modes", "unimpeded,unimpeded"], "--modes must not repeat a mode"),
     (SS + ["--transport", "tcp"], "--transport tcp needs --remote"),
+    # experiment debloat
+    (DB + ["--phase-seconds", "0"], "--phase-seconds must be > 0"),
+    (DB + ["--phase-seconds", "nan"], "--phase-seconds must be finite"),
+    (DB + ["--phase-seconds", "0.15"],
+     "--phase-seconds (0.15) must be >= twice --interval (0.1): the summary takes the second "
+     "half of each phase"),
+    (DB + ["--quick", "--phase-seconds", "2"], "--quick sets --phase-seconds: give one of them"),
+    (DB + ["--interval", "0.01"], "--interval must be >= 0.05"),
+    (DB + ["--interval", "11"], "--interval must be <= 10"),
+    (DB + ["--segment-size", "512"], "--segment-size must be >= 1024, got 512 (debloating "
+     "shrinks buffers"),
+    (DB + ["--segment-size", "2097152"], "--segment-size must be <= 1048576"),
+    (DB + ["--buffers", "1"], "--buffers must be >= 2, got 1 (one being filled, one in flight)"),
+    (DB + ["--buffers", "many"], "must be an integer"),
+    (DB + ["--target", "0"], "--target must be > 0"),
+    (DB + ["--target", "-1"], "--target must be > 0"),
+    (DB + ["--target", "61"], "--target must be <= 60"),
+    (DB + ["--period", "0"], "--period must be >= 0.001"),
+    (DB + ["--samples", "0"], "--samples must be >= 1"),
+    (DB + ["--samples", "1001"], "--samples must be <= 1000"),
+    (DB + ["--full-speed-fraction", "2"], "--full-speed-fraction must be <= 1"),
+    (DB + ["--transport", "tcp"], "--transport tcp needs --remote"),
+    (DB + ["--remote", "--transport", "udp"], "invalid choice: 'udp'"),
     # spark-demo: refused before Spark starts (and before PySpark or Java are looked for)
     (SD + ["--tasks", "3"],
      "--tasks 3 needs 3 slots at once but --master local[2] has 2: use --master local[3] "
@@ -176,7 +200,7 @@ def test_bad_argument_is_one_line_exit_2_and_nothing_written(tmp_path, args, mes
     _assert_refused(args, tmp_path, message)
 
 
-@pytest.mark.parametrize("experiment", ["backpressure", "slow-subpartition"])
+@pytest.mark.parametrize("experiment", ["backpressure", "slow-subpartition", "debloat"])
 def test_bad_out_directory(tmp_path, experiment):
     a_file = tmp_path / "a-file"
     a_file.write_text("not a directory")
@@ -231,7 +255,8 @@ def test_version(tmp_path):
 
 
 @pytest.mark.parametrize("args", [[], ["demo"], ["experiment"], ["experiment", "backpressure"],
-                                  ["experiment", "slow-subpartition"], ["spark-demo"],
+                                  ["experiment", "slow-subpartition"],
+                                  ["experiment", "debloat"], ["spark-demo"],
                                   ["monitor"]])
 def test_help_of_every_command(tmp_path, args):
     proc = _cli([*args, "--help"], tmp_path)
@@ -421,7 +446,10 @@ def test_demo_prints_the_verdict_of_its_own_measurement(tmp_path):
       "--remote"], "limits P/C"),
     (["experiment", "slow-subpartition", "--out", "o", "--phase-seconds", "5", "--no-plot",
       "--remote"], "fast rec/s"),
-], ids=["demo", "backpressure", "backpressure-remote", "slow-subpartition-remote"])
+    (["experiment", "debloat", "--out", "o", "--phase-seconds", "5", "--no-plot", "--remote"],
+     "limits P/C"),
+], ids=["demo", "backpressure", "backpressure-remote", "slow-subpartition-remote",
+        "debloat-remote"])
 def test_ctrl_c_is_one_line_and_status_130(tmp_path, args, ready):
     """Also the consumers' process of --remote, which gets the terminal's
     Ctrl-C too: it prints nothing and is gone."""

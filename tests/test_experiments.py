@@ -2,7 +2,6 @@
 behaviour expected of them (the only timed expectations in the suite), and
 the rows of the Spark demo computed from its tasks' counters."""
 
-import csv
 import json
 import os
 import re
@@ -18,17 +17,18 @@ from flinkbuf.experiments.backpressure import CSV_COLUMNS as BP_COLUMNS
 from flinkbuf.experiments.backpressure import check_backpressure
 from flinkbuf.experiments.slow_subpartition import CSV_COLUMNS as SS_COLUMNS
 from flinkbuf.experiments.slow_subpartition import check_slow_subpartition
-from flinkbuf.experiments.spark_demo import DEFAULT_SCHEDULE, _steer, interval_row
+from flinkbuf.experiments.spark_control import Sojourns
+from flinkbuf.experiments.spark_demo import (
+    DEFAULT_SCHEDULE,
+    _steer,
+    interval_row,
+    sojourn_columns,
+)
+from helpers import read_csv
 from network_helpers import AUTO_SAME_HOST
 
 # The experiments measure rates: make test runs them alone.
 pytestmark = pytest.mark.serial
-
-
-def _read_csv(path):
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        return reader.fieldnames, list(reader)
 
 
 @pytest.mark.parametrize("where", ["local", "remote"])
@@ -43,7 +43,7 @@ def test_backpressure_experiment(tmp_path, capsys, where):
     # a live line per interval: time, limits, both rates, the backpressure level
     live = re.findall(r"^ *\d+\.\d +\d+/\d+ +[\d.]+% +[\d.]+% +(OK|LOW|HIGH) ", out, re.M)
     assert len(live) == 30, out
-    header, rows = _read_csv(tmp_path / "backpressure.csv")
+    header, rows = read_csv(tmp_path / "backpressure.csv")
     assert tuple(header) == BP_COLUMNS == (
         "t_seconds", "producer_limit_pct", "consumer_limit_pct", "producer_pct", "consumer_pct",
         "backpressure_level")
@@ -183,7 +183,7 @@ def test_slow_subpartition_experiment(tmp_path, capsys, where):
                "--phase-seconds", "1.6"] + (["--remote"] if where == "remote" else []))
     out = capsys.readouterr().out
     assert "backlog-aware" in out
-    header, rows = _read_csv(tmp_path / "slow-subpartition.csv")
+    header, rows = read_csv(tmp_path / "slow-subpartition.csv")
     assert tuple(header) == SS_COLUMNS == (
         "mode", "fast_consumer_records_per_s", "slow_consumer_records_per_s")
     assert [r["mode"] for r in rows] == ["unimpeded", "shared-pool", "per-channel-cap",
@@ -353,6 +353,8 @@ class _SimulatedTasks:
 
     num_tasks = 2
     UNTHROTTLED = 400_000             # records/s of each task
+    SOJOURN_MS = 250
+    seq = last_ns = 0
 
     def __init__(self):
         self.now = time.monotonic()
@@ -383,10 +385,18 @@ class _SimulatedTasks:
                              0.95 if consumer < msg["producer"] else 0.0)
             return [{"ok": True}] * self.num_tasks
         assert msg["cmd"] == "sample"
-        return [{"t_ns": int(self.now * 1e9), "out": int(self.records),
+        # a record a sample: emitted now (task 0), read by task 1 at the next
+        # sample, SOJOURN_MS later while the consumer is slower
+        ns = int(self.now * 1e9)
+        self.seq += 1
+        wait = self.SOJOURN_MS * 1e6 if self.flow[1] > 0.9 else 1e6
+        read = [(self.seq - 1, self.last_ns + int(wait))] if self.seq > 1 else []
+        self.last_ns = ns
+        return [{"t_ns": ns, "out": int(self.records),
                  "in": int(self.records), "bp_ns": int(self.bp_seconds * 1e9),
                  "bp": self._window(), "out_pool": 1.0 if self.flow[1] else 0.4,
-                 "in_pool": 0.5} for _ in range(self.num_tasks)]
+                 "in_pool": 0.5, "emitted": [(self.seq, ns)] if k == 0 else [],
+                 "read": read if k == 1 else []} for k in range(self.num_tasks)]
 
 
 def test_spark_demo_levels_are_those_of_their_intervals():
@@ -410,7 +420,30 @@ def test_spark_demo_levels_are_those_of_their_intervals():
             assert r["producer_back_pressured_ms_per_s"] == pytest.approx(950, abs=5), r
     assert [r["producer_pct"] for r in rows[:4]] == pytest.approx([60] * 4, abs=1)
     live = [ln for ln in lines if re.match(r"^ *\d+\.\d ", ln)]
-    assert [ln.split()[-3] for ln in live] == levels
+    assert [ln.split()[4] for ln in live] == levels
+    # the records' sojourn: each interval's sample reads the record of the
+    # sample before (the first, the calibration's last)
+    for r, s in zip(rows, slowed):
+        assert r["sojourn_records"] == 1, r
+        assert r["sojourn_p99_ms"] == pytest.approx(250 if s else 1), r
+    assert [ln.split()[-1] for ln in live] == [f"{r['sojourn_p99_ms']:.1f}" for r in rows]
+
+
+def test_spark_demo_sojourns_join_the_marks_of_any_sample():
+    """An emit mark and its read mark meet whichever sample brings either
+    first; a mark without its partner waits, and the oldest are dropped
+    beyond the bound."""
+    sojourns = Sojourns(max_pending=3)
+    assert sojourns.add([{"emitted": [(1, 100), (2, 200)], "read": [(1, 150)]}]) == [50]
+    assert sorted(sojourns.add([{"read": [(3, 390)]},
+                                {"emitted": [(3, 300)], "read": [(2, 260)]}])) == [60, 90]
+    assert sojourns.add([{}]) == []                 # a sample without marks
+    assert sojourns.add([{"emitted": [(k, k) for k in range(10, 16)]}]) == []
+    assert sojourns.add([{"read": [(10, 20), (15, 20)]}]) == [5]   # 10 was dropped
+    assert sojourn_columns([]) == {"sojourn_p50_ms": None, "sojourn_p99_ms": None,
+                                   "sojourn_records": 0}
+    assert sojourn_columns([3_000_000, 1_000_000, 2_000_000]) == {
+        "sojourn_p50_ms": 2.0, "sojourn_p99_ms": 3.0, "sojourn_records": 3}
 
 
 def test_spark_demo_interval_row():

@@ -986,6 +986,16 @@ def test_spark_demo_with_short_phases(spark, tmp_path):
     assert statistics.median(released) > 70, rows
     assert any(r["backpressure_level"] == "HIGH" for r in rows
                if r["consumer_limit_pct"] == 30)
+    # the records' sojourn, sampled through the side channel: records wait
+    # longer behind the slowed consumers than when they are released
+    assert all(r["sojourn_records"] > 0 for r in rows[1:]), rows
+    assert all(0 <= r["sojourn_p50_ms"] <= r["sojourn_p99_ms"] for r in rows[1:])
+    by_phase = doc["sojourn_by_phase"]
+    assert [(p["producer_limit_pct"], p["consumer_limit_pct"]) for p in by_phase] == \
+        [(60, 100), (60, 30), (100, 100), (100, 30), (100, 100)]
+    assert min(by_phase[1]["sojourn_p99_ms"], by_phase[3]["sojourn_p99_ms"]) > \
+        max(by_phase[2]["sojourn_p99_ms"], by_phase[4]["sojourn_p99_ms"]), by_phase
+    assert any(ln.startswith("records' sojourn, p99 per phase") for ln in lines)
     tasks = doc["tasks"]
     assert [t["task"] for t in tasks] == [0, 1]
     assert sum(t["records_out"] for t in tasks) == sum(t["records_in"] for t in tasks) > 0

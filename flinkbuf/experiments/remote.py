@@ -6,6 +6,7 @@ throttles as the local consumers, and answers the experiment's questions
 (counts, metrics) through a pipe.  The child ignores
 Ctrl-C: the experiment stops it."""
 
+import collections
 import contextlib
 import multiprocessing
 import os
@@ -32,8 +33,10 @@ _TRANSPORT_NAMES = {"tcp": "TCP on loopback", "unix": "a Unix socket",
 
 
 def _child(stderr, conn, producer_address, secret, specs, segment_size, exclusive, floating,
-           blocked, full_rates, transport="auto"):
-    """The child process: one consumer task per spec, then a command loop."""
+           blocked, full_rates, transport="auto", debloat=None, stamped=False):
+    """The child process: one consumer task per spec, then a command loop.
+    ``debloat``: the environment's ``buffer_debloat*`` keywords; ``stamped``:
+    the records are ``(emit ns, ...)`` and each one's sojourn is kept."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)      # a terminal's Ctrl-C: the parent's
     os.dup2(stderr.fd, 2)                             # see _quiet_spawn
     os.close(stderr.fd)
@@ -47,7 +50,8 @@ def _child(stderr, conn, producer_address, secret, specs, segment_size, exclusiv
                                  floating_buffers_per_gate=floating)
     env = NetworkEnvironment(num_segments, segment_size, secret=secret,
                              exclusive_buffers_per_channel=exclusive,
-                             floating_buffers_per_gate=floating, transport=transport)
+                             floating_buffers_per_gate=floating, transport=transport,
+                             **(debloat or {}))
     gates = [env.create_input_gate([(producer_address, pid, sub)], name=f"consumer-{k}")
              for k, (pid, sub) in enumerate(specs)]
     throttles = [Throttle(rate) for rate in full_rates]
@@ -56,25 +60,10 @@ def _child(stderr, conn, producer_address, secret, specs, segment_size, exclusiv
     metrics = [fb.TaskMetrics(f"consumer-{k}", gates=[g], window=0.05)
                for k, g in enumerate(gates)]
 
-    def consume(k):
-        gate, pace = gates[k], throttles[k].pace
-        stuck = blocked[k]
-        n = 0
-        try:
-            for _ in gate:
-                if stuck and not release.is_set():
-                    release.wait()
-                n += 1
-                if n == _BATCH:
-                    pace(n)
-                    n = 0
-        except BaseException as exc:  # noqa: BLE001 - reported to the parent
-            errors.append(repr(exc))
-        finally:
-            gate.close()
-
-    threads = [threading.Thread(target=consume, args=(k,), daemon=True)
-               for k in range(len(gates))]
+    sojourns = [collections.deque() for _ in gates]
+    threads = [threading.Thread(target=_consume, daemon=True, args=(
+        g, th.pace, stuck, release, errors, kept.append if stamped else None))
+        for g, th, stuck, kept in zip(gates, throttles, blocked, sojourns)]
     for t in threads:
         t.start()
     conn.send(("ready", None))
@@ -85,6 +74,8 @@ def _child(stderr, conn, producer_address, secret, specs, segment_size, exclusiv
                 conn.send(([g.num_records_in for g in gates], list(errors)))
             elif cmd == "snapshot":
                 conn.send(metrics[arg].snapshot())
+            elif cmd == "sample":
+                conn.send(_sample(gates[arg], sojourns[arg], errors))
             elif cmd == "limit":
                 k, pct, rate = arg
                 if pct is None:
@@ -112,6 +103,56 @@ def _child(stderr, conn, producer_address, secret, specs, segment_size, exclusiv
         env.close()
 
 
+def _consume(gate, pace, stuck, release, errors, keep):
+    """A consumer task of the child: reads ``gate`` to the end, paced; if
+    ``stuck``, waits for ``release`` after its first record; with ``keep``,
+    the records are stamped and their sojourns go to it
+    (:func:`consume_sojourns`).  Its error goes to ``errors``."""
+    try:
+        if keep is not None:
+            consume_sojourns(gate, pace, keep)
+            return
+        n = 0
+        for _ in gate:
+            if stuck and not release.is_set():
+                release.wait()
+            n += 1
+            if n == _BATCH:
+                pace(n)
+                n = 0
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        errors.append(repr(exc))
+    finally:
+        gate.close()
+
+
+def consume_sojourns(gate, pace, keep, batch=_BATCH):
+    """Read ``gate``'s ``(emit ns, ...)`` records to the end, calling
+    ``keep`` with each one's sojourn (ns from its emit, by
+    ``time.monotonic_ns``: one clock for every process of the host) and
+    ``pace`` after every ``batch`` records."""
+    clock = time.monotonic_ns
+    n = 0
+    for record in gate:
+        keep(clock() - record[0])
+        n += 1
+        if n == batch:
+            pace(n)
+            n = 0
+
+
+def _sample(gate, sojourns, errors):
+    """A stamped consumer's state for the parent: records read, the
+    sojourns (ns) since the last sample, the gate's debloating metrics
+    (None when off), per channel its queued buffers and its own buffers
+    (in use, in all), and the errors so far."""
+    taken = [sojourns.popleft() for _ in range(len(sojourns))]
+    own = [tuple(c[:2]) if c is not None else (0, 0) for c in gate._own_buffer_counters()]
+    return {"records_in": gate.num_records_in, "sojourns_ns": taken,
+            "debloat": gate._debloat_metrics(), "backlogs": gate.backlogs(),
+            "own_buffers": own, "errors": list(errors)}
+
+
 def buffers_not_returned(pool):
     """``pool``'s buffers still handed out, once those the consumers'
     process let go of have had the time to come back."""
@@ -125,10 +166,14 @@ class RemoteConsumers:
     """Consumer tasks in a child process reading ``specs`` (``(partition_id,
     subpartition)`` pairs registered in ``env``) over the network: consumer
     k is throttled to ``full_rates[k]`` records/s (None: unthrottled) and,
-    if ``blocked[k]``, stops after its first record until :meth:`release`."""
+    if ``blocked[k]``, stops after its first record until :meth:`release`.
+    ``debloat``: the ``buffer_debloat*`` keywords of the consumers'
+    environment; ``stamped``: the records are ``(emit ns, ...)`` and
+    :meth:`sample` returns their sojourns."""
 
     def __init__(self, env, secret, specs, *, segment_size, exclusive=2, floating=0,
-                 blocked=None, full_rates=None, start_timeout=60.0, transport="auto"):
+                 blocked=None, full_rates=None, start_timeout=60.0, transport="auto",
+                 debloat=None, stamped=False):
         n = len(specs)
         blocked = list(blocked or [False] * n)
         full_rates = list(full_rates or [None] * n)
@@ -139,7 +184,7 @@ class RemoteConsumers:
             self._process = ctx.Process(
                 target=_child, daemon=True, name="flinkbuf-remote-consumers",
                 args=(stderr, child_conn, env.address, secret, specs, segment_size, exclusive,
-                      floating, blocked, full_rates, transport))
+                      floating, blocked, full_rates, transport, debloat, stamped))
             self._process.start()
         child_conn.close()
         if not self._conn.poll(start_timeout):
@@ -161,6 +206,16 @@ class RemoteConsumers:
 
     def snapshot(self, k=0):
         return self._ask("snapshot", k)
+
+    def sample(self, k=0):
+        """Consumer k's state (stamped records): a dict of ``records_in``,
+        ``sojourns_ns`` (since the last sample), ``debloat`` (the gate's
+        debloating metrics, None when off), ``backlogs`` and ``own_buffers``
+        (per channel: in use, in all); raises a consumer's error."""
+        state = self._ask("sample", k)
+        if state["errors"]:
+            raise RunFailed(f"a remote consumer failed: {state['errors'][0]}")
+        return state
 
     def set_limit(self, k, pct, full_rate=None):
         """Consumer k at ``pct`` % of ``full_rate``; ``pct`` None unthrottles."""

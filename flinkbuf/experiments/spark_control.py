@@ -6,7 +6,16 @@ connects to the driver and answers it from a thread (:class:`TaskControl`):
 ``limits`` sets the throttles of the task's producer and consumer (in % of
 full speed; None: unthrottled), ``sample`` returns its cumulative counters
 (records out and in, back-pressured nanoseconds, pool usage) and the moment
-it read them, ``stop`` ends its producer.  The task's producer
+it read them, with the sojourn marks since the last sample (see below),
+``stop`` ends its producer.
+
+Sojourn through a side channel, the records unchanged: the producer notes
+the wall-clock time (``time.time_ns``) at which it emits the first record
+of each batch (its sequence number, the record's second field, unique over
+the tasks), the consumer the time at which it reads a record with such a
+sequence number; the driver joins the two by sequence number (read time
+minus emit time).  On one host that is exact to the clock's resolution;
+across hosts it includes the offset between their clocks.  The task's producer
 (:func:`paced_source`) and consumer (:func:`paced_count`) run at those
 limits.  On the driver, :class:`Control` accepts a connection per task
 (each proving the run's token) and asks them all at once, while the job
@@ -41,6 +50,8 @@ class TaskControl:
         self.consumer = Throttle()
         self.stop = threading.Event()
         self.max_out_pool = 0.0
+        self.emitted = collections.deque()   # (sequence, emit ns) of sampled records
+        self.read = collections.deque()      # (sequence, read ns) of sampled records
         self.sock = socket.create_connection(address, timeout=CONTROL_TIMEOUT)
         self.sock.settimeout(None)
         self.file = self.sock.makefile("rw", encoding="utf-8", newline="\n")
@@ -77,7 +88,9 @@ class TaskControl:
                                 "in": self.task.gate.num_records_in,
                                 "bp_ns": writer.back_pressured_time_ns,
                                 "out_pool": snap["outPoolUsage"],
-                                "in_pool": snap["inPoolUsage"]})
+                                "in_pool": snap["inPoolUsage"],
+                                "emitted": _drain(self.emitted),
+                                "read": _drain(self.read)})
                 elif cmd == "stop":
                     self.stop.set()
                     self.producer.unthrottle()
@@ -99,6 +112,11 @@ class TaskControl:
         self.thread.join(5)
         self.file.close()
         self.sock.close()
+
+
+def _drain(marks):
+    """What ``marks`` (a deque another thread appends to) holds now, taken out."""
+    return [marks.popleft() for _ in range(len(marks))]
 
 
 _CURRENT: "dict[str, TaskControl]" = {}   # in a Python worker: the running task's control
@@ -124,12 +142,15 @@ class Monitor:
 
 
 def paced_source(index, _):
-    """A producer's records until the driver says stop, paced by its throttle."""
+    """A producer's records until the driver says stop, paced by its
+    throttle; the emit time of each batch's first record is noted."""
     control = _CURRENT["current"]
-    pace, stop = control.producer.pace, control.stop
+    pace, stop, mark = control.producer.pace, control.stop, control.emitted.append
+    clock = time.time_ns
     i = index
     step = control.task.num_tasks
     while not stop.is_set():
+        mark((i, clock()))
         for _ in range(BATCH):
             yield (i % KEYS, i)
             i += step
@@ -137,12 +158,19 @@ def paced_source(index, _):
 
 
 def paced_count(records):
-    """A consumer: counts per key, paced by its throttle; yields its totals."""
+    """A consumer: counts per key, paced by its throttle; notes the read
+    time of the records whose emit time their producer noted (the first
+    of each of its batches); yields its totals."""
     control = _CURRENT["current"]
-    pace = control.consumer.pace
+    pace, mark = control.consumer.pace, control.read.append
+    clock = time.time_ns
+    step = control.task.num_tasks
+    span = step * BATCH
     counts = collections.Counter()
     n = 0
-    for key, _ in records:
+    for key, i in records:
+        if i % span < step:
+            mark((i, clock()))
         counts[key] += 1
         n += 1
         if n == BATCH:
@@ -151,6 +179,42 @@ def paced_count(records):
     stats = control.task.stats()
     stats["max_out_pool_usage"] = control.max_out_pool
     yield {"stats": stats, "keys": len(counts), "records": sum(counts.values())}
+
+
+class Sojourns:
+    """On the driver: the records' sojourns (ns), from the marks the tasks
+    report with each sample (:meth:`add`: emit and read marks joined by
+    sequence number, whichever sample brings either).  An emit mark
+    whose read never comes (the record was read before the consumer's
+    sample, or is still in flight when the run ends) stays pending, at
+    most ``max_pending`` of them (the oldest are dropped)."""
+
+    def __init__(self, max_pending=1 << 20):
+        self._emitted = {}
+        self._read = {}
+        self._max = max_pending
+
+    def add(self, samples):
+        """The sojourns (ns) that the marks of ``samples`` (every task's
+        answer to one ``sample``) complete."""
+        done = []
+        for s in samples:
+            for seq, t in s.get("emitted", ()):
+                read = self._read.pop(seq, None)
+                if read is None:
+                    self._emitted[seq] = t
+                else:
+                    done.append(read - t)
+            for seq, t in s.get("read", ()):
+                emitted = self._emitted.pop(seq, None)
+                if emitted is None:
+                    self._read[seq] = t
+                else:
+                    done.append(t - emitted)
+        for pending in (self._emitted, self._read):
+            while len(pending) > self._max:
+                del pending[next(iter(pending))]
+        return done
 
 
 # ---- on the driver --------------------------------------------------------------------

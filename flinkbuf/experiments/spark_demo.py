@@ -31,8 +31,13 @@ While it runs, the driver serves a live view of the exchanges
 loopback and any free port by default) and prints its URL: each task's
 backpressure level, the bottleneck named, charts over time.
 
+Each interval also has the sojourn of the records (read time minus emit
+time, p50 and p99), sampled through a side channel that leaves the records
+as they are (see :mod:`~flinkbuf.experiments.spark_control`): the first
+record of each producer batch.
+
 Outputs in ``out_dir``: ``spark-backpressure.csv`` (a row per interval, the
-columns of the in-process experiment), ``spark-backpressure.json``
+columns of the in-process experiment and the sojourn's), ``spark-backpressure.json``
 (configuration, rows, per-task metrics, the comparison, the checks), with
 matplotlib ``spark-backpressure.png``, and, when the demo starts Spark
 itself, ``spark-backpressure.log``: what Spark's JVM and its Python workers
@@ -46,11 +51,13 @@ starts Spark.
 """
 
 import os
+import statistics
 import time
 
 from flinkbuf.experiments import backpressure as _bp
 from flinkbuf.experiments import spark_control
 from flinkbuf.experiments.arguments import check_int, check_real, check_seconds, fail
+from flinkbuf.experiments.debloat import percentile
 from flinkbuf.experiments.failures import RunFailed
 from flinkbuf.experiments.output import load_plotting, prepare_out_dir, write_table_and_doc
 from flinkbuf.experiments.shuffle_comparison import compare_with_spark_shuffle
@@ -67,6 +74,12 @@ NAME = "spark-backpressure"
 LOG_FILE = f"{NAME}.log"
 OUTPUT_FILES = (f"{NAME}.csv", f"{NAME}.json", f"{NAME}.png", LOG_FILE)
 DEFAULT_SCHEDULE = _bp.DEFAULT_SCHEDULE
+CSV_COLUMNS = _bp.CSV_COLUMNS + ("sojourn_p50_ms", "sojourn_p99_ms", "sojourn_records")
+SOJOURN_NOTE = ("per interval: read time minus emit time (wall clock) of the first record of "
+                "each producer batch (1 in 128, the records unchanged: a side channel joins "
+                "the producers' emit marks and the consumers' read marks by sequence number) "
+                "whose marks the interval's sample completed; exact on one host, across "
+                "hosts it includes the offset between their clocks")
 MAX_TASKS = 64
 MAX_RECORDS = 10**9
 
@@ -240,10 +253,12 @@ def _document(master, tasks, ticks, interval, schedule, segment_size, fraction, 
             "record": "(int, int), hashed by the first field, typed codec",
             "backpressure": "per interval: the producers' back-pressured time over exactly that "
                             "interval, the highest of the tasks",
+            "sojourn": SOJOURN_NOTE,
         },
         "unthrottled_records_per_s": round(unthrottled),
         "full_speed_records_per_s": round(full_rate),
         "rows": rows,
+        "sojourn_by_phase": sojourn_by_phase(rows, ticks),
         "tasks": per_task,
         "comparison": comparison,
         "checks": checks,
@@ -252,15 +267,40 @@ def _document(master, tasks, ticks, interval, schedule, segment_size, fraction, 
 
 def _write(out_dir, doc, plot, printer):
     """The CSV, the JSON and (with matplotlib) the figure; the summary."""
-    write_table_and_doc(out_dir, NAME, _bp.CSV_COLUMNS, doc["rows"], doc)
+    write_table_and_doc(out_dir, NAME, CSV_COLUMNS, doc["rows"], doc)
     drawn = False
     plotting = load_plotting(printer) if plot else None
     if plotting is not None:
         plotting.plot_backpressure(doc["rows"], doc, os.path.join(out_dir, f"{NAME}.png"))
         drawn = True
     _bp._print_summary(doc, printer, tasks=doc["config"]["tasks"])
+    _print_sojourn(doc, printer)
     printer(f"wrote {os.path.join(out_dir, NAME + '.csv')}, {NAME}.json"
             + (f" and {NAME}.png" if drawn else ""))
+
+
+def sojourn_by_phase(rows, ticks):
+    """Per phase: its limits and the median over its intervals of their p99
+    and p50 sojourns (ms; None for a phase without any)."""
+    out = []
+    for k in range(0, len(rows), ticks):
+        phase = rows[k:k + ticks]
+        entry = {"producer_limit_pct": phase[0]["producer_limit_pct"],
+                 "consumer_limit_pct": phase[0]["consumer_limit_pct"]}
+        for q in ("p50", "p99"):
+            values = [r[f"sojourn_{q}_ms"] for r in phase
+                      if r.get(f"sojourn_{q}_ms") is not None]
+            entry[f"sojourn_{q}_ms"] = round(statistics.median(values), 3) if values else None
+        out.append(entry)
+    return out
+
+
+def _print_sojourn(doc, printer):
+    parts = [f"{p['producer_limit_pct']:g}/{p['consumer_limit_pct']:g}: "
+             + ("-" if p["sojourn_p99_ms"] is None else f"{p['sojourn_p99_ms']:.1f}")
+             for p in doc["sojourn_by_phase"]]
+    printer("records' sojourn, p99 per phase [ms] (median of its intervals; limits P/C %): "
+            + ", ".join(parts))
 
 
 def _start_live_view(sc, address, printer):
@@ -294,9 +334,11 @@ def _failure(exc, job, hint, grace=5.0):
     return RunFailed.because("the control connection to the demo's tasks failed", exc, hint)
 
 
-def _sample(control):
-    """(this moment, every task's counters)."""
-    return time.perf_counter(), control.ask({"cmd": "sample"})
+def _sample(control, sojourns):
+    """((this moment, every task's counters), the sojourns (ns) that their
+    marks complete in ``sojourns``)."""
+    now = time.perf_counter(), control.ask({"cmd": "sample"})
+    return now, sojourns.add(now[1])
 
 
 def _rates(prev, now):
@@ -327,14 +369,15 @@ def interval_row(t_seconds, limits, prev, now, full_rate):
 def _steer(control, job, phase_seconds, interval, schedule, fraction, printer):
     """Calibrate, then run the schedule: a row (and a line) per interval."""
     n = control.num_tasks
+    sojourns = spark_control.Sojourns()
     control.ask({"cmd": "limits", "producer": None, "consumer": None, "rate": None})
     start = time.perf_counter()
     _wait(job, start + interval)          # warm-up
-    prev = _sample(control)
+    prev = _sample(control, sojourns)[0]
     samples = []
     for k in range(1, 5):
         _wait(job, start + (k + 1) * interval)
-        now = _sample(control)
+        now = _sample(control, sojourns)[0]
         samples.append(_rates(prev, now)[1])
         prev = now
     unthrottled = sorted(samples)[len(samples) // 4]
@@ -344,31 +387,53 @@ def _steer(control, job, phase_seconds, interval, schedule, fraction, printer):
     printer(f"unthrottled: {unthrottled:,.0f} records/s over {n} tasks; full speed (100 %): "
             f"{full_rate:,.0f} records/s = {fraction:g} x unthrottled")
     printer(f"{'t [s]':>6} {'limits P/C [%]':>15} {'producers':>10} {'consumers':>10} "
-            f"{'backpressure':>12} {'bp ms/s':>8} {'outPool':>7}")
-    ticks = max(1, round(phase_seconds / interval))
-    rows = []
+            f"{'backpressure':>12} {'bp ms/s':>8} {'outPool':>7} {'sojourn p99 [ms]':>16}")
 
     def limits(p, c):
         control.ask({"cmd": "limits", "producer": p, "consumer": None if c >= 100 else c,
                      "rate": full_rate / n})
 
+    rows = _run_phases(control, job, limits, max(1, round(phase_seconds / interval)),
+                       interval, schedule, full_rate, sojourns, printer)
+    return rows, unthrottled, full_rate
+
+
+def _run_phases(control, job, limits, ticks, interval, schedule, full_rate, sojourns,
+                printer):
+    """Each phase of ``schedule`` for ``ticks`` intervals: a row and a line
+    per interval, with the sojourns of the records whose marks it
+    completed."""
     limits(*schedule[0])
     start = time.perf_counter()
-    prev = _sample(control)
+    prev = _sample(control, sojourns)[0]
+    rows = []
     for tick in range(1, ticks * len(schedule) + 1):
         phase = (tick - 1) // ticks
         _wait(job, start + tick * interval)
-        now = _sample(control)
+        now, done = _sample(control, sojourns)
         row = interval_row(tick * interval, schedule[phase], prev, now, full_rate)
+        row.update(sojourn_columns(done))
         prev = now
         rows.append(row)
+        p99 = row["sojourn_p99_ms"]
         printer(f"{row['t_seconds']:6.1f} {row['producer_limit_pct']:>7g}/"
                 f"{row['consumer_limit_pct']:<7g} {row['producer_pct']:9.1f}% "
                 f"{row['consumer_pct']:9.1f}% {row['backpressure_level']:>12} "
-                f"{row['producer_back_pressured_ms_per_s']:8.0f} {row['out_pool_usage']:7.2f}")
+                f"{row['producer_back_pressured_ms_per_s']:8.0f} {row['out_pool_usage']:7.2f} "
+                f"{'-' if p99 is None else f'{p99:.1f}':>16}")
         if tick % ticks == 0 and tick < ticks * len(schedule):
             limits(*schedule[phase + 1])
-    return rows, unthrottled, full_rate
+    return rows
+
+
+def sojourn_columns(sojourns_ns):
+    """An interval's sojourn columns from the sojourns (ns) completed in it:
+    p50 and p99 in ms (None without any) and how many."""
+    done = sorted(sojourns_ns)
+    p50, p99 = percentile(done, 0.5), percentile(done, 0.99)
+    return {"sojourn_p50_ms": None if p50 is None else round(p50 / 1e6, 3),
+            "sojourn_p99_ms": None if p99 is None else round(p99 / 1e6, 3),
+            "sojourn_records": len(done)}
 
 
 def _wait(job, deadline):
