@@ -57,11 +57,10 @@ the task::
 
     debloatedBufferSize           the buffer size the gate announced to its
                                   producers, bytes; the task's: the largest of
-                                  its gates' (Flink's gauge of the task's one
-                                  debloater)
+                                  its gates'
     estimatedTimeToConsumeBuffersMs    time to consume the buffers in flight
                                   at the gate's last measured throughput; the
-                                  task's: the largest (as Flink's task gauge)
+                                  task's: the longest (as Flink's task gauge)
     buffersInUse                  (per gate) buffers in flight at its last sample
     inFlightBytes                 bytes in flight now (each channel's buffers in
                                   use x the buffer size); per gate also
