@@ -225,13 +225,16 @@ def browse(url, *, budget_ms=3000, screenshot=None, size=(1400, 900), timeout=90
 
 class Rendered(html.parser.HTMLParser):
     """What the page shows: per exchange, its bottleneck banner (the tasks
-    it names, its text) and each task row's attributes and text."""
+    it names, its text), each task row's attributes and text (and the text
+    of each of its cells that has a class, in ``cells``), and each row of
+    its buffer debloating table (``debloat``, by (task, gate))."""
 
     def __init__(self, dom):
         super().__init__()
         self.exchanges = {}
         self._exchange = None
         self._row = None
+        self._cell = None
         self._banner = None
         self._depth = []
         self.feed(dom)
@@ -248,11 +251,20 @@ class Rendered(html.parser.HTMLParser):
             self._exchange["bottleneck"] = [int(t) for t in tasks.split(",") if t]
             self._banner = tag
         elif tag == "tr" and "data-task" in a and self._exchange is not None:
-            self._row = {**a, "text": ""}
+            self._row = {**a, "text": "", "cells": {}}
             self._exchange["rows"][int(a["data-task"])] = self._row
+        elif tag == "tr" and "data-debloat-task" in a and self._exchange is not None:
+            self._row = {**a, "text": "", "cells": {}}
+            key = (int(a["data-debloat-task"]), int(a["data-gate"]))
+            self._exchange.setdefault("debloat", {})[key] = self._row
+        elif tag == "td" and self._row is not None and a.get("class"):
+            self._cell = a["class"]
+            self._row["cells"][self._cell] = ""
 
     def handle_endtag(self, tag):
-        if tag == "tr":
+        if tag == "td":
+            self._cell = None
+        elif tag == "tr":
             self._row = None
         elif tag == "p":
             self._banner = None
@@ -262,5 +274,7 @@ class Rendered(html.parser.HTMLParser):
     def handle_data(self, data):
         if self._row is not None:
             self._row["text"] += data
+            if self._cell is not None:
+                self._row["cells"][self._cell] += data
         if self._banner is not None and self._exchange is not None:
             self._exchange["banner"] += data

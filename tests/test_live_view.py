@@ -348,7 +348,10 @@ _TEXT = st.text(st.characters(min_codepoint=32, blacklist_characters="\x7f"), mi
                 max_size=20)
 _KINDS = {"count": _COUNT, "seconds": _REAL, "rate": _REAL, "ms": _MS, "ratio": _RATIO,
           "level": st.sampled_from(_reports.LEVELS),
-          "seconds?": st.one_of(st.none(), _REAL)}
+          "seconds?": st.one_of(st.none(), _REAL), "count?": st.one_of(st.none(), _COUNT),
+          "millis?": st.one_of(st.none(), _REAL), "flag": st.booleans(),
+          "channels": st.lists(_COUNT, max_size=8),
+          "gates": st.deferred(lambda: st.lists(_fields(_reports.GATE), max_size=3))}
 
 
 def _fields(schema):
@@ -595,12 +598,22 @@ def test_the_terminal_view_names_the_bottleneck():
                            "stats": {}, "backlogs": [0, 0],
                            "metrics": dict(metrics, backPressureLevel="HIGH",
                                            backPressuredTimeMsPerSecond=960.0,
+                                           softBackPressuredTimeMsPerSecond=10.0,
+                                           hardBackPressuredTimeMsPerSecond=950.0,
+                                           producerBusyTimeMsPerSecond=40.0,
+                                           consumerBusyTimeMsPerSecond=1000.0 - idle,
                                            idleTimeMsPerSecond=idle,
-                                           numRecordsInPerSecond=87_000.0, inPoolUsage=0.9)})
+                                           consumerIdleTimeMsPerSecond=idle,
+                                           numRecordsInPerSecond=87_000.0, inPoolUsage=0.9,
+                                           debloatedBufferSize=2048 + index,
+                                           estimatedTimeToConsumeBuffersMs=None,
+                                           inputGates=[])})
     text = live_text.render(store.document(), "http://x:1/", width=200)
     assert "bottleneck: task 1 — its consumer waits for input only 4 ms/s" in text
     rows = [line.split() for line in text.splitlines() if "RUNNING" in line and "HIGH" in line]
     assert [r[:3] for r in rows] == [["0", "10", "RUNNING"], ["*", "1", "11"]]
-    assert rows[0][4:9] == ["960", "990", "0", "87.0", "k"]   # bp, idle, busy, records in/s
+    # bp, soft, hard, producer busy and idle, consumer busy and idle, records in/s
+    assert rows[0][4:13] == ["960", "10", "950", "40", "0", "10", "990", "87.0", "k"]
+    assert rows[1][-2:] == ["2049", "-"]            # debloated buffer size, time to consume
     assert all(len(line) <= 80 for line in live_text.render(
         store.document(), "http://x:1/", width=80).splitlines())

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from flinkbuf.io._io import RecordWriter
+from flinkbuf.io._io import RecordWriter, monotonic_ns
 
 __all__ = ["ProducerThread", "emit_all"]
 
@@ -29,7 +29,9 @@ class ProducerThread(threading.Thread):
     then closes ``writer``.  An exception (any ``BaseException``) is kept in
     :attr:`error` and fails the writer with it; the thread then ends
     quietly, and whoever joins it raises the error.  The thread drops
-    ``source`` and ``produce`` when it ends."""
+    ``source`` and ``produce`` when it ends.  :attr:`started_ns` and
+    :attr:`ended_ns` (``monotonic_ns()``, None until then) say when it began
+    to produce and when it was done, the writer closed or failed."""
 
     def __init__(self, writer: RecordWriter, source: Iterable[Any], *,
                  produce: Callable[[RecordWriter, Any], object] = emit_all,
@@ -42,6 +44,8 @@ class ProducerThread(threading.Thread):
         super().__init__(name=name, daemon=True)
         self.writer = writer
         self.error: BaseException | None = None
+        self.started_ns: int | None = None
+        self.ended_ns: int | None = None
         self._source: Iterable[Any] | None = source
         self._produce: Callable[[RecordWriter, Any], object] | None = produce
 
@@ -50,6 +54,7 @@ class ProducerThread(threading.Thread):
         self._produce = self._source = None
         if produce is None:
             return                     # run() again: it ran already
+        self.started_ns = monotonic_ns()
         try:
             produce(writer, source)
             writer.close()
@@ -59,3 +64,5 @@ class ProducerThread(threading.Thread):
                 writer.fail(exc)
             except Exception:         # noqa: BLE001 - the partition may be gone already
                 pass
+        finally:
+            self.ended_ns = monotonic_ns()

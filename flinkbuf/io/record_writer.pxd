@@ -26,6 +26,10 @@ cdef class RecordWriter:
     cdef int64_t _buffers_out
     cdef int64_t _bp_ns         # time blocked requesting buffers, finished waits
     cdef int64_t _bp_since      # start of the current wait, or 0
+    cdef int64_t _soft_bp_ns    # of _bp_ns: soft back-pressured time (back_pressure.pyx)
+    cdef int64_t _soft_since    # start of the current soft stretch of a wait, or 0
+    cdef int64_t _soft_base     # in broadcast_event: _bp_ns at its start (its waits are
+                                # soft), else -1
 
     cdef inline int _enter(self) except -1
     cdef int _concurrent_use(self) except -1

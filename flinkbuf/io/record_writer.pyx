@@ -1,6 +1,6 @@
 # RecordWriter: records into its partition's subpartitions, one buffer per
 # channel at a time.  Included by _io.pyx; its output flusher is
-# output_flusher.pyx.
+# output_flusher.pyx, its back-pressured time's split back_pressure.pyx.
 
 cdef enum:
     _W_OPEN = 0
@@ -48,6 +48,12 @@ cdef class RecordWriter:
     That request blocks (without the GIL) while the pool has no buffer:
     this wait is backpressure, and is measured as back-pressured time.
 
+    Back-pressured time is hard (Flink's split) while the writer waits for
+    a buffer the pool does not have (serving its connection meanwhile, if
+    the network layer lends it one, included), soft while the output is
+    unavailable though the pool has buffers: a channel at its cap or at the
+    buffers its debloated size allows, every channel blocked for the backlog-aware round robin, no room for an event.
+
     ``buffer_timeout`` (seconds) is Flink's: a partly filled buffer is
     handed over at the latest that long after it was started, by an output
     flusher thread; ``0`` hands over after every record, ``None`` only
@@ -91,6 +97,7 @@ cdef class RecordWriter:
 
     def __cinit__(self):
         self._state = _W_NEW
+        self._soft_base = -1
         self._current = []
         self._subparts = []
 
@@ -335,11 +342,13 @@ record is written or emit raises."""
 
     cdef int32_t _await_channel(self) except -1:
         """Every channel is blocked (backlog-aware round robin): wait until a
-        consumer takes a buffer.  Counted as back-pressured time."""
+        consumer takes a buffer.  Counted as soft back-pressured time (no
+        buffer is requested, nothing of the record is written yet)."""
         cdef BacklogAwareRebalanceSelector sel = <BacklogAwareRebalanceSelector>self._selector
         cdef int32_t ch = _ALL_BLOCKED
         cdef int64_t t0 = fb_monotonic_ns()
         self._bp_since = t0
+        self._soft_since = t0
         self._busy = _IDLE
         try:
             while ch < 0:
@@ -348,9 +357,9 @@ record is written or emit raises."""
                 PyErr_CheckSignals()
         finally:
             self._busy = _EMITTING
-            self._bp_ns += fb_monotonic_ns() - t0
-            self._bp_since = 0
+            _end_wait(self, t0)
         return ch
+
 
     cdef int _copy_rest(self, int32_t channel, Buffer buf, int flags) except -1:
         """Go on copying the staged record after the channel's current
@@ -403,6 +412,8 @@ record is written or emit raises."""
             while True:
                 if self._target_released(channel):
                     break
+                _soft_while(self, _capped_by_a_channel(self)
+                            or _held_by_debloat_limit(self, sp, pool_ch))
                 if capped and not self._pool.wait_available(FB_WAIT_SLICE):
                     continue
                 try:        # (a debloated channel's limit may keep it waiting)
@@ -421,8 +432,7 @@ record is written or emit raises."""
                 break
         finally:
             self._busy = mode
-            self._bp_ns += fb_monotonic_ns() - t0
-            self._bp_since = 0
+            _end_wait(self, t0)
         return None                 # the consumer of `channel` left
 
     cdef int _check_partition(self) except -1:
@@ -526,14 +536,19 @@ record is written or emit raises."""
 
         Events are bounded like records: while a consumer has
         ``MAX_QUEUED_EVENTS`` events it has not taken yet, this call waits
-        (without the GIL; counted as back-pressured time)."""
+        (without the GIL; counted as soft back-pressured time)."""
         self._enter()
         try:
             self._check_open()
             data = self._partition._encode_event(event)
             self._flush_all(_FLUSH_QUIET)
             self._partition._check_live()
-            self._partition._add_event_all(data, False, self)
+            self._soft_base = self._bp_ns       # the partition's waits for room: soft
+            try:
+                self._partition._add_event_all(data, False, self)
+            finally:
+                self._soft_bp_ns += self._bp_ns - self._soft_base
+                self._soft_base = -1
         finally:
             self._user = 0
 
@@ -653,6 +668,11 @@ record is written or emit raises."""
         cdef int64_t since = self._bp_since
         return (self._records_out, self._bytes_out, self._buffers_out,
                 self._bp_ns + (fb_monotonic_ns() - since if since else 0))
+
+    def _back_pressure_counters(self):
+        """(back-pressured ns, of which soft ns), a wait in progress
+        included (read at one instant: soft never exceeds the total)."""
+        return _back_pressure_counters(self)
 
     def __repr__(self):
         state = ("open", "closed", "failed", "not initialised")[self._state]

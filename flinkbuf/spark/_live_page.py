@@ -40,6 +40,11 @@ th:first-child, td:first-child { text-align: left; }
 tr.is-bottleneck td { background: #fff1f0; }
 tr.ended td { color: #9ca3af; }
 .bar { display: inline-block; height: 8px; vertical-align: middle; }
+.split { color: #6b7280; font-size: 11px; }
+.channels { display: inline-flex; align-items: flex-end; gap: 1px; height: 16px;
+            vertical-align: middle; }
+.channels i { display: inline-block; width: 4px; background: #5b9bd5; min-height: 1px; }
+h3 { font-size: 13px; margin: 10px 0 0; font-weight: 600; }
 .charts { display: flex; flex-wrap: wrap; gap: 16px; }
 .chart { flex: 1 1 420px; min-width: 320px; }
 .chart select { font-size: 12px; }
@@ -60,9 +65,14 @@ footer { color: #6b7280; font-size: 12px; padding: 0 20px 20px; max-width: 980px
 <main id="exchanges"><p class="muted">No exchange reports to this view yet.</p></main>
 <footer>
 Each task of an exchange runs a producer (it writes the task's input to the consumers;
-<b>backpressured</b>: blocked waiting for an output buffer) and a consumer (it reads the
-task's input and runs its function; <b>idle</b>: waiting for input);
-<b>busy</b> = 1000 − idle − backpressured ms per second, as Flink computes it.
+<b>backpressured</b>: blocked on output, <b>hard</b> while it waits for an output buffer,
+<b>soft</b> while its output is unavailable though its pool has buffers; <b>idle</b>: not
+started yet, or done) and a consumer (it reads the task's input and runs its function;
+<b>idle</b>: waiting for input); each side's <b>busy</b> is 1000 ms per second minus its
+idle and backpressured time. Flink's busyTimeMsPerSecond (in the JSON and the charts)
+counts both threads as one: 1000 − consumer idle − producer backpressured.
+With buffer debloating, each gate's announced buffer size, the time to consume its buffers
+in flight, the bytes in flight per channel, and the memory debloating gave back.
 Backpressure level, as Flink's: OK up to 10 % of the time backpressured, LOW up to 50 %,
 HIGH above. A <b>bottleneck</b> is a task whose consumer is busy (idle less than half the time)
 while the tasks that feed it are backpressured: speed it up, or give it less to do, and they
@@ -92,6 +102,14 @@ SCRIPT = r"""'use strict';
     ['inPoolUsage', 'input pool usage', 1],
     ['inputExclusiveBuffersUsage', 'exclusive buffers usage', 1],
     ['inputFloatingBuffersUsage', 'floating buffers usage', 1],
+    ['softBackPressuredTimeMsPerSecond', 'soft backpressured ms/s', 1000],
+    ['hardBackPressuredTimeMsPerSecond', 'hard backpressured ms/s', 1000],
+    ['producerBusyTimeMsPerSecond', 'producer busy ms/s', 1000],
+    ['producerIdleTimeMsPerSecond', 'producer idle ms/s', 1000],
+    ['consumerBusyTimeMsPerSecond', 'consumer busy ms/s', 1000],
+    ['debloatedBufferSize', 'debloated buffer size', 0],
+    ['estimatedTimeToConsumeBuffersMs', 'time to consume buffers ms', 0],
+    ['inFlightBytes', 'bytes in flight', 0],
   ];
   const SVG = 'http://www.w3.org/2000/svg';
   let seq = 0, fields = [], colours = {}, interval = 0.5, lastNow = 0;
@@ -136,11 +154,14 @@ SCRIPT = r"""'use strict';
       ['task', 'the task\'s index: the partition it reads'],
       ['attempt', 'Spark\'s task attempt id'], ['state', ''],
       ['backpressure', 'Flink\'s level and ratio: OK <= 0.10 < LOW <= 0.5 < HIGH'],
-      ['backpressured ms/s', 'backPressuredTimeMsPerSecond: the producer waiting for an ' +
-       'output buffer'],
-      ['idle ms/s', 'idleTimeMsPerSecond: the consumer waiting for input'],
-      ['busy ms/s', 'busyTimeMsPerSecond: 1000 - idle - backpressured, as Flink computes it ' +
-       '(the producer and the consumer counted as one thread)'],
+      ['backpressured ms/s', 'backPressuredTimeMsPerSecond: the producer blocked on output; ' +
+       'below: soft (softBackPressuredTimeMsPerSecond, its output unavailable though its ' +
+       'pool has buffers) and hard (hardBackPressuredTimeMsPerSecond, waiting for an output ' +
+       'buffer)'],
+      ['producer busy', 'producerBusyTimeMsPerSecond: 1000 - producer idle - backpressured'],
+      ['producer idle', 'producerIdleTimeMsPerSecond: nothing to write (not started, or done)'],
+      ['consumer busy', 'consumerBusyTimeMsPerSecond: 1000 - consumer idle'],
+      ['consumer idle', 'consumerIdleTimeMsPerSecond (idleTimeMsPerSecond): waiting for input'],
       ['records in/s', ''], ['records out/s', ''], ['bytes in/s', ''], ['bytes out/s', ''],
       ['out pool', 'outPoolUsage'], ['in pool', 'inPoolUsage'],
       ['exclusive', 'inputExclusiveBuffersUsage'], ['floating', 'inputFloatingBuffersUsage'],
@@ -165,10 +186,18 @@ SCRIPT = r"""'use strict';
                     m ? ' ' + m.backPressureRatio.toFixed(2) : ''));
       if (m) {
         row.append(
-          el('td', {}, bar(m.backPressuredTimeMsPerSecond, '#000'), ' ',
-             num(m.backPressuredTimeMsPerSecond)),
-          el('td', {}, bar(m.idleTimeMsPerSecond, '#5b9bd5'), ' ', num(m.idleTimeMsPerSecond)),
-          el('td', {}, bar(m.busyTimeMsPerSecond, '#e5554f'), ' ', num(m.busyTimeMsPerSecond)),
+          el('td', {class: 'bp'}, bar(m.backPressuredTimeMsPerSecond, '#000'), ' ',
+             num(m.backPressuredTimeMsPerSecond), el('br'),
+             el('span', {class: 'split', title: 'soft · hard'},
+                'soft ' + num(m.softBackPressuredTimeMsPerSecond) + ' · hard ' +
+                num(m.hardBackPressuredTimeMsPerSecond))),
+          el('td', {class: 'producer-busy'}, bar(m.producerBusyTimeMsPerSecond, '#e5554f'),
+             ' ', num(m.producerBusyTimeMsPerSecond)),
+          el('td', {class: 'producer-idle'}, num(m.producerIdleTimeMsPerSecond)),
+          el('td', {class: 'consumer-busy'}, bar(m.consumerBusyTimeMsPerSecond, '#e5554f'),
+             ' ', num(m.consumerBusyTimeMsPerSecond)),
+          el('td', {class: 'consumer-idle'}, bar(m.consumerIdleTimeMsPerSecond, '#5b9bd5'),
+             ' ', num(m.consumerIdleTimeMsPerSecond)),
           el('td', {}, num(m.numRecordsInPerSecond)), el('td', {}, num(m.numRecordsOutPerSecond)),
           el('td', {}, num(m.numBytesInPerSecond)), el('td', {}, num(m.numBytesOutPerSecond)),
           el('td', {}, pct(m.outPoolUsage)), el('td', {}, pct(m.inPoolUsage)),
@@ -176,12 +205,65 @@ SCRIPT = r"""'use strict';
           el('td', {}, pct(m.inputFloatingBuffersUsage)),
           el('td', {}, num(m.numRecordsIn)), el('td', {}, num(m.numRecordsOut)));
       } else {
-        row.append(el('td', {colspan: 13, class: 'muted'}, 'no report yet'));
+        row.append(el('td', {colspan: 15, class: 'muted'}, 'no report yet'));
       }
       body.append(row);
     }
     return el('div', {class: 'scroll'},
               el('table', {class: 'tasks'}, el('thead', {}, head), body));
+  }
+
+  function channelBars(bytes) {
+    // In-flight bytes per channel: a bar each (up to 64 channels), else a summary.
+    if (!bytes.length) return '–';
+    const top = Math.max(...bytes, 1);
+    if (bytes.length > 64) {
+      const sorted = bytes.slice().sort((a, b) => a - b);
+      return bytes.length + ' channels: median ' + num(sorted[sorted.length >> 1]) +
+        ' B, max ' + num(top) + ' B';
+    }
+    return el('span', {class: 'channels', title: bytes.map((b, i) => 'channel ' + i + ': ' +
+                                                          b + ' B').join('\n')},
+              ...bytes.map(b => el('i', {style: 'height:' + Math.round(16 * b / top) + 'px'})));
+  }
+
+  function debloatTable(exchange) {
+    // Buffer debloating, a row per task and gate that debloats; none: no table.
+    const rows = [];
+    for (const t of exchange.tasks) {
+      const m = t.metrics;
+      if (!t.latest || !m || !m.inputGates) continue;
+      for (const g of m.inputGates) {
+        if (!g.bufferDebloat) continue;
+        rows.push(el('tr', {'data-debloat-task': t.task, 'data-gate': g.gate,
+                            'data-buffer-size': g.debloatedBufferSize === null ? ''
+                              : g.debloatedBufferSize,
+                            'data-in-flight': g.inFlightBytes === null ? '' : g.inFlightBytes,
+                            'data-channels': g.inFlightBytesPerChannel.join(',')},
+          el('td', {}, String(t.task)), el('td', {}, String(g.gate)),
+          el('td', {}, g.debloatedBufferSize === null ? '–' : num(g.debloatedBufferSize) + ' B'),
+          el('td', {}, num(g.estimatedTimeToConsumeBuffersMs)),
+          el('td', {}, num(g.buffersInUse)),
+          el('td', {}, num(g.inFlightBytes) + ' B'),
+          el('td', {}, channelBars(g.inFlightBytesPerChannel)),
+          el('td', {}, num(g.debloatGivenBackSegments)),
+          el('td', {}, num(m.debloatGivenBackSegments) + ' (' + num(m.debloatGivenBackBytes) +
+             ' B)')));
+      }
+    }
+    if (!rows.length) return null;
+    const head = el('tr', {}, ...[
+      ['task', ''], ['gate', 'the input gate\'s index'],
+      ['buffer size', 'debloatedBufferSize: the buffer size the gate announced'],
+      ['time to consume ms', 'estimatedTimeToConsumeBuffersMs: at its last throughput'],
+      ['buffers in use', 'buffers in flight at the gate\'s last sample'],
+      ['in flight', 'inFlightBytes: bytes in flight to the gate now'],
+      ['per channel', 'inFlightBytesPerChannel'],
+      ['given back', 'debloatGivenBackSegments: segments the gate\'s channels gave back'],
+      ['task given back', 'the task\'s gates and partition: segments (bytes)'],
+    ].map(([h, title]) => el('th', title ? {title: title} : {}, h)));
+    return el('div', {class: 'scroll'}, el('h3', {}, 'Buffer debloating'),
+              el('table', {class: 'debloat'}, el('thead', {}, head), el('tbody', {}, ...rows)));
   }
 
   function chart(exchange, which) {
@@ -211,7 +293,8 @@ SCRIPT = r"""'use strict';
     for (const t of exchange.tasks) {
       if (!t.latest) continue;
       const points = (history.get(exchange.id + '|' + t.task + '|' + t.attempt) || [])
-        .filter(s => s[1] >= lastNow - span).map(s => [s[1], s[2 + field]]);
+        .filter(s => s[1] >= lastNow - span && s[2 + field] !== null
+                && s[2 + field] !== undefined).map(s => [s[1], s[2 + field]]);
       series.push([t.task, points]);
       if (!spec[2]) for (const p of points) top = Math.max(top, p[1]);
     }
@@ -264,7 +347,7 @@ SCRIPT = r"""'use strict';
                                               exchange.state)),
       el('div', {class: 'muted'}, exchange.id + ' · ' + exchange.num_tasks + ' tasks, ' +
          running + ' running'),
-      banner, table(exchange),
+      banner, table(exchange), debloatTable(exchange),
       el('div', {class: 'charts'}, chart(exchange, 0), chart(exchange, 1)));
   }
 

@@ -23,21 +23,40 @@ STATES = (RUNNING, FINISHED, FAILED, CANCELED, LOST)
 # Flink's web UI colours of the backpressure levels.
 LEVEL_COLOURS = {"OK": "#52c41a", "LOW": "#faad14", "HIGH": "#f5222d"}
 
-# The metrics a task's history keeps (and the page can chart), in order.
+# The metrics a task's history keeps (and the page can chart), in order
+# (a sample holds None where its report did: a size before debloating's
+# first sample, say).
 HISTORY_FIELDS = (
     "backPressuredTimeMsPerSecond", "idleTimeMsPerSecond", "busyTimeMsPerSecond",
     "numRecordsInPerSecond", "numRecordsOutPerSecond", "numBytesInPerSecond",
     "numBytesOutPerSecond", "outPoolUsage", "inPoolUsage", "inputExclusiveBuffersUsage",
-    "inputFloatingBuffersUsage",
+    "inputFloatingBuffersUsage", "softBackPressuredTimeMsPerSecond",
+    "hardBackPressuredTimeMsPerSecond", "producerBusyTimeMsPerSecond",
+    "producerIdleTimeMsPerSecond", "consumerBusyTimeMsPerSecond", "debloatedBufferSize",
+    "estimatedTimeToConsumeBuffersMs", "inFlightBytes",
 )
 
-# /metrics: (Flink's metric name, Prometheus type, help) of each task's
-# metric that Flink has, from its latest report.
+# /metrics: (metric name, Prometheus type, help) of each task's metric,
+# Flink's names and, in Flink's style, flinkbuf's own, from its latest
+# report (a metric the report has as None, none).
 FLINK_METRICS = (
-    ("busyTimeMsPerSecond", "gauge", "Time busy (neither idle nor backpressured), ms per s."),
+    ("busyTimeMsPerSecond", "gauge",
+     "Time busy (neither idle nor backpressured), ms per s, as Flink computes it: the "
+     "producer and the consumer counted as one thread."),
     ("backPressuredTimeMsPerSecond", "gauge",
-     "Time the producer was blocked on output (backpressured), ms per s."),
+     "Time the producer was blocked on output (backpressured), ms per s: soft + hard."),
+    ("softBackPressuredTimeMsPerSecond", "gauge",
+     "Time the producer waited while its output was unavailable but its pool had buffers "
+     "(a channel at its cap, every channel's backlog full, room for an event), ms per s."),
+    ("hardBackPressuredTimeMsPerSecond", "gauge",
+     "Time the producer was blocked requesting an output buffer, ms per s."),
     ("idleTimeMsPerSecond", "gauge", "Time the consumer waited for input, ms per s."),
+    ("producerBusyTimeMsPerSecond", "gauge",
+     "Time the producer was busy (neither idle nor backpressured), ms per s."),
+    ("producerIdleTimeMsPerSecond", "gauge",
+     "Time the producer had nothing to write (not started yet, or done), ms per s."),
+    ("consumerBusyTimeMsPerSecond", "gauge", "Time the consumer was busy, ms per s."),
+    ("consumerIdleTimeMsPerSecond", "gauge", "Time the consumer waited for input, ms per s."),
     ("numRecordsInPerSecond", "gauge", "Records read per second."),
     ("numRecordsOutPerSecond", "gauge", "Records written per second."),
     ("numBytesInPerSecond", "gauge", "Bytes read per second."),
@@ -54,6 +73,25 @@ FLINK_METRICS = (
     ("inputFloatingBuffersUsage", "gauge", "Floating input buffers in use / all of them."),
     ("backPressureRatio", "gauge",
      "Backpressured time / the window (Flink's ratio: OK <= 0.1 < LOW <= 0.5 < HIGH)."),
+    ("debloatedBufferSize", "gauge",
+     "Buffer debloating: the largest buffer size the task's gates announced, bytes."),
+    ("estimatedTimeToConsumeBuffersMs", "gauge",
+     "Buffer debloating: the longest time a gate takes to consume its buffers in flight, ms."),
+    ("inFlightBytes", "gauge", "Buffer debloating: bytes in flight to the task's gates."),
+    ("debloatGivenBackSegments", "gauge",
+     "Buffer debloating: segments given back to the NetworkBufferPool."),
+    ("debloatGivenBackBytes", "gauge",
+     "Buffer debloating: bytes given back to the NetworkBufferPool."),
+)
+# /metrics, per input gate that debloats (label "gate"): (name, type, help).
+GATE_METRICS = (
+    ("debloatedBufferSize", "gauge", "The buffer size the gate announced, bytes."),
+    ("estimatedTimeToConsumeBuffersMs", "gauge",
+     "Time to consume the gate's buffers in flight at its last throughput, ms."),
+    ("buffersInUse", "gauge", "Buffers in flight to the gate at its last sample."),
+    ("inFlightBytes", "gauge", "Bytes in flight to the gate."),
+    ("debloatGivenBackSegments", "gauge",
+     "Segments the gate's channels gave back to the NetworkBufferPool."),
 )
 PREFIX = "flinkbuf_task_"
 
@@ -288,8 +326,10 @@ class Store:
         """The Prometheus exposition of every task's latest report:
         ``flinkbuf_task_<Flink's name>`` with labels ``exchange``,
         ``task`` (the index) and ``attempt`` (Spark's task attempt id),
-        and what Flink has no name for: the level, the state, whether the
-        task is named a bottleneck, whether it still reports."""
+        ``flinkbuf_task_gate_<name>`` of each gate that debloats (label
+        ``gate`` too), and what Flink has no name for: the level, the
+        state, whether the task is named a bottleneck, whether it still
+        reports."""
         rows = []
         with self._lock:
             for exchange in self._exchanges.values():
@@ -304,7 +344,14 @@ class Store:
         families = []
         for name, kind, help_text in FLINK_METRICS:
             families.append((PREFIX + name, kind, help_text,
-                             [(labels, m[name]) for labels, _, m, _ in rows if m is not None]))
+                             [(labels, m[name]) for labels, _, m, _ in rows
+                              if m is not None and m[name] is not None]))
+        for name, kind, help_text in GATE_METRICS:
+            families.append((PREFIX + "gate_" + name, kind, help_text,
+                             [(dict(labels, gate=str(g["gate"])), g[name])
+                              for labels, _, m, _ in rows if m is not None
+                              for g in m["inputGates"]
+                              if g["bufferDebloat"] and g[name] is not None]))
         families.append((PREFIX + "backPressureLevel", "gauge",
                          "1 for the task's backpressure level (Flink's OK, LOW or HIGH), "
                          "0 for the others.",

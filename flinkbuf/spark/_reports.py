@@ -12,7 +12,9 @@ JSON (an object):
             tasks, Spark's task attempt id and attempt number, stage id,
             the address its peers read from);
 ``report``  every ``interval`` seconds: the task's metrics
-            (:class:`~flinkbuf.TaskMetrics`'s snapshot, Flink's names), its
+            (:class:`~flinkbuf.TaskMetrics`'s snapshot, Flink's names; a
+            message that would be too long goes without the in-flight
+            bytes per channel of its gates), its
             totals (:meth:`~flinkbuf.spark.ExchangeTask.stats`), the backlog
             of each of its subpartitions and the CPU seconds its reporter
             thread used;
@@ -44,6 +46,7 @@ LENGTH = struct.Struct(">I")
 MAX_MESSAGE = 64 * 1024       # bytes of one message's JSON
 MAX_TASKS = 4096              # tasks of one exchange the view follows
 MAX_ERROR = 500               # characters of an error's line
+MAX_GATES = 64                # input gates of one task in a report
 SEGMENT_SIZE = 0              # the handshake's segment-size field: unused here
 _MAX_INT = 2 ** 63 - 1
 _CONNECT_TIMEOUT = 5.0        # seconds, at most, to reach the driver and to send
@@ -53,14 +56,22 @@ LEVELS = (OK, LOW, HIGH)
 END_STATES = ("FINISHED", "FAILED", "CANCELED")
 
 # The fields of a report's "metrics" (a TaskMetrics snapshot without its
-# "task") and what each holds: "count" an int >= 0, "seconds" and "rate" a
-# number >= 0, "ms" a number in [0, 1000], "ratio" one in [0, 1], "level"
-# OK, LOW or HIGH.
+# "task") and what each holds: "count" an int >= 0, "seconds", "millis" and
+# "rate" a number >= 0, "ms" a number in [0, 1000], "ratio" one in [0, 1],
+# "level" OK, LOW or HIGH, "flag" a bool, "gates" a list of at most
+# MAX_GATES objects of GATE's fields, "channels" a list of at most MAX_TASKS
+# counts; a kind ending in "?" may also be None.
 METRICS = {
     "intervalSeconds": "seconds",
     "backPressuredTimeMsPerSecond": "ms",
+    "softBackPressuredTimeMsPerSecond": "ms",
+    "hardBackPressuredTimeMsPerSecond": "ms",
     "idleTimeMsPerSecond": "ms",
     "busyTimeMsPerSecond": "ms",
+    "producerBusyTimeMsPerSecond": "ms",
+    "producerIdleTimeMsPerSecond": "ms",
+    "consumerBusyTimeMsPerSecond": "ms",
+    "consumerIdleTimeMsPerSecond": "ms",
     "backPressureRatio": "ratio",
     "backPressureLevel": "level",
     "outPoolUsage": "ratio",
@@ -79,6 +90,23 @@ METRICS = {
     "inputFloatingBuffersUsage": "ratio",
     "numBytesInRemote": "count",
     "numBuffersInRemote": "count",
+    "debloatedBufferSize": "count?",
+    "estimatedTimeToConsumeBuffersMs": "millis?",
+    "inFlightBytes": "count?",
+    "debloatGivenBackSegments": "count",
+    "debloatGivenBackBytes": "count",
+    "inputGates": "gates",
+}
+# The fields of each of "metrics"' "inputGates" (TaskMetrics' InputGateMetrics).
+GATE = {
+    "gate": "count",
+    "bufferDebloat": "flag",
+    "debloatedBufferSize": "count?",
+    "estimatedTimeToConsumeBuffersMs": "millis?",
+    "buffersInUse": "count?",
+    "inFlightBytes": "count?",
+    "inFlightBytesPerChannel": "channels",
+    "debloatGivenBackSegments": "count",
 }
 # The fields of a report's "stats" (ExchangeTask.stats() without "task").
 STATS = {
@@ -146,7 +174,7 @@ def _value(kind, value, what, num_tasks):
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(f"{what} must be an integer, got {type(value).__name__}")
         return _number(value, what)
-    if kind in ("seconds", "rate"):
+    if kind in ("seconds", "rate", "millis"):
         return float(_number(value, what))
     if kind == "ms":
         value = float(_number(value, what))
@@ -158,6 +186,12 @@ def _value(kind, value, what, num_tasks):
         if value > 1.0:
             raise ValueError(f"{what} must be at most 1")
         return value
+    if kind == "flag":
+        if not isinstance(value, bool):
+            raise ValueError(f"{what} must be true or false, got {type(value).__name__}")
+        return value
+    if kind in ("gates", "channels"):
+        return _list(kind, value, what, num_tasks)
     if kind == "level":
         if value not in LEVELS:
             raise ValueError(f"{what} must be one of {', '.join(LEVELS)}")
@@ -192,6 +226,16 @@ def _value(kind, value, what, num_tasks):
             raise ValueError(f"{what} must be a list of {num_tasks} integers")
         return [_value("count", v, what, num_tasks) for v in value]
     raise AssertionError(kind)       # pragma: no cover - the tables name known kinds
+
+
+def _list(kind, value, what, num_tasks):
+    """A "gates" or a "channels" list, checked item by item."""
+    longest = MAX_GATES if kind == "gates" else MAX_TASKS
+    if not isinstance(value, list) or len(value) > longest:
+        raise ValueError(f"{what} must be a list of at most {longest} items")
+    if kind == "gates":
+        return [_fields(v, GATE, f"{what}[{i}]", num_tasks) for i, v in enumerate(value)]
+    return [_value("count", v, what, num_tasks) for v in value]
 
 
 def _fields(doc, schema, what, num_tasks):
@@ -356,7 +400,13 @@ class Reporter:
         if end is not None:
             doc["type"] = "end"
             doc["state"], doc["error"] = end
-        return encode(doc)
+        try:
+            return encode(doc)
+        except ValueError:
+            # Too long (a gate of thousands of channels): without the per-channel bytes.
+            doc["metrics"]["inputGates"] = [dict(g, inFlightBytesPerChannel=[])
+                                            for g in doc["metrics"]["inputGates"]]
+            return encode(doc)
 
     def _run(self):
         sock = None

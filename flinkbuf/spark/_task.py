@@ -16,6 +16,7 @@ from flinkbuf.io import (
     HashSelector,
     RecordWriter,
     create_partition,
+    monotonic_ns,
     partition_buffers,
 )
 from flinkbuf.io.metrics import TaskMetrics
@@ -53,7 +54,11 @@ class ExchangeTask:
     :class:`~flinkbuf.InputGate`), ``partition`` and ``environment``, and
     ``metrics``: a :class:`~flinkbuf.TaskMetrics` over the writer and the
     gate (Flink's task metrics; ``snapshot()`` may be called from any
-    thread).  :meth:`stats` sums it up in one dict.
+    thread; the producer side is the thread that writes the task's input,
+    idle before it starts and once it is done, the consumer side the
+    task's own thread), and ``producer``, that thread (a
+    :class:`~flinkbuf.io.producer.ProducerThread`, None until it starts).
+    :meth:`stats` sums it up in one dict.
     """
 
     # Documented, typed and exported by flinkbuf.spark.exchange.
@@ -67,10 +72,23 @@ class ExchangeTask:
         self.partition = partition
         self.writer = writer
         self.gate = gate
+        self.producer = None
+        self._created_ns = monotonic_ns()
         self.metrics = TaskMetrics(f"exchange-{index}", writers=[writer], gates=[gate],
-                                   window=1.0)
+                                   window=1.0, producer_idle=self._producer_idle_ns)
         self.started = time.monotonic()
         self.first_record_seconds = None
+
+    def _producer_idle_ns(self):
+        """Nanoseconds the producer had nothing to write: before it started
+        and since it is done."""
+        now = monotonic_ns()
+        producer = self.producer
+        started = None if producer is None else producer.started_ns
+        if started is None:
+            return now - self._created_ns
+        ended = producer.ended_ns
+        return (started - self._created_ns) + (now - ended if ended is not None else 0)
 
     def stats(self):
         """Totals so far: records and bytes out and in, back-pressured and
@@ -238,6 +256,7 @@ class _TaskRun:
         """The thread that writes the task's input (``iterator``)."""
         self.producer = ProducerThread(self.writer, iterator, produce=self.spec.options.produce,
                                        name=f"flinkbuf-exchange-producer-{self.index}")
+        task.producer = self.producer
         task.started = time.monotonic()
         self.producer.start()
 

@@ -7,6 +7,7 @@ from pyspark import RDD
 
 from flinkbuf.io._io import BufferDebloatConfig, InputGate, RecordWriter, ResultPartition, _JavaKey
 from flinkbuf.io.metrics import TaskMetrics
+from flinkbuf.io.producer import ProducerThread
 from flinkbuf.network import NetworkEnvironment
 from flinkbuf.serialization import CodecName
 from flinkbuf.spark.live import LiveView
@@ -43,6 +44,7 @@ class ExchangeTask:
     writer: RecordWriter
     gate: InputGate
     metrics: TaskMetrics
+    producer: ProducerThread | None
     started: float
     first_record_seconds: float | None
     def __init__(

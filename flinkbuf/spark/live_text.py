@@ -107,9 +107,10 @@ def _level(level, colour):
 
 
 _COLUMNS = (("task", 6), ("attempt", 8), ("state", 9), ("level", 5), ("bp ms/s", 8),
-            ("idle ms/s", 9), ("busy ms/s", 9), ("rec in/s", 9), ("rec out/s", 9),
-            ("B in/s", 8), ("B out/s", 8), ("outPool", 7), ("inPool", 7), ("excl", 5),
-            ("float", 5))
+            ("soft", 5), ("hard", 5), ("p busy", 6), ("p idle", 6), ("c busy", 6),
+            ("c idle", 6), ("rec in/s", 9), ("rec out/s", 9), ("B in/s", 8), ("B out/s", 8),
+            ("outPool", 7), ("inPool", 7), ("excl", 5), ("float", 5), ("buf B", 7),
+            ("ttc ms", 7))
 
 
 def _clip(text, width):
@@ -149,15 +150,21 @@ def render(doc, url="", *, colour=False, width=None):
             cells = [f"{mark}{t.get('task')!s:>5}", f"{t.get('attempt')!s:>8}",
                      f"{t.get('state')!s:>9}", None,
                      f"{_num(m.get('backPressuredTimeMsPerSecond')):>8}",
-                     f"{_num(m.get('idleTimeMsPerSecond')):>9}",
-                     f"{_num(m.get('busyTimeMsPerSecond')):>9}",
+                     f"{_num(m.get('softBackPressuredTimeMsPerSecond')):>5}",
+                     f"{_num(m.get('hardBackPressuredTimeMsPerSecond')):>5}",
+                     f"{_num(m.get('producerBusyTimeMsPerSecond')):>6}",
+                     f"{_num(m.get('producerIdleTimeMsPerSecond')):>6}",
+                     f"{_num(m.get('consumerBusyTimeMsPerSecond')):>6}",
+                     f"{_num(m.get('consumerIdleTimeMsPerSecond')):>6}",
                      f"{_num(m.get('numRecordsInPerSecond')):>9}",
                      f"{_num(m.get('numRecordsOutPerSecond')):>9}",
                      f"{_num(m.get('numBytesInPerSecond')):>8}",
                      f"{_num(m.get('numBytesOutPerSecond')):>8}",
                      f"{_pct(m.get('outPoolUsage')):>7}", f"{_pct(m.get('inPoolUsage')):>7}",
                      f"{_pct(m.get('inputExclusiveBuffersUsage')):>5}",
-                     f"{_pct(m.get('inputFloatingBuffersUsage')):>5}"]
+                     f"{_pct(m.get('inputFloatingBuffersUsage')):>5}",
+                     f"{_num(m.get('debloatedBufferSize')):>7}",
+                     f"{_num(m.get('estimatedTimeToConsumeBuffersMs')):>7}"]
             plain = " ".join(c if c is not None else f"{level:<5}" for c in cells)
             row = " ".join(c if c is not None else _level(level, colour) + " " for c in cells)
             lines.append("  " + (row if colour and len(plain) + 2 <= width
@@ -168,6 +175,9 @@ def render(doc, url="", *, colour=False, width=None):
     lines.append("* bottleneck: its consumer is busy while the tasks feeding it are "
                  "backpressured (level: OK <= 10 % of the time backpressured < LOW <= 50 % "
                  "< HIGH)")
+    lines.append("bp = soft + hard (the producer blocked on output); p/c busy and idle: the "
+                 "producer's and the consumer's ms/s; buf B, ttc ms: buffer debloating's "
+                 "buffer size and time to consume")
     return "\n".join(line if "\x1b" in line else _clip(line, width) for line in lines) + "\n"
 
 
