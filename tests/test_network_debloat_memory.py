@@ -81,3 +81,51 @@ def test_a_slow_remote_consumer_holds_few_buffers_and_gives_its_floating_ones_ba
         stop.set()
         cons.close()
         prod.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport, encryption", [("tcp", False), ("unix", False),
+                                                   ("shm", False), ("tcp", True)],
+                         ids=["tcp", "unix", "shm", "sealed"])
+def test_a_slow_remote_consumer_s_next_buffer_is_sent_once_it_has_read_the_last(
+        transport, encryption):
+    """Debloated, a remote channel tells its sender of the buffer it holds
+    only when its reader has read every record it took (a record that
+    spans buffers still gets the next one): while the reader is inside a
+    buffer, nothing waits for it; the records come in order, none lost."""
+    kw = {"secret": SECRET, "transport": transport, "encryption": encryption}
+    prod = NetworkEnvironment(64, SEG, **kw)
+    cons = NetworkEnvironment(48, SEG, **kw)
+    stop = threading.Event()
+    try:
+        part = create_partition(prod.network_buffer_pool, 1, min_buffers=2, max_buffers=40,
+                                buffer_debloat=True)
+        prod.register_partition("p", part)
+        writer = RecordWriter(part, "round_robin", codec="bytes", buffer_timeout=0.01)
+        # 700-byte records span the 256..4096-byte buffers debloating picks
+        th = _writer_thread(writer, stop, size=700)
+        gate = cons.create_input_gate([(prod.address, "p", 0)], codec="bytes",
+                                      buffer_debloat=FAST)
+        with gate:
+            it = iter(gate)
+            # a second at 50 records a second: 1.75 KB in flight, two buffers' worth
+            seen = _read(it, 50, 50)
+            assert 0 < part.subpartition(0).buffer_size < SEG
+            ch = gate.channels[0]
+            waited = []
+            for _ in range(40):                     # more, slowly: what waited meanwhile
+                seen.append(int.from_bytes(bytes(next(it))[:4], "big"))
+                time.sleep(1 / 50)
+                waited.append(ch.stats()["queued"])
+            # a buffer arrives only when the reader has read the last one
+            assert sum(waited) <= 2, (str(waited), gate._debloat_metrics())
+            time.sleep(0.2)                         # the reader pauses inside a buffer
+            assert ch.stats()["queued"] == 0, ch.stats()
+            seen += _read(it, 300, 1e9)             # and goes on at full speed
+            assert seen == list(range(seen[0], seen[0] + len(seen)))
+            stop.set()
+        th.join(10)
+    finally:
+        stop.set()
+        cons.close()
+        prod.close()

@@ -161,6 +161,10 @@ struct fb_inchan {
     int32_t buffer_size, size_sent;
     uint8_t size_queued, size_waiting;
     int64_t size_at;
+    /* Under a debloating bound: the consumer reads a buffer of this channel
+     * (taken, not read to its end); credit held meanwhile is told to the
+     * sender when the consumer runs dry (under conn->mu). */
+    uint8_t reading;
 };
 
 struct fb_conn {

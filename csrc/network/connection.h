@@ -189,8 +189,15 @@ void fb_inchan_announce_buffer_size(fb_inchan_t *ch, int32_t size);
  * bound rises).  No lock held, not from a recycle hook. */
 void fb_inchan_set_buffer_limit(fb_inchan_t *ch, int32_t n);
 /* The consumer took a data buffer from the channel's queue: under a bound,
- * room for one more held segment may have opened.  No lock held. */
+ * room for one more held segment may have opened, and the credit of what
+ * the channel holds waits until the consumer has read the buffer (so a
+ * slow consumer's next buffer is not on its way while it still reads this
+ * one).  No lock held. */
 void fb_inchan_buffer_taken(fb_inchan_t *ch);
+/* The consumer read everything it took from the channel (a record that
+ * spans into the next buffer may be part-read): credit held back is told
+ * to the sender now.  No lock held; cheap when no bound is set. */
+void fb_inchan_reader_dry(fb_inchan_t *ch);
 /* Why the channel failed: FB_NET_ERR_* (0 if it did not), the cause's type
  * name (for a producer failure) and a message. */
 int fb_inchan_error(fb_inchan_t *ch, char *type, size_t tlen, char *message, size_t mlen);

@@ -77,6 +77,19 @@ static inline int credit_open(const fb_conn_t *c, const fb_inchan_t *ch)
     return ch->state == CH_REQUESTED && c->state == CONN_OPEN;
 }
 
+/* Credit held and not told yet goes to the sender, unless the consumer
+ * still reads a buffer under a debloating bound (mu held): what
+ * credit_act returns. */
+static int announce_locked(fb_conn_t *c, fb_inchan_t *ch)
+{
+    if (ch->reading && ch->cr.limit < ch->cr.cap)
+        return 0;
+    if (ch->cr.unannounced == 0)
+        return 0;
+    return credit_act(c, ch, fb_credit_announce(&ch->cr, credit_open(c, ch), consumer_reads(c)),
+                      FB_MSG_ADD_CREDIT);
+}
+
 /* A segment (exclusive, or floating) for `ch` to hold for its sender, as
  * one more credit, while the channel still reads (no lock held): 1 if the
  * channel took it. */
@@ -87,8 +100,7 @@ static int hold_for_sender(fb_inchan_t *ch, int32_t index, int floating)
     pthread_mutex_lock(&c->mu);
     if (holds_buffers(ch) && fb_credit_room(&ch->cr, fb_subpart_backlog(&ch->queue)) > 0
             && fb_credit_hold(&ch->cr, index, floating)) {
-        wake = credit_act(c, ch, fb_credit_announce(&ch->cr, credit_open(c, ch),
-                                                    consumer_reads(c)), FB_MSG_ADD_CREDIT);
+        wake = announce_locked(c, ch);
         kept = 1;
     }
     pthread_mutex_unlock(&c->mu);
@@ -442,15 +454,20 @@ static void reclaim(fb_inchan_t *ch, int32_t n, int set)
 {
     fb_conn_t *c = ch->conn;
     int32_t room, index;
+    int wake = 0;
     pthread_mutex_lock(&c->mu);
     if (!holds_buffers(ch) || (!set && ch->cr.limit >= ch->cr.cap)) {
         pthread_mutex_unlock(&c->mu);
         return;
     }
-    if (set)
+    if (set) {
         fb_credit_set_limit(&ch->cr, n);
+        wake = announce_locked(c, ch);      /* a bound lifted: what was held back */
+    }
     room = fb_credit_room(&ch->cr, fb_subpart_backlog(&ch->queue));
     pthread_mutex_unlock(&c->mu);
+    if (wake)
+        writer_kick(c, wake);
     while (room-- > 0 && ch->exclusive->ops->request(ch->exclusive, FB_NO_CHANNEL, &index) == FB_OK)
         if (!hold_for_sender(ch, index, 0)) {
             ch->exclusive->ops->recycle(ch->exclusive, index);
@@ -465,8 +482,27 @@ void fb_inchan_set_buffer_limit(fb_inchan_t *ch, int32_t n)
 
 void fb_inchan_buffer_taken(fb_inchan_t *ch)
 {
-    if (__atomic_load_n(&ch->cr.limit, __ATOMIC_RELAXED) < ch->cr.cap)
-        reclaim(ch, 0, 0);
+    if (__atomic_load_n(&ch->cr.limit, __ATOMIC_RELAXED) >= ch->cr.cap)
+        return;
+    pthread_mutex_lock(&ch->conn->mu);
+    __atomic_store_n(&ch->reading, 1, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&ch->conn->mu);
+    reclaim(ch, 0, 0);
+}
+
+void fb_inchan_reader_dry(fb_inchan_t *ch)
+{
+    fb_conn_t *c = ch->conn;
+    int wake;
+    if (!__atomic_load_n(&ch->reading, __ATOMIC_RELAXED))
+        return;
+    pthread_mutex_lock(&c->mu);
+    __atomic_store_n(&ch->reading, 0, __ATOMIC_RELAXED);
+    wake = holds_buffers(ch) ? announce_locked(c, ch) : 0;
+    pthread_mutex_unlock(&c->mu);
+    if (wake)
+        writer_kick(c, wake);
+    reclaim(ch, 0, 0);
 }
 
 int fb_inchan_error(fb_inchan_t *ch, char *type, size_t tlen, char *message, size_t mlen)

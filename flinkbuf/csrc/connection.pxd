@@ -63,6 +63,7 @@ cdef extern from "network/connection.h" nogil:
     void fb_inchan_announce_buffer_size(fb_inchan_t *ch, int32_t size)
     void fb_inchan_set_buffer_limit(fb_inchan_t *ch, int32_t n)
     void fb_inchan_buffer_taken(fb_inchan_t *ch)
+    void fb_inchan_reader_dry(fb_inchan_t *ch)
     void fb_inchan_close(fb_inchan_t *ch)
     void fb_inchan_decref(fb_inchan_t *ch)
     int fb_inchan_attach_reader(fb_inchan_t *ch, fb_gate_t *g)

@@ -16,6 +16,9 @@ cdef class InputChannel:
     # the buffers and bytes in flight toward this consumer right now.
     cdef int _announce_buffer_size(self, int32_t size, int32_t count) except -1
     cdef int32_t _buffers_in_use(self) except -1
+    # The gate's reader has read everything it took from this channel
+    # (credit a debloated channel held back may go to the producer now).
+    cdef int _reader_dry(self) except -1
     # The size of the segments its producer's buffers come in (0: not known).
     cdef int32_t _segment_size(self) except -1
 

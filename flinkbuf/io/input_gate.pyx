@@ -119,6 +119,12 @@ cdef class InputChannel:
     cdef int32_t _segment_size(self) except -1:
         return 0
 
+    cdef int _reader_dry(self) except -1:
+        """The gate read every record of the buffers it took from this
+        channel (the last one may have begun a record that the next buffer
+        ends)."""
+        return 0
+
     @property
     def index(self):
         """Position in the gate, or None before it joined one."""
@@ -356,6 +362,7 @@ cdef class InputGate:
                     return rec
                 self._cur_des = None
                 self._current = -1
+                (<InputChannel>self._channels[ch])._reader_dry()
             rec = self._advance(channel)
             if rec is not None:
                 return rec

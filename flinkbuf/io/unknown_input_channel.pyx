@@ -130,6 +130,11 @@ cdef class UnknownInputChannel(InputChannel):
     cdef int32_t _buffers_in_use(self) except -1:
         return self._channel._buffers_in_use() if self._channel is not None else 0
 
+    cdef int _reader_dry(self) except -1:
+        if self._channel is not None:
+            self._channel._reader_dry()
+        return 0
+
     cdef int32_t _segment_size(self) except -1:
         return self._channel._segment_size() if self._channel is not None else 0
 

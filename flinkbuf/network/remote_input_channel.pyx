@@ -155,6 +155,11 @@ cdef class RemoteInputChannel(InputChannel):
             fb_inchan_buffer_taken(self._c)     # debloated: room for one more credit
         return rc
 
+    cdef int _reader_dry(self) except -1:
+        if self._c != NULL:
+            fb_inchan_reader_dry(self._c)       # debloated: credit held back goes out
+        return 0
+
     cdef object _take(self, fb_item_t *item):
         cdef LocalBufferPool pool = None
         if fb_lease_is(item.pool):           # lent by the producer: read in place
