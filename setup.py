@@ -149,7 +149,8 @@ if SANITIZE:
 # no Python API: it does not depend on the interpreter's version.
 CSRC = {
     "common": ["csrc/common/clock.c"],
-    "buffer": ["csrc/buffer/arena.c", "csrc/buffer/redistribution.c", "csrc/buffer/pool.c"],
+    "buffer": ["csrc/buffer/arena.c", "csrc/buffer/redistribution.c", "csrc/buffer/pool.c",
+               "csrc/buffer/unpooled.c"],
     "io": ["csrc/io/exchange.c", "csrc/io/keygroup.c", "csrc/io/channel_order.c",
            "csrc/io/debloat.c"],
     "network": ["csrc/network/wire.c", "csrc/network/credit.c", "csrc/network/frame_reader.c",

@@ -1,43 +1,24 @@
 #define _GNU_SOURCE
-#include "buffer/pool.h"
+#include "buffer/pool_internal.h"
 #include "buffer/redistribution.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 #ifdef FLINKBUF_DEBUG
-static int64_t debug_segments_out;
-#define DEBUG_OUT(n) __atomic_add_fetch(&debug_segments_out, (n), __ATOMIC_RELAXED)
-#else
-#define DEBUG_OUT(n) ((void)0)
+int64_t fb_pool_debug_out;
 #endif
 
 int64_t fb_debug_segments_out(void)
 {
 #ifdef FLINKBUF_DEBUG
-    return __atomic_load_n(&debug_segments_out, __ATOMIC_RELAXED);
+    return __atomic_load_n(&fb_pool_debug_out, __ATOMIC_RELAXED);
 #else
     return -1;
 #endif
 }
 
 /* ---- lists (lock held) ----------------------------------------------- */
-
-static inline int32_t global_pop(fb_netpool_t *np)
-{
-    int32_t i = np->free_head;
-    np->free_head = np->link[i];
-    np->num_free--;
-    return i;
-}
-
-static inline void global_push(fb_netpool_t *np, int32_t i)
-{
-    np->state[i] = FB_SEG_GLOBAL;
-    np->link[i] = np->free_head;
-    np->free_head = i;
-    np->num_free++;
-}
 
 static inline int32_t local_pop(fb_localpool_t *lp)
 {
@@ -70,8 +51,7 @@ static void wake_pool_locked(fb_localpool_t *lp)
     fb_waitpoint_wake(&lp->wp);
 }
 
-/* Segments came back to the global list: wake whoever may want them. */
-static void notify_global_return(fb_netpool_t *np)
+void fb_pool_notify_return_locked(fb_netpool_t *np)
 {
     size_t i;
     if (np->unpooled_waiters > 0)
@@ -120,7 +100,7 @@ static inline int64_t demanded_max(const fb_localpool_t *lp)
     return d < lp->max_buffers ? d : lp->max_buffers;
 }
 
-static void redistribute(fb_netpool_t *np)
+void fb_pool_redistribute_locked(fb_netpool_t *np)
 {
     size_t i, n = np->num_pools;
     int64_t *mins = np->scratch, *maxs = mins + np->cap_pools, *out = maxs + np->cap_pools;
@@ -271,90 +251,6 @@ int32_t fb_netpool_num_outstanding(fb_netpool_t *np)
 int fb_netpool_arena_released(fb_netpool_t *np) { LOCKED_READ(np, np->arena.base == NULL); }
 int fb_netpool_is_destroyed(fb_netpool_t *np) { LOCKED_READ(np, np->destroyed); }
 
-int fb_netpool_request_unpooled(fb_netpool_t *np, int32_t n, int64_t deadline_ns, int32_t *out)
-{
-    int32_t k;
-    int rc = FB_OK;
-    if (n <= 0)
-        return FB_EINVAL;
-    pthread_mutex_lock(&np->mu);
-    if (np->destroyed) {
-        rc = FB_EDESTROYED;
-        goto done;
-    }
-    if (np->total_required + n > np->num_segments) {
-        rc = FB_EINSUFFICIENT;
-        goto done;
-    }
-    np->total_required += n;
-    redistribute(np);
-    while (np->num_free < n) {
-        int w;
-        if (np->destroyed) {
-            rc = FB_EDESTROYED;
-            goto done;
-        }
-        if (deadline_ns <= fb_monotonic_ns()) {
-            rc = FB_ETIMEDOUT;
-            break;
-        }
-        np->unpooled_waiters++;
-        w = fb_cond_wait_until(&np->unpooled_cv, &np->mu, deadline_ns);
-        np->unpooled_waiters--;
-        (void)w; /* loop re-checks both the count and the clock */
-    }
-    if (rc == FB_ETIMEDOUT) {
-        np->total_required -= n;
-        redistribute(np);
-        goto done;
-    }
-    for (k = 0; k < n; k++) {
-        out[k] = global_pop(np);
-        np->state[out[k]] = FB_SEG_UNPOOLED;
-    }
-    np->num_unpooled += n;
-    DEBUG_OUT(n);
-done:
-    pthread_mutex_unlock(&np->mu);
-    return rc;
-}
-
-#define FB_SEG_MARK 0x80
-
-int fb_netpool_recycle_unpooled(fb_netpool_t *np, const int32_t *idx, int32_t n)
-{
-    int32_t k;
-    int rc = FB_OK;
-    if (n < 0)
-        return FB_EINVAL;
-    pthread_mutex_lock(&np->mu);
-    /* Validate the whole batch (duplicates included) before changing anything. */
-    for (k = 0; k < n; k++) {
-        if (idx[k] < 0 || idx[k] >= np->num_segments || np->state[idx[k]] != FB_SEG_UNPOOLED) {
-            rc = FB_ESTATE;
-            break;
-        }
-        np->state[idx[k]] |= FB_SEG_MARK;
-    }
-    if (rc != FB_OK) {
-        while (k-- > 0)
-            np->state[idx[k]] &= ~FB_SEG_MARK;
-        goto done;
-    }
-    for (k = 0; k < n; k++)
-        global_push(np, idx[k]);
-    np->num_unpooled -= n;
-    if (!np->destroyed) {
-        np->total_required -= n;
-        redistribute(np);
-    }
-    DEBUG_OUT(-n);
-    notify_global_return(np);
-done:
-    pthread_mutex_unlock(&np->mu);
-    return rc;
-}
-
 /* ---- local pools ----------------------------------------------------- */
 
 static int localpool_set_waiter(fb_localpool_t *lp, const fb_lender_t *w)
@@ -495,7 +391,7 @@ int fb_localpool_create(fb_netpool_t *np, fb_localpool_t *lp, int32_t min_buffer
     if (rc == FB_OK) {
         np->pools[np->num_pools++] = lp;
         np->total_required += min_buffers;
-        redistribute(np);
+        fb_pool_redistribute_locked(np);
     }
     pthread_mutex_unlock(&np->mu);
     if (rc != FB_OK) {
@@ -523,8 +419,8 @@ void fb_localpool_destroy(fb_localpool_t *lp)
                 break;
             }
         localpool_destroy_locked(lp);
-        redistribute(np);
-        notify_global_return(np);
+        fb_pool_redistribute_locked(np);
+        fb_pool_notify_return_locked(np);
     }
     pthread_mutex_unlock(&np->mu);
 }
@@ -661,7 +557,7 @@ int fb_localpool_recycle(fb_localpool_t *lp, int32_t index)
         if (lp->num_overdraft > 0)
             lp->num_overdraft--;
         return_to_global(lp, index);
-        notify_global_return(np);
+        fb_pool_notify_return_locked(np);
     } else {
         local_push(lp, index);
     }
@@ -723,7 +619,7 @@ int fb_localpool_set_num_buffers(fb_localpool_t *lp, int32_t n)
         int64_t limit = max_resize_locked(lp);
         set_size_locked(lp, n < limit ? n : limit);
         if (np->num_free != before)
-            notify_global_return(np);
+            fb_pool_notify_return_locked(np);
     }
     pthread_mutex_unlock(&np->mu);
     return rc;
@@ -760,9 +656,9 @@ int fb_localpool_set_demand(fb_localpool_t *lp, int32_t n)
     if (!lp->destroyed && n != lp->demand) {
         before = np->num_free;
         lp->demand = n;
-        redistribute(np);
+        fb_pool_redistribute_locked(np);
         if (np->num_free != before)
-            notify_global_return(np);
+            fb_pool_notify_return_locked(np);
     }
     pthread_mutex_unlock(&np->mu);
     return FB_OK;
@@ -840,7 +736,7 @@ int32_t fb_localpool_channel_count(fb_localpool_t *lp, int32_t channel)
 void fb_netpool_redistribute(fb_netpool_t *np)
 {
     pthread_mutex_lock(&np->mu);
-    redistribute(np);
-    notify_global_return(np);
+    fb_pool_redistribute_locked(np);
+    fb_pool_notify_return_locked(np);
     pthread_mutex_unlock(&np->mu);
 }

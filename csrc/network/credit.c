@@ -143,8 +143,13 @@ int32_t fb_credit_need(fb_credit_t *cr, int32_t backlog)
 
 int32_t fb_credit_room(const fb_credit_t *cr, int32_t waiting)
 {
-    int64_t room = (int64_t)cr->limit - cr->nheld - cr->nkept - (waiting > 0 ? waiting : 0);
     int64_t free = (int64_t)cr->cap - cr->nheld - cr->nkept;
+    int64_t room;
+    if (cr->limit >= cr->cap)           /* no bound: only the array's room */
+        return free > 0 ? (int32_t)free : 0;
+    /* A lent buffer that waits has a kept segment already: count the
+     * larger of the two, not both. */
+    room = (int64_t)cr->limit - cr->nheld - (waiting > cr->nkept ? waiting : cr->nkept);
     if (room > free)
         room = free;
     return room > 0 ? (int32_t)room : 0;

@@ -91,9 +91,10 @@ void fb_credit_release_all(fb_credit_t *cr, const int32_t **held, const uint8_t 
 /* The sender has `backlog` buffers queued: floating segments wanted to hold
  * backlog + exclusive ones (0 if none). */
 int32_t fb_credit_need(fb_credit_t *cr, int32_t backlog);
-/* Buffer debloating: how many more segments the channel may hold for its
- * sender while `waiting` data buffers wait for its consumer (0: none; a
- * recycled segment then goes back to its pool). */
+/* How many more segments the channel may hold for its sender while
+ * `waiting` data buffers wait for its consumer (0: none; a recycled
+ * segment then goes back to its pool).  Without a bound (buffer
+ * debloating's), only the array's room counts. */
 int32_t fb_credit_room(const fb_credit_t *cr, int32_t waiting);
 /* The limit of fb_credit_room: n >= 1, or n > cap (or n <= 0) for none. */
 void fb_credit_set_limit(fb_credit_t *cr, int32_t n);
