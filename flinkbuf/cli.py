@@ -554,7 +554,10 @@ def main(argv=None):
         try:
             args = parser.parse_args(argv)
             command = args.parser
-            return args.func(args)
+            status = args.func(args)
+            # Ctrl-C whose KeyboardInterrupt some code swallowed (raised in a
+            # finalizer, or caught by a library): still an interrupted run.
+            return 130 if interrupts.fired else status
         except ExperimentArgumentError as exc:
             command.error(str(exc))
         except MissingRequirementError as exc:

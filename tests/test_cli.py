@@ -458,3 +458,40 @@ def test_ctrl_c_is_one_line_and_status_130(tmp_path, args, ready):
     assert (status, err) == (130, "flinkbuf: interrupted\n"), out
     assert none_left(marker), processes_with(marker)
     assert os.listdir(tmp_path) == []      # the out directory made for the run is gone again
+
+
+SWALLOWED = """
+import os, signal, sys
+import flinkbuf.cli as cli
+
+class Finalized:
+    def __del__(self):            # a KeyboardInterrupt raised here is ignored by Python
+        os.kill(os.getpid(), signal.SIGINT)
+
+def command(args):
+    Finalized()
+    print("went on", flush=True)
+    return 0
+
+parser = cli.build_parser()
+def build():
+    args = parser.parse_args(["monitor", "http://127.0.0.1:9/"])
+    args.func = command
+    class P:
+        def parse_args(self, argv):
+            return args
+    return P()
+cli.build_parser = build
+sys.exit(cli.main([]))
+"""
+
+
+def test_ctrl_c_whose_interrupt_was_swallowed_still_exits_130(tmp_path):
+    """Ctrl-C landing where Python ignores the KeyboardInterrupt (a
+    finalizer): the command goes on, but the run still ends as interrupted."""
+    proc = subprocess.run([sys.executable, "-c", SWALLOWED], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60,
+                          env=dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(
+                              flinkbuf.__file__))))
+    assert (proc.returncode, proc.stdout, proc.stderr) == \
+        (130, "went on\n", "flinkbuf: interrupted\n")
