@@ -94,6 +94,22 @@ def tasks_of(doc, exchange=None):
             if exchange is None or e["id"] == exchange for t in e["tasks"]}
 
 
+def closed_by_peer(sock, timeout=10.0):
+    """Whether the peer closes ``sock`` within ``timeout`` seconds (what
+    it sent first is read and dropped); ``sock`` is closed after."""
+    sock.settimeout(timeout)
+    try:
+        while sock.recv(4096):
+            pass
+        return True
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+    finally:
+        sock.close()
+
+
 def get(url, timeout=10.0, headers=None):
     """(status, content type, body text) of a GET."""
     request = urllib.request.Request(url, headers=headers or {})

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from live_helpers import (
     Ctx,
     LocalTask,
+    closed_by_peer,
     get,
     get_json,
     parse_prometheus,
@@ -182,20 +183,6 @@ def _authenticated(view, secret=None):
     return sock
 
 
-def _closed_by_peer(sock):
-    sock.settimeout(10)
-    try:
-        while sock.recv(4096):
-            pass
-        return True
-    except ConnectionResetError:
-        return True
-    except TimeoutError:
-        return False
-    finally:
-        sock.close()
-
-
 def test_unauthenticated_and_malformed_reports_are_refused_without_harm(view, nbp):
     target = view._target("exchange-c", "c", 1)
     local = LocalTask(nbp)
@@ -208,7 +195,7 @@ def test_unauthenticated_and_malformed_reports_are_refused_without_harm(view, nb
 
     garbage = _connect(view)                                  # not flinkbuf at all
     garbage.sendall(b"GET / HTTP/1.1\r\n\r\n" * 10)
-    assert _closed_by_peer(garbage)
+    assert closed_by_peer(garbage)
     with pytest.raises(AuthenticationError):                  # a wrong secret
         _authenticated(view, secret=b"w" * 32)
     for body in (b"{not json", json.dumps([1, 2]).encode(),  # malformed first messages
@@ -218,13 +205,13 @@ def test_unauthenticated_and_malformed_reports_are_refused_without_harm(view, nb
                  json.dumps({"type": "report"}).encode()):
         sock = _authenticated(view)
         sock.sendall(struct.pack(">I", len(body)) + body)
-        assert _closed_by_peer(sock), body
+        assert closed_by_peer(sock), body
     sock = _authenticated(view)                               # too large a message
     sock.sendall(struct.pack(">I", _reports.MAX_MESSAGE + 1) + b"x" * 100)
-    assert _closed_by_peer(sock)
+    assert closed_by_peer(sock)
     sock = _authenticated(view)                               # a bad report after a hello
     sock.sendall(_reports.encode(hello) + _reports.encode({"type": "report", "seq": -1}))
-    assert _closed_by_peer(sock)
+    assert closed_by_peer(sock)
     # A flood of connections that never authenticate: the oldest go.
     flood = [_connect(view) for _ in range(40)]
     assert wait_for(lambda: view._collector.connections[1] <= 32, 10, "the budget")

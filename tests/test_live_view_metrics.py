@@ -5,6 +5,7 @@ JSON and the Prometheus text; the store's exposition and history where
 a report holds None; and the page in a real headless Chromium, for
 reports whose values the test chooses."""
 
+import html.parser
 import threading
 import time
 
@@ -211,3 +212,74 @@ def test_a_report_of_a_gate_of_thousands_of_channels_goes_without_them():
     (gate,) = doc["metrics"]["inputGates"]
     assert gate["inFlightBytesPerChannel"] == [] and gate["inFlightBytes"] == sum(channels)
     assert doc["metrics"]["debloatedBufferSize"] == 4096
+
+
+class _Charts(html.parser.HTMLParser):
+    """Per exchange and charted metric: the plot's top, its lines' points
+    by task ([(x, y)]) and its off-scale note's peak (or None)."""
+
+    def __init__(self, dom):
+        super().__init__()
+        self.charts, self._exchange, self._plot = {}, None, None
+        self.feed(dom)
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "section" and "data-exchange" in a:
+            self._exchange = a["data-exchange"]
+        elif tag == "svg" and "chart-plot" in (a.get("class") or ""):
+            self._plot = {"top": float(a["data-top"]), "lines": {}, "peak": None}
+            self.charts[(self._exchange, a["data-metric"])] = self._plot
+        elif tag == "polyline" and self._plot is not None:
+            self._plot["lines"][int(a["data-task"])] = [
+                tuple(map(float, p.split(","))) for p in a["points"].split()]
+        elif tag == "text" and "off-scale" in (a.get("class") or "") and self._plot is not None:
+            self._plot["peak"] = float(a["data-peak"])
+
+    def handle_endtag(self, tag):
+        if tag == "svg":
+            self._plot = None
+
+
+@pytest.mark.timeout(180)
+def test_the_records_chart_keeps_the_present_in_view_however_high_an_earlier_peak(monkeypatch):
+    """A calibration at 3.5 M records/s per task, then phases at 0.5 M and
+    0.25 M: the chart's top is at most 4 times the last 10 s (rounded up),
+    so the last phase fills a fifth of the height or more, the phase
+    before it is drawn to scale, and the calibration runs along the top
+    edge, its peak named.  An exchange whose records stopped keeps its
+    whole history in scale."""
+    chromium()
+    clock = [1000.0]
+    monkeypatch.setattr(_live_store, "_now", lambda: clock[0])
+    base = _metrics()
+    with LiveView(interval=0.5) as view:
+        store = view._store
+        store.register("quiet", "stopped after 5 s", 2)
+        store.register("demo", "calibration, then phases", 2)
+        keys = {ex: [_hello(store, ex, i, 2) for i in range(2)] for ex in ("quiet", "demo")}
+        for k in range(50):                                # 0.5 s apart, 24.5 s in all
+            t = 0.5 * k
+            clock[0] = 1000.0 + t
+            rates = {"demo": 3.5e6 if t < 2.5 else 5e5 if t < 12.5 else 2.5e5,
+                     "quiet": 2e6 if t < 5 else 0.0}
+            for ex, rate in rates.items():
+                for key in keys[ex]:
+                    _report(store, key, dict(base, numRecordsInPerSecond=rate), 2)
+        charts = _Charts(browse(view.url)).charts
+    plot = charts[("demo", "numRecordsInPerSecond")]
+    H, T, B = 170, 8, 20                                  # the plot's height and margins
+    bottom = H - B
+    assert 4 * 2.5e5 <= plot["top"] <= 1.25 * 4 * 2.5e5 and plot["peak"] == 3.5e6
+    for task in (0, 1):
+        points = plot["lines"][task]
+        assert len(points) == 50
+        assert all(y == T for _, y in points[:5])        # the calibration, on the top edge
+        last, before = points[-1][1], points[10][1]
+        assert bottom - last >= 0.2 * (bottom - T)        # the present, a fifth up or more
+        assert T < before and bottom - before == pytest.approx(2 * (bottom - last), abs=0.2)
+    quiet = charts[("quiet", "numRecordsInPerSecond")]
+    assert quiet["top"] >= 2e6 and quiet["peak"] is None
+    assert all(bottom - y == pytest.approx((bottom - T) * 2e6 / quiet["top"], abs=0.2)
+               for _, y in quiet["lines"][0][:10])       # to scale
+    assert charts[("demo", "backPressuredTimeMsPerSecond")]["top"] == 1000

@@ -12,9 +12,17 @@ seconds, a malformed message or more than ``MAX_MESSAGE`` bytes in one is
 dropped, and so is its task's report stream (the store marks the task
 lost).  Every drop is counted (``refused``) and logged at a limited rate;
 nothing a peer sends can stop the thread or reach another connection.
+``max_connections`` is 4,096 at most and by default fits the process's
+descriptors (:func:`connection_cap`); an ``accept`` that finds none left
+(EMFILE, ENFILE; or fails otherwise but for the one connection) pauses
+that listening socket, for longer each time up to ``MAX_BACKOFF`` seconds,
+instead of trying again at once: connections wait in the listening
+socket's backlog until descriptors are free.
 """
 
+import errno
 import logging
+import resource
 import selectors
 import socket
 import threading
@@ -27,8 +35,44 @@ from flinkbuf.spark import _rendezvous, _reports
 
 _LOG = logging.getLogger("flinkbuf.spark")
 UNAUTHENTICATED_BUDGET = 32
+MAX_CONNECTIONS = 4096
+OTHER_CONNECTIONS = 64       # the page's connections, which share the thread and the limit
+MIN_BACKOFF = 0.05           # seconds a listening socket pauses when descriptors run out ...
+MAX_BACKOFF = 1.0            # ... doubling up to this
+# accept() failing for that connection only: the next is tried at once; any other
+# failure (no descriptor left, EMFILE or ENFILE, no memory) pauses the socket.
+_CONNECTION_FAILED = (errno.ECONNABORTED, errno.EPROTO, errno.EPERM, errno.ENETDOWN,
+                      errno.ENOPROTOOPT, errno.EHOSTDOWN, errno.ENONET, errno.EHOSTUNREACH,
+                      errno.EOPNOTSUPP, errno.ENETUNREACH)
 _SLICE = 0.2                 # seconds between the thread's checks of its deadlines
 _RECV = 65536
+
+
+def connection_cap(limit=None):
+    """The authenticated report connections a server keeps at most, for a
+    process that may open ``limit`` descriptors (default: its
+    RLIMIT_NOFILE soft limit): ``MAX_CONNECTIONS``, or half the limit less
+    the budgets of connections not yet authenticated and of the page (the
+    other half for the rest of the process), at least 1."""
+    if limit is None:
+        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if limit < 0:                              # RLIM_INFINITY
+        return MAX_CONNECTIONS
+    return max(1, min(MAX_CONNECTIONS, limit // 2 - UNAUTHENTICATED_BUDGET - OTHER_CONNECTIONS))
+
+
+class _Listening:
+    """A listening socket the thread accepts on, ``on_accept(sock,
+    address)`` for each connection; paused until ``resume`` (monotonic
+    seconds) after running out of descriptors."""
+
+    __slots__ = ("sock", "on_accept", "resume", "backoff")
+
+    def __init__(self, sock, on_accept):
+        self.sock = sock
+        self.on_accept = on_accept
+        self.resume = None
+        self.backoff = MIN_BACKOFF
 
 
 class _Peer:
@@ -53,22 +97,27 @@ class Collector:
     is ``(advertise or host, port)``), authenticated with ``secret``.
     ``alive()``, if given, is asked every fraction of a second; once it
     returns False the collector calls ``on_dead()`` (from its thread).
-    ``also``: ``(socket, callback)`` pairs the thread serves as well: it
-    calls ``callback()`` whenever the socket is readable (the view's HTTP
-    server accepts there), so that one thread accepts for both and ends at
+    ``services``: servers the thread runs as well (the view's page,
+    :class:`~flinkbuf.spark._live_http.PageServer`): each has a listening
+    ``sock`` the thread accepts on for it (``accepted(sock, address)``),
+    is given the thread's selector (``attach``), registers its
+    connections there with a callback of the event mask, and is asked to
+    ``expire(now)`` its deadlines and, when the thread ends,
+    ``release()`` its sockets.  One thread serves them all and ends at
     once on :meth:`close`, which ends the thread and closes every socket
     of its own."""
 
     def __init__(self, store, secret, host="127.0.0.1", *, advertise=None,
-                 handshake_timeout=10.0, idle_timeout=30.0, max_connections=4096,
-                 alive=None, on_dead=None, also=()):
+                 handshake_timeout=10.0, idle_timeout=30.0, max_connections=None,
+                 alive=None, on_dead=None, services=()):
         self._store = store
         self._secret = secret
         self._handshake_timeout = handshake_timeout
         self._idle_timeout = idle_timeout
-        self._max_connections = max_connections
+        self.max_connections = connection_cap() if max_connections is None else max_connections
         self._alive = alive
         self._on_dead = on_dead
+        self._services = list(services)
         self._log_limited = LogLimiter(_LOG)
         self._lock = threading.Lock()
         self.refused = 0
@@ -80,10 +129,13 @@ class Collector:
         try:
             self._sock.setblocking(False)
             self._wake_r.setblocking(False)
-            self._selector.register(self._sock, selectors.EVENT_READ)
+            self._listening = [_Listening(self._sock, self._accepted)]
+            self._listening += [_Listening(s.sock, s.accepted) for s in self._services]
+            for listening in self._listening:
+                self._selector.register(listening.sock, selectors.EVENT_READ, listening)
             self._selector.register(self._wake_r, selectors.EVENT_READ)
-            for sock, callback in also:
-                self._selector.register(sock, selectors.EVENT_READ, callback)
+            for service in self._services:
+                service.attach(self._selector)
         except BaseException:
             self._release()
             raise
@@ -93,6 +145,8 @@ class Collector:
         self._thread.start()
 
     def _release(self):
+        for service in self._services:
+            service.release()
         for s in (self._sock, self._wake_r, self._wake_w):
             s.close()
         self._selector.close()
@@ -128,30 +182,11 @@ class Collector:
     def _serve(self):
         try:
             while not self._closed:
-                for key, mask in self._selector.select(_SLICE):
-                    sock = key.fileobj
-                    if sock is self._sock:
-                        self._accept()
-                    elif sock is self._wake_r:
-                        continue
-                    elif key.data is not None:
-                        try:
-                            key.data()
-                        except Exception:          # noqa: BLE001 - the caller's bug
-                            _LOG.exception("flinkbuf live view: serving failed")
-                    else:
-                        peer = self._peers.get(sock)
-                        if peer is None:
-                            continue
-                        try:
-                            if mask & selectors.EVENT_WRITE:
-                                self._flush(peer)
-                            if mask & selectors.EVENT_READ and sock in self._peers:
-                                self._read(peer)
-                        except Exception as exc:    # noqa: BLE001 - a bug: drop this peer
-                            _LOG.exception("flinkbuf live view: a report failed")
-                            self._drop(peer, f"a report failed: {type(exc).__name__}")
-                self._expire()
+                for key, mask in self._selector.select(self._wait()):
+                    self._dispatch(key.data, mask)
+                now = time.monotonic()
+                self._resume(now)
+                self._expire(now)
                 if self._alive is not None and not self._closed and not self._alive():
                     self._closed = True
                     if self._on_dead is not None:
@@ -163,31 +198,77 @@ class Collector:
                 self._drop(peer, None, count=False)
             self._release()
 
-    def _accept(self):
+    def _dispatch(self, data, mask):
+        if data is None:                    # the wake-up: the loop checks why
+            return
+        if isinstance(data, _Listening):
+            self._accept(data)
+        elif isinstance(data, _Peer):
+            if data.sock not in self._peers:
+                return
+            try:
+                if mask & selectors.EVENT_WRITE:
+                    self._flush(data)
+                if mask & selectors.EVENT_READ and data.sock in self._peers:
+                    self._read(data)
+            except Exception as exc:    # noqa: BLE001 - a bug: drop this peer
+                _LOG.exception("flinkbuf live view: a report failed")
+                self._drop(data, f"a report failed: {type(exc).__name__}")
+        else:
+            try:
+                data(mask)
+            except Exception:          # noqa: BLE001 - the service's bug
+                _LOG.exception("flinkbuf live view: serving failed")
+
+    def _wait(self):
+        """Seconds the selector may wait: a slice, or less until a paused
+        listening socket resumes."""
+        resumes = [listening.resume for listening in self._listening
+                   if listening.resume is not None]
+        if not resumes:
+            return _SLICE
+        return max(0.0, min(_SLICE, min(resumes) - time.monotonic()))
+
+    def _resume(self, now):
+        for listening in self._listening:
+            if listening.resume is not None and now >= listening.resume:
+                listening.resume = None
+                self._selector.register(listening.sock, selectors.EVENT_READ, listening)
+
+    def _accept(self, listening):
         for _ in range(64):
             try:
-                sock, address = self._sock.accept()
+                sock, address = listening.sock.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as exc:         # out of descriptors: try again later
+            except OSError as exc:
+                if exc.errno in _CONNECTION_FAILED:
+                    continue                 # that connection failed: the next
+                self._selector.unregister(listening.sock)
+                listening.resume = time.monotonic() + listening.backoff
                 self._log_limited(logging.WARNING, "accept", "flinkbuf live view: accept "
-                                  "failed: %s", exc)
+                                  "failed: %s; trying again in %g s", exc, listening.backoff)
+                listening.backoff = min(MAX_BACKOFF, 2 * listening.backoff)
                 return
-            sock.setblocking(False)
-            hs = handshake.ServerHandshake(self._secret, "%s:%s" % self.address,
-                                           _reports.SEGMENT_SIZE, admit=self._admit)
-            peer = _Peer(sock, address, hs, time.monotonic() + self._handshake_timeout)
-            pending = [p for p in self._peers.values() if p.handshake is not None]
-            if len(pending) >= UNAUTHENTICATED_BUDGET:
-                oldest = min(pending, key=lambda p: p.deadline)
-                self._drop(oldest, "evicted: too many connections have not authenticated")
-            with self._lock:
-                self._peers[sock] = peer
-            self._selector.register(sock, selectors.EVENT_READ)
+            listening.backoff = MIN_BACKOFF
+            listening.on_accept(sock, address)
+
+    def _accepted(self, sock, address):
+        sock.setblocking(False)
+        hs = handshake.ServerHandshake(self._secret, "%s:%s" % self.address,
+                                       _reports.SEGMENT_SIZE, admit=self._admit)
+        peer = _Peer(sock, address, hs, time.monotonic() + self._handshake_timeout)
+        pending = [p for p in self._peers.values() if p.handshake is not None]
+        if len(pending) >= UNAUTHENTICATED_BUDGET:
+            oldest = min(pending, key=lambda p: p.deadline)
+            self._drop(oldest, "evicted: too many connections have not authenticated")
+        with self._lock:
+            self._peers[sock] = peer
+        self._selector.register(sock, selectors.EVENT_READ, peer)
 
     def _admit(self):
         authenticated = sum(1 for p in self._peers.values() if p.handshake is None)
-        if authenticated >= self._max_connections:
+        if authenticated >= self.max_connections:
             return f"{authenticated} tasks report already"
         return None
 
@@ -277,10 +358,11 @@ class Collector:
                 peer.outbox.clear()
         if peer.sock in self._peers:
             events = selectors.EVENT_READ | (selectors.EVENT_WRITE if peer.outbox else 0)
-            self._selector.modify(peer.sock, events)
+            self._selector.modify(peer.sock, events, peer)
 
-    def _expire(self):
-        now = time.monotonic()
+    def _expire(self, now):
+        for service in self._services:
+            service.expire(now)
         for peer in list(self._peers.values()):
             if peer.handshake is not None and now > peer.deadline:
                 self._drop(peer, "it did not complete the handshake in time")

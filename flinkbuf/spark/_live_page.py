@@ -88,6 +88,8 @@ or <a href="metrics">Prometheus</a>.</p></noscript>
 SCRIPT = r"""'use strict';
 (function () {
   const WINDOW = 120;            // seconds of history kept (the charts show 30 s to this)
+  const RECENT = 10;             // seconds an unbounded chart keeps in view ...
+  const ZOOM = 4;                // ... at 1/ZOOM of its height at least
   const PALETTE = ['#1f77b4', '#ff7f0e', '#2ca02c', '#9467bd', '#8c564b', '#e377c2',
                    '#7f7f7f', '#bcbd22', '#17becf', '#d62728'];
   const CHARTS = [
@@ -266,6 +268,30 @@ SCRIPT = r"""'use strict';
               el('table', {class: 'debloat'}, el('thead', {}, head), el('tbody', {}, ...rows)));
   }
 
+  function nice(v) {
+    // The round number at or above v (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8 times a power of 10).
+    const e = Math.pow(10, Math.floor(Math.log10(v)));
+    for (const m of [1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10]) if (m * e >= v) return m * e;
+    return 10 * e;
+  }
+
+  function scale(fixed, series) {
+    // [the chart's top, the highest value shown].  A chart of a fixed range
+    // (ms/s, usage) keeps it; the others fit what is shown, but never so
+    // that the last RECENT seconds fall below 1/ZOOM of the height: an
+    // earlier peak higher than that runs along the top edge, named there.
+    let recent = 0, peak = 0;
+    for (const [, points] of series) {
+      for (const [t, v] of points) {
+        peak = Math.max(peak, v);
+        if (t >= lastNow - RECENT) recent = Math.max(recent, v);
+      }
+    }
+    if (fixed) return [fixed, 0];
+    const top = recent > 0 ? Math.min(peak, ZOOM * recent) : peak;
+    return [top > 0 ? nice(top) : 1, peak];
+  }
+
   function chart(exchange, which) {
     const key = exchange.id + '|' + which;
     const metric = chosen.get(key) || CHARTS[which === 0 ? 0 : 3][0];
@@ -282,7 +308,6 @@ SCRIPT = r"""'use strict';
     const plot = svg('svg', {viewBox: `0 0 ${W} ${H}`, preserveAspectRatio: 'none',
                              class: 'chart-plot', 'data-metric': metric});
     const series = [];
-    let top = spec[2];
     let first = lastNow;
     for (const [key, samples] of history) {
       if (key.startsWith(exchange.id + '|') && samples.length) {
@@ -296,11 +321,11 @@ SCRIPT = r"""'use strict';
         .filter(s => s[1] >= lastNow - span && s[2 + field] !== null
                 && s[2 + field] !== undefined).map(s => [s[1], s[2 + field]]);
       series.push([t.task, points]);
-      if (!spec[2]) for (const p of points) top = Math.max(top, p[1]);
     }
-    if (!top) top = 1;
+    const [top, peak] = scale(spec[2], series);
     const x = s => L + (W - L - R) * (1 - (lastNow - s) / span);
-    const y = v => T + (H - T - B) * (1 - v / top);
+    const y = v => T + (H - T - B) * (1 - Math.min(v, top) / top);
+    plot.setAttribute('data-top', top);
     for (const frac of [0, 0.5, 1]) {
       plot.append(svg('line', {x1: L, x2: W - R, y1: y(top * frac), y2: y(top * frac),
                                stroke: '#e5e7eb'}));
@@ -313,6 +338,14 @@ SCRIPT = r"""'use strict';
       const label = svg('text', {x: at, y: H - 5, 'font-size': 10, fill: '#6b7280',
                                  'text-anchor': at === L ? 'start' : 'end'});
       label.textContent = text;
+      plot.append(label);
+    }
+    if (peak > top) {
+      // An earlier peak above the scale: its points run along the top edge,
+      // the last RECENT seconds stay below 1/ZOOM of the height, under this note.
+      const label = svg('text', {x: W - R - 4, y: T + 14, 'font-size': 10, fill: '#b45309',
+                                 'text-anchor': 'end', class: 'off-scale', 'data-peak': peak});
+      label.textContent = '▲ earlier peak ' + num(peak, 1) + ' above this scale';
       plot.append(label);
     }
     const legend = el('div', {class: 'legend'});

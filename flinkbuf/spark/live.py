@@ -24,18 +24,14 @@ unless told otherwise):
 """
 
 import atexit
-import http.server
-import ipaddress
-import json
 import logging
 import secrets
 import socket
 import threading
-import urllib.parse
 import weakref
 
 from flinkbuf.checks import check_int, check_real
-from flinkbuf.spark import _collector, _live_page, _live_store, _prometheus, _reports
+from flinkbuf.spark import _collector, _live_http, _live_store, _reports
 from flinkbuf.spark.driver import driver_addresses
 
 __all__ = ["LiveView", "live_view"]
@@ -43,152 +39,18 @@ __all__ = ["LiveView", "live_view"]
 _LOG = logging.getLogger("flinkbuf.spark")
 MIN_INTERVAL = 0.05
 MAX_INTERVAL = 60.0
-MAX_REQUESTS = 16            # requests served at once; past it a connection is closed
-_REQUEST_TIMEOUT = 10.0      # seconds a client may take to send its request
-_LOOPBACK_NAMES = ("localhost", "localhost.", "ip6-localhost")
 
 # The views of this process that are still open, and each session's.
 _LIVE: "weakref.WeakSet[LiveView]" = weakref.WeakSet()
 _SESSION_VIEWS: "weakref.WeakKeyDictionary[object, LiveView]" = weakref.WeakKeyDictionary()
 _SESSION_LOCK = threading.Lock()
-
-
-def _is_loopback(host):
-    if host in _LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]").split("%")[0]).is_loopback
-    except ValueError:
-        return False
+_is_loopback = _live_http.is_loopback
 
 
 def _url_host(host):
     if host in ("", "0.0.0.0", "::"):
         return socket.gethostname()
     return f"[{host}]" if ":" in host else host
-
-
-class _Server(http.server.ThreadingHTTPServer):
-    """The page's HTTP server: a thread per request, at most
-    ``MAX_REQUESTS`` at once, each joined when the server closes.  It does
-    not run a loop of its own: the report server's thread calls
-    ``handle_request`` whenever a connection waits (``timeout`` 0: it
-    never blocks there)."""
-
-    daemon_threads = False
-    block_on_close = True
-    allow_reuse_address = True
-    timeout = 0
-
-    def __init__(self, address, handler, view):
-        self.view = view
-        self._slots = threading.BoundedSemaphore(MAX_REQUESTS)
-        if ":" in address[0]:
-            self.address_family = socket.AF_INET6
-        super().__init__(address, handler)
-
-    def process_request(self, request, client_address):
-        if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)            # busy: the client may retry
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request, client_address):
-        threading.current_thread().name = "flinkbuf-live-view-request"
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    server_version = "flinkbuf-live"
-    sys_version = ""
-    timeout = _REQUEST_TIMEOUT
-
-    def log_message(self, format, *args):       # noqa: A002 - the base class's name
-        _LOG.debug("flinkbuf live view: %s - %s", self.address_string(), format % args)
-
-    def _refusal(self):
-        """Why this request is refused (a view on loopback serves loopback
-        clients, and only under a loopback name: a page elsewhere cannot
-        read it through a name of its own that points here), or None."""
-        view = self.server.view
-        if not view.loopback:
-            return None
-        if not _is_loopback(self.client_address[0]):
-            return "this live view serves its own host only"
-        host = self.headers.get("Host")
-        if host is None:
-            return None                       # not a browser: browsers always name the host
-        if host.startswith("["):
-            name = host[1:host.find("]")] if "]" in host else host
-        else:
-            name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-        if not _is_loopback(name):
-            return f"this live view answers to a loopback address, not to {host!r}"
-        return None
-
-    def _send(self, status, body, content_type, head=False):
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Cache-Control", "no-store")
-        self.send_header("X-Content-Type-Options", "nosniff")
-        self.send_header("Referrer-Policy", "no-referrer")
-        self.send_header("Content-Security-Policy",
-                         "default-src 'none'; script-src 'self'; style-src 'unsafe-inline'; "
-                         "connect-src 'self'; img-src 'self' data:; frame-ancestors 'none'; "
-                         "base-uri 'none'; form-action 'none'")
-        self.end_headers()
-        if not head:
-            self.wfile.write(body)
-
-    def _text(self, status, text, head=False):
-        self._send(status, (text + "\n").encode("utf-8"), "text/plain; charset=utf-8", head)
-
-    def do_HEAD(self):
-        self._serve(head=True)
-
-    def do_GET(self):
-        self._serve(head=False)
-
-    def _serve(self, head):
-        refusal = self._refusal()
-        if refusal is not None:
-            self._text(403, refusal, head)
-            return
-        url = urllib.parse.urlsplit(self.path)
-        view = self.server.view
-        if url.path in ("/", "/index.html"):
-            self._send(200, _live_page.HTML.encode("utf-8"), "text/html; charset=utf-8", head)
-        elif url.path == "/live.js":
-            self._send(200, _live_page.SCRIPT.encode("utf-8"),
-                       "text/javascript; charset=utf-8", head)
-        elif url.path == "/api/view":
-            since = urllib.parse.parse_qs(url.query).get("since", ["0"])[-1]
-            try:
-                since = max(0, int(since))
-            except ValueError:
-                self._text(400, f"since must be an integer, got {since[:40]!r}", head)
-                return
-            body = json.dumps(view.snapshot(since=since), separators=(",", ":"))
-            self._send(200, body.encode("utf-8"), "application/json", head)
-        elif url.path == "/metrics":
-            self._send(200, view.prometheus().encode("utf-8"), _prometheus.CONTENT_TYPE, head)
-        elif url.path == "/favicon.ico":
-            self._send(204, b"", "image/x-icon", head)
-        else:
-            self._text(404, "not found: the live view serves /, /api/view and /metrics", head)
-
-    def do_POST(self):
-        self._text(405, "the live view only answers GET")
-
-    do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_POST
 
 
 class LiveView:
@@ -208,10 +70,15 @@ class LiveView:
     secret made here, which travels to the tasks in the stage's closure, as
     the exchange's own does.
 
-    :meth:`close` (idempotent; also the ``with`` block's end, the Spark
-    session's end for a view of :func:`live_view`, and the interpreter's
-    exit) stops serving and ends the view's threads; tasks still reporting
-    stop reporting and run on.  :meth:`snapshot` and :meth:`prometheus`
+    The page is served by the report server's thread, which never waits
+    for a client: a request must arrive within 10 s and its reply be read
+    within 30 s, and at most 64 clients are connected (past that the
+    oldest goes), so slow or silent clients cannot hold the page or its
+    end.  :meth:`close` (idempotent; also the ``with`` block's end, the
+    Spark session's end for a view of :func:`live_view`, and the
+    interpreter's exit) stops serving and ends the view's thread at once,
+    whatever its clients do; tasks still reporting stop reporting and run
+    on.  :meth:`snapshot` and :meth:`prometheus`
     give what ``/api/view`` and ``/metrics`` serve."""
 
     def __init__(self, host="127.0.0.1", port=0, *, interval=0.5, report_host="127.0.0.1",
@@ -241,22 +108,20 @@ class LiveView:
         self._lock = threading.Lock()
         self._closed = False
         self._collector = None
-        self._http = None
         try:
-            self._http = _Server((host, port), _Handler, self)
+            page = _live_http.PageServer(host, port, self)
         except OSError as exc:
             raise OSError(exc.errno, f"the live view cannot listen on {host}:{port}: "
                                      f"{exc.strerror or exc}") from None
-        bound = self._http.server_address
-        self.address = (host, bound[1])
-        self.url = f"http://{_url_host(host)}:{bound[1]}/"
+        self.address = (host, page.address[1])
+        self.url = f"http://{_url_host(host)}:{page.address[1]}/"
         try:
             self._collector = _collector.Collector(
                 self._store, self._secret, report_host, advertise=report_advertise,
                 idle_timeout=max(30.0, 20 * interval), alive=self._session_alive,
-                on_dead=self.close, also=[(self._http.socket, self._http.handle_request)])
+                on_dead=self.close, services=[page])
         except BaseException:
-            self._http.server_close()
+            page.release()
             raise
         _LIVE.add(self)
         _LOG.info("flinkbuf live view at %s", self.url)
@@ -303,9 +168,7 @@ class LiveView:
                 return
             self._closed = True
         if self._collector is not None:
-            self._collector.close()          # its thread no longer accepts for the page
-        if self._http is not None:
-            self._http.server_close()        # the page's requests still served are joined
+            self._collector.close()          # its thread ends, closing the page's connections
         _LIVE.discard(self)
 
     def __enter__(self):
@@ -326,6 +189,12 @@ class LiveView:
         if num_tasks > _reports.MAX_TASKS:
             raise ValueError(f"the live view follows exchanges of up to {_reports.MAX_TASKS} "
                              f"tasks, this one has {num_tasks}")
+        cap = self._collector.max_connections
+        if num_tasks > cap:
+            _LOG.warning("flinkbuf live view: %s has %d tasks, but this process's descriptor "
+                         "limit leaves room for %d report connections: the others will not "
+                         "show (raise ulimit -n, or its soft limit, to follow every task)",
+                         exchange_id, num_tasks, cap)
         self._store.register(exchange_id, name, num_tasks)
         return _reports.Target(self.report_address, self._secret, exchange_id, num_tasks,
                                self.interval)
