@@ -255,9 +255,9 @@ def _cluster_session(master):
 def _job(spark, row, n, outdir):
     from flinkbuf.spark import pipelined_exchange
 
-    sc = spark.sparkContext
-    rendezvous = "barrier" if row.endswith("_barrier") else "driver"
+    rendezvous = "barrier" if row.endswith("_barrier") else None
     if row in ("flinkbuf", "flinkbuf_barrier", "flinkbuf_live_view", "rdd_shuffle"):
+        sc = spark.sparkContext
         source = sc.parallelize(range(TASKS), TASKS).mapPartitionsWithIndex(_source(n, outdir))
         if row != "rdd_shuffle":
             view = False
@@ -266,7 +266,7 @@ def _job(spark, row, n, outdir):
 
                 view = live_view(spark)
             rdd = pipelined_exchange(source, _counting(outdir, "consumer"),
-                                     rendezvous=rendezvous, live_view=view)
+                                     rendezvous=rendezvous or "driver", live_view=view)
         else:
             rdd = source.partitionBy(TASKS).mapPartitions(_counting(outdir, "consumer"))
         return lambda: [(f, c, k) for f, c, k in rdd.collect()]

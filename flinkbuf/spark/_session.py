@@ -118,7 +118,10 @@ class ConnectSession:
 
     def __init__(self, spark):
         self.spark = self.key = spark
-        host, _, port = spark.client._builder.endpoint.rpartition(":")
+        try:
+            host, _, port = spark.client._builder.endpoint.rpartition(":")
+        except AttributeError:             # another PySpark: its default port
+            host, port = spark.client.host, ""
         self.server = (host.strip("[]"), int(port) if port.isdigit() else 15002)
 
     @property
