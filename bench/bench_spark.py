@@ -100,6 +100,9 @@ ROWS = ("rdd_shuffle", "dataframe_arrow", "arrow_barrier_floor", "flinkbuf",
         "flinkbuf_arrow_barrier", "flinkbuf_arrow_unsealed")   # peers first
 _ROWS_RUN = ROWS
 CLUSTER_ROWS = ("rdd_shuffle", "arrow_barrier_floor", "flinkbuf", "flinkbuf_arrow")
+# The rows a Spark Connect session runs (no RDDs there).
+CONNECT_ROWS = ("dataframe_arrow", "arrow_barrier_floor", "flinkbuf_arrow",
+                "flinkbuf_arrow_barrier")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -205,17 +208,32 @@ def _arrow_marked(outdir, inner):
 
 # ---- on the driver -------------------------------------------------------------------------
 
-def _session(rows=ROWS, master="local[2]"):
+def _session(rows=ROWS, master="local[2]", connect=False):
     """local[2] (or the cluster at ``master``), warmed up: every row once on
-    a few records (Python workers started, the JVM's code compiled)."""
-    from flinkbuf.experiments.spark_launcher import spark_session, wait_for_executors
+    a few records (Python workers started, the JVM's code compiled).
+    ``connect``: a Spark Connect session on a local[2] driver of this
+    process (its ``stop()`` stops both)."""
+    from flinkbuf.experiments.spark_launcher import (
+        connect_session,
+        spark_session,
+        wait_for_executors,
+    )
 
-    if master.startswith("local"):
+    if connect:
+        classic, spark = connect_session(master)
+        stop = spark.stop
+
+        def stop_both():
+            stop()
+            classic.stop()
+
+        spark.stop = stop_both
+    elif master.startswith("local"):
         spark = spark_session(master)
     else:
         spark = _cluster_session(master)
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "65536")
-    if not master.startswith("local"):
+    if not master.startswith("local") and not connect:
         wait_for_executors(spark.sparkContext, TASKS, timeout=120)
     for row in rows:
         measure(spark, row, 20_000)
@@ -235,13 +253,11 @@ def _cluster_session(master):
 
 
 def _job(spark, row, n, outdir):
-    from pyspark.sql import functions as F
-
     from flinkbuf.spark import pipelined_exchange
 
-    sc = spark.sparkContext
-    rendezvous = "barrier" if row.endswith("_barrier") else "driver"
+    rendezvous = "barrier" if row.endswith("_barrier") else None
     if row in ("flinkbuf", "flinkbuf_barrier", "flinkbuf_live_view", "rdd_shuffle"):
+        sc = spark.sparkContext
         source = sc.parallelize(range(TASKS), TASKS).mapPartitionsWithIndex(_source(n, outdir))
         if row != "rdd_shuffle":
             view = False
@@ -250,13 +266,13 @@ def _job(spark, row, n, outdir):
 
                 view = live_view(spark)
             rdd = pipelined_exchange(source, _counting(outdir, "consumer"),
-                                     rendezvous=rendezvous, live_view=view)
+                                     rendezvous=rendezvous or "driver", live_view=view)
         else:
             rdd = source.partitionBy(TASKS).mapPartitions(_counting(outdir, "consumer"))
         return lambda: [(f, c, k) for f, c, k in rdd.collect()]
     schema = "first double, records long, keys long"
-    df = spark.range(0, n, numPartitions=TASKS).select(
-        (F.col("id") % KEYS).alias("k"), F.col("id").alias("v"))
+    # SQL text: pyspark.sql.functions makes one kind of session's columns
+    df = spark.range(0, n, numPartitions=TASKS).selectExpr(f"id % {KEYS} AS k", "id AS v")
     if row == "dataframe_arrow":
         out = df.repartition(TASKS, "k").mapInArrow(
             _arrow_marked(outdir, _arrow_counting(outdir, "consumer")), schema)
@@ -604,14 +620,18 @@ def main(argv=None):
                          "root): two workers of one core, one task on each")
     ap.add_argument("--cluster-timeout", type=float, default=1800,
                     help="seconds the cluster run may take (default 1800)")
+    ap.add_argument("--connect", action="store_true",
+                    help="on a Spark Connect session (a local[2] Connect server started "
+                         f"here): the rows {','.join(CONNECT_ROWS)}, against Spark's shuffle "
+                         "(dataframe_arrow)")
     ap.add_argument("--master", default="local[2]", help=argparse.SUPPRESS)
     ap.add_argument("--live-view-overhead", type=int, default=0, metavar="ROUNDS",
                     help="instead of the table: the flinkbuf row with the live view off and "
                          "on, alternately, ROUNDS times each per N")
     args = ap.parse_args(argv)
     if args.rows is None:
-        args.rows = ",".join(CLUSTER_ROWS if args.cluster or args.master != "local[2]"
-                             else ROWS)
+        args.rows = ",".join(CONNECT_ROWS if args.connect else CLUSTER_ROWS
+                             if args.cluster or args.master != "local[2]" else ROWS)
     unknown = [r for r in args.rows.split(",") if r not in ROWS]
     if unknown:
         ap.error(f"unknown rows {', '.join(unknown)} (rows: {', '.join(ROWS)})")
@@ -627,17 +647,20 @@ def main(argv=None):
             spark.stop()
         return
     clustered = args.master != "local[2]"
-    if clustered:
+    if clustered or args.connect:
         from pyspark import cloudpickle
         cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    spark = _session(args.rows.split(","), args.master)
+    spark = _session(args.rows.split(","), args.master, connect=args.connect)
+    base_row = "dataframe_arrow" if args.connect else "rdd_shuffle"
     table = {}
     try:
         where = "two hosts, one task each" if clustered else "local[2]"
+        if args.connect:
+            where += ", Spark Connect"
         print(f"keyed count, {TASKS} tasks, {where}", flush=True)
         print(f"{'N':>11} {'row':<22} {'records/s':>11} {'first rec s':>11} "
               f"{'worker peak RSS MB':>19} {'growth MB':>9} {'CPU core-s':>10} {'idle':>5} "
-              f"{'vs rdd_shuffle':>14}")
+              f"{'vs ' + base_row:>14}")
         for n in args.records:
             base = base_first = None
             rows = args.rows.split(",")
@@ -661,11 +684,14 @@ def main(argv=None):
                 table.setdefault(n, {})[row] = {"rate": rate, "first": first, "busy": busy,
                                                 "idle": idle_share,
                                                 "rates": [n / r["seconds"] for r in runs]}
-                if row == "rdd_shuffle":
+                if row == base_row:
                     base, base_first = rate, first
                 ratio = f"{rate / base:.2f}x" if base else ""
-                if row != "rdd_shuffle" and base_first and first == first:
+                if row != base_row and base_first and first == first:
                     ratio += f", first {base_first / first:.1f}x sooner"
+                floor = table[n].get("arrow_barrier_floor")
+                if args.connect and row.startswith("flinkbuf") and floor:
+                    ratio += f", {rate / floor['rate']:.2f}x the floor"
                 cpu = "" if busy is None else f"{busy:.2f}"
                 idle_text = "" if idle_share is None else f"{idle_share:.0%}"
                 print(f"{n:>11,} {row:<22} {rate:>11,.0f} {first:>11.3f} {rss:>19.1f} "

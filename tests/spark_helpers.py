@@ -11,9 +11,11 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def spark_session(master, *, app="flinkbuf-tests", **conf):
+def spark_session(master, *, app="flinkbuf-tests", connect=False, **conf):
     """A SparkSession on ``master`` for the tests (stop it when done),
-    started as the demo starts its own (flinkbuf.experiments.spark_launcher)."""
+    started as the demo starts its own (flinkbuf.experiments.spark_launcher);
+    ``connect``: ``(classic, connect)``, the session serving Spark Connect
+    and a Spark Connect session on it (stop both)."""
     from flinkbuf.experiments import spark_launcher
 
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
@@ -23,7 +25,8 @@ def spark_session(master, *, app="flinkbuf-tests", **conf):
     path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     os.environ["PYTHONPATH"] = os.pathsep.join([ROOT, tests] + [p for p in path
                                                                  if p not in (ROOT, tests)])
-    return spark_launcher.spark_session(
+    start = spark_launcher.connect_session if connect else spark_launcher.spark_session
+    return start(
         master, app=app, log_level="FATAL",
         conf={"spark.barrier.sync.timeout": "60s",
               "spark.python.worker.reuse": "true",

@@ -851,14 +851,16 @@ def test_the_driver_prepares_an_exchange_in_one_sequence(sc):
     import dataclasses
 
     from flinkbuf.spark import InsufficientSlotsError, _prepare, close_rendezvous
+    from flinkbuf.spark._session import session_of
     from flinkbuf.spark._spec import check_options
 
     close_rendezvous()
+    session = session_of(sc)
     options = check_options(2, None, num_partitions=None, key=None, selector="hash",
                             codec="typed", segment_size=4096, buffers_per_channel=2,
                             floating_buffers=0, buffer_timeout=0.1, max_record_size=1 << 20,
                             max_parallelism=None, host=None, timeout=5.0, monitor=None)
-    prepared = _prepare.prepare(sc, 2, options, False, "a test exchange")
+    prepared = _prepare.prepare(session, 2, options, False, "a test exchange")
     spec, server = prepared.spec, prepared.server
     assert spec.options is options
     assert (spec.port_retries, spec.encryption, spec.live) == (16, None, None)
@@ -867,14 +869,15 @@ def test_the_driver_prepares_an_exchange_in_one_sequence(sc):
     with pytest.raises(ValueError, match="no stage"):
         prepared.launch(lambda: (_ for _ in ()).throw(ValueError("no stage")))
     assert server.closed and _servers() == []
-    barrier = _prepare.prepare(sc, 2, dataclasses.replace(options, rendezvous="barrier",
-                                                          port_retries=3, encryption=True),
+    barrier = _prepare.prepare(session, 2,
+                               dataclasses.replace(options, rendezvous="barrier",
+                                                   port_retries=3, encryption=True),
                                False, "a test exchange")
     assert barrier.server is None and barrier.spec.rendezvous is None
     assert (barrier.spec.port_retries, barrier.spec.encryption) == (3, True)
     assert barrier.spec.secret != spec.secret and barrier.spec.exchange_id != spec.exchange_id
     with pytest.raises(InsufficientSlotsError):
-        _prepare.prepare(sc, SLOTS + 1, options, False, "a test exchange")
+        _prepare.prepare(session, SLOTS + 1, options, False, "a test exchange")
     assert _servers() == []
 
 

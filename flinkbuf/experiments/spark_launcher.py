@@ -248,6 +248,38 @@ def spark_session(master="local[2]", log_path=None, *, app="flinkbuf-spark-demo"
     return spark
 
 
+CONNECT_PLUGIN = "org.apache.spark.sql.connect.SparkConnectPlugin"
+
+
+def connect_session(master="local[2]", log_path=None, *, app="flinkbuf-spark-demo", conf=None,
+                    log_level=None):
+    """``(classic, connect)``: a session started here as :func:`spark_session`
+    starts one, serving Spark Connect on loopback (a free port, a token
+    made here), and a Spark Connect session of this process on it (one
+    driver, both kinds of session).  Stop ``connect`` and then
+    ``classic``."""
+    import secrets
+    import socket
+
+    from pyspark.sql.connect.session import SparkSession as ConnectSparkSession
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    token = secrets.token_hex(16)
+    classic = spark_session(master, log_path, app=app, log_level=log_level, conf={
+        "spark.plugins": CONNECT_PLUGIN, "spark.connect.grpc.binding.address": "127.0.0.1",
+        "spark.connect.grpc.binding.port": str(port),
+        "spark.connect.authenticate.token": token, **(conf or {})})
+    try:
+        connect = ConnectSparkSession.builder.remote(
+            f"sc://localhost:{port}/;token={token}").getOrCreate()
+    except BaseException:
+        stop(classic)
+        raise
+    return classic, connect
+
+
 def _in_thread(fn, name):
     """``fn()`` run in a thread of its own; its result, or its exception
     raised here.  This thread waits in slices, so Ctrl-C interrupts it."""

@@ -9,15 +9,8 @@ lifetime to the result.
 import weakref
 
 from flinkbuf.spark import _rendezvous, live
-from flinkbuf.spark._slot_watch import SlotWatch
 from flinkbuf.spark._spec import make_spec, new_exchange_id, new_secret
-from flinkbuf.spark.driver import (
-    check_slots,
-    driver_addresses,
-    issued_task_ids,
-    session_encryption,
-    session_port_retries,
-)
+from flinkbuf.spark.driver import session_encryption, session_port_retries
 
 
 class Prepared:
@@ -44,43 +37,46 @@ class Prepared:
         return result
 
 
-def prepare(sc, num_tasks, options, live_view, name):
+def prepare(session, num_tasks, options, live_view, name):
     """Make an exchange of ``num_tasks`` tasks ready on the driver of
-    SparkContext ``sc``, in order: the session's defaults for the checked
-    ``options`` (``encryption``, ``port_retries``), the ``live_view=``
-    option checked, the master's slots checked (waiting up to the
-    ``slots`` bound), the exchange's secret and id made, its tasks'
-    reports attached to the live view (``name``: what the view calls the
-    exchange), and the driver's rendezvous started (with the
-    ``"driver"`` rendezvous): the spec, made once, and the server."""
-    encryption = session_encryption(sc, options.encryption)
-    port_retries = session_port_retries(sc, options.port_retries)
+    ``session`` (a :mod:`~flinkbuf.spark._session` of either kind), in
+    order: the session's defaults for the checked ``options``
+    (``encryption``, ``port_retries``), the ``live_view=`` option
+    checked, the master's slots checked (waiting up to the ``slots``
+    bound on a classic cluster), the exchange's secret and id made, its
+    tasks' reports attached to the live view (``name``: what the view
+    calls the exchange), the driver's rendezvous started (with the
+    ``"driver"`` rendezvous: on a Connect session, this client's) and the
+    exchange's stage watched for lacking slots: the spec, made once, and
+    the server."""
+    encryption = session_encryption(session.key, options.encryption)
+    port_retries = session_port_retries(session.key, options.port_retries)
     live.check_option(live_view)
-    check_slots(sc, num_tasks, options.timeouts.slots)
+    session.check_slots(num_tasks, options.timeouts.slots)
     secret, exchange_id = new_secret(), new_exchange_id()
-    target = live.attach(sc, live_view, exchange_id, num_tasks, name)
+    target = live.attach(session, live_view, exchange_id, num_tasks, name)
     server = None
     if options.rendezvous == "driver":
-        server = start_rendezvous(sc, secret, num_tasks, options, port_retries)
+        server = start_rendezvous(session, secret, num_tasks, options, port_retries)
+    if session.connect or server is not None:
+        session.watch(server, num_tasks, options.timeouts.slots, exchange_id)
     spec = make_spec(options, secret=secret, exchange_id=exchange_id, encryption=encryption,
                      port_retries=port_retries,
                      rendezvous=None if server is None else server.address, live=target)
     return Prepared(spec, server)
 
 
-def start_rendezvous(sc, secret, num_tasks, options, port_retries):
-    """The driver's rendezvous of an exchange (on ``spark.driver.host``, at
-    ``rendezvous_port`` or one of the next ``port_retries``), watched for
-    stage attempts that lack their slots."""
-    bind, advertised = driver_addresses(sc)
+def start_rendezvous(session, secret, num_tasks, options, port_retries):
+    """The driver's rendezvous of an exchange (on ``spark.driver.host``, or
+    this Connect client's address, at ``rendezvous_port`` or one of the
+    next ``port_retries``)."""
+    bind, advertised = session.addresses()
     timeouts = options.timeouts
-    server = _rendezvous.RendezvousServer(secret, num_tasks, host=bind, advertise=advertised,
-                                          timeout=timeouts.rendezvous,
-                                          issued_task_ids=issued_task_ids(sc),
-                                          port=options.rendezvous_port,
-                                          port_retries=port_retries)
-    SlotWatch.watch(sc, server, num_tasks, timeouts.slots)
-    return server
+    return _rendezvous.RendezvousServer(secret, num_tasks, host=bind, advertise=advertised,
+                                        timeout=timeouts.rendezvous,
+                                        issued_task_ids=session.issued_task_ids(),
+                                        port=options.rendezvous_port,
+                                        port_retries=port_retries)
 
 
 def serve_while(server, owner):

@@ -30,6 +30,7 @@ from flinkbuf.io import (
     task_segments,
 )
 from flinkbuf.spark import live
+from flinkbuf.spark._dataframe import exchange_input
 from flinkbuf.spark._prepare import prepare
 from flinkbuf.spark._spec import check_buffers, check_options
 from flinkbuf.spark._task import run_task
@@ -414,10 +415,10 @@ def _read_ipc(read, channel, payload, *args):
                                  f"{exc}") from None
 
 
-def arrow_exchange(df, fn, key, schema, *, segment_size=None, buffers_per_channel=2,
-                   floating_buffers=8, buffer_timeout=0.1, max_record_size=256 << 20,
-                   max_parallelism=None, host=None, timeout=60.0, monitor=None,
-                   rendezvous="driver", encryption=None, advertise=None, task_port=0,
+def arrow_exchange(df, fn, key, schema, *, num_partitions=None, segment_size=None,
+                   buffers_per_channel=2, floating_buffers=8, buffer_timeout=0.1,
+                   max_record_size=256 << 20, max_parallelism=None, host=None, timeout=60.0,
+                   monitor=None, rendezvous=None, encryption=None, advertise=None, task_port=0,
                    rendezvous_port=0, port_retries=None, connect_timeout=10.0,
                    live_view=None, buffer_debloat=None, buffer_debloat_target=None,
                    buffer_debloat_period=None, buffer_debloat_samples=None,
@@ -431,7 +432,8 @@ def arrow_exchange(df, fn, key, schema, *, segment_size=None, buffers_per_channe
     computes the same, through Spark's shuffle.
 
     Built on ``df.mapInArrow(..., barrier=True)``: one task per partition of
-    ``df``, each needing a slot at once.  Rows are routed by a vectorized
+    ``df``, each needing a slot at once; ``num_partitions=N`` repartitions
+    ``df`` to N partitions first (round robin, through Spark's shuffle).  Rows are routed by a vectorized
     hash of the key column (Flink's key groups, as the hash selector and
     :func:`key_partitions`), sent as Arrow IPC messages through flinkbuf
     (one message per piece of an input batch, so ``max_record_size`` must
@@ -446,9 +448,32 @@ def arrow_exchange(df, fn, key, schema, *, segment_size=None, buffers_per_channe
     as long as the returned DataFrame itself is referenced (a DataFrame
     made from it does not keep it up), then until no task has registered
     for ``timeout`` seconds.
+
+    On a Spark Connect session (``SparkSession.builder.remote(...)``, told
+    from the DataFrame itself) it works the same, without a SparkContext:
+    the number of tasks comes from the DataFrame's plan (a range with
+    ``numPartitions``, ``repartition(n)``, and what keeps their
+    partitions; otherwise give ``num_partitions``); the slots are checked
+    from the master URL and the session's settings where they tell
+    (``local[N]``, ``local-cluster``, static executors x cores /
+    ``spark.task.cpus``); ``encryption`` follows the session's settings
+    read through ``spark.conf``; every job that runs the exchange runs
+    under a tag of its own (the exchange's id), which this client
+    interrupts, and the action raises
+    :class:`~flinkbuf.errors.InsufficientSlotsError`, when the job shows
+    no running task and the exchange's tasks have not started within
+    ``timeout`` (Spark would repeat its own slot check for ten minutes).
+    ``rendezvous=None`` (the default) is the driver's rendezvous on a
+    classic session; on a Connect session, this client's when the
+    Connect server runs on this machine (its tasks reach this client; one
+    round trip, where ``allGather`` is answered on a one-second poll),
+    else ``"barrier"`` (``allGather``: tasks on a cluster cannot be
+    assumed to reach a client outside it; ``"driver"`` serves it here
+    anyway, on the address this machine reaches the server from, for a
+    client inside the cluster).
     """
     try:
-        from pyspark.sql import DataFrame
+        from pyspark.sql import DataFrame     # either kind's DataFrame is one
     except ImportError as exc:            # pragma: no cover - depends on the install
         raise ImportError("arrow_exchange needs PySpark: pip install 'flinkbuf[spark]'") \
             from exc
@@ -470,7 +495,8 @@ def arrow_exchange(df, fn, key, schema, *, segment_size=None, buffers_per_channe
     except ImportError as exc:
         raise ImportError("arrow_exchange needs pyarrow: pip install 'flinkbuf[spark]'") \
             from exc
-    n = df.rdd.getNumPartitions()
+    session, df, n = exchange_input(df, num_partitions)
+    rendezvous = session.rendezvous(rendezvous)
     if max_parallelism is None:
         max_parallelism = default_max_parallelism(n)
     if segment_size is None:
@@ -490,7 +516,7 @@ def arrow_exchange(df, fn, key, schema, *, segment_size=None, buffers_per_channe
                             buffer_debloat_samples=buffer_debloat_samples,
                             buffer_debloat_threshold=buffer_debloat_threshold,
                             buffer_debloat_min_size=buffer_debloat_min_size)
-    prepared = prepare(df.sparkSession.sparkContext, n, options, live_view,
+    prepared = prepare(session, n, options, live_view,
                        live.exchange_name("arrow_exchange", key, fn))
     spec = prepared.spec
 

@@ -6,7 +6,9 @@ whether the master can run a barrier stage's tasks at once
 (:func:`issued_task_ids`).
 
 Each takes a SparkContext and asks its JVM (``sc._jsc``) where PySpark
-has no public call for it; none starts anything.
+has no public call for it; the settings are read from a SparkSession of
+either kind too (Spark Connect's through ``spark.conf``); none starts
+anything.
 """
 
 import os
@@ -16,7 +18,7 @@ import time
 from flinkbuf.errors import InsufficientSlotsError
 
 __all__ = ["check_slots", "driver_addresses", "issued_task_ids", "session_encryption",
-           "session_port_retries"]
+           "session_port_retries", "slots_message"]
 
 _SLOT_POLL = 0.1
 _DEFAULT_PORT_RETRIES = 16       # Spark's spark.port.maxRetries
@@ -41,12 +43,19 @@ def driver_addresses(sc):
     return bind.strip("[]"), host.strip("[]")
 
 
+def _conf(sc):
+    """The settings of ``sc`` (a SparkContext, or a SparkSession of either
+    kind): anything with ``get(key, default)``."""
+    return sc.getConf() if hasattr(sc, "getConf") else sc.conf
+
+
 def session_port_retries(sc, port_retries):
     """``port_retries`` of an exchange as its tasks take it: as given, or,
-    when None, the session's ``spark.port.maxRetries`` (16 by default)."""
+    when None, the session's ``spark.port.maxRetries`` (16 by default).
+    ``sc``: a SparkContext, or a SparkSession of either kind."""
     if port_retries is not None:
         return port_retries
-    value = sc.getConf().get("spark.port.maxRetries", str(_DEFAULT_PORT_RETRIES))
+    value = _conf(sc).get("spark.port.maxRetries", None) or str(_DEFAULT_PORT_RETRIES)
     try:
         return max(0, min(65535, int(str(value).strip())))
     except ValueError:
@@ -57,12 +66,13 @@ def session_encryption(sc, encryption):
     """``encryption`` of an exchange as its tasks take it: as given, or,
     when None, True if the Spark session encrypts its own traffic
     (``spark.network.crypto.enabled`` or ``spark.ssl.enabled``), else None
-    (sealed between hosts only, as NetworkEnvironment does by default)."""
+    (sealed between hosts only, as NetworkEnvironment does by default).
+    ``sc``: a SparkContext, or a SparkSession of either kind."""
     if encryption is not None:
         return encryption
-    conf = sc.getConf()
+    conf = _conf(sc)
     for key in ("spark.network.crypto.enabled", "spark.ssl.enabled"):
-        if str(conf.get(key, "false")).strip().lower() == "true":
+        if str(conf.get(key, None) or "false").strip().lower() == "true":
             return True
     return None
 
@@ -88,18 +98,31 @@ def check_slots(sc, num_tasks, timeout):
         slots = jsc.maxNumConcurrentTasks(profile)
     if slots >= num_tasks:
         return
-    cpus = sc.getConf().get("spark.task.cpus", "1")
+    raise InsufficientSlotsError(slots_message(num_tasks, master, slots,
+                                               sc.getConf().get("spark.task.cpus", "1"),
+                                               fixed=fixed, waited=timeout))
+
+
+def slots_message(num_tasks, master, slots, cpus, *, fixed, waited=None, num_partitions=False):
+    """What an :class:`~flinkbuf.errors.InsufficientSlotsError` says: the
+    exchange's ``num_tasks`` against the ``slots`` of ``master``
+    (``cpus``: ``spark.task.cpus``; ``fixed``: a local master, whose slots
+    no wait changes; ``waited``: the seconds waited for executors;
+    ``num_partitions``: the exchange repartitions with ``num_partitions=``)."""
+    cpus = str(cpus)
     per_task = "" if cpus == "1" else f" (spark.task.cpus={cpus} cores per task)"
-    if fixed:
+    if fixed and str(master).startswith("local") and not str(master).startswith("local-"):
         more = f"a master such as local[{num_tasks * int(cpus) if cpus.isdigit() else num_tasks}]"
     else:
         more = "more executor cores or executors"
-    fewer = "" if slots < 1 else \
-        f", or repartition the input to {slots} partition{'' if slots == 1 else 's'} or fewer"
-    raise InsufficientSlotsError(
-        f"the exchange runs {num_tasks} tasks at once (a barrier stage, one task per input "
-        f"partition) but master {master} has {slots} task slot{'' if slots == 1 else 's'}"
-        f"{per_task}{'' if fixed else f' after {timeout:g} s'}: use {more}{fewer}")
+    plural = "" if slots == 1 else "s"
+    fewer = "" if slots < 1 else (
+        f", or num_partitions={slots} (the exchange repartitions first)" if num_partitions
+        else f", or repartition the input to {slots} partition{plural} or fewer")
+    after = "" if fixed or waited is None else f" after {waited:g} s"
+    return (f"the exchange runs {num_tasks} tasks at once (a barrier stage, one task per input "
+            f"partition) but master {master} has {slots} task slot{plural}{per_task}{after}: "
+            f"use {more}{fewer}")
 
 
 def issued_task_ids(sc):

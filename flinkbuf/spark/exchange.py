@@ -21,6 +21,7 @@ its peers have taken all their subpartitions.
 
 from flinkbuf.spark import _rendezvous, live
 from flinkbuf.spark._prepare import prepare
+from flinkbuf.spark._session import ClassicSession, is_connect
 from flinkbuf.spark._spec import RENDEZVOUS, SELECTORS, check_options
 from flinkbuf.spark._task import ExchangeTask, current_task, run_task
 
@@ -186,14 +187,25 @@ def pipelined_exchange(rdd, fn=None, *, num_partitions=None, key=None, selector=
 
     Executors import flinkbuf: set ``PYSPARK_PYTHON`` to an interpreter
     that has it before the Spark session starts.
+
+    A Spark Connect session has no RDDs: there, :func:`arrow_exchange`
+    exchanges a DataFrame's rows (this raises TypeError saying so).
     """
+    if is_connect(rdd):
+        raise TypeError(f"pipelined_exchange exchanges the records of an RDD, and a Spark "
+                        f"Connect session has no RDDs (got a {type(rdd).__name__} of Spark "
+                        f"Connect): use flinkbuf.spark.arrow_exchange(df, fn, key, schema), "
+                        f"which exchanges a DataFrame's rows by a key column on either kind "
+                        f"of session")
     try:
         from pyspark import RDD
     except ImportError as exc:              # pragma: no cover - depends on the install
         raise ImportError("pipelined_exchange needs PySpark: pip install 'flinkbuf[spark]'") \
             from exc
     if not isinstance(rdd, RDD):
-        raise TypeError(f"rdd must be a pyspark RDD, got {type(rdd).__name__}")
+        hint = " (for a DataFrame's rows: arrow_exchange)" \
+            if type(rdd).__name__ == "DataFrame" else ""
+        raise TypeError(f"rdd must be a pyspark RDD, got {type(rdd).__name__}{hint}")
     n = rdd.getNumPartitions()
     options = check_options(n, fn, num_partitions=num_partitions, key=key, selector=selector,
                             codec=codec, segment_size=segment_size,
@@ -209,7 +221,7 @@ def pipelined_exchange(rdd, fn=None, *, num_partitions=None, key=None, selector=
                             buffer_debloat_samples=buffer_debloat_samples,
                             buffer_debloat_threshold=buffer_debloat_threshold,
                             buffer_debloat_min_size=buffer_debloat_min_size)
-    prepared = prepare(rdd.context, n, options, live_view,
+    prepared = prepare(ClassicSession(rdd.context), n, options, live_view,
                        live.exchange_name("pipelined_exchange", rdd, fn))
     spec = prepared.spec
 

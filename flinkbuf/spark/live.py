@@ -32,7 +32,7 @@ import weakref
 
 from flinkbuf.checks import check_int, check_real
 from flinkbuf.spark import _collector, _live_http, _live_store, _reports
-from flinkbuf.spark.driver import driver_addresses
+from flinkbuf.spark import _session as sessions
 
 __all__ = ["LiveView", "live_view"]
 
@@ -145,8 +145,8 @@ class LiveView:
         session = self._session
         if session is None:
             return True
-        sc = session()
-        return sc is not None and getattr(sc, "_jsc", None) is not None
+        handle = session()
+        return handle is not None and sessions.session_of(handle).alive()
 
     def snapshot(self, since=0):
         """What ``/api/view`` serves, as a dict: every exchange and its
@@ -203,45 +203,38 @@ class LiveView:
 LiveView.__module__ = "flinkbuf.spark.live"
 
 
-def _spark_context(spark):
-    try:
-        from pyspark import SparkContext
-        from pyspark.sql import SparkSession
-    except ImportError:                    # pragma: no cover - depends on the install
-        raise ImportError("live_view needs PySpark: pip install 'flinkbuf[spark]'") from None
-    if isinstance(spark, SparkSession):
-        return spark.sparkContext
-    if isinstance(spark, SparkContext):
-        return spark
-    raise TypeError(f"spark must be a SparkSession or a SparkContext, got "
-                    f"{type(spark).__name__}")
-
-
-def live_view(spark, *, host=None, port=None, interval=None):
-    """The live view of the Spark session ``spark`` (a SparkSession or its
-    SparkContext), started on ``host`` (default 127.0.0.1: loopback only)
-    and ``port`` (default: any free one) if it has none yet; every
-    exchange made in this session afterwards reports to it (unless given
-    ``live_view=False``).  Its URL is logged (logger ``flinkbuf.spark``,
-    INFO) and is the returned view's ``url``.  It closes when the session
-    stops (or with :meth:`LiveView.close`).
+def live_view(spark, *, host=None, port=None, interval=None, report_host=None):
+    """The live view of the Spark session ``spark`` (a SparkSession, classic
+    or Spark Connect, or a SparkContext), started on ``host`` (default
+    127.0.0.1: loopback only) and ``port`` (default: any free one) if it
+    has none yet; every exchange made in this session afterwards reports
+    to it (unless given ``live_view=False``).  Its URL is logged (logger
+    ``flinkbuf.spark``, INFO) and is the returned view's ``url``.  It
+    closes when the session stops (or with :meth:`LiveView.close`).
 
     Asking again returns the running view; a ``host``, ``port`` or
     ``interval`` other than the running view's raises ValueError (close
     it first).  Tasks send their reports to the driver's address as Spark
     knows it (``spark.driver.host``, bound on ``spark.driver.bindAddress``),
-    as they reach the exchange's rendezvous."""
-    sc = _spark_context(spark)
-    if getattr(sc, "_jsc", None) is None:
-        raise ValueError("the SparkContext has stopped")
+    as they reach the exchange's rendezvous.  On a Spark Connect session
+    the view is served by this client: its tasks report to it where the
+    Connect server runs on this machine; when it runs on another,
+    ``report_host`` must name an address of this machine that the
+    executors reach (a client inside the cluster), else ValueError says
+    so (``report_host`` also overrides the address on any session)."""
+    session = sessions.session_of(spark)
+    if not session.alive():
+        raise ValueError("the Spark session has stopped")
     if host is not None and not isinstance(host, str):
         raise TypeError(f"host must be a str or None, got {type(host).__name__}")
+    if report_host is not None and not isinstance(report_host, str):
+        raise TypeError(f"report_host must be a str or None, got {type(report_host).__name__}")
     if port is not None:
         check_int(port, "port", 0, 65535)
     if interval is not None:
         check_real(interval, "interval", ge=MIN_INTERVAL, le=MAX_INTERVAL, unit="seconds")
     with _SESSION_LOCK:
-        view = _SESSION_VIEWS.get(sc)
+        view = _SESSION_VIEWS.get(session.key)
         if view is not None and not view.closed:
             asked = []
             if host is not None and host != view.address[0]:
@@ -255,13 +248,26 @@ def live_view(spark, *, host=None, port=None, interval=None):
                                  f"{view.interval:g} s); close it to start one with "
                                  f"{', '.join(asked)}")
             return view
-        bind, advertised = driver_addresses(sc)
+        bind, advertised = _report_addresses(session, report_host)
         view = LiveView(host if host is not None else "127.0.0.1", port or 0,
                         interval=0.5 if interval is None else interval,
                         report_host=bind, report_advertise=advertised)
-        view._session = weakref.ref(sc)
-        _SESSION_VIEWS[sc] = view
+        view._session = weakref.ref(session.key)
+        _SESSION_VIEWS[session.key] = view
     return view
+
+
+def _report_addresses(session, report_host):
+    """``(bind, advertised)`` of a session's view's report server."""
+    if report_host is not None:
+        return report_host.strip("[]"), report_host.strip("[]")
+    if session.connect and not session.local:
+        raise ValueError(
+            f"this Spark Connect session's server runs on {session.server[0]}, so its tasks "
+            f"run on other machines and may not reach this client's live view: pass "
+            f"report_host= an address of this machine that the executors reach (a client "
+            f"inside the cluster), or run the client where the Connect server runs")
+    return session.addresses("the live view")
 
 
 live_view.__module__ = "flinkbuf.spark.live"
@@ -275,7 +281,7 @@ def _parse_address(text):
     return host.strip("[]") or None, int(port)
 
 
-def attach(sc, option, exchange_id, num_tasks, name):
+def attach(session, option, exchange_id, num_tasks, name):
     """The report target of an exchange (on the driver, when it is made):
     ``option`` is its ``live_view=`` (None: the session's view if one
     runs; False: none; True, a port or ``"HOST:PORT"``: the session's view,
@@ -283,24 +289,24 @@ def attach(sc, option, exchange_id, num_tasks, name):
     exchange does not report."""
     if option is None:
         with _SESSION_LOCK:
-            view = _SESSION_VIEWS.get(sc)
+            view = _SESSION_VIEWS.get(session.key)
         if view is None or view.closed:
             return None
     elif option is False:
         return None
     elif option is True:
-        view = live_view(sc)
+        view = live_view(session.key)
     elif isinstance(option, LiveView):
         view = option
     elif isinstance(option, int) and not isinstance(option, bool):
-        view = live_view(sc, port=option)
+        view = live_view(session.key, port=option)
     elif isinstance(option, str):
         host, port = _parse_address(option)
-        view = live_view(sc, host=host, port=port)
+        view = live_view(session.key, host=host, port=port)
     else:
         raise TypeError(f"live_view must be True, False, None, a port, 'HOST:PORT' or a "
                         f"LiveView, got {type(option).__name__}")
-    master = str(getattr(sc, "master", "local"))
+    master = str(session.master)
     if _is_loopback(view.report_address[0]) and not master.startswith("local"):
         _LOG.warning("flinkbuf live view: its report server listens on %s, which the tasks of "
                      "%s on other hosts cannot reach (make it with live_view(spark), which "

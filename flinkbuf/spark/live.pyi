@@ -5,6 +5,7 @@ from typing import Literal, TypedDict
 
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
+from pyspark.sql.connect.session import SparkSession as ConnectSparkSession
 
 from flinkbuf.io.metrics import _TaskMetricValues
 from flinkbuf.spark.exchange import _TaskStatValues
@@ -107,9 +108,10 @@ class LiveView:
     ) -> None: ...
 
 def live_view(
-    spark: SparkSession | SparkContext,
+    spark: SparkSession | ConnectSparkSession | SparkContext,
     *,
     host: str | None = None,
     port: int | None = None,
     interval: float | None = None,
+    report_host: str | None = None,
 ) -> LiveView: ...

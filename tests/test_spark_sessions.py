@@ -1,0 +1,241 @@
+"""arrow_exchange on either kind of Spark session: a classic one (a
+SparkContext in this process) and Spark Connect (a client, no SparkContext).
+One driver serves both: a local[2] session of this process that serves
+Spark Connect on loopback, and a Connect session on it."""
+
+import time
+
+import pytest
+
+from spark_helpers import leftovers, spark_session
+
+from flinkbuf.errors import InsufficientSlotsError
+
+
+@pytest.fixture(scope="module")
+def sessions():
+    import warnings
+
+    from pyspark import cloudpickle
+
+    import spark_helpers
+
+    cloudpickle.register_pickle_by_value(spark_helpers)
+    cloudpickle.register_pickle_by_value(__import__(__name__))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        # Spark's own barrier check as it is by default (40 tries, 15 s apart).
+        classic, connect = spark_session(
+            "local[2]", connect=True,
+            **{"spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "40",
+               "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "15s"})
+    yield {"classic": classic, "connect": connect}
+    connect.stop()
+    classic.stop()
+
+
+@pytest.fixture(scope="module", params=["classic", "connect"])
+def spark(request, sessions):
+    return sessions[request.param]
+
+
+@pytest.fixture(scope="module")
+def connect(sessions):
+    return sessions["connect"]
+
+
+def _rows_with_task(batches):
+    import pyarrow as pa
+    from pyspark import BarrierTaskContext
+
+    index = BarrierTaskContext.get().partitionId()
+    for batch in batches:
+        yield pa.RecordBatch.from_arrays(
+            [batch.column(0), batch.column(1), pa.array([index] * batch.num_rows, pa.int32())],
+            names=["k", "v", "task"])
+
+
+def _count_per_key(batches):
+    import collections
+
+    import pyarrow as pa
+
+    counts = collections.Counter()
+    for batch in batches:
+        counts.update(batch.column(0).to_pylist())
+    yield pa.RecordBatch.from_pydict({"name": list(counts), "n": list(counts.values())})
+
+
+def _names(spark, rows, keys, partitions=2):
+    # Expressions as SQL text: pyspark.sql.functions makes the columns of
+    # one kind of session per process.
+    return spark.range(0, rows, numPartitions=partitions).selectExpr(
+        f"concat('k', CAST(id % {keys} AS STRING)) AS name", "id")
+
+
+def test_rows_reach_their_key_s_task(spark):
+    from flinkbuf.spark import arrow_exchange, key_partitions
+
+    df = spark.range(0, 20_000, numPartitions=2).selectExpr("id % 101 AS k", "id AS v")
+    out = arrow_exchange(df, _rows_with_task, "k", "k long, v long, task int").toPandas()
+    assert sorted(out["v"]) == list(range(20_000))
+    assert (out["task"].to_numpy() == key_partitions(out["k"].to_numpy(), 2)).all()
+    assert set(out["task"]) == {0, 1}
+
+
+@pytest.mark.parametrize("rendezvous", [None, "barrier"])
+def test_string_keys_count_like_group_by_with_either_rendezvous(spark, rendezvous):
+    from flinkbuf.spark import arrow_exchange
+
+    df = _names(spark, 10_000, 13)
+    out = arrow_exchange(df, _count_per_key, "name", "name string, n long",
+                         rendezvous=rendezvous).collect()
+    assert len(out) == 13                       # each key counted in one task only
+    expected = {r["name"]: r["count"] for r in df.groupBy("name").count().collect()}
+    assert {r["name"]: r["n"] for r in out} == expected
+
+
+def test_num_partitions_repartitions_first(spark):
+    """A plan whose partitions only the server knows (a grouping) takes
+    ``num_partitions``; any plan does."""
+    from flinkbuf.spark import arrow_exchange
+
+    grouped = _names(spark, 1000, 7).groupBy("name").count()
+    out = arrow_exchange(grouped, _count_per_key, "name", "name string, n long",
+                         num_partitions=2).collect()
+    assert sorted((r["name"], r["n"]) for r in out) == [(f"k{k}", 1) for k in range(7)]
+
+
+def _fail_in_task_1(batches):
+    from pyspark import BarrierTaskContext
+
+    if BarrierTaskContext.get().partitionId() == 1:
+        raise ValueError("task-1-failed-here")
+    yield from batches
+
+
+def test_a_failing_task_fails_the_job_with_its_cause(spark):
+    from flinkbuf.spark import arrow_exchange
+
+    df = _names(spark, 10_000, 5)
+    start = time.monotonic()
+    with pytest.raises(Exception, match="task-1-failed-here"):
+        arrow_exchange(df, _fail_in_task_1, "name", "name string, id long").collect()
+    assert time.monotonic() - start < 60        # nothing waits for a timeout
+    assert _names(spark, 10, 2).count() == 10   # the session runs on
+
+
+def _note_sealed(task):
+    task.sealed = sorted({s["sealed"] for s in task.environment.connection_stats()})
+
+
+def _sealed(batches):
+    import pyarrow as pa
+
+    from flinkbuf.spark import current_task
+
+    rows = sum(b.num_rows for b in batches)
+    yield pa.RecordBatch.from_pydict({"rows": [rows], "sealed": [str(current_task().sealed)]})
+
+
+@pytest.mark.parametrize("encryption", [True, None])
+def test_encryption_follows_the_option_and_the_session(spark, encryption):
+    """This session does not encrypt its own traffic (read through
+    ``spark.conf`` on Connect), so None leaves the connections between its
+    tasks, on one host, plain; True seals them."""
+    from flinkbuf.spark import arrow_exchange
+    from flinkbuf.spark.driver import session_encryption
+
+    assert session_encryption(spark, None) is None
+    out = arrow_exchange(_names(spark, 3000, 3), _sealed, "name", "rows long, sealed string",
+                         encryption=encryption, monitor=_note_sealed).collect()
+    assert sum(r["rows"] for r in out) == 3000
+    assert {r["sealed"] for r in out} == {str([encryption is True])}
+
+
+def test_too_few_slots_fail_at_once_with_what_to_set(spark):
+    from flinkbuf.spark import arrow_exchange
+
+    start = time.monotonic()
+    with pytest.raises(InsufficientSlotsError, match=r"3 tasks at once .* master local\[2\] "
+                                                     r"has 2 task slots: use a master such "
+                                                     r"as local\[3\]"):
+        arrow_exchange(spark.range(0, 10, numPartitions=3), iter, "id", "id long")
+    assert time.monotonic() - start < 10
+
+
+def test_a_connect_job_without_its_slots_is_interrupted_within_the_timeout(connect,
+                                                                            monkeypatch):
+    """Where the settings do not tell the slots, the client watches the
+    exchange's job (under its own tag): its tasks not started within the
+    timeout, the job is interrupted and the action raises
+    InsufficientSlotsError instead of Spark's ten minutes of retries."""
+    from flinkbuf.spark import _session, arrow_exchange
+
+    monkeypatch.setattr(_session.ConnectSession, "slots", lambda self: None)
+    for rendezvous in (None, "barrier"):
+        out = arrow_exchange(connect.range(0, 10, numPartitions=3), iter, "id", "id long",
+                             timeout=3, rendezvous=rendezvous)
+        start = time.monotonic()
+        with pytest.raises(InsufficientSlotsError, match=r"3 tasks did not start within its "
+                                                         r"timeout \(3 s\)"):
+            out.collect()
+        assert time.monotonic() - start < 30
+    assert connect.range(0, 10, numPartitions=2).count() == 10   # nothing else was stopped
+    assert connect.getTags() == set()
+
+
+def _job_tags(batches):
+    import pyarrow as pa
+    from pyspark import BarrierTaskContext
+
+    for _ in batches:
+        pass
+    tags = BarrierTaskContext.get().getLocalProperty("spark.job.tags") or ""
+    yield pa.RecordBatch.from_pydict({"tags": [tags]})
+
+
+def test_a_connect_job_runs_under_the_exchange_s_tag(connect):
+    from flinkbuf.spark import arrow_exchange
+
+    out = arrow_exchange(_names(connect, 100, 3), _job_tags, "name", "tags string")
+    rows = out.select("tags").distinct().collect()       # a plan made from the result
+    assert len(rows) == 1 and "_Tag_flinkbuf-exchange-" in rows[0]["tags"]
+    # Other jobs carry no tag of flinkbuf's.
+    assert connect.getTags() == set()
+
+
+def test_rdd_entry_points_name_spark_connect(connect):
+    from flinkbuf.spark import arrow_exchange, pipelined_exchange
+
+    df = _names(connect, 100, 3)
+    for given in (df, connect):
+        with pytest.raises(TypeError, match="Spark Connect.*arrow_exchange"):
+            pipelined_exchange(given)
+    with pytest.raises(ValueError, match="num_partitions=N"):
+        arrow_exchange(df.groupBy("name").count(), _count_per_key, "name", "name string")
+
+
+def test_the_live_view_of_either_session(spark, sessions):
+    """live_view takes a session of either kind; the tasks of a Connect
+    session, whose server runs on this machine, report to this client."""
+    from flinkbuf.spark import arrow_exchange, live_view
+
+    view = live_view(spark)
+    try:
+        assert live_view(spark) is view and view.url.startswith("http://127.0.0.1:")
+        out = arrow_exchange(_names(spark, 5000, 5), _count_per_key, "name",
+                             "name string, n long", live_view=True).collect()
+        assert sum(r["n"] for r in out) == 5000
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            states = [(e["state"], [(t.get("stats") or {}).get("records_in", 0)
+                                    for t in e["tasks"]])
+                      for e in view.snapshot()["exchanges"]]
+            if states and states[-1][0] == "FINISHED":
+                break
+            time.sleep(0.2)
+        assert states[-1][0] == "FINISHED" and sum(states[-1][1]) > 0
+    finally:
+        view.close()
+    assert not leftovers(sessions["classic"].sparkContext, 2)
