@@ -34,6 +34,17 @@ def is_connect(obj):
     return type(obj).__module__.startswith(_CONNECT_NAME)
 
 
+def is_alive(spark):
+    """Whether ``spark`` (a SparkContext, or a session of either kind) can
+    still run jobs: a stopped SparkContext has no ``_jsc``, a closed Connect
+    client says so.  Never raises."""
+    if is_connect(spark):
+        client = getattr(spark, "client", None)
+        return client is not None and not getattr(client, "is_closed", True)
+    sc = getattr(spark, "sparkContext", spark)
+    return getattr(sc, "_jsc", None) is not None
+
+
 def _true(value):
     return str(value).strip().lower() == "true"
 
@@ -88,7 +99,7 @@ class ClassicSession:
         return self.sc.getConf()
 
     def alive(self):
-        return getattr(self.sc, "_jsc", None) is not None
+        return is_alive(self.sc)
 
     def rendezvous(self, option):
         """The rendezvous the exchange uses (None: the driver's)."""
@@ -140,7 +151,7 @@ class ConnectSession:
         return host in _LOOPBACK_NAMES or is_host_address(host)
 
     def alive(self):
-        return not self.spark.client.is_closed
+        return is_alive(self.spark)
 
     def rendezvous(self, option):
         """None: this client's rendezvous when the server runs on this

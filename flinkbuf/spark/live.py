@@ -146,7 +146,7 @@ class LiveView:
         if session is None:
             return True
         handle = session()
-        return handle is not None and sessions.session_of(handle).alive()
+        return handle is not None and sessions.is_alive(handle)
 
     def snapshot(self, since=0):
         """What ``/api/view`` serves, as a dict: every exchange and its
