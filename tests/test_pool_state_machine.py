@@ -145,11 +145,12 @@ class PoolModel(RuleBasedStateMachine):
         pool._set_demand(n)
         if pool.is_destroyed:
             return
+        if self.demand.get(id(pool)) != n:     # the same demand again changes nothing
+            self.resized = False
         if n is None:
             self.demand.pop(id(pool), None)
         else:
             self.demand[id(pool)] = n
-        self.resized = False
         # lazily: idle segments beyond the new size went back at once
         assert pool.num_requested <= max(pool.num_buffers, before)
         assert pool.num_available == 0 or pool.num_requested <= pool.num_buffers \

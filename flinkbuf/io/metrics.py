@@ -390,7 +390,7 @@ class TaskMetrics:
         def ms_per_second(field: str) -> float:
             if dt_ns <= 0:
                 return 0.0
-            ns = getattr(now, field) - getattr(base, field)
+            ns: float = getattr(now, field) - getattr(base, field)
             return min(1000.0, max(0.0, ns / dt_ns * 1000.0))
 
         idle = ms_per_second("idle") if self.gates else 0.0
