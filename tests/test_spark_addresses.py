@@ -14,6 +14,7 @@ import pytest
 
 from flinkbuf.errors import AuthenticationError, NoFreePortError, RemoteConnectionError
 from flinkbuf.spark import _rendezvous, _slot_watch, _task_environment, _task_peers
+from flinkbuf.spark._session import ClassicSession
 from flinkbuf.spark._spec import Timeouts as _Timeouts
 from flinkbuf.spark._spec import check_options, make_spec
 
@@ -179,10 +180,13 @@ def test_the_driver_s_rendezvous_and_slot_watch_take_their_own_bounds(monkeypatc
     monkeypatch.setattr(_slot_watch.SlotWatch, "watch",
                         classmethod(lambda cls, sc, server, n, timeout:
                                     seen.setdefault("watch", timeout)))
-    server = _prepare.start_rendezvous(_FakeSession(), SECRET, 2, options, 3)
+    session = ClassicSession(_FakeSession())
+    server = _prepare.start_rendezvous(session, SECRET, 2, options, 3)
     assert isinstance(server, Server)
     assert (seen["server"]["timeout"], seen["server"]["port"],
             seen["server"]["port_retries"]) == (5.0, 7, 3)
+    assert "watch" not in seen                 # the exchange's preparation starts it
+    session.watch(server, 2, options.timeouts.slots, "an exchange")
     assert seen["watch"] == 4.0
 
 
