@@ -32,13 +32,17 @@ cdef int _end_wait(RecordWriter w, int64_t t0) except -1:
     return 0
 
 
-cdef bint _capped_by_a_channel(RecordWriter w) except -1:
-    """``w``'s pool is unavailable because a channel is at its cap while it
-    still has a buffer (or room to take one from its network pool)."""
+cdef bint _soft_wait(RecordWriter w, ResultSubpartition sp, int32_t pool_ch) except -1:
+    """``w`` waits for a buffer for ``sp``'s channel (``pool_ch`` in the pool)
+    while its pool still has one (or room to take one from its network
+    pool): held by a channel at its cap, or by this channel at the buffers
+    its debloated size allows."""
     st = w._pool._stats()
-    return st.num_unavailable_channels > 0 and (
-        st.num_avail > 0 or (st.num_requested < st.size
-                             and fb_netpool_num_free(w._pool._c.net) > 0))
+    cdef bint held = st.num_unavailable_channels > 0 or (
+        pool_ch >= 0 and sp._limit != FB_UNBOUNDED
+        and fb_localpool_channel_count(&w._pool._c, pool_ch) >= sp._limit)
+    return held and (st.num_avail > 0 or (st.num_requested < st.size
+                                          and fb_netpool_num_free(w._pool._c.net) > 0))
 
 
 cdef tuple _back_pressure_counters(RecordWriter w):
@@ -52,15 +56,3 @@ cdef tuple _back_pressure_counters(RecordWriter w):
         soft += now - w._soft_since
     return w._bp_ns + (now - since if since else 0), soft
 
-
-cdef bint _held_by_debloat_limit(RecordWriter w, ResultSubpartition sp,
-                                 int32_t pool_ch) except -1:
-    """``sp``'s channel waits at the limit its debloated size sets while
-    ``w``'s pool still has a buffer (or room to take one) for others."""
-    if pool_ch < 0 or sp._limit == FB_UNBOUNDED:
-        return False
-    if fb_localpool_channel_count(&w._pool._c, pool_ch) < sp._limit:
-        return False
-    st = w._pool._stats()
-    return st.num_avail > 0 or (st.num_requested < st.size
-                                and fb_netpool_num_free(w._pool._c.net) > 0)

@@ -412,8 +412,7 @@ record is written or emit raises."""
             while True:
                 if self._target_released(channel):
                     break
-                _soft_while(self, _capped_by_a_channel(self)
-                            or _held_by_debloat_limit(self, sp, pool_ch))
+                _soft_while(self, _soft_wait(self, sp, pool_ch))
                 if capped and not self._pool.wait_available(FB_WAIT_SLICE):
                     continue
                 try:        # (a debloated channel's limit may keep it waiting)
