@@ -498,6 +498,13 @@ def test_a_peer_gone_while_connecting_is_reported_after_the_peers_own_error(monk
     def late(env, *args, **kwargs):                    # task 0 connects after task 1 ended
         if _reads_for(args) == 0:
             assert task1_done.wait(10)
+            # Task 1 may have dialed task 0 already (its gate reads task 0's
+            # output), and reads would reuse that connection: wait until task 0
+            # has seen it close, so that task 0 has to dial the closed peer.
+            deadline = time.monotonic() + 10
+            while env.connections() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert not env.connections(), env.connections()
         try:
             return connect(env, *args, **kwargs)
         except RemoteConnectionError:
