@@ -33,6 +33,12 @@ def debloater_ema(BufferDebloater debloater not None):
     return debloater._ema()
 
 
+def debloater_rising(BufferDebloater debloater not None):
+    """The samples in a row (0..2) that aimed at twice the smoothed size or
+    more: at 2 the size doubles at once."""
+    return debloater._c.rising
+
+
 def debloater_sample_ns(BufferDebloater debloater not None, int64_t bytes, int64_t active_ns,
                         int32_t buffers_in_use):
     """What the gate calls (the C fast path): the size to announce or 0.

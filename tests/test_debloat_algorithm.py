@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 import flinkbuf
-from flinkbuf._testing import debloater_ema, debloater_sample_ns
+from flinkbuf._testing import debloater_ema, debloater_rising, debloater_sample_ns
 from flinkbuf.io import BufferDebloatConfig, BufferDebloater
 
 INT32_MAX = 2 ** 31 - 1
@@ -41,17 +41,23 @@ class Model:
         self.size = segment_size
         self.throughput = 0
         self.time_to_consume_ns = 0
-
-    def desirable(self, buffers):
-        desired = float(self.throughput) * float(self.target_ns) / NS
-        return min(desired / buffers, 2.0 * self.ema)
+        self.rising = 0
 
     def sample(self, nbytes, active_ns, buffers):
         """The size to announce, or None."""
         nbytes, buffers = max(0, nbytes), max(1, buffers)
         if active_ns > 0:
             self.throughput = _saturate(float(nbytes) * NS / float(active_ns))
-        self.ema += self.alpha * (self.desirable(buffers) - self.ema)
+        desirable = float(self.throughput) * float(self.target_ns) / NS / buffers
+        if desirable >= 2.0 * self.ema:
+            self.rising = min(2, self.rising + 1)
+            desirable = 2.0 * self.ema
+        else:
+            self.rising = 0
+        if self.rising == 2:
+            self.ema = desirable
+        else:
+            self.ema += self.alpha * (desirable - self.ema)
         self.ema = min(max(self.ema, float(self.min)), float(self.max))
         new = math.floor(self.ema + 0.5)
         self.time_to_consume_ns = _saturate(
@@ -125,16 +131,46 @@ def test_size_stays_within_min_size_and_segment_size(config, segment_size, histo
 def test_one_step_moves_alpha_of_the_way_and_at_most_doubles(config, segment_size, history,
                                                               step):
     d = _debloater(config, segment_size, history)
-    before = debloater_ema(d)
+    before, rising = debloater_ema(d), debloater_rising(d)
     d.sample(*step)
     after = debloater_ema(d)
     assert after <= 2 * before
     low, high = _bounds(d)
     desired = d.throughput * max(1, _seconds_ns(config.target)) / NS
-    desirable = min(desired / max(1, step[2]), 2 * before)
+    aim = desired / max(1, step[2])
+    desirable = min(aim, 2 * before)
     alpha = 2 / (config.samples + 1)
-    expected = min(max(before + alpha * (desirable - before), low), high)
+    if aim >= 2 * before and rising >= 1:       # the second in a row: doubles
+        expected = min(max(2 * before, low), high)
+    else:
+        expected = min(max(before + alpha * (desirable - before), low), high)
     assert after == pytest.approx(expected, rel=1e-12)
+    assert debloater_rising(d) == (min(2, rising + 1) if aim >= 2 * before else 0)
+
+
+@given(st.integers(1, 1000), st.integers(2, 1 << 20), st.integers(1, 64))
+def test_a_consumer_that_sped_up_doubles_the_size_from_the_second_sample(
+        samples, segment_size, buffers):
+    """From the minimum, samples that each aim at the whole segment: the
+    first moves alpha of the way to twice the size, every later one
+    doubles it, so the size reaches the segment in about log2 steps."""
+    config = BufferDebloatConfig(samples=samples, threshold=0, min_size=1)
+    d = BufferDebloater(config, segment_size, start_small=True)
+    debloater_sample_ns(d, 1, 10 ** 9, 1)              # the start: the minimum
+    assert debloater_ema(d) == 1.0
+    fast = segment_size * buffers * 1000             # aims far past the segment
+    debloater_sample_ns(d, fast, 10 ** 9, buffers)
+    alpha = 2 / (samples + 1)
+    assert debloater_ema(d) == pytest.approx(min(1 + alpha, segment_size), rel=1e-12)
+    steps = 1
+    while d.buffer_size < segment_size:
+        before = debloater_ema(d)
+        debloater_sample_ns(d, fast, 10 ** 9, buffers)
+        assert debloater_ema(d) == pytest.approx(min(2 * before, segment_size), rel=1e-12)
+        steps += 1
+    assert steps <= 2 + math.ceil(math.log2(segment_size))
+    debloater_sample_ns(d, 0, 10 ** 9, buffers)        # slower again: smoothing, no doubling
+    assert debloater_rising(d) == 0
 
 
 @given(st.integers(1, 10), st.floats(1e-3, 10), st.integers(4, 1 << 20), st.data(),

@@ -42,6 +42,7 @@ void fb_debloater_init(fb_debloater_t *d, const fb_debloat_config_t *cfg)
     d->throughput = 0;
     d->time_to_consume_ns = 0;
     d->warm = 0;
+    d->rising = 0;
 }
 
 void fb_debloater_start_small(fb_debloater_t *d)
@@ -94,9 +95,14 @@ int32_t fb_debloater_sample(fb_debloater_t *d, int64_t bytes, int64_t active_ns,
         if (active_ns <= 0)
             return 0;                    /* nothing measured yet */
         d->ema = desirable;
+    } else if (desirable >= 2.0 * d->ema) {
+        desirable = 2.0 * d->ema;
+        if (d->rising < 2)
+            d->rising++;
+        /* Twice in a row: the consumer sped up, not a noisy sample. */
+        d->ema = d->rising >= 2 ? desirable : d->ema + alpha * (desirable - d->ema);
     } else {
-        if (desirable > 2.0 * d->ema)
-            desirable = 2.0 * d->ema;
+        d->rising = 0;
         d->ema += alpha * (desirable - d->ema);
     }
     if (d->ema < (double)cfg->min_size)

@@ -38,6 +38,7 @@ typedef struct fb_debloater {
     int64_t throughput;       /* bytes/s of the last sample with active time (0 before) */
     int64_t time_to_consume_ns;   /* of the buffers in use at the last sample's size */
     int32_t warm;             /* started small: the next sample with active time aims at once */
+    int32_t rising;           /* samples in a row that aimed at twice the ema or more */
 } fb_debloater_t;
 
 /* FB_OK, or FB_EINVAL with why in err (NUL-terminated, cut at errlen; err
@@ -64,7 +65,12 @@ void fb_debloater_start_small(fb_debloater_t *d);
  * throughput = bytes / active_ns (per second, truncated; kept when
  * active_ns is 0; at most INT64_MAX), desired = throughput * target,
  * desirable = min(desired / buffers, 2 * ema), ema += alpha * (desirable -
- * ema) clamped to [min_size, max_size], new = round(ema);
+ * ema) clamped to [min_size, max_size], new = round(ema); but when this
+ * sample and the one before both aimed at twice the ema or more
+ * (`rising` >= 2), the ema doubles at once (ema = desirable): a consumer
+ * that sped up leaves small buffers in a few samples instead of the
+ * ~50 the smoothing would take from the minimum to whole segments.  A gate
+ * samples again sooner while `rising` (after a tenth of the period).
  * time_to_consume_ns = new * buffers / max(1, throughput) (at most
  * INT64_MAX).  In double arithmetic: nothing overflows.
  *

@@ -22,6 +22,7 @@ cdef extern from "io/debloat.h" nogil:
         int64_t throughput
         int64_t time_to_consume_ns
         int32_t warm
+        int32_t rising
 
     int fb_debloat_config_check(const fb_debloat_config_t *cfg, char *err, size_t errlen)
     void fb_debloater_init(fb_debloater_t *d, const fb_debloat_config_t *cfg)

@@ -3,9 +3,10 @@
 # Contract for cimporters (the gate): config._enabled; debloater._sample()
 # (the size to announce, or 0: keep the last), which touches no Python
 # object; debloater._c, read only: _c.size (the last announced size),
-# _c.time_to_consume_ns, _c.throughput, _c.cfg.period_ns (how often to sample).
+# _c.time_to_consume_ns, _c.throughput, _c.cfg.period_ns (how often to sample),
+# _c.warm and _c.rising (sample again sooner: after a tenth of the period).
 #
-# Test hooks (flinkbuf._testing): debloater._ema().
+# Test hooks (flinkbuf._testing): debloater._ema(), debloater._c.rising.
 cdef class BufferDebloatConfig:
     cdef bint _enabled
     cdef double _target         # seconds, in (0, 3600]

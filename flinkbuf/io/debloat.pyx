@@ -156,7 +156,11 @@ cdef class BufferDebloater:
     instead, and the first sample with active time sets the size at once
     (no smoothing, no doubling bound) and announces it whatever it is;
     what an :class:`InputGate` does, so that a slow consumer never starts
-    behind whole segments.  One thread samples it."""
+    behind whole segments.  Each sample moves the size part of the way to
+    its aim (Flink's smoothing), aiming at most twice the size; from the
+    second sample in a row that aims at twice or more, the size doubles at
+    once (a consumer that sped up is back to whole segments in a few
+    samples).  One thread samples it."""
 
     def __init__(self, BufferDebloatConfig config not None, segment_size, *,
                  bint start_small=False):

@@ -46,8 +46,10 @@ cdef class _GateDebloat:
         if now < self._due_ns and not (self._debloater is not None and self._debloater._c.warm
                                        and gate._buffers_in >= self._warm_until):
             return 0
+        # Started small, or the size rising at its doubling bound: sooner.
         self._due_ns = now + (self._period_ns if self._debloater is not None
-                              and not self._debloater._c.warm else self._period_ns // 10)
+                              and not self._debloater._c.warm
+                              and not self._debloater._c.rising else self._period_ns // 10)
         if self._debloater is None:
             for k in range(gate._n):
                 seg = max(seg, (<InputChannel>gate._channels[k])._segment_size())

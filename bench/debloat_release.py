@@ -1,0 +1,199 @@
+#!/usr/bin/env python
+"""How soon throughput is back to full once a slow consumer is released,
+with buffer debloating off and on, side by side.
+
+An unthrottled producer writes ``(int, int)`` records through a
+NetworkEnvironment (or, for ``local``, a partition of the same process) to
+one consumer, held to ``--slow-rate`` records a second for ``--slow``
+seconds (debloating shrinks the buffers meanwhile), then released: it
+reads as fast as it can for ``--fast`` seconds.  Full speed is the median
+rate of the 50 ms windows of the released phase's second half without
+debloating (over the rounds, interleaved with those with it); the time to
+full is the first moment after the release at which a 100 ms window reads
+at least ``--fraction`` of that full speed.
+
+  python bench/debloat_release.py [--transports tcp,unix,shm,local]
+         [--slow-rate 2000] [--slow 3] [--fast 3] [--target 0.1]
+         [--rounds 3] [--busy N] [--smoke]
+
+Prints per transport the median over rounds of the time to full (s)
+without and with debloating, full speed (records a second), the rate of
+the last second with debloating against it, and the buffer size the
+consumer had announced when it was released.
+"""
+
+import argparse
+import multiprocessing as mp
+import statistics
+import sys
+import threading
+import time
+
+from debloat_sojourn import SECRET, busy
+
+from flinkbuf.buffer import NetworkBufferPool
+from flinkbuf.io import InputGate, RecordWriter, create_partition
+from flinkbuf.network import NetworkEnvironment
+
+WINDOW_NS = 50_000_000
+
+
+def _produce(writer, stop):
+    seq = 0
+    try:
+        while not stop.is_set():
+            writer.emit((seq, seq))
+            seq += 1
+    except Exception:               # noqa: BLE001 - the consumer released the partition
+        pass
+
+
+def _producer_process(pipe, transport, debloat):
+    with NetworkEnvironment(256, secret=SECRET, transport=transport) as env:
+        part = create_partition(env.network_buffer_pool, 1, buffer_debloat=debloat)
+        env.register_partition("p", part)
+        writer = RecordWriter(part, "round_robin")
+        stop = threading.Event()
+        t = threading.Thread(target=_produce, args=(writer, stop), daemon=True)
+        t.start()
+        pipe.send("%s:%d" % env.address)
+        pipe.recv()
+        stop.set()
+        t.join(10)
+
+
+def _consume(gate, a):
+    """Held to the slow rate, then released: the records read per 50 ms
+    window after the release, and the size announced at the release."""
+    it = iter(gate)
+    t0 = time.monotonic_ns()
+    slow_end = t0 + int(a.slow * 1e9)
+    period = 1e9 / a.slow_rate
+    n = 0
+    for _ in it:
+        n += 1
+        now = time.monotonic_ns()
+        if now >= slow_end:
+            break
+        ahead = t0 + n * period - now
+        if ahead > 5e5:
+            time.sleep(ahead / 1e9)
+    metrics = gate._debloat_metrics()
+    size = metrics["buffer_size"] if metrics else None
+    windows = [0] * int(a.fast * 1e9 / WINDOW_NS)
+    released = time.monotonic_ns()
+    end = released + len(windows) * WINDOW_NS
+    count, edge, w = 0, released + WINDOW_NS, 0
+    for _ in it:
+        count += 1
+        if count & 63 == 0:
+            now = time.monotonic_ns()
+            while now >= edge and w < len(windows):
+                windows[w] = count
+                count = 0
+                w += 1
+                edge += WINDOW_NS
+            if now >= end:
+                break
+    return windows, size
+
+
+def full_speed(windows):
+    """The median rate (records a second) of the second half's windows."""
+    return statistics.median(windows[len(windows) // 2:]) / (WINDOW_NS / 1e9)
+
+
+def last_second(windows):
+    """The rate (records a second) of the last second's windows."""
+    last = windows[-int(1e9 // WINDOW_NS):]
+    return sum(last) / (len(last) * WINDOW_NS / 1e9)
+
+
+def time_to_full(windows, full, fraction):
+    """Seconds from the release to the first 100 ms (two windows) that
+    read ``fraction`` of ``full`` records a second (inf: none did)."""
+    need = fraction * full * 2 * WINDOW_NS / 1e9
+    for i in range(len(windows) - 1):
+        if windows[i] + windows[i + 1] >= need:
+            return i * WINDOW_NS / 1e9
+    return float("inf")
+
+
+def run_case(transport, debloat, a):
+    options = {"buffer_debloat": debloat, "buffer_debloat_target": a.target}
+    if transport == "local":
+        nbp = NetworkBufferPool(256, 32768)
+        part = create_partition(nbp, 1, buffer_debloat=debloat)
+        writer = RecordWriter(part, "round_robin")
+        stop = threading.Event()
+        t = threading.Thread(target=_produce, args=(writer, stop), daemon=True)
+        t.start()
+        gate = InputGate([(part, 0)], **options)
+        try:
+            return _consume(gate, a)
+        finally:
+            stop.set()
+            gate.close()
+            t.join(10)
+            nbp.destroy()
+    ctx = mp.get_context("fork")
+    here, there = ctx.Pipe()
+    proc = ctx.Process(target=_producer_process, args=(there, transport, debloat), daemon=True)
+    proc.start()
+    try:
+        address = here.recv()
+        with NetworkEnvironment(256, secret=SECRET, transport=transport, **options) as env:
+            gate = env.create_input_gate([(address, "p", 0)])
+            try:
+                return _consume(gate, a)
+            finally:
+                here.send("done")
+                gate.close()
+    finally:
+        proc.join(20)
+        if proc.is_alive():
+            proc.kill()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--transports", default="tcp,unix,shm,local")
+    ap.add_argument("--slow-rate", type=int, default=2000)
+    ap.add_argument("--slow", type=float, default=3.0)
+    ap.add_argument("--fast", type=float, default=4.0)
+    ap.add_argument("--target", type=float, default=0.1)
+    ap.add_argument("--fraction", type=float, default=0.9)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--busy", type=int, default=0)
+    ap.add_argument("--smoke", action="store_true", help="one short round per transport")
+    a = ap.parse_args(argv)
+    if a.smoke:
+        a.rounds, a.slow, a.fast = 1, 1.0, 1.0
+    print(f"consumer held to {a.slow_rate} rec/s for {a.slow:g} s, then released; time until "
+          f"100 ms read {a.fraction:.0%} of full speed; target {a.target} s"
+          f"{f'; {a.busy} busy process(es) beside' if a.busy else ''}")
+    print(f"{'transport':>9} | {'off: to full':>12} | {'on: to full':>11} {'full rec/s':>11} "
+          f"{'on last 1 s':>13} {'size at release':>15}  rounds (on, s)")
+    with busy(a.busy):
+        for transport in a.transports.split(","):
+            runs = {False: [], True: []}
+            sizes = []
+            for _ in range(a.rounds):
+                for debloat in (False, True):
+                    windows, size = run_case(transport, debloat, a)
+                    runs[debloat].append(windows)
+                    if debloat:
+                        sizes.append(size)
+            full = statistics.median(full_speed(w) for w in runs[False])
+            off_t = statistics.median(time_to_full(w, full, a.fraction) for w in runs[False])
+            on = [time_to_full(w, full, a.fraction) for w in runs[True]]
+            tail = statistics.median(last_second(w) for w in runs[True]) / full
+            rounds = " ".join(f"{t:.2f}" for t in on)
+            print(f"{transport:>9} | {off_t:12.2f} | {statistics.median(on):11.2f} "
+                  f"{full:11,.0f} {tail:13.2f} {statistics.median(sizes):>15}  {rounds}",
+                  flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
