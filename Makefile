@@ -93,6 +93,8 @@ bench: build-dev
 bench-smoke: build-dev
 	$(PY) bench/run.py --smoke
 	$(PY) bench/arrow_task_cpu.py --rows 200000 --rounds 1
+	$(PY) bench/debloat_sojourn.py --smoke
+	$(PY) bench/debloat_release.py --smoke
 
 # Every generated file, wherever the sources sit: builds, outputs, the fuzzing
 # corpus; in-place extensions, the library of csrc/ (libflinkbuf.so.0) and

@@ -3,7 +3,8 @@
 with buffer debloating off and on, side by side.
 
 An unthrottled producer writes ``(int, int)`` records through a
-NetworkEnvironment (or, for ``local``, a partition of the same process) to
+NetworkEnvironment (``sealed``: TCP with every frame sealed; ``local``: a
+partition of the same process) to
 one consumer, held to ``--slow-rate`` records a second for ``--slow``
 seconds (debloating shrinks the buffers meanwhile), then released: it
 reads as fast as it can for ``--fast`` seconds.  Full speed is the median
@@ -12,59 +13,34 @@ debloating (over the rounds, interleaved with those with it); the time to
 full is the first moment after the release at which a 100 ms window reads
 at least ``--fraction`` of that full speed.
 
-  python bench/debloat_release.py [--transports tcp,unix,shm,local]
+  python bench/debloat_release.py [--transports tcp,unix,shm,sealed,local]
          [--slow-rate 2000] [--slow 3] [--fast 3] [--target 0.1]
          [--rounds 3] [--busy N] [--smoke]
 
 Prints per transport the median over rounds of the time to full (s)
 without and with debloating, full speed (records a second), the rate of
 the last second with debloating against it, and the buffer size the
-consumer had announced when it was released.
+consumer had announced when it was released and at the end.
 """
 
 import argparse
-import multiprocessing as mp
 import statistics
 import sys
-import threading
 import time
 
-from debloat_sojourn import SECRET, busy
-
-from flinkbuf.buffer import NetworkBufferPool
-from flinkbuf.io import InputGate, RecordWriter, create_partition
-from flinkbuf.network import NetworkEnvironment
+from _debloat_pair import busy, run_pair
 
 WINDOW_NS = 50_000_000
 
 
-def _produce(writer, stop):
-    seq = 0
-    try:
-        while not stop.is_set():
-            writer.emit((seq, seq))
-            seq += 1
-    except Exception:               # noqa: BLE001 - the consumer released the partition
-        pass
-
-
-def _producer_process(pipe, transport, debloat):
-    with NetworkEnvironment(256, secret=SECRET, transport=transport) as env:
-        part = create_partition(env.network_buffer_pool, 1, buffer_debloat=debloat)
-        env.register_partition("p", part)
-        writer = RecordWriter(part, "round_robin")
-        stop = threading.Event()
-        t = threading.Thread(target=_produce, args=(writer, stop), daemon=True)
-        t.start()
-        pipe.send("%s:%d" % env.address)
-        pipe.recv()
-        stop.set()
-        t.join(10)
+def _record(seq):
+    return (seq, seq)
 
 
 def _consume(gate, a):
     """Held to the slow rate, then released: the records read per 50 ms
-    window after the release, and the size announced at the release."""
+    window after the release, and the size announced at the release and
+    at the end."""
     it = iter(gate)
     t0 = time.monotonic_ns()
     slow_end = t0 + int(a.slow * 1e9)
@@ -95,7 +71,8 @@ def _consume(gate, a):
                 edge += WINDOW_NS
             if now >= end:
                 break
-    return windows, size
+    metrics = gate._debloat_metrics()
+    return windows, size, (metrics["buffer_size"] if metrics else None)
 
 
 def full_speed(windows):
@@ -120,44 +97,12 @@ def time_to_full(windows, full, fraction):
 
 
 def run_case(transport, debloat, a):
-    options = {"buffer_debloat": debloat, "buffer_debloat_target": a.target}
-    if transport == "local":
-        nbp = NetworkBufferPool(256, 32768)
-        part = create_partition(nbp, 1, buffer_debloat=debloat)
-        writer = RecordWriter(part, "round_robin")
-        stop = threading.Event()
-        t = threading.Thread(target=_produce, args=(writer, stop), daemon=True)
-        t.start()
-        gate = InputGate([(part, 0)], **options)
-        try:
-            return _consume(gate, a)
-        finally:
-            stop.set()
-            gate.close()
-            t.join(10)
-            nbp.destroy()
-    ctx = mp.get_context("fork")
-    here, there = ctx.Pipe()
-    proc = ctx.Process(target=_producer_process, args=(there, transport, debloat), daemon=True)
-    proc.start()
-    try:
-        address = here.recv()
-        with NetworkEnvironment(256, secret=SECRET, transport=transport, **options) as env:
-            gate = env.create_input_gate([(address, "p", 0)])
-            try:
-                return _consume(gate, a)
-            finally:
-                here.send("done")
-                gate.close()
-    finally:
-        proc.join(20)
-        if proc.is_alive():
-            proc.kill()
+    return run_pair(transport, debloat, a.target, _record, lambda gate: _consume(gate, a))
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--transports", default="tcp,unix,shm,local")
+    ap.add_argument("--transports", default="tcp,unix,shm,sealed,local")
     ap.add_argument("--slow-rate", type=int, default=2000)
     ap.add_argument("--slow", type=float, default=3.0)
     ap.add_argument("--fast", type=float, default=4.0)
@@ -173,24 +118,26 @@ def main(argv=None):
           f"100 ms read {a.fraction:.0%} of full speed; target {a.target} s"
           f"{f'; {a.busy} busy process(es) beside' if a.busy else ''}")
     print(f"{'transport':>9} | {'off: to full':>12} | {'on: to full':>11} {'full rec/s':>11} "
-          f"{'on last 1 s':>13} {'size at release':>15}  rounds (on, s)")
+          f"{'on last 1 s':>13} {'size at release':>15} {'size at end':>11}  rounds (on, s)")
     with busy(a.busy):
         for transport in a.transports.split(","):
             runs = {False: [], True: []}
-            sizes = []
+            sizes, ends = [], []
             for _ in range(a.rounds):
                 for debloat in (False, True):
-                    windows, size = run_case(transport, debloat, a)
+                    windows, size, at_end = run_case(transport, debloat, a)
                     runs[debloat].append(windows)
                     if debloat:
                         sizes.append(size)
+                        ends.append(at_end)
             full = statistics.median(full_speed(w) for w in runs[False])
             off_t = statistics.median(time_to_full(w, full, a.fraction) for w in runs[False])
             on = [time_to_full(w, full, a.fraction) for w in runs[True]]
             tail = statistics.median(last_second(w) for w in runs[True]) / full
             rounds = " ".join(f"{t:.2f}" for t in on)
             print(f"{transport:>9} | {off_t:12.2f} | {statistics.median(on):11.2f} "
-                  f"{full:11,.0f} {tail:13.2f} {statistics.median(sizes):>15}  {rounds}",
+                  f"{full:11,.0f} {tail:13.2f} {statistics.median(sizes):>15} "
+                  f"{statistics.median(ends):>11}  {rounds}",
                   flush=True)
     return 0
 

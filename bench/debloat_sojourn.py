@@ -4,14 +4,15 @@ the consumer is slower than the producer, with buffer debloating off and
 on, side by side.
 
 An unthrottled producer writes ``(emit time, sequence)`` records through a
-NetworkEnvironment (or, for ``local``, a partition of the same process) to
+NetworkEnvironment (``sealed``: TCP with every frame sealed; ``local``: a
+partition of the same process) to
 one consumer held to a steady rate; every record's sojourn is the
 consumer's clock at its read minus the emit time (CLOCK_MONOTONIC is one
 clock for every process of the host).  The first ``--settle`` seconds are
 left out: in-flight data fills up, and the debloated size settles.
 
   python bench/debloat_sojourn.py [--rates 200,2000,20000,200000]
-         [--transports tcp,unix,shm,local] [--target 0.1] [--seconds 8]
+         [--transports tcp,unix,shm,sealed,local] [--target 0.1] [--seconds 8]
          [--settle 3] [--busy N] [--smoke]
 
 ``--busy N`` runs N busy-loop processes beside every case (a Spark
@@ -22,42 +23,14 @@ records per second it read (the rate it was held to, if it kept up).
 """
 
 import argparse
-import contextlib
-import multiprocessing as mp
 import sys
-import threading
 import time
 
-from flinkbuf.io import InputGate, RecordWriter, create_partition
-from flinkbuf.buffer import NetworkBufferPool
-from flinkbuf.network import NetworkEnvironment
-
-SECRET = b"debloat-sojourn-benchmark-secret"
+from _debloat_pair import busy, run_pair
 
 
-def _produce(writer, stop):
-    """Emit ``(emit ns, seq)`` until ``stop`` or the consumer lets go."""
-    seq = 0
-    try:
-        while not stop.is_set():
-            writer.emit((time.monotonic_ns(), seq))
-            seq += 1
-    except Exception:               # noqa: BLE001 - the consumer released the partition
-        pass
-
-
-def _producer_process(pipe, transport, debloat):
-    with NetworkEnvironment(256, secret=SECRET, transport=transport) as env:
-        part = create_partition(env.network_buffer_pool, 1, buffer_debloat=debloat)
-        env.register_partition("p", part)
-        writer = RecordWriter(part, "round_robin")
-        stop = threading.Event()
-        t = threading.Thread(target=_produce, args=(writer, stop), daemon=True)
-        t.start()
-        pipe.send("%s:%d" % env.address)
-        pipe.recv()                  # the consumer is done
-        stop.set()
-        t.join(10)
+def _record(seq):
+    return (time.monotonic_ns(), seq)
 
 
 def _consume(gate, rate, seconds, settle):
@@ -87,39 +60,8 @@ def _consume(gate, rate, seconds, settle):
 
 
 def run_case(transport, rate, debloat, a):
-    options = {"buffer_debloat": debloat, "buffer_debloat_target": a.target}
-    if transport == "local":
-        nbp = NetworkBufferPool(256, 32768)
-        part = create_partition(nbp, 1, buffer_debloat=debloat)
-        writer = RecordWriter(part, "round_robin")
-        stop = threading.Event()
-        t = threading.Thread(target=_produce, args=(writer, stop), daemon=True)
-        t.start()
-        gate = InputGate([(part, 0)], **options)
-        try:
-            return _consume(gate, rate, a.seconds, a.settle)
-        finally:
-            stop.set()
-            gate.close()
-            t.join(10)
-            nbp.destroy()
-    ctx = mp.get_context("fork")
-    here, there = ctx.Pipe()
-    proc = ctx.Process(target=_producer_process, args=(there, transport, debloat), daemon=True)
-    proc.start()
-    try:
-        address = here.recv()
-        with NetworkEnvironment(256, secret=SECRET, transport=transport, **options) as env:
-            gate = env.create_input_gate([(address, "p", 0)])
-            try:
-                return _consume(gate, rate, a.seconds, a.settle)
-            finally:
-                here.send("done")
-                gate.close()
-    finally:
-        proc.join(20)
-        if proc.is_alive():
-            proc.kill()
+    return run_pair(transport, debloat, a.target, _record,
+                    lambda gate: _consume(gate, rate, a.seconds, a.settle))
 
 
 def _pct(values, q):
@@ -129,28 +71,10 @@ def _pct(values, q):
     return values[min(len(values) - 1, int(len(values) * q))]
 
 
-@contextlib.contextmanager
-def busy(n):
-    procs = [mp.get_context("fork").Process(target=_spin, daemon=True) for _ in range(n)]
-    for p in procs:
-        p.start()
-    try:
-        yield
-    finally:
-        for p in procs:
-            p.kill()
-            p.join()
-
-
-def _spin():
-    while True:
-        pass
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rates", default="200,2000,20000,200000")
-    ap.add_argument("--transports", default="tcp,unix,shm,local")
+    ap.add_argument("--transports", default="tcp,unix,shm,sealed,local")
     ap.add_argument("--target", type=float, default=0.1)
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--settle", type=float, default=3.0)
