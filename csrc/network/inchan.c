@@ -447,24 +447,33 @@ void fb_inchan_announce_buffer_size(fb_inchan_t *ch, int32_t size)
         writer_kick(c, wake);
 }
 
+/* Why reclaim runs: the bound set (or lifted), the consumer took a buffer
+ * (it reads one now), or its records ran dry. */
+enum reclaim_why { RECLAIM_BOUND, RECLAIM_TAKEN, RECLAIM_DRY };
+
 /* Room opened (the bound rose, or the consumer took a buffer that waited):
  * hold exclusive segments given back to the channel's pool for the sender
- * again (floating ones come as the sender's backlog asks for them). */
-static void reclaim(fb_inchan_t *ch, int32_t n, int set)
+ * again (floating ones come as the sender's backlog asks for them).  The
+ * reading flag and the credit held back for it change under the same lock
+ * hold as the room is counted. */
+static void reclaim(fb_inchan_t *ch, int32_t n, enum reclaim_why why)
 {
     fb_conn_t *c = ch->conn;
-    int32_t room, index;
+    int32_t room = 0, index;
     int wake = 0;
     pthread_mutex_lock(&c->mu);
-    if (!holds_buffers(ch) || (!set && ch->cr.limit >= ch->cr.cap)) {
+    if (why != RECLAIM_BOUND)
+        __atomic_store_n(&ch->reading, why == RECLAIM_TAKEN, __ATOMIC_RELAXED);
+    if (!holds_buffers(ch)) {
         pthread_mutex_unlock(&c->mu);
         return;
     }
-    if (set) {
+    if (why == RECLAIM_BOUND)
         fb_credit_set_limit(&ch->cr, n);
-        wake = announce_locked(c, ch);      /* a bound lifted: what was held back */
-    }
-    room = fb_credit_room(&ch->cr, fb_subpart_backlog(&ch->queue));
+    if (why != RECLAIM_TAKEN)
+        wake = announce_locked(c, ch);      /* what was held back: a bound lifted, or dry */
+    if (why == RECLAIM_BOUND || ch->cr.limit < ch->cr.cap)
+        room = fb_credit_room(&ch->cr, fb_subpart_backlog(&ch->queue));
     pthread_mutex_unlock(&c->mu);
     if (wake)
         writer_kick(c, wake);
@@ -477,32 +486,21 @@ static void reclaim(fb_inchan_t *ch, int32_t n, int set)
 
 void fb_inchan_set_buffer_limit(fb_inchan_t *ch, int32_t n)
 {
-    reclaim(ch, n, 1);
+    reclaim(ch, n, RECLAIM_BOUND);
 }
 
 void fb_inchan_buffer_taken(fb_inchan_t *ch)
 {
     if (__atomic_load_n(&ch->cr.limit, __ATOMIC_RELAXED) >= ch->cr.cap)
         return;
-    pthread_mutex_lock(&ch->conn->mu);
-    __atomic_store_n(&ch->reading, 1, __ATOMIC_RELAXED);
-    pthread_mutex_unlock(&ch->conn->mu);
-    reclaim(ch, 0, 0);
+    reclaim(ch, 0, RECLAIM_TAKEN);
 }
 
 void fb_inchan_reader_dry(fb_inchan_t *ch)
 {
-    fb_conn_t *c = ch->conn;
-    int wake;
     if (!__atomic_load_n(&ch->reading, __ATOMIC_RELAXED))
         return;
-    pthread_mutex_lock(&c->mu);
-    __atomic_store_n(&ch->reading, 0, __ATOMIC_RELAXED);
-    wake = holds_buffers(ch) ? announce_locked(c, ch) : 0;
-    pthread_mutex_unlock(&c->mu);
-    if (wake)
-        writer_kick(c, wake);
-    reclaim(ch, 0, 0);
+    reclaim(ch, 0, RECLAIM_DRY);
 }
 
 int fb_inchan_error(fb_inchan_t *ch, char *type, size_t tlen, char *message, size_t mlen)
