@@ -21,6 +21,16 @@
  * thread waits until c->rq_resume). */
 #define RX_WAIT 3
 
+/* This side ended the connection already (its close or failure). */
+static int ended_here(fb_conn_t *c)
+{
+    int ended;
+    pthread_mutex_lock(&c->mu);
+    ended = c->state != CONN_OPEN;
+    pthread_mutex_unlock(&c->mu);
+    return ended;
+}
+
 /* The frame reader's source: what the transport has now, counted, with the
  * time of the last byte kept; its end or failure ends the connection. */
 static ssize_t conn_source(void *arg, struct iovec *iov, int iovcnt)
@@ -38,11 +48,16 @@ static ssize_t conn_source(void *arg, struct iovec *iov, int iovcnt)
             continue;
         if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
             return FB_SOURCE_EMPTY;
+        /* An end this side made (its own shutdown: a transport's recv then
+         * says 0 too) tells nothing of the peer: what it borrowed comes back
+         * by the ledger or the peer's exit, never at once. */
         if (r == 0) {
+            if (ended_here(c))
+                return FB_SOURCE_END;
             conn_peer_ended(c, FB_NET_ERR_CONNECTION, NULL);
             return FB_SOURCE_END;
         }
-        if (errno == ECONNRESET)            /* the peer's side went */
+        if (errno == ECONNRESET && !ended_here(c))      /* the peer's side went */
             __atomic_store_n(&c->peer_ended, 1, __ATOMIC_RELEASE);
         if (fb_transport_why(c->t) != NULL)
             conn_fail(c, FB_NET_ERR_CONNECTION, "%s", fb_transport_why(c->t));
