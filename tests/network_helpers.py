@@ -940,43 +940,122 @@ def role_peer(cfg, cmds):
     _out(closed=True, stats=stats, connections=conns, **_hygiene())
 
 
-def _raw_hoard(cfg, cmds):
-    """A peer spoken by hand over shared memory: it asks for subpartition
-    ``sub`` of "p" with ``credit``, counts the buffers lent to it, answers
-    heartbeats, and never releases one."""
-    from flinkbuf.network import handshake   # noqa: PLC0415
-    port = cfg["addr"].rpartition(":")[2]
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(f"\0flinkbuf-tcp-{port}")
-    _, _, fds, _ = handshake.client(sock, SECRET, "127.0.0.1:1", cfg["segment_size"], 5.0,
-                                    shared_memory=True)
-    ring = RingSocket(sock, *fds[:3], side=1)      # (its arena and ledger left untouched)
-    ring.sendall(request_frame(1, cfg["sub"], cfg["credit"], "p"))
-    lent = [0]
+class _RawBorrower:
+    """A peer spoken by hand over shared memory, connected to ``addr``:
+    ``start`` asks for subpartition ``sub`` of "p" with ``credit`` and
+    reads frames in a thread of its own, each to ``on_frame(msg_id,
+    body)``, answering heartbeats until it stalls; it never releases a lent
+    buffer.  ``lender_fds``: the lender's arena and ledger (the caller's
+    to close)."""
 
-    def read():
+    def __init__(self, cfg):
+        from flinkbuf.network import handshake   # noqa: PLC0415
+        self.cfg = cfg
+        port = cfg["addr"].rpartition(":")[2]
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(f"\0flinkbuf-tcp-{port}")
+        _, _, fds, _ = handshake.client(sock, SECRET, "127.0.0.1:1", cfg["segment_size"], 5.0,
+                                        shared_memory=True)
+        self.ring = RingSocket(sock, *fds[:3], side=1)
+        self.ring.settimeout(None)
+        self.lender_fds = fds[3:]
+        self._send_mu = threading.Lock()
+        self._stalled = False
+
+    def start(self, on_frame):
+        self.ring.sendall(request_frame(1, self.cfg["sub"], self.cfg["credit"], "p"))
+        threading.Thread(target=self._read, args=(on_frame,), daemon=True).start()
+
+    def _read(self, on_frame):
         data = b""
         try:
             while True:
-                data += ring.recv(65536)
+                data += self.ring.recv(65536)
                 while len(data) >= 9 and len(data) >= struct.unpack_from(">I", data)[0]:
                     length, _, msg_id = struct.unpack_from(">IIB", data)
                     body, data = data[9:length], data[length:]
-                    if msg_id == MSG_LENT:
-                        lent[0] += 1
-                        _out(lent=lent[0])
+                    on_frame(msg_id, body)
                     answer = heartbeat_answer(msg_id, body)
-                    if answer is not None:
-                        ring.sendall(answer)
+                    with self._send_mu:
+                        if answer is not None and not self._stalled:
+                            self.ring.sendall(answer)
         except (OSError, ValueError):
             pass
 
-    ring.settimeout(None)
-    threading.Thread(target=read, daemon=True).start()
+    def stall(self, data):
+        """Send ``data`` (the first bytes of a frame) and nothing more."""
+        with self._send_mu:
+            self._stalled = True
+            self.ring.sendall(data)
+
+    def close(self):
+        self.ring.close()
+
+
+def _raw_hoard(cfg, cmds):
+    """A _RawBorrower that counts the buffers lent to it; on "close" its
+    end of the connection."""
+    peer = _RawBorrower(cfg)       # (the lender's arena and ledger left untouched)
+    lent = [0]
+
+    def count(msg_id, body):
+        if msg_id == MSG_LENT:
+            lent[0] += 1
+            _out(lent=lent[0])
+
+    peer.start(count)
     _out(addr="127.0.0.1:1")
     cmds.wait_for("close", cfg["life"])
-    ring.close()
-    return fds[3:]
+    peer.close()
+    return peer.lender_fds
+
+
+LEDGER_HEADER, LEDGER_HELD, LEDGER_LET_GO = 64, 2, 2     # csrc/network/lease.h
+
+
+def role_borrower(cfg, cmds):
+    """An honest borrower spoken by hand (_RawBorrower): it reads each
+    segment lent to it in place (the lender's arena mapped read-only) and
+    marks it held in the lender's ledger, as a flinkbuf consumer does.
+    Commands: "stall" (it sends the first bytes of a frame and nothing
+    more: the lender waits for the rest), "check" (whether every segment
+    it holds has the bytes it had when lent), "let_go" (the ledger says it
+    reads none of them any more), "close" (its end of the connection)."""
+    import mmap   # noqa: PLC0415
+    peer = _RawBorrower(cfg)
+    arena_fd, ledger_fd = peer.lender_fds
+    arena = mmap.mmap(arena_fd, os.fstat(arena_fd).st_size, prot=mmap.PROT_READ)
+    ledger = mmap.mmap(ledger_fd, os.fstat(ledger_fd).st_size)
+    os.close(arena_fd)
+    os.close(ledger_fd)
+    held = {}                      # segment -> (offset, size, digest when lent)
+
+    def take(msg_id, body):
+        if msg_id == MSG_LENT:
+            size, segment = struct.unpack_from(">II", body, 13)
+            ledger[LEDGER_HEADER + segment] = LEDGER_HELD
+            at = segment * cfg["segment_size"]      # (a multiple of 64: the stride)
+            held[segment] = (at, size, digest(arena[at:at + size]))
+            _out(lent=len(held))
+
+    peer.start(take)
+    _out(addr="127.0.0.1:1")
+    while True:
+        cmd = cmds.wait_for_any(("stall", "check", "let_go", "close"), cfg["life"])
+        if cmd["cmd"] == "stall":
+            stall = credit_frame(1, 1)[:5]
+            peer.stall(stall)
+            _out(stalled=len(stall))
+        elif cmd["cmd"] == "check":
+            _out(intact=all(digest(arena[at:at + n]) == d for at, n, d in held.values()),
+                 held=len(held))
+        elif cmd["cmd"] == "let_go":
+            struct.pack_into("<I", ledger, 0, LEDGER_LET_GO)
+            _out(let_go=True)
+        else:
+            break
+    peer.close()
+    _out(closed=True)
 
 
 def role_hoarder(cfg, cmds):

@@ -19,6 +19,7 @@ pytestmark = pytest.mark.one_transport
 
 SEG = 32768
 HOARD = 10                      # the pool's buffers, all of them lent to the hoarder
+LENT = 4                        # the pool's buffers, all of them lent to a borrower
 MAX_GAP = 1.5                   # what "at once" allows on a loaded machine
 
 
@@ -150,6 +151,51 @@ def test_a_lent_buffer_held_across_the_connections_end_reads_what_was_sent(shm_c
     read = result["streams"][0]
     assert len(read) > 5, result                    # more than the record read before the end
     assert read == expected_streams(1, plan, 1)[0][:len(read)], result
+
+
+def test_a_lender_that_ends_first_takes_nothing_back_that_is_still_borrowed(shm_children):
+    """The lender ends the connection first, its reader in the middle of a
+    frame (its own shutdown then reads as the transport's end, not the
+    peer's): every segment it lent stays out while the borrower, which
+    lives on and has not let go, may read it; the lender writes other
+    bytes into every segment it has, and the borrower still reads what was
+    sent; once the borrower lets go, every segment comes back."""
+    children = shm_children
+    with lending_producer() as env:
+        part = create_partition(env.network_buffer_pool, 1, min_buffers=LENT,
+                                max_buffers=LENT)
+        env.register_partition("p", part)
+        borrower = children.start("borrower", {
+            "addr": address_of(env), "sub": 0, "credit": LENT, "segment_size": SEG}, life=30)
+        peer = borrower.address()
+        writer = RecordWriter(part, codec="bytes", buffer_timeout=0)
+        for i in range(LENT):                   # each record fills a buffer
+            writer.emit(record_bytes(1, i, SEG - 4))
+        while borrower.expect("lent")["lent"] < LENT:
+            pass
+        conn = connection_to(env, peer)
+        pool = part.pool
+        assert pool.num_requested - pool.num_available == LENT
+        bytes_in = conn.stats()["bytes_in"]
+        borrower.send(cmd="stall")
+        stall = borrower.expect("stalled")["stalled"]
+        assert wait_until(lambda: conn.stats()["bytes_in"] == bytes_in + stall, 10), \
+            (bytes_in, stall, conn.stats())
+        conn.close()                            # its reader gone: what it did is done
+        out = pool.num_requested - pool.num_available
+        overwrite(env, part)
+        borrower.send(cmd="check")
+        check = borrower.expect("intact")
+        # (taken back, the segments would hold the lender's other bytes)
+        assert (out, check) == (LENT, {"intact": True, "held": LENT}), \
+            f"the lender took back segments still borrowed ({out} out): {check}"
+        borrower.send(cmd="let_go")
+        borrower.expect("let_go")
+        assert wait_until(lambda: pool.num_requested == pool.num_available, 10), \
+            (pool.num_requested, pool.num_available)
+        borrower.send(cmd="close")
+        borrower.expect("closed")
+        writer.fail(RuntimeError("done"))
 
 
 def overwrite(env, part):
