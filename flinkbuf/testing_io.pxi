@@ -36,7 +36,7 @@ def debloater_ema(BufferDebloater debloater not None):
 def debloater_rising(BufferDebloater debloater not None):
     """The samples in a row (0..2) that aimed at twice the smoothed size or
     more: at 2 the size doubles at once."""
-    return debloater._c.rising
+    return debloater._rising()
 
 
 def debloater_sample_ns(BufferDebloater debloater not None, int64_t bytes, int64_t active_ns,

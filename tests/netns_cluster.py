@@ -333,10 +333,11 @@ class Cluster:
     def _spark_env(self, host):
         return {"SPARK_HOME": spark_home(), "SPARK_LOCAL_IP": ADDRESSES[host],
                 "SPARK_LOG_DIR": self.logs, "SPARK_DAEMON_JAVA_OPTS": self.java_opts,
-                # the master forgets a silent worker after 4 s (a worker
-                # beats every quarter of its own setting)
-                "SPARK_MASTER_OPTS": "-Dspark.worker.timeout=4",
-                "SPARK_WORKER_OPTS": "-Dspark.worker.timeout=4",
+                # the master forgets a silent worker after 8 s (a worker
+                # beats every quarter of its own setting; at 4 s a loaded
+                # machine's late beats lost live workers)
+                "SPARK_MASTER_OPTS": "-Dspark.worker.timeout=8",
+                "SPARK_WORKER_OPTS": "-Dspark.worker.timeout=8",
                 "SPARK_WORKER_DIR": os.path.join(self.logs, f"work-{host}")}
 
     def start_master(self):

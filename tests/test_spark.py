@@ -694,9 +694,11 @@ def test_a_failed_exchange_that_feeds_a_shuffle_is_retried_whole(sc, tmp_path):
     assert os.path.exists(marker)
     assert counts == {k: 1000 for k in range(10)}
     # The driver's rendezvous served both attempts of the stage (the result
-    # was gone on the driver once reduceByKey had made its shuffle).
+    # was gone on the driver once reduceByKey had made its shuffle); on a
+    # loaded machine a retried attempt whose second task starts later than
+    # the exchange's timeout fails too, and Spark tries once more.
     [server] = _servers()
-    assert server.attempts_started == 2
+    assert server.attempts_started >= 2
     close_rendezvous()
 
 

@@ -6,7 +6,7 @@
 # _c.time_to_consume_ns, _c.throughput, _c.cfg.period_ns (how often to sample),
 # _c.warm and _c.rising (sample again sooner: after a tenth of the period).
 #
-# Test hooks (flinkbuf._testing): debloater._ema(), debloater._c.rising.
+# Test hooks (flinkbuf._testing): debloater._ema(), debloater._rising().
 cdef class BufferDebloatConfig:
     cdef bint _enabled
     cdef double _target         # seconds, in (0, 3600]
@@ -23,3 +23,4 @@ cdef class BufferDebloater:
     cdef int32_t _sample(self, int64_t bytes, int64_t active_ns,
                          int32_t buffers_in_use) noexcept nogil
     cdef double _ema(self) noexcept
+    cdef int32_t _rising(self) noexcept

@@ -191,6 +191,9 @@ cdef class BufferDebloater:
     cdef double _ema(self) noexcept:
         return self._c.ema
 
+    cdef int32_t _rising(self) noexcept:
+        return self._c.rising
+
     def sample(self, bytes, active_seconds, buffers_in_use):
         """One sample: ``bytes`` the consumer took over ``active_seconds``
         of time it did not wait for data (none: the throughput stays the
