@@ -95,6 +95,7 @@ bench-smoke: build-dev
 	$(PY) bench/arrow_task_cpu.py --rows 200000 --rounds 1
 	$(PY) bench/debloat_sojourn.py --smoke
 	$(PY) bench/debloat_release.py --smoke
+	$(PY) bench/exchange_width.py --widths 2 4 --records 10
 
 # Every generated file, wherever the sources sit: builds, outputs, the fuzzing
 # corpus; in-place extensions, the library of csrc/ (libflinkbuf.so.0) and

@@ -16,20 +16,24 @@ from typing import Any, cast
 from flinkbuf.errors import AuthenticationError, RemoteConnectionError
 from flinkbuf.network import handshake, sockets
 from flinkbuf.network.addresses import OwnAddresses
-from flinkbuf.network.config import NetworkConfig
+from flinkbuf.network.config import MAX_PENDING_HANDSHAKES, NetworkConfig
 from flinkbuf.network.connection_table import ConnectionTable
 from flinkbuf.network.log_limit import LogLimiter
 from flinkbuf.network.transports import ConnectionOpener, SharedMemorySpec, StreamSpec
 
-__all__ = ["ACCEPT_BACKOFF", "Acceptor", "Listeners", "MAX_PENDING_HANDSHAKES"]
+__all__ = ["ACCEPT_BACKOFF", "Acceptor", "LISTEN_BACKLOG", "Listeners",
+           "MAX_PENDING_HANDSHAKES"]
 
 log = logging.getLogger("flinkbuf.network")
 
-# Connections accepted and not authenticated yet, per environment; past this
-# the one that has waited longest for its next message is dropped (a flood
-# of idle sockets cannot lock legitimate peers out, nor take the descriptors
-# authenticated connections need).
-MAX_PENDING_HANDSHAKES = 128
+# An environment's max_pending_handshakes (MAX_PENDING_HANDSHAKES, 128, by
+# default, as flinkbuf.network.config defines it) bounds the connections
+# accepted and not authenticated yet; past it the one that has waited longest
+# for its next message is dropped (a flood of idle sockets cannot lock
+# legitimate peers out, nor take the descriptors authenticated connections
+# need).  The listening sockets' backlog: this, or max_pending_handshakes if
+# larger.
+LISTEN_BACKLOG = 128
 # Out of descriptors, the acceptor stops accepting for a back-off from
 # ACCEPT_BACKOFF[0] s, doubling up to ACCEPT_BACKOFF[1] s while it lasts.
 ACCEPT_BACKOFF = (0.01, 0.5)
@@ -41,10 +45,13 @@ _WAKE = object()                     # the selector key of the acceptor's wake-u
 class Listeners:
     """The listening sockets of one environment: TCP at ``host``/``port``
     and, when peers on this host are reached over a Unix socket, one at
-    the abstract name the TCP port gives (:func:`sockets.unix_name`)."""
+    the abstract name the TCP port gives (:func:`sockets.unix_name`); each
+    with a backlog of ``LISTEN_BACKLOG`` or ``max_pending_handshakes``,
+    whichever is larger (the kernel may cap it: ``net.core.somaxconn``)."""
 
     def __init__(self, config: NetworkConfig) -> None:
-        self.tcp = socket.create_server((config.host, config.port), backlog=128)
+        backlog = max(LISTEN_BACKLOG, config.max_pending_handshakes)
+        self.tcp = socket.create_server((config.host, config.port), backlog=backlog)
         self.tcp.setblocking(False)
         bound = self.tcp.getsockname()
         self.bound: tuple[str, int] = (bound[0], bound[1])
@@ -53,7 +60,7 @@ class Listeners:
             try:
                 self.unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 self.unix.bind(sockets.unix_name(self.bound[1]))
-                self.unix.listen(128)
+                self.unix.listen(backlog)
                 self.unix.setblocking(False)
             except OSError as exc:
                 log.info("no Unix socket beside %s:%d (%s): TCP only", *self.bound, exc)
@@ -255,14 +262,15 @@ class Acceptor:
                 self._log_limited(logging.WARNING, f"set-up: {type(exc).__name__}",
                                   "could not set up a connection from %s: %s", peer, exc)
                 continue
-            if len(pending) > MAX_PENDING_HANDSHAKES:
+            budget = self._config.max_pending_handshakes
+            if len(pending) > budget:
                 # The one waited on longest for its next message goes: a
                 # peer that holds a socket silent cannot push out one whose
                 # handshake is moving.
                 stalest = min(pending, key=lambda s: pending[s].progress)
-                self._refuse(sel, pending, stalest, f"more than {MAX_PENDING_HANDSHAKES} "
-                             "connections were waiting for their handshake, and this one "
-                             "had waited longest for its next message")
+                self._refuse(sel, pending, stalest, f"more than {budget} connections were "
+                             "waiting for their handshake (max_pending_handshakes), and this "
+                             "one had waited longest for its next message")
 
     def _pending(self, sock: socket.socket, peer: Any) -> _PendingHandshake:
         """The handshake of a connection just accepted."""

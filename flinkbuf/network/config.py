@@ -15,10 +15,16 @@ from flinkbuf.io import BufferDebloatConfig
 from flinkbuf.network import handshake
 from flinkbuf.network.addresses import is_wildcard
 
-__all__ = ["NetworkConfig", "Transport", "TRANSPORTS"]
+__all__ = ["MAX_CONNECTIONS", "MAX_PENDING_HANDSHAKES", "NetworkConfig", "Transport",
+           "TRANSPORTS"]
 
 Transport = Literal["auto", "tcp", "unix", "shm"]
 TRANSPORTS: tuple[Transport, ...] = ("auto", "tcp", "unix", "shm")
+
+# The defaults of max_connections and of max_pending_handshakes: the connections
+# an environment keeps open, and those accepted and not authenticated yet.
+MAX_CONNECTIONS = 256
+MAX_PENDING_HANDSHAKES = 128
 
 # Unix sockets with abstract names, descriptor passing and memfds.
 UNIX = hasattr(socket, "AF_UNIX") and sys.platform.startswith("linux")
@@ -138,6 +144,7 @@ class NetworkConfig:
     advertise: str | None
     peer_id: str
     buffer_debloat: BufferDebloatConfig
+    max_pending_handshakes: int = MAX_PENDING_HANDSHAKES
 
     @classmethod
     def of(cls, num_segments: int, segment_size: int, *, host: str, port: int,
@@ -145,8 +152,8 @@ class NetworkConfig:
            connect_timeout: float, request_timeout: float, io_timeout: float,
            transport: object, caller_sends: bool | None, direct_reads: bool | None,
            lend_buffers: bool | None, encryption: bool | None, max_connections: int,
-           advertise: str | None, peer_id: str,
-           buffer_debloat: object = None) -> NetworkConfig:
+           advertise: str | None, peer_id: str, buffer_debloat: object = None,
+           max_pending_handshakes: int = MAX_PENDING_HANDSHAKES) -> NetworkConfig:
         """The configuration of these arguments (TypeError or ValueError,
         naming the argument, for one that is not right).  The pool's two
         sizes are checked by the pool itself."""
@@ -163,6 +170,7 @@ class NetworkConfig:
                     check_seconds(request_timeout, "request_timeout"),
                     check_seconds(io_timeout, "io_timeout"))
         check_int(max_connections, "max_connections", 1)
+        check_int(max_pending_handshakes, "max_pending_handshakes", 1)
         sends = bool(switch(caller_sends, "caller_sends", "FLINKBUF_NET_CALLER_SENDS"))
         reads = bool(switch(direct_reads, "direct_reads", "FLINKBUF_NET_DIRECT_READS"))
         seal = switch(encryption, "encryption", "FLINKBUF_NET_ENCRYPTION", default=None)
@@ -178,7 +186,7 @@ class NetworkConfig:
                    caller_sends=sends, direct_reads=reads,
                    lend_buffers=bool(lend) and seal is not True and UNIX, encryption=seal,
                    max_connections=max_connections, advertise=advertise, peer_id=peer_id,
-                   buffer_debloat=debloat)
+                   buffer_debloat=debloat, max_pending_handshakes=max_pending_handshakes)
 
     @property
     def uses_unix_socket(self) -> bool:

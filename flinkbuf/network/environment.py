@@ -27,7 +27,12 @@ from flinkbuf.network import handshake
 from flinkbuf.network._network import Connection
 from flinkbuf.network.acceptor import Acceptor, Listeners
 from flinkbuf.network.addresses import Address, OwnAddresses, format_address
-from flinkbuf.network.config import NetworkConfig, Transport
+from flinkbuf.network.config import (
+    MAX_CONNECTIONS,
+    MAX_PENDING_HANDSHAKES,
+    NetworkConfig,
+    Transport,
+)
 from flinkbuf.network.connection_table import ConnectionTable
 from flinkbuf.network.dialer import Dialer
 from flinkbuf.network.gates import ChannelSpec, InputGateFactory
@@ -165,9 +170,13 @@ class NetworkEnvironment:
     ``max_connections``: the connections this environment keeps open at
     most, made and accepted (each costs two threads and a few
     descriptors); beyond it, a connection is refused with a clear error on
-    both sides.  Connections accepted and not authenticated yet are bounded
-    apart (``MAX_PENDING_HANDSHAKES`` of ``flinkbuf.network.acceptor``, 128), so that a flood
-    of sockets that never authenticate cannot take their place.
+    both sides.  ``max_pending_handshakes``: the connections accepted and
+    not authenticated yet, bounded apart so that a flood of sockets that
+    never authenticate cannot take their place: past it, the one that has
+    waited longest for its next message is refused (a peer whose handshake
+    moves is never pushed out by a silent socket).  Many peers that dial
+    at once (the tasks of a wide exchange) need it at least as large as
+    their number; the listening sockets' backlog is as large too.
 
     ``encryption``: whether frames after the handshake are sealed,
     AES-256-GCM with one key per direction derived from ``secret`` and the
@@ -212,13 +221,14 @@ class NetworkEnvironment:
                  io_timeout: float = 60.0, transport: Transport = "auto",
                  caller_sends: bool | None = None, direct_reads: bool | None = None,
                  lend_buffers: bool | None = None, encryption: bool | None = None,
-                 max_connections: int = 256, advertise: str | None = None,
+                 max_connections: int = MAX_CONNECTIONS, advertise: str | None = None,
                  peer_id: str = "", buffer_debloat: bool | BufferDebloatConfig | None = None,
                  buffer_debloat_target: float | None = None,
                  buffer_debloat_period: float | None = None,
                  buffer_debloat_samples: int | None = None,
                  buffer_debloat_threshold: int | None = None,
-                 buffer_debloat_min_size: int | None = None) -> None:
+                 buffer_debloat_min_size: int | None = None,
+                 max_pending_handshakes: int = MAX_PENDING_HANDSHAKES) -> None:
         debloat = {"buffer_debloat": buffer_debloat,
                    "buffer_debloat_target": buffer_debloat_target,
                    "buffer_debloat_period": buffer_debloat_period,
@@ -233,7 +243,7 @@ class NetworkEnvironment:
             io_timeout=io_timeout, transport=transport, caller_sends=caller_sends,
             direct_reads=direct_reads, lend_buffers=lend_buffers, encryption=encryption,
             max_connections=max_connections, advertise=advertise, peer_id=peer_id,
-            buffer_debloat=debloat)
+            buffer_debloat=debloat, max_pending_handshakes=max_pending_handshakes)
         self._config = config
         self._closed = False
         self._closing = threading.Lock()

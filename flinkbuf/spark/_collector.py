@@ -4,9 +4,11 @@ secret; a peer that does not prove it is dropped), decodes their messages
 (:mod:`flinkbuf.spark._reports`) and hands them to the view's store.
 
 Budgets, as the exchange's rendezvous has them: at most
-``UNAUTHENTICATED_BUDGET`` connections that have not proven the secret
+``unauthenticated_budget`` connections that have not proven the secret
 (past that the oldest goes), each for at most ``handshake_timeout``
-seconds; at most ``max_connections`` that have (the next is refused in
+seconds: ``UNAUTHENTICATED_BUDGET``, raised as exchanges register
+(:meth:`Collector.expect`) to let all of an exchange's tasks handshake at
+once; at most ``max_connections`` that have (the next is refused in
 the handshake); a connection that sends nothing for ``idle_timeout``
 seconds, a malformed message or more than ``MAX_MESSAGE`` bytes in one is
 dropped, and so is its task's report stream (the store marks the task
@@ -34,7 +36,9 @@ from flinkbuf.network.log_limit import LogLimiter
 from flinkbuf.spark import _rendezvous, _reports
 
 _LOG = logging.getLogger("flinkbuf.spark")
-UNAUTHENTICATED_BUDGET = 32
+UNAUTHENTICATED_BUDGET = 32  # at the least; raised to an exchange's tasks (expect)
+LISTEN_BACKLOG = 128         # the report socket's backlog, at the least
+MARGIN = 16                  # connections beyond an exchange's tasks
 MAX_CONNECTIONS = 4096
 OTHER_CONNECTIONS = 64       # the page's connections, which share the thread and the limit
 MIN_BACKOFF = 0.05           # seconds a listening socket pauses when descriptors run out ...
@@ -115,6 +119,7 @@ class Collector:
         self._handshake_timeout = handshake_timeout
         self._idle_timeout = idle_timeout
         self.max_connections = connection_cap() if max_connections is None else max_connections
+        self.unauthenticated_budget = UNAUTHENTICATED_BUDGET
         self._alive = alive
         self._on_dead = on_dead
         self._services = list(services)
@@ -123,7 +128,7 @@ class Collector:
         self.refused = 0
         self._peers = {}             # socket -> _Peer
         self._closed = False
-        self._sock = _rendezvous.listener(host, 0, 128)
+        self._sock = _rendezvous.listener(host, 0, LISTEN_BACKLOG)
         self._wake_r, self._wake_w = socket.socketpair()
         self._selector = selectors.DefaultSelector()
         try:
@@ -169,6 +174,22 @@ class Collector:
     @property
     def closed(self):
         return self._closed
+
+    def expect(self, num_tasks):
+        """An exchange of ``num_tasks`` tasks will report: room for all of
+        them handshaking at once, and a margin.  The budget of connections
+        not authenticated yet (never above ``max_connections``, nor below
+        ``UNAUTHENTICATED_BUDGET``) and the listening socket's backlog grow
+        to it; they never shrink."""
+        budget = max(UNAUTHENTICATED_BUDGET, min(num_tasks + MARGIN, self.max_connections))
+        with self._lock:
+            if budget <= self.unauthenticated_budget or self._closed:
+                return
+            self.unauthenticated_budget = budget
+            try:
+                self._sock.listen(max(LISTEN_BACKLOG, budget))
+            except OSError:                # closed meanwhile
+                pass
 
     @property
     def connections(self):
@@ -259,7 +280,7 @@ class Collector:
                                        _reports.SEGMENT_SIZE, admit=self._admit)
         peer = _Peer(sock, address, hs, time.monotonic() + self._handshake_timeout)
         pending = [p for p in self._peers.values() if p.handshake is not None]
-        if len(pending) >= UNAUTHENTICATED_BUDGET:
+        if len(pending) >= self.unauthenticated_budget:
             oldest = min(pending, key=lambda p: p.deadline)
             self._drop(oldest, "evicted: too many connections have not authenticated")
         with self._lock:

@@ -8,7 +8,7 @@ lifetime to the result.
 
 import weakref
 
-from flinkbuf.spark import _rendezvous, live
+from flinkbuf.spark import _descriptors, _rendezvous, live
 from flinkbuf.spark._spec import make_spec, new_exchange_id, new_secret
 from flinkbuf.spark.driver import session_encryption, session_port_retries
 
@@ -69,8 +69,12 @@ def prepare(session, num_tasks, options, live_view, name):
 def start_rendezvous(session, secret, num_tasks, options, port_retries):
     """The driver's rendezvous of an exchange (on ``spark.driver.host``, or
     this Connect client's address, at ``rendezvous_port`` or one of the
-    next ``port_retries``)."""
+    next ``port_retries``), with room for a descriptor per connection it
+    may hold."""
     bind, advertised = session.addresses()
+    connections, unauthenticated, _ = _rendezvous.budgets(num_tasks)
+    _descriptors.make_room(connections + unauthenticated,
+                           f"the driver's rendezvous of a {num_tasks}-task exchange")
     timeouts = options.timeouts
     return _rendezvous.RendezvousServer(secret, num_tasks, host=bind, advertise=advertised,
                                         timeout=timeouts.rendezvous,

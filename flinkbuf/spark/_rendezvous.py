@@ -40,9 +40,24 @@ _LEN = struct.Struct(">I")
 _SEGMENT_SIZE = 0            # the handshake's segment-size field: unused here
 MAX_REQUEST = 4096           # bytes of a registration
 _ACCEPT_SLICE = 0.2
-# Connections that have not proven the secret yet, per rendezvous; past this
-# the oldest is dropped.
+# Connections that have not proven the secret yet, per rendezvous, at the
+# least; past the budget the oldest is dropped.
 UNAUTHENTICATED_BUDGET = 32
+# The listening socket's backlog, at the least.
+LISTEN_BACKLOG = 128
+# Connections a rendezvous has room for beyond its tasks'.
+MARGIN = 16
+
+
+def budgets(num_tasks):
+    """``(max_connections, max_unauthenticated, backlog)`` of the
+    rendezvous of ``num_tasks`` tasks: every task of the stage attempt
+    and of a retried one connected at once, all of one attempt handshaking
+    at once and waiting to be accepted, each with a margin; the
+    unauthenticated budget and the backlog never below
+    ``UNAUTHENTICATED_BUDGET`` and ``LISTEN_BACKLOG``."""
+    return (2 * num_tasks + MARGIN, max(UNAUTHENTICATED_BUDGET, num_tasks + MARGIN),
+            max(LISTEN_BACKLOG, num_tasks + MARGIN))
 
 # The rendezvous servers of this process that are still open.
 _LIVE: "weakref.WeakSet[RendezvousServer]" = weakref.WeakSet()
@@ -86,7 +101,9 @@ class RendezvousServer:
     """The driver's side: serves the registrations of ``num_tasks`` tasks
     per stage attempt, authenticated with ``secret``.  ``address`` is the
     ``(host, port)`` tasks connect to (``advertise`` as host, the bound
-    port).  Every wait lasts at most ``timeout`` seconds.  :meth:`close`
+    port).  Every wait lasts at most ``timeout`` seconds.  Its budgets
+    (``max_connections``, ``max_unauthenticated`` and the backlog) follow
+    ``num_tasks`` (:func:`budgets`) unless given.  :meth:`close`
     (idempotent) stops the thread and closes every socket.
     ``issued_task_ids()``, if given, returns the task attempt id Spark will
     issue next (None: unknown): a registration with that id or a later one
@@ -100,10 +117,11 @@ class RendezvousServer:
         self._secret = secret
         self._num_tasks = num_tasks
         self._timeout = timeout
+        connections, unauthenticated, backlog = budgets(num_tasks)
         self._max_connections = (max_connections if max_connections is not None
-                                 else 2 * num_tasks + 16)
+                                 else connections)
         self._max_unauthenticated = (max_unauthenticated if max_unauthenticated is not None
-                                     else UNAUTHENTICATED_BUDGET)
+                                     else unauthenticated)
         self._issued_task_ids = issued_task_ids
         self._unauthenticated = {}   # connection -> when it was accepted
         self._log_limited = LogLimiter(_LOG)   # per cause: 10 lines at once, then one per 5 s
@@ -117,7 +135,7 @@ class RendezvousServer:
         self._last_activity = time.monotonic()
         self.refused = 0             # connections dropped (bad peer, stale attempt, ...)
         self._sock = bind_in_range(
-            lambda p: listener(host, p, min(128, self._max_connections)), host, port,
+            lambda p: listener(host, p, min(backlog, self._max_connections)), host, port,
             port_retries, "the exchange's rendezvous on the driver", "rendezvous_port")
         self._sock.settimeout(_ACCEPT_SLICE)
         self.address = (advertise or host, self._sock.getsockname()[1])

@@ -11,7 +11,24 @@ from flinkbuf.errors import RemoteConnectionError
 from flinkbuf.io import task_segments
 from flinkbuf.network import NetworkEnvironment
 from flinkbuf.network.addresses import is_host_address, is_wildcard, source_address
-from flinkbuf.spark import _rendezvous
+from flinkbuf.network.config import MAX_CONNECTIONS, MAX_PENDING_HANDSHAKES
+from flinkbuf.spark import _descriptors, _rendezvous
+
+# Connections and handshakes a task's environment has room for beyond what
+# its peers need.
+CONNECTION_MARGIN = 16
+
+
+def connection_caps(n):
+    """``(max_connections, max_pending_handshakes)`` of the environment of
+    a task of an ``n``-task exchange, never below the environment's
+    defaults: its ``n - 1`` peers' connections both ways (one per peer
+    once connected; two for a moment when a peer and the task dial each
+    other at once, the second then closes) and every peer handshaking at
+    once, each with a margin."""
+    peers = n - 1
+    return (max(MAX_CONNECTIONS, 2 * peers + CONNECTION_MARGIN),
+            max(MAX_PENDING_HANDSHAKES, peers + CONNECTION_MARGIN))
 
 
 def own_host(ctx, index, driver=None):
@@ -79,8 +96,13 @@ def peer_id(task_attempt_id):
 def start_environment(spec, n, bind, advertised, peer, out_buffers):
     """The task's NetworkEnvironment (``peer``: its peer id), its server on
     ``bind`` at ``task_port`` or, when taken, one of the next
-    ``port_retries`` ports; its waits bounded by the spec's timeouts."""
+    ``port_retries`` ports; its waits bounded by the spec's timeouts, its
+    connections and pending handshakes by :func:`connection_caps`, with
+    room for its descriptors (:func:`~flinkbuf.spark._descriptors.make_room`)."""
     options, timeouts = spec.options, spec.timeouts
+    max_connections, max_pending = connection_caps(n)
+    _descriptors.make_room(_descriptors.OF_ENVIRONMENT + _descriptors.PER_CONNECTION * (n - 1),
+                           f"a task of a {n}-task exchange")
     segments = task_segments([out_buffers], [n - 1],
                              exclusive_buffers_per_channel=options.buffers_per_channel,
                              floating_buffers_per_gate=options.floating_buffers)
@@ -92,7 +114,8 @@ def start_environment(spec, n, bind, advertised, peer, out_buffers):
             floating_buffers_per_gate=options.floating_buffers,
             connect_timeout=timeouts.connect, request_timeout=timeouts.request,
             io_timeout=timeouts.io, encryption=spec.encryption, advertise=advertised,
-            peer_id=peer, buffer_debloat=options.buffer_debloat)
+            peer_id=peer, buffer_debloat=options.buffer_debloat,
+            max_connections=max_connections, max_pending_handshakes=max_pending)
 
     try:
         return _rendezvous.bind_in_range(start, bind, options.task_port, spec.port_retries,

@@ -195,6 +195,7 @@ class LiveView:
                          "limit leaves room for %d report connections: the others will not "
                          "show (raise ulimit -n, or its soft limit, to follow every task)",
                          exchange_id, num_tasks, cap)
+        self._collector.expect(num_tasks)
         self._store.register(exchange_id, name, num_tasks)
         return _reports.Target(self.report_address, self._secret, exchange_id, num_tasks,
                                self.interval)
