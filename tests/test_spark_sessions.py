@@ -83,6 +83,65 @@ def test_rows_reach_their_key_s_task(spark):
     assert set(out["task"]) == {0, 1}
 
 
+def _keyed_squares(batches):
+    """map_input: each input row's square, keyed, made where it is exchanged."""
+    import os
+
+    import pyarrow as pa
+
+    for batch in batches:
+        ids = batch.column(0).to_numpy()
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(ids % 7), pa.array(ids * ids), pa.array([os.getpid()] * len(ids))],
+            names=["k", "square", "made_in"])
+
+
+def _with_reader(batches):
+    import os
+
+    import pyarrow as pa
+
+    from flinkbuf.spark import current_task
+
+    segment = current_task().environment.network_buffer_pool.segment_size
+    for batch in batches:
+        yield pa.RecordBatch.from_arrays(
+            batch.columns + [pa.array([os.getpid()] * batch.num_rows),
+                             pa.array([segment] * batch.num_rows)],
+            names=batch.schema.names + ["read_in", "segment"])
+
+
+def _unkeyed(batches):
+    for batch in batches:
+        yield batch.rename_columns(["not_k"])
+
+
+def test_map_input_makes_the_batches_in_the_exchange_s_own_worker(spark):
+    """map_input's batches are what the tasks exchange, made in the Python
+    worker that exchanges them and runs fn (a key column the DataFrame
+    lacks); a batch without the key fails the job saying so."""
+    from flinkbuf.spark import arrow_exchange, key_partitions
+
+    df = spark.range(0, 5000, numPartitions=2)
+    out = arrow_exchange(df, _with_reader, "k",
+                         "k long, square long, made_in long, read_in long, segment long",
+                         map_input=_keyed_squares, segment_size=4096).toPandas()
+    assert sorted(out["square"]) == [i * i for i in range(5000)]
+    assert (out["k"].to_numpy() ** 2 % 7 == out["square"].to_numpy() % 7).all()
+    tasks = key_partitions(out["k"].to_numpy(), 2)
+    readers = {t: set(out["read_in"][tasks == t]) for t in (0, 1)}
+    assert all(len(r) == 1 for r in readers.values()) and readers[0] != readers[1]
+    # Every row read in a task's worker was made in one of the two tasks' workers.
+    assert set(out["made_in"]) == readers[0] | readers[1]
+    assert set(out["segment"]) == {4096}
+    with pytest.raises(Exception, match="key 'k' names no single column of the batches to "
+                                        r"exchange \(not_k\)"):
+        arrow_exchange(df, _with_reader, "k", "id long, read_in long, segment long",
+                       map_input=_unkeyed).collect()
+    with pytest.raises(TypeError, match="map_input must be callable"):
+        arrow_exchange(df, _with_reader, "k", "k long", map_input=1)
+
+
 @pytest.mark.parametrize("rendezvous", [None, "barrier"])
 def test_string_keys_count_like_group_by_with_either_rendezvous(spark, rendezvous):
     from flinkbuf.spark import arrow_exchange
