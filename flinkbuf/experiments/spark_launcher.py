@@ -184,14 +184,7 @@ def check_environment(master="local[2]", *, connect=False, names=None):
         raise MissingRequirementError(
             "PySpark is not installed: pip install 'flinkbuf[spark]'") from None
     if connect:
-        try:
-            from pyspark.sql.connect.utils import check_dependencies
-
-            check_dependencies()
-        except ImportError as exc:
-            raise MissingRequirementError(
-                f"the Spark Connect client's packages are missing ({exc}): "
-                "pip install 'flinkbuf[spark]'") from None
+        _check_connect_client()
     spark4 = _major(pyspark.__version__) >= 4
     if master.startswith("mesos://") and spark4:
         fail(f"{(names or {}).get('master', 'master')} {master}: Spark {pyspark.__version__} "
@@ -205,6 +198,17 @@ def check_environment(master="local[2]", *, connect=False, names=None):
         raise MissingRequirementError(
             f"Spark {pyspark.__version__} needs Java {need} or later, but {java} is Java {have}:"
             f" {_install_java(need)} and set JAVA_HOME to it")
+
+
+def _check_connect_client():
+    """The packages of PySpark's Spark Connect client are there, in the
+    versions it needs (it checks them when imported)."""
+    try:
+        import pyspark.sql.connect  # noqa: F401
+    except ImportError as exc:
+        raise MissingRequirementError(
+            f"the Spark Connect client's packages are missing ({exc}): "
+            "pip install 'flinkbuf[spark]'") from None
 
 
 # ---- the session -----------------------------------------------------------------------
