@@ -64,6 +64,7 @@ ASAN_DESELECT := --deselect tests/test_experiments.py::test_backpressure_experim
                  --deselect tests/test_experiments.py::test_slow_subpartition_experiment \
                  --ignore tests/test_spark.py --ignore tests/test_spark_cluster.py \
                  --ignore tests/test_spark_demo.py --ignore tests/test_spark_multihost.py \
+                 --ignore tests/test_spark_sessions.py \
                  --deselect tests/test_readme.py::test_readme_spark_example_runs_without_warnings_of_its_own
 asan: build-asan
 	LD_PRELOAD=$$(gcc -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 \

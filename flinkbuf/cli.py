@@ -161,7 +161,9 @@ def _add_spark_demo(sub):
             "time minus emit time, sampled without changing the records); meanwhile the driver serves a live "
             "view of the tasks (a page that names the bottleneck, JSON, Prometheus text) and "
             "prints its URL. Then a table of each task's metrics, and the keyed job (--records records counted per key) through flinkbuf "
-            "and through Spark's shuffle, side by side. Writes DIR/spark-backpressure.csv, "
+            "and through Spark's shuffle, side by side. With --connect, the same as a Spark "
+            "Connect client of a server it starts (the records as Arrow batches, through "
+            "flinkbuf.spark.arrow_exchange). Writes DIR/spark-backpressure.csv, "
             ".json, with matplotlib .png, and .log (what Spark's JVM and its Python workers "
             "print, kept off the terminal); exits with 1 if an expectation fails or the run "
             "fails (one line with the cause). Needs PySpark (pip install 'flinkbuf[spark]') "
@@ -195,6 +197,13 @@ def _add_spark_demo(sub):
                     help="where the driver serves the live view of the exchanges while the demo "
                          "runs (its URL is printed; port 0: any free one; a host other than "
                          "loopback serves it to other machines) (default: 127.0.0.1:0)")
+    sd.add_argument("--connect", action="store_true",
+                    help="run the demo through a Spark Connect server that it starts on "
+                         "loopback (on --master), as a Spark Connect client: Connect has no "
+                         "RDDs, so the tasks exchange the same records as Arrow batches "
+                         "(flinkbuf.spark.arrow_exchange) and the keyed job runs over a "
+                         "DataFrame, beside repartition + mapInArrow; needs Spark Connect's "
+                         "client packages (in the spark extra)")
     sd.add_argument("--no-live-view", action="store_true", help="serve no live view")
     sd.add_argument("--no-plot", action="store_true", help="skip the PNG")
     sd.set_defaults(func=_run_spark_demo, parser=sd)
@@ -455,14 +464,14 @@ def _run_spark_demo(args):
     _sd.check_arguments(args.phase_seconds, args.interval, args.tasks, args.records,
                         args.segment_size, args.full_speed_fraction, args.master,
                         live_view=live_view, names=_OPTION_NAMES)
-    spark_launcher.check_environment(args.master, names=_OPTION_NAMES)
+    spark_launcher.check_environment(args.master, connect=args.connect, names=_OPTION_NAMES)
     with _out_dir(args.out, _sd.OUTPUT_FILES):
         doc = _sd.run_spark_demo(args.out, args.phase_seconds, interval=args.interval,
                                  tasks=args.tasks, records=args.records,
                                  segment_size=args.segment_size,
                                  full_speed_fraction=args.full_speed_fraction,
-                                 master=args.master, plot=not args.no_plot,
-                                 live_view=live_view)
+                                 master=args.master, connect=args.connect,
+                                 plot=not args.no_plot, live_view=live_view)
     return 0 if doc["checks"]["passed"] else 1
 
 

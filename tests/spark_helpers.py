@@ -12,10 +12,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def spark_session(master, *, app="flinkbuf-tests", connect=False, **conf):
-    """A SparkSession on ``master`` for the tests (stop it when done),
-    started as the demo starts its own (flinkbuf.experiments.spark_launcher);
-    ``connect``: ``(classic, connect)``, the session serving Spark Connect
-    and a Spark Connect session on it (stop both)."""
+    """A SparkSession on ``master`` for the tests (stop it with :func:`stop`
+    when done), started as the demo starts its own
+    (flinkbuf.experiments.spark_launcher); ``connect``: ``(classic,
+    connect)``, the session serving Spark Connect and a Spark Connect
+    session on it (stop both)."""
     from flinkbuf.experiments import spark_launcher
 
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
@@ -31,6 +32,30 @@ def spark_session(master, *, app="flinkbuf-tests", connect=False, **conf):
         conf={"spark.barrier.sync.timeout": "60s",
               "spark.python.worker.reuse": "true",
               "spark.executorEnv.PYTHONPATH": os.environ["PYTHONPATH"], **conf})
+
+
+# What spark-submit sets in the JVM for itself, which every session takes.
+_SUBMIT_PROPERTIES = ("spark.submit.", "spark.app.submitTime")
+
+
+def stop(*sessions):
+    """Stop ``sessions`` (a Spark Connect one before the session serving
+    it), then clear the settings that the launch of this process's JVM
+    left there: spark-submit makes the first session's settings the JVM's
+    system properties, which every later session of this process would
+    take as its defaults (a test module's encryption, say)."""
+    from flinkbuf.experiments.spark_launcher import is_connect
+
+    classic = [s for s in sessions if not is_connect(s)]
+    jvm = classic[0].sparkContext._jvm if classic else None
+    for session in sessions:
+        session.stop()
+    if jvm is None:
+        return
+    system = jvm.java.lang.System
+    for key in [str(k) for k in system.getProperties().keySet().toArray()]:
+        if key.startswith("spark.") and not key.startswith(_SUBMIT_PROPERTIES):
+            system.clearProperty(key)
 
 
 def wait_for_executors(sc, count, timeout=120.0):

@@ -338,6 +338,23 @@ def test_spark_demo_without_pyspark_writes_nothing(tmp_path):
     assert _tree(tmp_path) == before
 
 
+def test_spark_demo_connect_without_the_connect_client_writes_nothing(tmp_path):
+    pytest.importorskip("pyspark")
+    # A script, not python -c: PySpark's Connect client takes a process
+    # without a main file for its doctests, and exits when a package is missing.
+    script = tmp_path / "no_grpc.py"
+    script.write_text(_NO_PYSPARK.replace("'pyspark'", "'grpc'"))
+    before = _tree(tmp_path)
+    proc = _cli(["spark-demo", "--connect", "--out", "newdir/deeper"], tmp_path,
+                python_args=[str(script)])
+    assert (proc.returncode, proc.stdout) == (2, ""), proc.stderr
+    assert proc.stderr.startswith("flinkbuf spark-demo: error: the Spark Connect client's "
+                                  "packages are missing ("), proc.stderr
+    assert "grpcio" in proc.stderr and proc.stderr.endswith(
+        "): pip install 'flinkbuf[spark]'\n"), proc.stderr
+    assert _tree(tmp_path) == before
+
+
 def _fake_java(tmp_path, version):
     home = tmp_path / f"java-{version}"
     (home / "bin").mkdir(parents=True)

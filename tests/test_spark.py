@@ -1,6 +1,7 @@
 """flinkbuf.spark: records exchanged between the tasks of a PySpark barrier
 stage, in local mode (each task in its own Python worker process, so every
-exchange crosses processes)."""
+exchange crosses processes).  arrow_exchange's own tests run on both kinds
+of session, classic and Spark Connect, in test_spark_sessions.py."""
 
 import collections
 import os
@@ -10,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spark_helpers import leftovers, spark_session
+from spark_helpers import leftovers, spark_session, stop
 
 from flinkbuf.io import assign_key_to_operator
 from flinkbuf.spark import ExchangeTask, current_task, pipelined_exchange
@@ -29,7 +30,7 @@ def spark():
     cloudpickle.register_pickle_by_value(__import__(__name__))
     session = spark_session(f"local[{SLOTS}]")
     yield session
-    session.stop()
+    stop(session)
 
 
 @pytest.fixture(scope="module")
@@ -248,6 +249,17 @@ def _levels(doc, exchange):
     (e,) = [e for e in doc["exchanges"] if e["id"] == exchange]
     return ({t["task"]: t["metrics"] and t["metrics"]["backPressureLevel"]
              for t in e["tasks"] if t["latest"]}, [b["task"] for b in e["bottleneck"]])
+
+
+def _count_per_string_key(batches):
+    import collections
+
+    import pyarrow as pa
+
+    counts = collections.Counter()
+    for batch in batches:
+        counts.update(batch.column(0).to_pylist())
+    yield pa.RecordBatch.from_pydict({"name": list(counts), "n": list(counts.values())})
 
 
 def test_the_live_view_names_the_slowed_consumer_in_a_browser(spark, sc, tmp_path, request):
@@ -922,28 +934,6 @@ def socket_to(address):
     return socket.create_connection(address, timeout=5)
 
 
-def test_arrow_exchange_with_either_rendezvous(spark):
-    from pyspark.sql import functions as F
-
-    from flinkbuf.spark import arrow_exchange, close_rendezvous
-
-    close_rendezvous()             # the lingering ones of earlier tests
-    df = spark.range(0, 10_000, numPartitions=2).select(
-        F.concat(F.lit("k"), (F.col("id") % 13).cast("string")).alias("name"), F.col("id"))
-    for rendezvous in ("driver", "barrier"):
-        before = set(_servers())       # (the driver one lingers for its timeout)
-        out = arrow_exchange(df, _count_per_string_key, "name", "name string, n long",
-                             rendezvous=rendezvous, timeout=3)
-        assert sorted((r["name"], r["n"]) for r in out.collect()) == sorted(
-            (f"k{k}", len(range(k, 10_000, 13))) for k in range(13))
-        assert len(set(_servers()) - before) == (rendezvous == "driver")
-        del out
-    deadline = time.monotonic() + 10
-    while _rendezvous_threads() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _servers() == [] and _rendezvous_threads() == []
-
-
 def test_nothing_is_left_in_the_workers(sc):
     pipelined_exchange(sc.parallelize(range(1000), 2), selector="round_robin").count()
     assert leftovers(sc, SLOTS) == []
@@ -1063,102 +1053,7 @@ def test_spark_demo_command_refuses_bad_arguments(args, message, capsys, tmp_pat
     assert not (tmp_path / "out").exists()
 
 
-# ---- DataFrames: Arrow ---------------------------------------------------------------
-
-
-def _rows_with_task(batches):
-    import pyarrow as pa
-    from pyspark import BarrierTaskContext
-
-    from flinkbuf.spark import current_task
-
-    index = BarrierTaskContext.get().partitionId()
-    segment = current_task().environment.network_buffer_pool.segment_size
-    for batch in batches:
-        assert isinstance(batch, pa.RecordBatch)
-        yield pa.RecordBatch.from_arrays(
-            [batch.column(0), batch.column(1), pa.array([index] * batch.num_rows, pa.int32()),
-             pa.array([segment] * batch.num_rows, pa.int32())],
-            names=["k", "v", "task", "segment"])
-
-
-def test_arrow_exchange_routes_rows_by_key(spark):
-    from pyspark.sql import functions as F
-
-    from flinkbuf.spark import arrow_exchange, key_partitions
-
-    df = spark.range(0, 30_000, numPartitions=3).select(
-        (F.col("id") % 101).alias("k"), F.col("id").alias("v"))
-    from flinkbuf.spark.arrow import default_segment_size
-
-    out = arrow_exchange(df, _rows_with_task, "k",
-                         "k long, v long, task int, segment int").toPandas()
-    assert sorted(out["v"]) == list(range(30_000))
-    expected = key_partitions(out["k"].to_numpy(), 3)
-    assert (out["task"].to_numpy() == expected).all()
-    assert set(out["task"]) == {0, 1, 2}
-    assert set(out["segment"]) == {default_segment_size(3)}     # the default buffers
-    out = arrow_exchange(df, _rows_with_task, "k", "k long, v long, task int, segment int",
-                         segment_size=4096).toPandas()
-    assert sorted(out["v"]) == list(range(30_000)) and set(out["segment"]) == {4096}
-
-
-def _count_per_string_key(batches):
-    import collections
-
-    import pyarrow as pa
-
-    counts = collections.Counter()
-    for batch in batches:
-        counts.update(batch.column(0).to_pylist())
-    yield pa.RecordBatch.from_pydict({"name": list(counts), "n": list(counts.values())})
-
-
-def test_arrow_exchange_string_keys_count_like_group_by(spark):
-    from pyspark.sql import functions as F
-
-    from flinkbuf.spark import arrow_exchange
-
-    df = spark.range(0, 20_000, numPartitions=2).select(
-        F.concat(F.lit("name-"), (F.col("id") % 37).cast("string")).alias("name"),
-        F.col("id"))
-    ours = arrow_exchange(df, _count_per_string_key, "name", "name string, n long").collect()
-    assert len(ours) == 37                       # each key counted in one task only
-    expected = {r["name"]: r["count"] for r in df.groupBy("name").count().collect()}
-    assert {r["name"]: r["n"] for r in ours} == expected
-
-
-def _batches_fail(batches):
-    for i, batch in enumerate(batches):
-        if i == 1:
-            raise ValueError("arrow-fn-failed")
-        yield batch
-
-
-def test_arrow_exchange_failure_and_arguments(spark):
-    from pyspark.sql import functions as F
-
-    from flinkbuf.spark import arrow_exchange
-
-    df = spark.range(0, 200_000, numPartitions=2).select(
-        (F.col("id") % 10).alias("k"), F.col("id").alias("v"))
-    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "1000")
-    try:
-        message, took = _job_error(
-            lambda: arrow_exchange(df, _batches_fail, "k", "k long, v long").collect())
-    finally:
-        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
-    assert "arrow-fn-failed" in message
-    assert took < 30
-    with pytest.raises(ValueError, match="not a column"):
-        arrow_exchange(df, _batches_fail, "nope", "k long")
-    with pytest.raises(TypeError, match="column name"):
-        arrow_exchange(df, _batches_fail, 0, "k long")
-    with pytest.raises(TypeError, match="DataFrame"):
-        arrow_exchange(df.rdd, _batches_fail, "k", "k long")
-    with pytest.raises(TypeError, match="fn"):
-        arrow_exchange(df, None, "k", "k long")
-    assert leftovers(spark.sparkContext, SLOTS) == []
+# ---- encryption --------------------------------------------------------------------
 
 
 def _note_sealed(task):

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from spark_helpers import leftovers, spark_session, wait_for_executors
+from spark_helpers import leftovers, spark_session, stop, wait_for_executors
 
 from flinkbuf.io import assign_key_to_operator
 from flinkbuf.spark import current_task, pipelined_exchange
@@ -26,7 +26,7 @@ def sc():
     spark = spark_session("local-cluster[2,1,1024]", **{"spark.executor.memory": "768m"})
     wait_for_executors(spark.sparkContext, 2)
     yield spark.sparkContext
-    spark.stop()
+    stop(spark)
 
 
 def _count_with_origin(records):

@@ -3,9 +3,12 @@ command in a subprocess.  Ctrl-C at any moment (while Spark starts, during
 the schedule, during the comparison) prints one line and exits with 130,
 leaving no JVM or Python worker behind; a run that fails once Spark runs
 is one line with its cause and exit status 1; Spark's own output goes to
-its log file, not the terminal."""
+its log file, not the terminal.  With ``--connect`` the same demo runs
+through a Spark Connect server it starts."""
 
+import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -77,3 +80,49 @@ def test_spark_that_does_not_start_is_one_line(tmp_path):
     assert "this java cannot start Spark" in (tmp_path / "o" / "spark-backpressure.log") \
         .read_text()
     assert none_left(marker), processes_with(marker)
+
+
+def test_the_demo_through_spark_connect(tmp_path):
+    """--connect: the schedule and the keyed job as a Spark Connect client
+    (Arrow batches through arrow_exchange), with the classic demo's output."""
+    env, marker = marked_environment()
+    proc = _run(["--connect", "--out", "o", *SHORT, "--records", "20000"], tmp_path, env)
+    out = proc.stdout
+    assert proc.stderr == "" and "Traceback" not in out, out + proc.stderr
+    doc = json.loads((tmp_path / "o" / "spark-backpressure.json").read_text())
+    assert proc.returncode == (0 if doc["checks"]["passed"] else 1), out
+    lines = out.splitlines()
+    assert lines[0].startswith("starting Spark (local[2], serving Spark Connect; its log: ")
+    assert lines[1].startswith("Spark ") and "local[2], through Spark Connect: 2 tasks " \
+        "exchange records as Arrow batches through flinkbuf (arrow_exchange; 5 output buffers " \
+        "of 4096 bytes per task)" in lines[1], lines[1]
+    assert lines[2].startswith("live view: http://127.0.0.1:"), lines[2]
+    assert doc["config"]["spark_connect"] is True and doc["config"]["master"] == "local[2]"
+    # A line per interval, as the classic demo prints them: the slowed
+    # consumers hold the producers near 30 %; released, both run at full speed.
+    assert len([ln for ln in lines if ln.lstrip()[:1].isdigit() and "%" in ln]) == 20, out
+    rows = doc["rows"]
+    assert len(rows) == 20 and doc["unthrottled_records_per_s"] > 0
+    slowed = [r["producer_pct"] for r in rows if r["consumer_limit_pct"] == 30][1:]
+    released = [r["producer_pct"] for r in rows[8:12] + rows[16:]][1:]
+    assert statistics.median(slowed) < 45 and statistics.median(released) > 70, rows
+    assert any(r["backpressure_level"] == "HIGH" for r in rows if r["consumer_limit_pct"] == 30)
+    by_phase = doc["sojourn_by_phase"]
+    assert min(by_phase[1]["sojourn_p99_ms"], by_phase[3]["sojourn_p99_ms"]) > \
+        max(by_phase[2]["sojourn_p99_ms"], by_phase[4]["sojourn_p99_ms"]), by_phase
+    # Each task's rows: every row sent was read, and the producers waited.
+    tasks = doc["tasks"]
+    assert [t["task"] for t in tasks] == [0, 1]
+    assert sum(t["records_out"] for t in tasks) == sum(t["records_in"] for t in tasks) > 0
+    assert all(t["back_pressured_seconds"] > 0 and t["bytes_out"] > 0 for t in tasks)
+    assert "per task:" in lines
+    # The keyed job over a DataFrame, through arrow_exchange and Spark's shuffle.
+    assert "the keyed job: 20,000 (long, long) rows of a DataFrame in 2 partitions, counted " \
+        "per key in the consumer" in lines
+    runs = doc["comparison"]["runs"]
+    assert runs["flinkbuf"]["records"] == runs["Spark shuffle"]["records"] == 20_000
+    assert doc["comparison"]["same_counts"] is True
+    assert "same counts per key, every record counted: yes" in lines
+    for name in ("csv", "png", "log"):
+        assert (tmp_path / "o" / f"spark-backpressure.{name}").stat().st_size > 0
+    assert none_left(marker, timeout=30), processes_with(marker)

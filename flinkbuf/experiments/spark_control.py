@@ -17,9 +17,14 @@ sequence number; the driver joins the two by sequence number (read time
 minus emit time).  On one host that is exact to the clock's resolution;
 across hosts it includes the offset between their clocks.  The task's producer
 (:func:`paced_source`) and consumer (:func:`paced_count`) run at those
-limits.  On the driver, :class:`Control` accepts a connection per task
-(each proving the run's token) and asks them all at once, while the job
-runs in a thread of its own (:class:`Job`).
+limits; on a Spark Connect session, where the exchange is
+:func:`~flinkbuf.spark.arrow_exchange`, the same as Arrow batches
+(:func:`paced_batches`, the exchange's ``map_input``, and
+:func:`paced_count_batches`), each task counting its rows itself (the
+exchange's writer and gate count pieces of batches).  On the driver,
+:class:`Control` accepts a connection per task (each proving the run's
+token) and asks them all at once, while the job runs in a thread of its own
+(:class:`Job`).
 """
 
 import collections
@@ -44,8 +49,10 @@ class TaskControl:
     throttles of its producer and consumer, and a thread that answers the
     driver."""
 
-    def __init__(self, task, address, token):
+    def __init__(self, task, address, token, rows=False):
         self.task = task
+        self.rows = rows                     # count rows here, not the writer's records
+        self.rows_out = self.rows_in = 0
         self.producer = Throttle()
         self.consumer = Throttle()
         self.stop = threading.Event()
@@ -83,9 +90,11 @@ class TaskControl:
                     writer = self.task.writer
                     snap = self.task.metrics.snapshot()
                     self.max_out_pool = max(self.max_out_pool, snap["outPoolUsage"])
+                    out, in_ = ((self.rows_out, self.rows_in) if self.rows else
+                                (writer.num_records_out, self.task.gate.num_records_in))
                     self._send({"t_ns": time.monotonic_ns(),
-                                "out": writer.num_records_out,
-                                "in": self.task.gate.num_records_in,
+                                "out": out,
+                                "in": in_,
                                 "bp_ns": writer.back_pressured_time_ns,
                                 "out_pool": snap["outPoolUsage"],
                                 "in_pool": snap["inPoolUsage"],
@@ -125,14 +134,16 @@ _CURRENT: "dict[str, TaskControl]" = {}   # in a Python worker: the running task
 class Monitor:
     """The exchange's monitor: calls the driver from each task.  A class at
     module level, so that it travels by reference and shares this module's
-    state in the worker with the source and the consumer."""
+    state in the worker with the source and the consumer.  ``rows``: the
+    task's source and consumer count its rows (Arrow batches)."""
 
-    def __init__(self, address, token):
+    def __init__(self, address, token, rows=False):
         self.address = tuple(address)
         self.token = token
+        self.rows = rows
 
     def __call__(self, task):
-        control = TaskControl(task, self.address, self.token)
+        control = TaskControl(task, self.address, self.token, self.rows)
         _CURRENT["current"] = control
 
         def done():
@@ -141,20 +152,48 @@ class Monitor:
         return done
 
 
+def _batch_starts(control):
+    """The sequence number of the first record of each of the task's
+    batches until the driver says stop, its emit time noted; the next is
+    asked for once the batch is out, and paced by the producer's throttle."""
+    pace, stop, mark = control.producer.pace, control.stop, control.emitted.append
+    clock = time.time_ns
+    i = control.task.index
+    step = control.task.num_tasks
+    while not stop.is_set():
+        mark((i, clock()))
+        yield i
+        i += step * BATCH
+        pace(BATCH)
+
+
 def paced_source(index, _):
     """A producer's records until the driver says stop, paced by its
     throttle; the emit time of each batch's first record is noted."""
     control = _CURRENT["current"]
-    pace, stop, mark = control.producer.pace, control.stop, control.emitted.append
-    clock = time.time_ns
-    i = index
     step = control.task.num_tasks
-    while not stop.is_set():
-        mark((i, clock()))
-        for _ in range(BATCH):
-            yield (i % KEYS, i)
-            i += step
-        pace(BATCH)
+    for i in _batch_starts(control):
+        for seq in range(i, i + step * BATCH, step):
+            yield (seq % KEYS, seq)
+
+
+def paced_batches(batches):
+    """:func:`paced_source` as Arrow batches (``key``, ``i``: longs), one
+    per batch of records: the ``map_input`` of the exchange's tasks (their
+    input, a row each, is read and left)."""
+    import numpy as np
+    import pyarrow as pa  # type: ignore[import-untyped]
+
+    for _ in batches:
+        pass
+    control = _CURRENT["current"]
+    offsets = np.arange(0, control.task.num_tasks * BATCH, control.task.num_tasks,
+                        dtype=np.int64)
+    for i in _batch_starts(control):
+        seq = offsets + i
+        yield pa.RecordBatch.from_arrays([pa.array(seq % KEYS), pa.array(seq)],
+                                         names=["key", "i"])
+        control.rows_out += BATCH
 
 
 def paced_count(records):
@@ -179,6 +218,37 @@ def paced_count(records):
     stats = control.task.stats()
     stats["max_out_pool_usage"] = control.max_out_pool
     yield {"stats": stats, "keys": len(counts), "records": sum(counts.values())}
+
+
+def paced_count_batches(batches):
+    """:func:`paced_count` over Arrow batches (``key``, ``i``), paced per
+    batch; yields a batch of one row, its totals as JSON (``stats``)."""
+    import json
+
+    import numpy as np
+    import pyarrow as pa  # type: ignore[import-untyped]
+
+    control = _CURRENT["current"]
+    pace, mark = control.consumer.pace, control.read.extend
+    clock = time.time_ns
+    step = control.task.num_tasks
+    span = step * BATCH
+    counts = np.zeros(KEYS, dtype=np.int64)
+    for batch in batches:
+        keys, seq = batch.column(0).to_numpy(), batch.column(1).to_numpy()
+        firsts = seq[seq % span < step]
+        if len(firsts):
+            now = clock()
+            mark((s, now) for s in firsts.tolist())
+        np.add.at(counts, keys, 1)
+        control.rows_in += len(seq)
+        pace(len(seq))
+    stats = control.task.stats()
+    stats.update(records_out=control.rows_out, records_in=control.rows_in,
+                 max_out_pool_usage=control.max_out_pool)
+    totals = {"stats": stats, "keys": int(np.count_nonzero(counts)),
+              "records": int(counts.sum())}
+    yield pa.RecordBatch.from_pydict({"totals": [json.dumps(totals)]})
 
 
 class Sojourns:

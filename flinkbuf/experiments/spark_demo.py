@@ -36,6 +36,14 @@ time, p50 and p99), sampled through a side channel that leaves the records
 as they are (see :mod:`~flinkbuf.experiments.spark_control`): the first
 record of each producer batch.
 
+With ``connect`` the demo runs through a local Spark Connect server (on
+loopback, with a token) as a Spark Connect client would: Spark Connect has
+no RDDs, so the tasks exchange Arrow batches of the same records through
+:func:`flinkbuf.spark.arrow_exchange`, each task's producer making them in
+its producer thread (the exchange's ``map_input``), and the keyed job runs
+over a DataFrame through ``arrow_exchange`` and through Spark's shuffle
+(``repartition(tasks, "key").mapInArrow``).
+
 Outputs in ``out_dir``: ``spark-backpressure.csv`` (a row per interval, the
 columns of the in-process experiment and the sojourn's), ``spark-backpressure.json``
 (configuration, rows, per-task metrics, the comparison, the checks), with
@@ -64,7 +72,9 @@ from flinkbuf.experiments.shuffle_comparison import compare_with_spark_shuffle
 from flinkbuf.experiments.spark_launcher import (
     check_environment,
     check_slots,
+    connect_session,
     executors_of,
+    is_connect,
     spark_session,
     stop,
     wait_for_executors,
@@ -80,6 +90,8 @@ SOJOURN_NOTE = ("per interval: read time minus emit time (wall clock) of the fir
                 "the producers' emit marks and the consumers' read marks by sequence number) "
                 "whose marks the interval's sample completed; exact on one host, across "
                 "hosts it includes the offset between their clocks")
+CONNECT_RECORD = ("key and i (longs), hashed by key, in Arrow batches of 128 rows through "
+                  "arrow_exchange on Spark Connect")
 MAX_TASKS = 64
 MAX_RECORDS = 10**9
 
@@ -126,32 +138,33 @@ def check_live_view(text, *, names=None):
 
 def run_spark_demo(out_dir, phase_seconds=4.0, *, interval=0.5, tasks=2, records=1_000_000,
                    segment_size=4096, full_speed_fraction=0.25, schedule=DEFAULT_SCHEDULE,
-                   spark=None, master="local[2]", plot=True, printer=print,
+                   spark=None, master="local[2]", connect=False, plot=True, printer=print,
                    live_view="127.0.0.1:0"):
     """Run the demo and return its JSON document (``doc["checks"]["passed"]``
-    says whether the expectations held).  ``spark``: a running SparkSession
-    (its master needs ``tasks`` slots); else one is started on ``master``,
-    its JVM's output going to ``out_dir/spark-backpressure.log``.
-    Arguments, the master's slots, PySpark and Java are checked and
-    ``out_dir`` made before anything runs; a failure once Spark runs raises
-    :class:`~flinkbuf.experiments.failures.RunFailed`, its cause in one
-    line."""
+    says whether the expectations held).  ``spark``: a running SparkSession,
+    classic or Spark Connect (its master needs ``tasks`` slots); else one is
+    started on ``master`` (with ``connect``, serving Spark Connect on
+    loopback, the demo a Connect client of it), its JVM's output going to
+    ``out_dir/spark-backpressure.log``.  Arguments, the master's slots,
+    PySpark (and with ``connect`` its Connect client's packages) and Java
+    are checked and ``out_dir`` made before anything runs; a failure once
+    Spark runs raises :class:`~flinkbuf.experiments.failures.RunFailed`,
+    its cause in one line."""
     own = spark is None
     check_arguments(phase_seconds, interval, tasks, records, segment_size, full_speed_fraction,
-                    master if own else spark.sparkContext.master)
+                    master if own else _master(spark))
     if own:
-        check_environment(master)
+        check_environment(master, connect=connect)
     prepare_out_dir(out_dir, OUTPUT_FILES)
     log_path = os.path.join(out_dir, LOG_FILE) if own else None
     hint = f"Spark's log: {log_path}" if own else None
     started = time.monotonic()
-    if own:
-        spark = _start_spark(master, log_path, hint, printer)
+    sessions = _start_spark(master, log_path, hint, printer, connect) if own else [spark]
+    spark = sessions[-1]
     view = None
     try:
-        sc = spark.sparkContext
-        printer(f"Spark {spark.version}, {sc.master}: {tasks} tasks exchange records through "
-                f"flinkbuf ({tasks * 2 + 1} output buffers of {segment_size} bytes per task)")
+        sc = spark if is_connect(spark) else spark.sparkContext
+        printer(_header(spark, tasks, segment_size))
         view = _start_live_view(sc, live_view, printer)
         rows, unthrottled, full_rate, per_task = _run_schedule(
             sc, tasks, segment_size, view, phase_seconds, interval, schedule,
@@ -162,58 +175,109 @@ def run_spark_demo(out_dir, phase_seconds=4.0, *, interval=0.5, tasks=2, records
                                                     live_view=view if view is not None else False)
         except Exception as exc:
             raise RunFailed.because("the keyed job failed", exc, hint) from exc
-        spark_master = sc.master
+        spark_master = _master(spark)
     finally:
         if view is not None:
             view.close()
         if own:
-            stop(spark)
+            for session in reversed(sessions):
+                stop(session)
     ticks = max(1, round(phase_seconds / interval))
     doc = _document(spark_master, tasks, ticks, interval, schedule, segment_size,
                     full_speed_fraction, rows, unthrottled, full_rate, per_task, comparison)
+    if is_connect(spark):
+        doc["config"].update(record=CONNECT_RECORD, spark_connect=True)
     doc["seconds"] = round(time.monotonic() - started, 1)
     _write(out_dir, doc, plot, printer)
     return doc
 
 
-def _start_spark(master, log_path, hint, printer):
-    """A session on ``master`` started here, its JVM's output in
-    ``log_path``, with its executors (local-cluster starts them after the
-    session)."""
-    printer(f"starting Spark ({master}; its log: {log_path}) ...")
+def _master(spark):
+    """The master URL of a session of either kind."""
+    if is_connect(spark):
+        return spark.conf.get("spark.master", None) or "(the Connect server's)"
+    return spark.sparkContext.master
+
+
+def _header(spark, tasks, segment_size):
+    """The demo's first line: Spark, its master, the exchange."""
+    buffers = f"{tasks * 2 + 1} output buffers of {segment_size} bytes per task"
+    if is_connect(spark):
+        return (f"Spark {spark.version}, {_master(spark)}, through Spark Connect: {tasks} tasks "
+                f"exchange records as Arrow batches through flinkbuf (arrow_exchange; "
+                f"{buffers})")
+    return (f"Spark {spark.version}, {spark.sparkContext.master}: {tasks} tasks exchange "
+            f"records through flinkbuf ({buffers})")
+
+
+def _start_spark(master, log_path, hint, printer, connect=False):
+    """The sessions started here on ``master``, the one to use last: a
+    session, or with ``connect`` the session serving Spark Connect and a
+    Connect session on it; its JVM's output in ``log_path``, with its
+    executors (local-cluster starts them after the session)."""
+    kind = ", serving Spark Connect" if connect else ""
+    printer(f"starting Spark ({master}{kind}; its log: {log_path}) ...")
     try:
-        spark = spark_session(master, log_path)
+        sessions = list(connect_session(master, log_path)) if connect else \
+            [spark_session(master, log_path)]
     except Exception as exc:
         raise RunFailed.because("Spark did not start", exc, hint) from exc
-    executors = executors_of(spark.sparkContext.master)
+    sc = sessions[0].sparkContext
+    executors = executors_of(sc.master)
     if executors is not None:
         try:
-            wait_for_executors(spark.sparkContext, executors)
+            wait_for_executors(sc, executors)
         except BaseException as exc:
-            stop(spark)
+            for session in reversed(sessions):
+                stop(session)
             if not isinstance(exc, Exception):
                 raise
             raise RunFailed.because("Spark did not start", exc, hint) from exc
-    return spark
+    return sessions
+
+
+def _exchange_job(sc, tasks, segment_size, view, control):
+    """The job (not started) whose tasks exchange the paced records: over
+    an RDD through pipelined_exchange, or, on a Spark Connect session
+    ``sc``, as Arrow batches through arrow_exchange (each task's records
+    made by its ``map_input``; its totals come back as JSON)."""
+    import json
+
+    from flinkbuf.spark import arrow_exchange, pipelined_exchange
+
+    live_view = view if view is not None else False
+    options = dict(segment_size=segment_size, buffers_per_channel=2, floating_buffers=0,
+                   live_view=live_view)
+    if not is_connect(sc):
+        rdd = sc.parallelize(range(tasks), tasks).mapPartitionsWithIndex(
+            spark_control.paced_source)
+        exchanged = pipelined_exchange(
+            rdd, spark_control.paced_count,
+            monitor=spark_control.Monitor(control.address, control.token), **options)
+        return spark_control.Job(exchanged.collect)
+    exchanged = arrow_exchange(
+        sc.range(0, tasks, 1, tasks), spark_control.paced_count_batches, "key", "totals string",
+        map_input=spark_control.paced_batches,
+        monitor=spark_control.Monitor(control.address, control.token, rows=True), **options)
+    return spark_control.Job(lambda: [json.loads(r["totals"]) for r in exchanged.collect()])
+
+
+def _driver_host(sc):
+    """The address the tasks reach the driver at (on a Spark Connect
+    session, this client's: its server runs on this machine)."""
+    if is_connect(sc):
+        return sc.conf.get("spark.driver.host", None) or "127.0.0.1"
+    return sc.getConf().get("spark.driver.host", "127.0.0.1")
 
 
 def _run_schedule(sc, tasks, segment_size, view, phase_seconds, interval, schedule, fraction,
                   printer, hint):
     """The exchange's job under the schedule, steered over the control
     connection: ``(rows, unthrottled, full_rate, per_task)``."""
-    from flinkbuf.spark import pipelined_exchange
-
-    host = sc.getConf().get("spark.driver.host", "127.0.0.1")
-    control = spark_control.Control(host, tasks)
+    control = spark_control.Control(_driver_host(sc), tasks)
     job = None
     try:
-        rdd = sc.parallelize(range(tasks), tasks).mapPartitionsWithIndex(
-            spark_control.paced_source)
-        exchanged = pipelined_exchange(
-            rdd, spark_control.paced_count, segment_size=segment_size, buffers_per_channel=2,
-            floating_buffers=0, monitor=spark_control.Monitor(control.address, control.token),
-            live_view=view if view is not None else False)
-        job = spark_control.Job(exchanged.collect)
+        job = _exchange_job(sc, tasks, segment_size, view, control)
         job.start()
         control.accept(job)
         rows, unthrottled, full_rate = _steer(control, job, phase_seconds, interval, schedule,
@@ -305,17 +369,21 @@ def _print_sojourn(doc, printer):
 
 def _start_live_view(sc, address, printer):
     """The driver's live view of the demo's exchanges on ``address``
-    (``"HOST:PORT"``; None: none), its URL printed."""
+    (``"HOST:PORT"``; None: none), its URL printed (on a Spark Connect
+    session, the session's view, served by this client)."""
     if address is None:
         return None
-    from flinkbuf.spark import LiveView
+    from flinkbuf.spark import LiveView, live_view
     from flinkbuf.spark.driver import driver_addresses
 
     host, port = check_live_view(address)
-    bind, advertised = driver_addresses(sc)
     try:
-        view = LiveView(host, port, report_host=bind, report_advertise=advertised)
-    except OSError as exc:
+        if is_connect(sc):
+            view = live_view(sc, host=host, port=port)
+        else:
+            bind, advertised = driver_addresses(sc)
+            view = LiveView(host, port, report_host=bind, report_advertise=advertised)
+    except (OSError, ValueError) as exc:
         raise RunFailed(f"the live view did not start: {exc}") from exc
     printer(f"live view: {view.url}   (in a terminal: flinkbuf monitor {view.url})")
     return view
@@ -371,8 +439,8 @@ def _steer(control, job, phase_seconds, interval, schedule, fraction, printer):
     n = control.num_tasks
     sojourns = spark_control.Sojourns()
     control.ask({"cmd": "limits", "producer": None, "consumer": None, "rate": None})
+    _warm_up(control, job, interval, sojourns)
     start = time.perf_counter()
-    _wait(job, start + interval)          # warm-up
     prev = _sample(control, sojourns)[0]
     samples = []
     for k in range(1, 5):
@@ -396,6 +464,18 @@ def _steer(control, job, phase_seconds, interval, schedule, fraction, printer):
     rows = _run_phases(control, job, limits, max(1, round(phase_seconds / interval)),
                        interval, schedule, full_rate, sojourns, printer)
     return rows, unthrottled, full_rate
+
+
+def _warm_up(control, job, interval, sojourns):
+    """Until every task has read records (a task's first batch may take a
+    while: its Python worker loads what it needs first), then an interval
+    more; RunFailed if none flow within the control's timeout."""
+    deadline = time.perf_counter() + spark_control.CONTROL_TIMEOUT
+    while not all(s["in"] > 0 for s in _sample(control, sojourns)[0][1]):
+        if time.perf_counter() > deadline:
+            raise RunFailed("no records flowed between the tasks")
+        _wait(job, time.perf_counter() + interval)
+    _wait(job, time.perf_counter() + interval)
 
 
 def _run_phases(control, job, limits, ticks, interval, schedule, full_rate, sojourns,

@@ -172,8 +172,9 @@ def java_version(java, need=17):
     return int(m.group(2) or 0) if major == 1 else major
 
 
-def check_environment(master="local[2]", *, names=None):
-    """Before Spark starts: PySpark imports, a Java runtime recent enough for
+def check_environment(master="local[2]", *, connect=False, names=None):
+    """Before Spark starts: PySpark imports (with ``connect``, so do the
+    packages of its Spark Connect client), a Java runtime recent enough for
     it is there, and this Spark runs ``master``'s kind of cluster.  Raises
     :class:`MissingRequirementError` (saying what to install) or
     :class:`ExperimentArgumentError`."""
@@ -182,6 +183,8 @@ def check_environment(master="local[2]", *, names=None):
     except ImportError:
         raise MissingRequirementError(
             "PySpark is not installed: pip install 'flinkbuf[spark]'") from None
+    if connect:
+        _check_connect_client()
     spark4 = _major(pyspark.__version__) >= 4
     if master.startswith("mesos://") and spark4:
         fail(f"{(names or {}).get('master', 'master')} {master}: Spark {pyspark.__version__} "
@@ -195,6 +198,17 @@ def check_environment(master="local[2]", *, names=None):
         raise MissingRequirementError(
             f"Spark {pyspark.__version__} needs Java {need} or later, but {java} is Java {have}:"
             f" {_install_java(need)} and set JAVA_HOME to it")
+
+
+def _check_connect_client():
+    """The packages of PySpark's Spark Connect client are there, in the
+    versions it needs (it checks them when imported)."""
+    try:
+        import pyspark.sql.connect  # noqa: F401
+    except ImportError as exc:
+        raise MissingRequirementError(
+            f"the Spark Connect client's packages are missing ({exc}): "
+            "pip install 'flinkbuf[spark]'") from None
 
 
 # ---- the session -----------------------------------------------------------------------
@@ -249,6 +263,12 @@ def spark_session(master="local[2]", log_path=None, *, app="flinkbuf-spark-demo"
 
 
 CONNECT_PLUGIN = "org.apache.spark.sql.connect.SparkConnectPlugin"
+
+
+def is_connect(spark):
+    """Whether ``spark`` is a Spark Connect session (or another object of
+    its client, a DataFrame say), told from its type."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 def connect_session(master="local[2]", log_path=None, *, app="flinkbuf-spark-demo", conf=None,

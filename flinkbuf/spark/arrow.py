@@ -326,14 +326,16 @@ def default_segment_size(num_tasks, buffers_per_channel=2, floating_buffers=8):
     return size
 
 
-def _route(key, max_parallelism):
-    """The producer: every input batch split by key partition, each piece
-    sent to its consumer as one record (the schema once per channel, as an
-    IPC message): the values of its columns when all are of a fixed width
-    and without nulls (gathered straight out of the batch), else an IPC
-    message."""
+def _route(key, max_parallelism, map_input=None):
+    """The producer: every input batch (or every batch ``map_input`` makes
+    of them) split by key partition, each piece sent to its consumer as one
+    record (the schema once per channel, as an IPC message): the values of
+    its columns when all are of a fixed width and without nulls (gathered
+    straight out of the batch), else an IPC message."""
 
     def produce(writer, batches):
+        if map_input is not None:
+            batches = map_input(batches)
         n = writer.num_channels
         emit = writer.emit
         dtype = _partition_dtype(n)
@@ -350,7 +352,7 @@ def _route(key, max_parallelism):
             dest = None
             if n > 1:
                 if column is None:
-                    column = batch.schema.get_field_index(key)
+                    column = _key_column(batch.schema, key)
                 dest = _partitions(batch.column(column), n, max_parallelism, dtype)
             views = None if types is None else _value_views(batch, types)
             if views is not None:
@@ -365,6 +367,16 @@ def _route(key, max_parallelism):
                 # before the next is gathered into the same arrays
                 emit((j, kind, piece if kind == _VALUES else memoryview(piece.serialize())))
     return produce
+
+
+def _key_column(schema, key):
+    """The index of column ``key`` in ``schema`` (of a batch that
+    ``map_input`` made), else ValueError."""
+    column = schema.get_field_index(key)
+    if column < 0:
+        raise ValueError(f"key {key!r} names no single column of the batches to exchange "
+                         f"({', '.join(schema.names)})")
+    return column
 
 
 def _batches(task):
@@ -422,7 +434,8 @@ def arrow_exchange(df, fn, key, schema, *, num_partitions=None, segment_size=Non
                    rendezvous_port=0, port_retries=None, connect_timeout=10.0,
                    live_view=None, buffer_debloat=None, buffer_debloat_target=None,
                    buffer_debloat_period=None, buffer_debloat_samples=None,
-                   buffer_debloat_threshold=None, buffer_debloat_min_size=None):
+                   buffer_debloat_threshold=None, buffer_debloat_min_size=None,
+                   map_input=None):
     """Exchange the rows of DataFrame ``df`` by ``key`` (a column name)
     between the tasks of one barrier stage and return the DataFrame of
     ``fn``'s output (``schema``, as for ``mapInArrow``): each task's
@@ -448,6 +461,15 @@ def arrow_exchange(df, fn, key, schema, *, num_partitions=None, segment_size=Non
     as long as the returned DataFrame itself is referenced (a DataFrame
     made from it does not keep it up), then until no task has registered
     for ``timeout`` seconds.
+
+    ``map_input``: a function of a task's input batches (an iterator of
+    RecordBatch) that yields the batches the task exchanges in their
+    place, run in the task's producer thread: a map chained before the
+    exchange, in the same Python worker as the exchange and ``fn`` (where
+    ``df.mapInArrow(f)`` first would run ``f`` in a Python worker of its
+    own, its batches passing through the JVM on their way to the
+    exchange).  Its batches must have the ``key`` column, which ``df``
+    then need not have; a batch without it fails the task with ValueError.
 
     On a Spark Connect session (``SparkSession.builder.remote(...)``, told
     from the DataFrame itself) it works the same, without a SparkContext:
@@ -484,12 +506,11 @@ def arrow_exchange(df, fn, key, schema, *, num_partitions=None, segment_size=Non
                         f"RecordBatch), got {type(fn).__name__}")
     if not isinstance(key, str):
         raise TypeError(f"key must be a column name, got {type(key).__name__}")
-    if key not in df.columns:
-        raise ValueError(f"key {key!r} is not a column of the DataFrame ({', '.join(df.columns)})")
-    key_type = df.schema[key].dataType.typeName()
-    if key_type not in _KEY_TYPES:
-        raise TypeError(f"cannot hash key column {key!r} of type {key_type}: key columns are "
-                        f"{', '.join(sorted(_KEY_TYPES))} (cast it, say to a string)")
+    if map_input is not None and not callable(map_input):
+        raise TypeError(f"map_input must be callable (iterator of RecordBatch -> iterator "
+                        f"of RecordBatch) or None, got {type(map_input).__name__}")
+    if map_input is None:
+        _check_key_column(df, key)
     try:
         import pyarrow  # noqa: F401
     except ImportError as exc:
@@ -507,7 +528,8 @@ def arrow_exchange(df, fn, key, schema, *, num_partitions=None, segment_size=Non
                             floating_buffers=floating_buffers, buffer_timeout=buffer_timeout,
                             max_record_size=max_record_size, max_parallelism=max_parallelism,
                             host=host, timeout=timeout, monitor=monitor, rendezvous=rendezvous,
-                            encryption=encryption, produce=_route(key, max_parallelism),
+                            encryption=encryption,
+                            produce=_route(key, max_parallelism, map_input),
                             read=_batches, advertise=advertise, task_port=task_port,
                             rendezvous_port=rendezvous_port, port_retries=port_retries,
                             connect_timeout=connect_timeout, buffer_debloat=buffer_debloat,
@@ -527,6 +549,17 @@ def arrow_exchange(df, fn, key, schema, *, num_partitions=None, segment_size=Non
     # rendezvous serves while the returned DataFrame is referenced, then
     # until it has been idle for the timeout.
     return prepared.launch(lambda: df.mapInArrow(task, schema, barrier=True))
+
+
+def _check_key_column(df, key):
+    """``key`` is a column of DataFrame ``df`` of a type the exchange
+    hashes as Java would."""
+    if key not in df.columns:
+        raise ValueError(f"key {key!r} is not a column of the DataFrame ({', '.join(df.columns)})")
+    key_type = df.schema[key].dataType.typeName()
+    if key_type not in _KEY_TYPES:
+        raise TypeError(f"cannot hash key column {key!r} of type {key_type}: key columns are "
+                        f"{', '.join(sorted(_KEY_TYPES))} (cast it, say to a string)")
 
 
 def _by_destination(record, num_channels):

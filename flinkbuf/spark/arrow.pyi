@@ -53,4 +53,5 @@ def arrow_exchange(
     buffer_debloat_samples: int | None = None,
     buffer_debloat_threshold: int | None = None,
     buffer_debloat_min_size: int | None = None,
+    map_input: Callable[[Iterator[pa.RecordBatch]], Iterable[pa.RecordBatch]] | None = None,
 ) -> DataFrame: ...
