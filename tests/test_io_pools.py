@@ -50,7 +50,7 @@ def test_sizing_refuses_bad_arguments(call, error, message):
         call()
 
 
-def _exchange(consumer_segments, records=200):
+def _exchange(consumer_segments, records=200, buffer_debloat=False):
     """A producer's partition of two subpartitions read by one gate of two
     remote channels in an environment of ``consumer_segments``; the
     records the gate read."""
@@ -58,7 +58,8 @@ def _exchange(consumer_segments, records=200):
     with NetworkEnvironment(task_segments([out]), 256, secret=SECRET) as producer, \
             NetworkEnvironment(consumer_segments, 256, secret=SECRET,
                                exclusive_buffers_per_channel=2,
-                               floating_buffers_per_gate=3) as consumer:
+                               floating_buffers_per_gate=3,
+                               buffer_debloat=buffer_debloat) as consumer:
         part = fb.create_partition(producer.network_buffer_pool, 2, min_buffers=out)
         producer.register_partition("p", part)
         gate = consumer.create_input_gate([(producer.address, "p", 0),
@@ -81,6 +82,21 @@ def test_an_environment_sized_by_task_segments_reads_its_gate_and_one_less_does_
     assert _exchange(need) == list(range(200))
     with pytest.raises(fb.InsufficientBuffersError):
         _exchange(need - 1)
+
+
+@pytest.mark.timeout(120)
+def test_a_debloating_gate_requires_one_floating_buffer_and_reads_with_more():
+    """A debloating gate's floating pool requires one segment (it takes the
+    others as they are free, and gives them back when it needs fewer):
+    the exclusive buffers and one floating are the least it reads with,
+    and task_segments' size, the full-speed one, serves it too."""
+    need = task_segments(remote_channels=[2], exclusive_buffers_per_channel=2,
+                         floating_buffers_per_gate=3)
+    least = 2 * 2 + 1
+    assert _exchange(need, buffer_debloat=True) == list(range(200))
+    assert _exchange(least, buffer_debloat=True) == list(range(200))
+    with pytest.raises(fb.InsufficientBuffersError):
+        _exchange(least - 1, buffer_debloat=True)
 
 
 def _local(records, **kw):

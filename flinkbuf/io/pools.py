@@ -35,7 +35,9 @@ def task_segments(partitions: Iterable[int] = (), remote_channels: Iterable[int]
     ``exclusive_buffers_per_channel`` buffers and a gate with one takes
     ``floating_buffers_per_gate`` more, as
     :class:`~flinkbuf.network.NetworkEnvironment` is configured.  A local
-    channel takes none: it reads the producer's buffers."""
+    channel takes none: it reads the producer's buffers.  This is the size
+    for full speed: a debloating gate requires only one of its floating
+    buffers and takes the others while they are free."""
     exclusive = check_int(exclusive_buffers_per_channel, "exclusive_buffers_per_channel", 1)
     floating = check_int(floating_buffers_per_gate, "floating_buffers_per_gate", 0)
     total = 0

@@ -98,7 +98,7 @@ def _check_transport(transport: object) -> Literal["tcp", "unix", "shm"]:
     return cast(Literal["tcp", "unix", "shm"], transport)
 
 
-DEBLOAT_BY_DEFAULT = False
+DEBLOAT_BY_DEFAULT = True
 
 
 def debloat_config(options: object) -> BufferDebloatConfig:

@@ -206,7 +206,7 @@ class NetworkEnvironment:
     taken for one another.
 
     ``buffer_debloat`` (a bool, or a :class:`~flinkbuf.io.BufferDebloatConfig`;
-    None: ``FLINKBUF_NET_BUFFER_DEBLOAT`` as above, else off) and the
+    None: ``FLINKBUF_NET_BUFFER_DEBLOAT`` as above, else on) and the
     ``buffer_debloat_*`` keywords: buffer debloating for the input gates
     this environment makes (see :class:`~flinkbuf.io.BufferDebloatConfig`):
     each gate measures the rate it consumes at and tells its producers the
