@@ -5,6 +5,7 @@ each), with buffer debloating off or on."""
 import contextlib
 import multiprocessing as mp
 import threading
+import time
 
 from flinkbuf.buffer import NetworkBufferPool
 from flinkbuf.io import InputGate, RecordWriter, create_partition
@@ -87,6 +88,30 @@ def run_pair(transport, debloat, target, record, consume):
         proc.join(20)
         if proc.is_alive():
             proc.kill()
+
+
+def paced(records, rate, seconds):
+    """``(record, clock ns at its read)`` of ``records`` read at ``rate``
+    a second for ``seconds`` (the record read at the end is the last)."""
+    t0 = time.monotonic_ns()
+    end = t0 + int(seconds * 1e9)
+    period = 1e9 / rate
+    n = 0
+    for record in records:
+        now = time.monotonic_ns()
+        yield record, now
+        n += 1
+        if now >= end:
+            return
+        ahead = t0 + n * period - now
+        if ahead > 5e5:              # sleep in slices of at least half a millisecond
+            time.sleep(ahead / 1e9)
+
+
+def debloated_size(gate):
+    """The buffer size ``gate`` announced last (None: it does not debloat)."""
+    metrics = gate._debloat_metrics()
+    return metrics["buffer_size"] if metrics else None
 
 
 @contextlib.contextmanager

@@ -28,7 +28,7 @@ import statistics
 import sys
 import time
 
-from _debloat_pair import busy, run_pair
+from _debloat_pair import busy, debloated_size, paced, run_pair
 
 WINDOW_NS = 50_000_000
 
@@ -42,20 +42,9 @@ def _consume(gate, a):
     window after the release, and the size announced at the release and
     at the end."""
     it = iter(gate)
-    t0 = time.monotonic_ns()
-    slow_end = t0 + int(a.slow * 1e9)
-    period = 1e9 / a.slow_rate
-    n = 0
-    for _ in it:
-        n += 1
-        now = time.monotonic_ns()
-        if now >= slow_end:
-            break
-        ahead = t0 + n * period - now
-        if ahead > 5e5:
-            time.sleep(ahead / 1e9)
-    metrics = gate._debloat_metrics()
-    size = metrics["buffer_size"] if metrics else None
+    for _ in paced(it, a.slow_rate, a.slow):
+        pass
+    size = debloated_size(gate)
     windows = [0] * int(a.fast * 1e9 / WINDOW_NS)
     released = time.monotonic_ns()
     end = released + len(windows) * WINDOW_NS
@@ -71,8 +60,7 @@ def _consume(gate, a):
                 edge += WINDOW_NS
             if now >= end:
                 break
-    metrics = gate._debloat_metrics()
-    return windows, size, (metrics["buffer_size"] if metrics else None)
+    return windows, size, debloated_size(gate)
 
 
 def full_speed(windows):

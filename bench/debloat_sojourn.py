@@ -26,7 +26,7 @@ import argparse
 import sys
 import time
 
-from _debloat_pair import busy, run_pair
+from _debloat_pair import busy, debloated_size, paced, run_pair
 
 
 def _record(seq):
@@ -38,25 +38,13 @@ def _consume(gate, rate, seconds, settle):
     after ``settle`` seconds, the records read then, and the gate's last
     debloated size."""
     sojourns = []
-    t0 = time.monotonic_ns()
-    settled = t0 + int(settle * 1e9)
-    end = t0 + int(seconds * 1e9)
-    period = 1e9 / rate
-    n = read_after = 0
-    for emitted, _ in gate:
-        now = time.monotonic_ns()
+    settled = time.monotonic_ns() + int(settle * 1e9)
+    read_after = 0
+    for (emitted, _), now in paced(gate, rate, seconds):
         if now >= settled:
             sojourns.append((now - emitted) / 1e9)
             read_after += 1
-        n += 1
-        if now >= end:
-            break
-        ahead = t0 + n * period - now
-        if ahead > 5e5:              # sleep in slices of at least half a millisecond
-            time.sleep(ahead / 1e9)
-    metrics = gate._debloat_metrics()
-    return sojourns, read_after / max(1e-9, seconds - settle), \
-        (metrics["buffer_size"] if metrics else None)
+    return sojourns, read_after / max(1e-9, seconds - settle), debloated_size(gate)
 
 
 def run_case(transport, rate, debloat, a):
