@@ -1,0 +1,529 @@
+#!/usr/bin/env python
+"""A keyed count through every way flinkbuf moves records between two
+processes, beside what a Python user would write instead and beside Apache
+Flink's own job, in one run.
+
+The job: N ``(key, value)`` records (``key = i % 1000``, ``value = i``), two
+processes, each producing its half, routing each record by its key to one
+of the two and counting, per key, what it receives.  Every run checks the
+counts: each key counted exactly as often as it occurs, and (where records
+are exchanged) by one process only.  Rows:
+
+  * ``floor``: the same Python loops with no exchange: each process makes
+    its half of the records and counts them itself.  No exchange written
+    in Python can be faster.
+  * ``per_record``: a :class:`~flinkbuf.RecordWriter` per process with a
+    :class:`~flinkbuf.HashSelector` on the key, ``emit`` in a Python loop
+    (in a thread of its own), the process's gate (one channel local, one
+    over the network) read by a Python loop; TCP between the processes;
+    ``per_record_shm`` the same over shared memory.
+  * ``emit_all``: the same with ``writer.emit_all(records)`` (the loop, the
+    key's hash and the serializer in C) and ``gate.read_many(4096)``.
+  * ``batch``: numpy columns in batches of 64 Ki rows through
+    ``BatchWriter(partition, key="k")``, the gate made with
+    ``codec="arrow"``, counted with ``np.bincount``; 256 KiB network buffers.
+    ``numpy_floor``: the same batches counted with no exchange.
+  * ``mp_queue``: ``multiprocessing.Queue`` (one per process, at most 64
+    items in it), records routed by a table of each key's process and put in
+    lists of 1,000: the per-record way without flinkbuf.
+  * ``zmq_numpy``: the batch way without flinkbuf: each 64 Ki batch split by
+    the process of each key (flinkbuf's vectorized
+    :func:`~flinkbuf.io.assign_keys_to_operators`, Flink's key groups, so
+    every row routes alike) and each piece's two columns sent as raw
+    buffers (pyzmq PUSH/PULL over TCP, ``send_multipart(copy=False)``, a
+    high-water mark of 4 messages as the only backpressure), counted with
+    ``np.bincount``.
+  * ``flink_jvm``: Apache Flink's job (bench/flink/KeyedCount.java): a
+    sequence source, ``keyBy`` and a counting ``flatMap``, parallelism 2 on
+    a local MiniCluster of two TaskManagers (the records for the other one
+    cross Netty over loopback), ``--flink-records`` records a job, the
+    records/s of steady jobs after two to warm the JIT up.  It needs Java
+    and javac and fetches Flink's jars once (bench/flink_jvm.py says where
+    to); without them its row is skipped, as are the rows of a flinkbuf
+    without ``emit_all`` or ``BatchWriter``.
+
+The per-record rows move ``--records`` records, the batch rows ``--rows``.
+A measurement runs from the first record made to the last one counted (the
+processes' set-up and connections outside it).  Each round measures every
+row once (every other round in the opposite order, so a slow spell of the
+machine falls on all of them); the table shows the medians of
+``--rounds`` rounds, each row's rate over ``per_record``'s, the ``floor``'s
+and ``flink_jvm``'s, and the CPU both processes spent per record::
+
+    python bench/keyed_count.py --rounds 5
+    python bench/keyed_count.py --busy --rounds 5      # a busy process beside it
+    python bench/keyed_count.py per_record batch zmq_numpy --rows 40000000
+
+``--busy [N]`` runs N (default 1) processes spinning in a Python loop
+beside every measurement, as on a machine where other work shares the
+cores.  Run it on a release build.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import threading
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import flink_jvm  # noqa: E402
+import network_peers  # noqa: E402
+from _debloat_pair import busy  # noqa: E402
+
+import flinkbuf  # noqa: E402
+from flinkbuf import HashSelector, InputGate, RecordWriter, create_partition  # noqa: E402
+from flinkbuf.io import assign_keys_to_operators  # noqa: E402
+from flinkbuf.network import NetworkEnvironment  # noqa: E402
+
+zmq = network_peers.zmq
+monotonic_ns = time.monotonic_ns
+
+KEYS = 1000
+TASKS = 2
+BATCH_ROWS = 64 * 1024
+READ_MANY = 4096
+MPQ_BATCH = 1000
+MPQ_MAXSIZE = 64
+ZMQ_HWM = 4
+POOL_BYTES = 16 << 20
+SECRET = b"flinkbuf-keyed-count-benchmark-secret"
+JOIN_TIMEOUT = 600.0
+TARGETS = (("batch", "per_record", 10.0), ("batch", "zmq_numpy", 1.5))
+TARGET_RATE = ("batch", 63e6)
+
+
+def _route():
+    """The process of each key 0..KEYS-1 (Flink's key groups)."""
+    out = np.empty(KEYS, dtype=np.int8)
+    assign_keys_to_operators(np.arange(KEYS, dtype=np.int64), out, TASKS)
+    return out.tolist()
+
+
+ROUTE = _route()
+
+
+def _half(n, index):
+    return n * index // TASKS, n * (index + 1) // TASKS
+
+
+def _index(link):
+    return int(link.role.removeprefix("task"))
+
+
+# ---- making and counting -------------------------------------------------------------------
+
+def _records(lo, hi):
+    return ((i % KEYS, i) for i in range(lo, hi))
+
+
+def _batches(lo, hi):
+    for first in range(lo, hi, BATCH_ROWS):
+        ids = np.arange(first, min(first + BATCH_ROWS, hi), dtype=np.int64)
+        yield {"k": ids % KEYS, "v": ids}
+
+
+def _count_records(records):
+    counts = [0] * KEYS
+    for k, _ in records:
+        counts[k] += 1
+    return counts
+
+
+def _count_read_many(gate):
+    counts = [0] * KEYS
+    read_many = gate.read_many
+    while records := read_many(READ_MANY):
+        for k, _ in records:
+            counts[k] += 1
+    return counts
+
+
+def _count_batches(batches):
+    counts = np.zeros(KEYS, dtype=np.int64)
+    for batch in batches:
+        counts += np.bincount(batch["k"], minlength=KEYS)
+    return counts.tolist()
+
+
+class _Producer(threading.Thread):
+    """``fn(*args)`` in a thread; :meth:`result` re-raises what it raised."""
+
+    def __init__(self, fn, *args):
+        super().__init__(name="producer", daemon=True)
+        self._fn, self._args, self.error = fn, args, None
+        self.start()
+
+    def run(self):
+        try:
+            self._fn(*self._args)
+        except BaseException as exc:      # noqa: BLE001 - re-raised by result()
+            self.error = exc
+
+    def result(self):
+        self.join(JOIN_TIMEOUT)
+        if self.error is not None:
+            raise self.error
+
+
+def _timed(link, produce, consume):
+    """Start the clock at the barrier, produce in a thread, consume here."""
+    link.wait()
+    t0 = monotonic_ns()
+    producer = _Producer(produce)
+    counts = consume()
+    t_end = monotonic_ns()
+    producer.result()
+    link.wait()
+    return {"t0": t0, "t_end": t_end, "counts": counts}
+
+
+# ---- the rows: one function per row, run by both processes ----------------------------------
+
+def _local(link, spec, make, count):
+    """No exchange: this process counts the half it makes."""
+    lo, hi = _half(spec["n"], _index(link))
+    link.wait()
+    t0 = monotonic_ns()
+    counts = count(make(lo, hi))
+    t_end = monotonic_ns()
+    link.wait()
+    return {"t0": t0, "t_end": t_end, "counts": counts}
+
+
+def floor_task(link, spec):
+    return _local(link, spec, _records, _count_records)
+
+
+def numpy_floor_task(link, spec):
+    return _local(link, spec, _batches, _count_batches)
+
+
+def _emit_records(writer, lo, hi):
+    with writer:
+        emit = writer.emit
+        for i in range(lo, hi):
+            emit((i % KEYS, i))
+
+
+def _emit_all(writer, lo, hi):
+    with writer:
+        writer.emit_all(_records(lo, hi))
+
+
+def _emit_batches(writer, lo, hi):
+    with writer:
+        for batch in _batches(lo, hi):
+            writer.emit(batch)
+
+
+# row -> (how it writes, how it reads a gate, the gate's codec, network buffer size)
+FLINKBUF_ROWS = {
+    "per_record": (_emit_records, _count_records, "typed", 32 << 10),
+    "emit_all": (_emit_all, _count_read_many, "typed", 32 << 10),
+    "batch": (_emit_batches, _count_batches, "arrow", 256 << 10),
+}
+
+
+def _writer(row, partition):
+    if row == "batch":
+        return flinkbuf.BatchWriter(partition, key="k")
+    return RecordWriter(partition, HashSelector(0))
+
+
+def flinkbuf_task(link, spec):
+    index = _index(link)
+    lo, hi = _half(spec["n"], index)
+    produce, consume, codec, segment = FLINKBUF_ROWS[spec["row"]]
+    with NetworkEnvironment(POOL_BYTES // segment, segment, secret=SECRET,
+                            transport=spec["transport"]) as env:
+        partition = create_partition(env.network_buffer_pool, TASKS, min_buffers=16)
+        env.register_partition("keyed", partition)
+        link.send(env.address)
+        other = link.recv()
+        addresses = [env.address, other] if index == 0 else [other, env.address]
+        gate = env.create_input_gate([(a, "keyed", index) for a in addresses], codec=codec)
+        writer = _writer(spec["row"], partition)
+        try:
+            return _timed(link, lambda: produce(writer, lo, hi), lambda: consume(gate))
+        finally:
+            gate.close()
+
+
+def mpq_shared(mpc, spec):
+    return [mpc.Queue(MPQ_MAXSIZE) for _ in range(TASKS)]
+
+
+def _put_batches(queues, lo, hi):
+    puts = [q.put for q in queues]
+    route = ROUTE
+    pending = [[] for _ in range(TASKS)]
+    try:
+        for i in range(lo, hi):
+            k = i % KEYS
+            d = route[k]
+            batch = pending[d]
+            batch.append((k, i))
+            if len(batch) == MPQ_BATCH:
+                puts[d](batch)
+                pending[d] = []
+        for d, batch in enumerate(pending):
+            if batch:
+                puts[d](batch)
+    finally:
+        for put in puts:
+            put(None)                     # this producer's end
+
+
+def _get_batches(queue):
+    get = queue.get
+    ends = 0
+    while ends < TASKS:
+        batch = get()
+        if batch is None:
+            ends += 1
+            continue
+        yield from batch
+
+
+def mp_queue_task(link, spec):
+    index = _index(link)
+    lo, hi = _half(spec["n"], index)
+    queues = link.shared
+    return _timed(link, lambda: _put_batches(queues, lo, hi),
+                  lambda: _count_records(_get_batches(queues[index])))
+
+
+def _send_pieces(pushes, lo, hi):
+    try:
+        for batch in _batches(lo, hi):
+            keys, values = batch["k"], batch["v"]
+            dest = np.empty(len(keys), dtype=np.int8)
+            assign_keys_to_operators(keys, dest, TASKS)
+            for d, push in enumerate(pushes):
+                mask = dest == d
+                if mask.any():
+                    push.send_multipart([keys[mask], values[mask]], copy=False)
+    finally:
+        for push in pushes:
+            push.send(b"")                # this producer's end
+
+
+def _count_pieces(pull):
+    counts = np.zeros(KEYS, dtype=np.int64)
+    ends = 0
+    while ends < TASKS:
+        frames = pull.recv_multipart(copy=False)
+        if len(frames) == 1:
+            ends += 1
+            continue
+        counts += np.bincount(np.frombuffer(frames[0].buffer, dtype=np.int64), minlength=KEYS)
+    return counts.tolist()
+
+
+def _zmq_socket(ctx, kind, hwm_option):
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(hwm_option, ZMQ_HWM)
+    return sock
+
+
+def zmq_numpy_task(link, spec):
+    index = _index(link)
+    lo, hi = _half(spec["n"], index)
+    ctx = zmq.Context()
+    pull = _zmq_socket(ctx, zmq.PULL, zmq.RCVHWM)
+    pushes = []
+    try:
+        pull.bind("tcp://127.0.0.1:*")
+        mine = pull.getsockopt_string(zmq.LAST_ENDPOINT)
+        link.send(mine)
+        other = link.recv()
+        for endpoint in ([mine, other] if index == 0 else [other, mine]):
+            pushes.append(_zmq_socket(ctx, zmq.PUSH, zmq.SNDHWM))
+            pushes[-1].connect(endpoint)
+        return _timed(link, lambda: _send_pieces(pushes, lo, hi), lambda: _count_pieces(pull))
+    finally:
+        for sock in [pull, *pushes]:
+            sock.close(0)
+        ctx.term()
+
+
+# row -> (task, what the parent makes for both processes, records or rows, exchanges?)
+ROWS = {
+    "floor": (floor_task, None, "records", False),
+    "per_record": (flinkbuf_task, None, "records", True),
+    "per_record_shm": (flinkbuf_task, None, "records", True),
+    "emit_all": (flinkbuf_task, None, "records", True),
+    "mp_queue": (mp_queue_task, mpq_shared, "records", True),
+    "numpy_floor": (numpy_floor_task, None, "rows", False),
+    "batch": (flinkbuf_task, None, "rows", True),
+    "zmq_numpy": (zmq_numpy_task, None, "rows", True),
+    "flink_jvm": (None, None, "flink", True),
+}
+
+
+def unavailable(row):
+    """Why ``row`` cannot run with this flinkbuf and these packages, or None."""
+    if row == "emit_all" and not (hasattr(RecordWriter, "emit_all")
+                                  and hasattr(InputGate, "read_many")):
+        return "this flinkbuf has no RecordWriter.emit_all / InputGate.read_many"
+    if row == "batch" and not hasattr(flinkbuf, "BatchWriter"):
+        return "this flinkbuf has no BatchWriter"
+    if row == "zmq_numpy" and zmq is None:
+        return "pyzmq is not installed"
+    return None
+
+
+def expected_counts(n):
+    """How often each key occurs among records 0..n-1."""
+    return [n // KEYS + (k < n % KEYS) for k in range(KEYS)]
+
+
+def check_counts(row, n, per_task, exchanged):
+    """The processes' counts: each key exactly as often as it occurs, and
+    where records were exchanged, counted by one process only."""
+    want = expected_counts(n)
+    total = [sum(c[k] for c in per_task) for k in range(KEYS)]
+    wrong = [k for k in range(KEYS) if total[k] != want[k]]
+    if wrong:
+        k = wrong[0]
+        raise RuntimeError(f"{row}: key {k} counted {total[k]} times, not {want[k]} "
+                           f"({len(wrong)} keys wrong)")
+    if exchanged:
+        shared = [k for k in range(KEYS) if sum(1 for c in per_task if c[k]) > 1]
+        if shared:
+            raise RuntimeError(f"{row}: key {shared[0]} reached both processes")
+
+
+def measure(row, n):
+    """One run of ``row`` over ``n`` records: (records/s, CPU ns per record
+    of both processes)."""
+    task, shared, _, exchanged = ROWS[row]
+    spec = {"n": n, "row": row.removesuffix("_shm"),
+            "transport": "shm" if row.endswith("_shm") else "tcp"}
+    out = network_peers._fork_pair(task, task, spec, shared, names=("task0", "task1"))
+    sides = [out[f"task{i}"] for i in range(TASKS)]
+    check_counts(row, n, [s["counts"] for s in sides], exchanged)
+    ns = max(s["t_end"] for s in sides) - min(s["t0"] for s in sides)
+    cpu = sum(s["cpu_ns"] or 0 for s in sides)
+    return n / ns * 1e9, cpu / n
+
+
+# ---- the run and its table -----------------------------------------------------------------
+
+def _ratio(res, row, base):
+    if row not in res or base not in res:
+        return "-"
+    return f"{statistics.median(res[row]['rate']) / statistics.median(res[base]['rate']):.2f}x"
+
+
+def targets(res):
+    """The targets' lines, met or not, from this run's medians."""
+    def rate(row):
+        return statistics.median(res[row]["rate"]) if row in res else None
+
+    lines = []
+    for row, peer, want in TARGETS:
+        if rate(row) is None or rate(peer) is None:
+            lines.append(f"target {row} >= {want:g}x {peer}: not measured in this run")
+        else:
+            r = rate(row) / rate(peer)
+            lines.append(f"target {row} >= {want:g}x {peer}: "
+                         f"{'met' if r >= want else 'NOT met'} ({r:.1f}x)")
+    row, want = TARGET_RATE
+    if rate(row) is None:
+        lines.append(f"target {row} >= {want / 1e6:g} M rows/s: not measured in this run")
+    else:
+        lines.append(f"target {row} >= {want / 1e6:g} M rows/s: "
+                     f"{'met' if rate(row) >= want else 'NOT met'} ({rate(row) / 1e6:.1f} M)")
+    return lines
+
+
+def table(res, sizes):
+    head = (f"{'row':<16} {'records':>11} {'M rec/s':>9} {'/per_record':>12} {'/floor':>8} "
+            f"{'/flink_jvm':>11} {'cpu ns/rec':>11}  rounds (M rec/s)")
+    lines = [head, "-" * len(head)]
+    for row in res:
+        m = statistics.median(res[row]["rate"])
+        cpu = res[row]["cpu"]
+        cpu_text = f"{statistics.median(cpu):11.0f}" if cpu else f"{'-':>11}"
+        lines.append(f"{row:<16} {sizes[row]:>11,} {m / 1e6:9.2f} "
+                     f"{_ratio(res, row, 'per_record'):>12} {_ratio(res, row, 'floor'):>8} "
+                     f"{_ratio(res, row, 'flink_jvm'):>11} {cpu_text}  "
+                     + " ".join(f"{r / 1e6:.2f}" for r in res[row]["rate"]))
+    return lines
+
+
+def run(rows, args):
+    """Every row's rates over ``args.rounds`` rounds: {row: {"rate", "cpu"}}."""
+    sizes = {"records": args.records, "rows": args.rows, "flink": args.flink_records}
+    res = {}
+    python_rows = [r for r in rows if r != "flink_jvm"]
+    for r in range(args.rounds):
+        order = python_rows if r % 2 == 0 else python_rows[::-1]
+        for row in order:
+            n = sizes[ROWS[row][2]]
+            with busy(args.busy):
+                rate, cpu = measure(row, n)
+            entry = res.setdefault(row, {"rate": [], "cpu": []})
+            entry["rate"].append(rate)
+            entry["cpu"].append(cpu)
+            print(f"round {r}: {row:<16} {rate / 1e6:8.2f} M records/s  "
+                  f"cpu {cpu:6.0f} ns/record", flush=True)
+    if "flink_jvm" in rows:
+        try:
+            with busy(args.busy):
+                rates = flink_jvm.run(args.flink_records, args.rounds)
+            res["flink_jvm"] = {"rate": rates, "cpu": []}
+        except flink_jvm.Unavailable as exc:
+            print(f"flink_jvm: skipped: {exc}", flush=True)
+    ordered = {row: res[row] for row in ROWS if row in res}
+    return ordered, {row: sizes[ROWS[row][2]] for row in ordered}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("select", nargs="*", metavar="ROW",
+                    help=f"the rows to run (default: all): {', '.join(ROWS)}")
+    ap.add_argument("--records", type=int, default=8_000_000,
+                    help="records of the per-record rows (default 8 M)")
+    ap.add_argument("--rows", type=int, default=40_000_000,
+                    help="rows of the batch rows (default 40 M)")
+    ap.add_argument("--flink-records", type=int, default=40_000_000,
+                    help="records of each Flink job (default 40 M)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--busy", type=int, nargs="?", const=1, default=0, metavar="N",
+                    help="N processes (default 1) spinning beside every measurement")
+    ap.add_argument("--no-flink", action="store_true", help="leave the flink_jvm row out")
+    args = ap.parse_args(argv)
+    unknown = [row for row in args.select if row not in ROWS]
+    if unknown:
+        ap.error(f"unknown rows {unknown}: choose from {', '.join(ROWS)}")
+    if args.rounds < 1 or min(args.records, args.rows, args.flink_records) < KEYS:
+        ap.error(f"--rounds must be at least 1, the sizes at least {KEYS}")
+    rows = [row for row in (args.select or ROWS) if not (args.no_flink and row == "flink_jvm")]
+    runnable = []
+    for row in rows:
+        why = unavailable(row)
+        if why:
+            print(f"{row}: skipped: {why}", flush=True)
+        else:
+            runnable.append(row)
+    res, sizes = run(runnable, args)
+    print()
+    print("\n".join(table(res, sizes)))
+    print()
+    print("\n".join(targets(res)))
+    if args.busy:
+        print(f"({args.busy} busy process{'es' if args.busy > 1 else ''} beside every measurement)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
