@@ -99,9 +99,9 @@ def compiled(cache, lib):
 
 
 def run(records, rounds, warmup=2):
-    """Records/s of each of ``rounds`` steady jobs of ``records`` records
-    (after ``warmup`` jobs in the same JVM); :class:`Unavailable` when
-    Java, javac or the jars are missing."""
+    """(records/s, CPU ns per record of the JVM) of each of ``rounds``
+    steady jobs of ``records`` records (after ``warmup`` jobs in the same
+    JVM); :class:`Unavailable` when Java, javac or the jars are missing."""
     missing = [tool for tool in ("java", "javac") if shutil.which(tool) is None]
     if missing:
         raise Unavailable(f"{' and '.join(missing)} not found")
@@ -116,10 +116,11 @@ def run(records, rounds, warmup=2):
     for line in out.stdout.splitlines():
         fields = line.split()
         if fields[:1] == ["round"]:
-            print(f"flink_jvm {fields[1]} ({fields[2]}): {float(fields[3]) / 1e6:.2f} M records/s",
-                  flush=True)
+            rate, cpu = float(fields[3]), float(fields[4])
+            print(f"flink_jvm job {fields[1]} ({fields[2]}): {rate / 1e6:8.2f} M records/s  "
+                  f"cpu {cpu:6.0f} ns/record", flush=True)
             if fields[2] == "steady":
-                rates.append(float(fields[3]))
+                rates.append((rate, cpu))
     if out.returncode != 0 or len(rates) != rounds:
         raise RuntimeError(f"Flink's job failed ({out.returncode}):\n{out.stderr[-3000:]}")
     return rates

@@ -10,8 +10,8 @@ counts: each key counted exactly as often as it occurs, and (where records
 are exchanged) by one process only.  Rows:
 
   * ``floor``: the same Python loops with no exchange: each process makes
-    its half of the records and counts them itself.  No exchange written
-    in Python can be faster.
+    its half of the records and counts them itself: what the Python loops
+    alone cost, under any exchange that runs them.
   * ``per_record``: a :class:`~flinkbuf.RecordWriter` per process with a
     :class:`~flinkbuf.HashSelector` on the key, ``emit`` in a Python loop
     (in a thread of its own), the process's gate (one channel local, one
@@ -19,7 +19,8 @@ are exchanged) by one process only.  Rows:
     ``per_record_shm`` the same over shared memory.
   * ``emit_all``: the same with ``writer.emit_all(records)`` (the loop, the
     key's hash and the serializer in C) and ``gate.read_many(4096)``.
-  * ``batch``: numpy columns in batches of 64 Ki rows through
+  * ``batch``: numpy columns (``k``, ``v``; the keys a slice of a
+    precomputed cycle of 0..999) in batches of 64 Ki rows through
     ``BatchWriter(partition, key="k")``, the gate made with
     ``codec="arrow"``, counted with ``np.bincount``; 256 KiB network buffers.
     ``numpy_floor``: the same batches counted with no exchange.
@@ -48,7 +49,10 @@ processes' set-up and connections outside it).  Each round measures every
 row once (every other round in the opposite order, so a slow spell of the
 machine falls on all of them); the table shows the medians of
 ``--rounds`` rounds, each row's rate over ``per_record``'s, the ``floor``'s
-and ``flink_jvm``'s, and the CPU both processes spent per record::
+and ``flink_jvm``'s, and the CPU time both processes spent per record
+(``flink_jvm``: its JVM's over the job, the job's deployment included); on
+a machine whose cores are busy with other work too, the CPU time is the
+steadier figure::
 
     python bench/keyed_count.py --rounds 5
     python bench/keyed_count.py --busy --rounds 5      # a busy process beside it
@@ -121,10 +125,16 @@ def _records(lo, hi):
     return ((i % KEYS, i) for i in range(lo, hi))
 
 
+# The keys (i % KEYS) of the rows of a batch: a slice of this cycle, a view,
+# so that making a batch costs a numpy row half what computing them would.
+_KEY_CYCLE = np.tile(np.arange(KEYS, dtype=np.int64), BATCH_ROWS // KEYS + 2)
+
+
 def _batches(lo, hi):
     for first in range(lo, hi, BATCH_ROWS):
         ids = np.arange(first, min(first + BATCH_ROWS, hi), dtype=np.int64)
-        yield {"k": ids % KEYS, "v": ids}
+        start = first % KEYS
+        yield {"k": _KEY_CYCLE[start:start + len(ids)], "v": ids}
 
 
 def _count_records(records):
@@ -478,8 +488,8 @@ def run(rows, args):
     if "flink_jvm" in rows:
         try:
             with busy(args.busy):
-                rates = flink_jvm.run(args.flink_records, args.rounds)
-            res["flink_jvm"] = {"rate": rates, "cpu": []}
+                jobs = flink_jvm.run(args.flink_records, args.rounds)
+            res["flink_jvm"] = {"rate": [r for r, _ in jobs], "cpu": [c for _, c in jobs]}
         except flink_jvm.Unavailable as exc:
             print(f"flink_jvm: skipped: {exc}", flush=True)
     ordered = {row: res[row] for row in ROWS if row in res}

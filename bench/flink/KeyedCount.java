@@ -8,7 +8,8 @@
 //
 // Runs WARMUP + ROUNDS jobs in one JVM (the JIT warm from the first ones)
 // and prints one line per job: "round I warmup|steady RECORDS_PER_S
-// NET_RUNTIME_MS".  A job's time runs from the first record either counting
+// CPU_NS_PER_RECORD NET_RUNTIME_MS" (the CPU time of the whole JVM over the
+// job, its deployment included).  A job's time runs from the first record either counting
 // subtask receives to the last subtask's close (the cluster's start and the
 // job's deployment are outside it, as the Python rows' set-up is).  Every
 // job's counts are checked: each key counted N/1000 times (give or take
@@ -23,6 +24,8 @@ import org.apache.flink.configuration.TaskManagerOptions;
 import org.apache.flink.streaming.api.environment.StreamExecutionEnvironment;
 import org.apache.flink.streaming.api.functions.sink.v2.DiscardingSink;
 import org.apache.flink.util.Collector;
+
+import java.lang.management.ManagementFactory;
 
 public final class KeyedCount {
     static final int KEYS = 1000;
@@ -109,14 +112,18 @@ public final class KeyedCount {
         conf.set(TaskManagerOptions.MINI_CLUSTER_NUM_TASK_MANAGERS, PARALLELISM);
         StreamExecutionEnvironment env =
                 StreamExecutionEnvironment.createLocalEnvironment(PARALLELISM, conf);
+        com.sun.management.OperatingSystemMXBean os =
+                (com.sun.management.OperatingSystemMXBean) ManagementFactory.getOperatingSystemMXBean();
         for (int r = 0; r < warmup + rounds; r++) {
+            long cpu = os.getProcessCpuTime();
             JobExecutionResult result = runJob(env, records);
+            cpu = os.getProcessCpuTime() - cpu;
             check(records);
             long start = Math.min(FIRST[0], FIRST[1]);
             long end = Math.max(CLOSED[0], CLOSED[1]);
             double rate = records / ((end - start) / 1e9);
-            System.out.printf("round %d %s %.0f %d%n", r, r < warmup ? "warmup" : "steady", rate,
-                    result.getNetRuntime());
+            System.out.printf("round %d %s %.0f %.1f %d%n", r, r < warmup ? "warmup" : "steady",
+                    rate, (double) cpu / records, result.getNetRuntime());
             System.out.flush();
         }
     }
