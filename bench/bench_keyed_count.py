@@ -7,8 +7,8 @@ checked).  Time per op = the job's time / N, the median of the rounds;
 ``per_record`` (a RecordWriter's ``emit`` in a Python loop) is the entry the
 others are compared with.  The batch rows move more rows than the
 per-record rows do.  ``batch``'s target column says, from this pass's
-rows, whether it is at least 10x ``per_record``, 1.5x ``zmq_numpy`` and
-63 M rows/s.  ``python bench/keyed_count.py`` runs the same rows round by
+rows, whether it is at least 10x ``per_record``, 1.5x each numpy peer
+(``zmq_numpy``, ``mp_numpy``) and 63 M rows/s.  ``python bench/keyed_count.py`` runs the same rows round by
 round with Flink's own job beside them.
 """
 
@@ -22,8 +22,8 @@ import keyed_count
 ROUNDS = scale(3, 1)
 SIZES = {"records": scale(2_000_000, 20_000), "rows": scale(16_000_000, 262_144)}
 # Peers first, batch last: its verdict uses this pass's rows.
-ORDER = ("floor", "numpy_floor", "mp_queue", "zmq_numpy", "per_record", "per_record_shm",
-         "emit_all", "batch")
+ORDER = ("floor", "numpy_floor", "mp_queue", "zmq_numpy", "mp_numpy", "per_record",
+         "per_record_shm", "emit_all", "batch")
 GROUP = "keyed count: 2 processes, 1000 keys"
 
 _measured = {}                                  # row -> records/s, this pass

@@ -33,7 +33,9 @@ are exchanged) by one process only.  Rows:
     every row routes alike) and each piece's two columns sent as raw
     buffers (pyzmq PUSH/PULL over TCP, ``send_multipart(copy=False)``, a
     high-water mark of 4 messages as the only backpressure), counted with
-    ``np.bincount``.
+    ``np.bincount``.  ``mp_numpy``: the same pieces through
+    multiprocessing pipes (``send_bytes`` of each column, a pipe from each
+    process to each, its buffer the only backpressure).
   * ``flink_jvm``: Apache Flink's job (bench/flink/KeyedCount.java): a
     sequence source, ``keyBy`` and a counting ``flatMap``, parallelism 2 on
     a local MiniCluster of two TaskManagers (the records for the other one
@@ -69,6 +71,7 @@ import statistics
 import sys
 import threading
 import time
+from multiprocessing.connection import wait
 
 import numpy as np
 
@@ -97,7 +100,9 @@ ZMQ_HWM = 4
 POOL_BYTES = 16 << 20
 SECRET = b"flinkbuf-keyed-count-benchmark-secret"
 JOIN_TIMEOUT = 600.0
-TARGETS = (("batch", "per_record", 10.0), ("batch", "zmq_numpy", 1.5))
+# (row, peer, at least this many times the peer's rate); (row, rate)
+TARGETS = (("batch", "per_record", 10.0), ("batch", "zmq_numpy", 1.5),
+           ("batch", "mp_numpy", 1.5))
 TARGET_RATE = ("batch", 63e6)
 
 
@@ -308,16 +313,23 @@ def mp_queue_task(link, spec):
                   lambda: _count_records(_get_batches(queues[index])))
 
 
+def _pieces(lo, hi):
+    """``(process, keys, values)``: each batch's rows split by their key's
+    process, one piece per process that has rows in it."""
+    for batch in _batches(lo, hi):
+        keys, values = batch["k"], batch["v"]
+        dest = np.empty(len(keys), dtype=np.int8)
+        assign_keys_to_operators(keys, dest, TASKS)
+        for d in range(TASKS):
+            mask = dest == d
+            if mask.any():
+                yield d, keys[mask], values[mask]
+
+
 def _send_pieces(pushes, lo, hi):
     try:
-        for batch in _batches(lo, hi):
-            keys, values = batch["k"], batch["v"]
-            dest = np.empty(len(keys), dtype=np.int8)
-            assign_keys_to_operators(keys, dest, TASKS)
-            for d, push in enumerate(pushes):
-                mask = dest == d
-                if mask.any():
-                    push.send_multipart([keys[mask], values[mask]], copy=False)
+        for d, keys, values in _pieces(lo, hi):
+            pushes[d].send_multipart([keys, values], copy=False)
     finally:
         for push in pushes:
             push.send(b"")                # this producer's end
@@ -363,6 +375,44 @@ def zmq_numpy_task(link, spec):
         ctx.term()
 
 
+def mp_pipes(mpc, spec):
+    """A one-way pipe from each process to each: ``[producer][consumer]``."""
+    return [[mpc.Pipe(duplex=False) for _ in range(TASKS)] for _ in range(TASKS)]
+
+
+def _write_pieces(conns, lo, hi):
+    try:
+        for d, keys, values in _pieces(lo, hi):
+            conns[d].send_bytes(keys)
+            conns[d].send_bytes(values)
+    finally:
+        for conn in conns:
+            conn.send_bytes(b"")          # this producer's end
+
+
+def _count_pipes(readers):
+    counts = np.zeros(KEYS, dtype=np.int64)
+    live = list(readers)
+    while live:
+        for reader in wait(live):
+            keys = reader.recv_bytes()
+            if not keys:
+                live.remove(reader)
+                continue
+            reader.recv_bytes()           # the values
+            counts += np.bincount(np.frombuffer(keys, dtype=np.int64), minlength=KEYS)
+    return counts.tolist()
+
+
+def mp_numpy_task(link, spec):
+    index = _index(link)
+    lo, hi = _half(spec["n"], index)
+    pipes = link.shared
+    writers = [pipes[index][d][1] for d in range(TASKS)]
+    readers = [pipes[p][index][0] for p in range(TASKS)]
+    return _timed(link, lambda: _write_pieces(writers, lo, hi), lambda: _count_pipes(readers))
+
+
 # row -> (task, what the parent makes for both processes, records or rows, exchanges?)
 ROWS = {
     "floor": (floor_task, None, "records", False),
@@ -373,6 +423,7 @@ ROWS = {
     "numpy_floor": (numpy_floor_task, None, "rows", False),
     "batch": (flinkbuf_task, None, "rows", True),
     "zmq_numpy": (zmq_numpy_task, None, "rows", True),
+    "mp_numpy": (mp_numpy_task, mp_pipes, "rows", True),
     "flink_jvm": (None, None, "flink", True),
 }
 
