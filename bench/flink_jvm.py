@@ -7,8 +7,9 @@ cache directory (``$XDG_CACHE_HOME/flinkbuf/flink``, by default
 ``~/.cache/flinkbuf/flink``; ``FLINKBUF_FLINK_CACHE`` names another), and the
 jars the job needs (``flink-dist`` and the logging ones) are taken out of it
 beside it; nothing is installed.  ``javac`` compiles the job into the same
-cache.  :func:`run` returns the job's records/s of each steady round, or the
-reason it cannot run here (no Java, no jars, no network for the download).
+cache.  A :class:`Job` runs the job in a JVM of its own, a job at a time
+when asked, or says why it cannot run here (no Java, no jars, no network
+for the download).
 """
 
 import glob
@@ -17,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import zipfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -98,29 +100,70 @@ def compiled(cache, lib):
     return classes
 
 
-def run(records, rounds, warmup=2):
-    """(records/s, CPU ns per record of the JVM) of each of ``rounds``
-    steady jobs of ``records`` records (after ``warmup`` jobs in the same
-    JVM); :class:`Unavailable` when Java, javac or the jars are missing."""
-    missing = [tool for tool in ("java", "javac") if shutil.which(tool) is None]
-    if missing:
-        raise Unavailable(f"{' and '.join(missing)} not found")
-    cache = cache_dir()
-    lib = jars(cache)
-    classes = compiled(cache, lib)
-    cmd = ["java", "-cp", os.pathsep.join([classes, os.path.join(lib, "*")]),
-           "-Dlog4j2.level=ERROR", "-Dlog4j2.StatusLogger.level=OFF",
-           "KeyedCount", str(records), str(rounds), str(warmup)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, check=False)
-    rates = []
-    for line in out.stdout.splitlines():
-        fields = line.split()
-        if fields[:1] == ["round"]:
-            rate, cpu = float(fields[3]), float(fields[4])
-            print(f"flink_jvm job {fields[1]} ({fields[2]}): {rate / 1e6:8.2f} M records/s  "
+class Job:
+    """Flink's job in a JVM of its own, warmed up by ``warmup`` jobs of
+    ``records`` records when made; :meth:`run` runs one more and returns
+    its (records/s, CPU ns per record of the JVM).  :class:`Unavailable`
+    when Java, javac or the jars are missing.  Close it (a context
+    manager) to end the JVM."""
+
+    def __init__(self, records, warmup=2):
+        missing = [tool for tool in ("java", "javac") if shutil.which(tool) is None]
+        if missing:
+            raise Unavailable(f"{' and '.join(missing)} not found")
+        cache = cache_dir()
+        lib = jars(cache)
+        classes = compiled(cache, lib)
+        self._stderr = tempfile.TemporaryFile()
+        self._proc = subprocess.Popen(
+            ["java", "-cp", os.pathsep.join([classes, os.path.join(lib, "*")]),
+             "-Dlog4j2.level=ERROR", "-Dlog4j2.StatusLogger.level=OFF",
+             "KeyedCount", str(records), str(warmup)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True)
+        try:
+            for _ in range(warmup):
+                self._result()
+            if self._proc.stdout.readline().strip() != "ready":
+                self._failed()
+        except BaseException:
+            self.close()
+            raise
+
+    def _failed(self):
+        self._proc.kill()
+        self._proc.wait()
+        self._stderr.seek(0)
+        raise RuntimeError(f"Flink's job failed ({self._proc.returncode}):\n"
+                           f"{self._stderr.read()[-3000:].decode(errors='replace')}")
+
+    def _result(self):
+        fields = self._proc.stdout.readline().split()
+        if fields[:1] != ["job"]:
+            self._failed()
+        rate, cpu = float(fields[3]), float(fields[4])
+        if fields[2] == "warmup":
+            print(f"flink_jvm warm-up job {fields[1]}: {rate / 1e6:8.2f} M records/s  "
                   f"cpu {cpu:6.0f} ns/record", flush=True)
-            if fields[2] == "steady":
-                rates.append((rate, cpu))
-    if out.returncode != 0 or len(rates) != rounds:
-        raise RuntimeError(f"Flink's job failed ({out.returncode}):\n{out.stderr[-3000:]}")
-    return rates
+        return rate, cpu
+
+    def run(self):
+        self._proc.stdin.write("run\n")
+        self._proc.stdin.flush()
+        return self._result()
+
+    def close(self):
+        if self._proc.poll() is None:
+            self._proc.stdin.close()
+            try:
+                self._proc.wait(TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._stderr.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False

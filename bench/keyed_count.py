@@ -39,11 +39,12 @@ are exchanged) by one process only.  Rows:
   * ``flink_jvm``: Apache Flink's job (bench/flink/KeyedCount.java): a
     sequence source, ``keyBy`` and a counting ``flatMap``, parallelism 2 on
     a local MiniCluster of two TaskManagers (the records for the other one
-    cross Netty over loopback), ``--flink-records`` records a job, the
-    records/s of steady jobs after two to warm the JIT up.  It needs Java
-    and javac and fetches Flink's jars once (bench/flink_jvm.py says where
-    to); without them its row is skipped, as are the rows of a flinkbuf
-    without ``emit_all`` or ``BatchWriter``.
+    cross Netty over loopback), ``--flink-records`` records a job: one JVM,
+    started before the first round, warmed up by two jobs, runs a job at
+    its turn in each round.  It needs Java and javac and fetches Flink's
+    jars once (bench/flink_jvm.py says where to); without them its row is
+    skipped, as are the rows of a flinkbuf without ``emit_all`` or
+    ``BatchWriter``.
 
 The per-record rows move ``--records`` records, the batch rows ``--rows``.
 A measurement runs from the first record made to the last one counted (the
@@ -66,6 +67,7 @@ cores.  Run it on a release build.
 """
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -520,29 +522,36 @@ def table(res, sizes):
     return lines
 
 
+def _flink_job(rows, args, stack):
+    """Flink's job, warmed up, if ``rows`` has it and it can run here."""
+    if "flink_jvm" not in rows:
+        return None
+    try:
+        with busy(args.busy):
+            return stack.enter_context(flink_jvm.Job(args.flink_records))
+    except flink_jvm.Unavailable as exc:
+        print(f"flink_jvm: skipped: {exc}", flush=True)
+        return None
+
+
 def run(rows, args):
-    """Every row's rates over ``args.rounds`` rounds: {row: {"rate", "cpu"}}."""
+    """Every row's rates over ``args.rounds`` rounds, taking turns: {row:
+    {"rate": [...], "cpu": [...]}}, and each row's records."""
     sizes = {"records": args.records, "rows": args.rows, "flink": args.flink_records}
     res = {}
-    python_rows = [r for r in rows if r != "flink_jvm"]
-    for r in range(args.rounds):
-        order = python_rows if r % 2 == 0 else python_rows[::-1]
-        for row in order:
-            n = sizes[ROWS[row][2]]
-            with busy(args.busy):
-                rate, cpu = measure(row, n)
-            entry = res.setdefault(row, {"rate": [], "cpu": []})
-            entry["rate"].append(rate)
-            entry["cpu"].append(cpu)
-            print(f"round {r}: {row:<16} {rate / 1e6:8.2f} M records/s  "
-                  f"cpu {cpu:6.0f} ns/record", flush=True)
-    if "flink_jvm" in rows:
-        try:
-            with busy(args.busy):
-                jobs = flink_jvm.run(args.flink_records, args.rounds)
-            res["flink_jvm"] = {"rate": [r for r, _ in jobs], "cpu": [c for _, c in jobs]}
-        except flink_jvm.Unavailable as exc:
-            print(f"flink_jvm: skipped: {exc}", flush=True)
+    with contextlib.ExitStack() as stack:
+        flink = _flink_job(rows, args, stack)
+        rows = [row for row in rows if row != "flink_jvm" or flink is not None]
+        for r in range(args.rounds):
+            for row in rows if r % 2 == 0 else rows[::-1]:
+                with busy(args.busy):
+                    rate, cpu = flink.run() if row == "flink_jvm" else \
+                        measure(row, sizes[ROWS[row][2]])
+                entry = res.setdefault(row, {"rate": [], "cpu": []})
+                entry["rate"].append(rate)
+                entry["cpu"].append(cpu)
+                print(f"round {r}: {row:<16} {rate / 1e6:8.2f} M records/s  "
+                      f"cpu {cpu:6.0f} ns/record", flush=True)
     ordered = {row: res[row] for row in ROWS if row in res}
     return ordered, {row: sizes[ROWS[row][2]] for row in ordered}
 

@@ -4,16 +4,18 @@
 // local MiniCluster of 2 TaskManagers of one slot each, so each subtask's
 // records for the other TaskManager cross Netty over loopback.
 //
-//   java -cp CLASSES:FLINK_LIB/* KeyedCount RECORDS ROUNDS WARMUP
+//   java -cp CLASSES:FLINK_LIB/* KeyedCount RECORDS WARMUP
 //
-// Runs WARMUP + ROUNDS jobs in one JVM (the JIT warm from the first ones)
-// and prints one line per job: "round I warmup|steady RECORDS_PER_S
+// Runs WARMUP jobs (the JIT warms up), prints "ready", then runs one more
+// job for each line "run" read from its standard input, until its end, all
+// in one JVM, so that a caller can take turns with other measurements.  It
+// prints one line per job: "job I warmup|steady RECORDS_PER_S
 // CPU_NS_PER_RECORD NET_RUNTIME_MS" (the CPU time of the whole JVM over the
-// job, its deployment included).  A job's time runs from the first record either counting
-// subtask receives to the last subtask's close (the cluster's start and the
-// job's deployment are outside it, as the Python rows' set-up is).  Every
-// job's counts are checked: each key counted N/1000 times (give or take
-// one), by one subtask only.
+// job, its deployment included).  A job's time runs from the first record
+// either counting subtask receives to the last subtask's close (the
+// cluster's start and the job's deployment are outside it, as the Python
+// rows' set-up is).  Every job's counts are checked: each key counted
+// N/1000 times (give or take one), by one subtask only.
 import org.apache.flink.api.common.JobExecutionResult;
 import org.apache.flink.api.common.functions.OpenContext;
 import org.apache.flink.api.common.functions.RichFlatMapFunction;
@@ -25,6 +27,8 @@ import org.apache.flink.streaming.api.environment.StreamExecutionEnvironment;
 import org.apache.flink.streaming.api.functions.sink.v2.DiscardingSink;
 import org.apache.flink.util.Collector;
 
+import java.io.BufferedReader;
+import java.io.InputStreamReader;
 import java.lang.management.ManagementFactory;
 
 public final class KeyedCount {
@@ -105,26 +109,36 @@ public final class KeyedCount {
 
     public static void main(String[] args) throws Exception {
         long records = Long.parseLong(args[0]);
-        int rounds = Integer.parseInt(args[1]);
-        int warmup = Integer.parseInt(args[2]);
+        int warmup = Integer.parseInt(args[1]);
         Configuration conf = new Configuration();
         conf.set(TaskManagerOptions.NUM_TASK_SLOTS, 1);
         conf.set(TaskManagerOptions.MINI_CLUSTER_NUM_TASK_MANAGERS, PARALLELISM);
         StreamExecutionEnvironment env =
                 StreamExecutionEnvironment.createLocalEnvironment(PARALLELISM, conf);
+        for (int r = 0; r < warmup; r++) {
+            job(env, records, r, "warmup");
+        }
+        System.out.println("ready");
+        System.out.flush();
+        BufferedReader in = new BufferedReader(new InputStreamReader(System.in));
+        for (int r = warmup; "run".equals(in.readLine()); r++) {
+            job(env, records, r, "steady");
+        }
+    }
+
+    static void job(StreamExecutionEnvironment env, long records, int r, String kind)
+            throws Exception {
         com.sun.management.OperatingSystemMXBean os =
                 (com.sun.management.OperatingSystemMXBean) ManagementFactory.getOperatingSystemMXBean();
-        for (int r = 0; r < warmup + rounds; r++) {
-            long cpu = os.getProcessCpuTime();
-            JobExecutionResult result = runJob(env, records);
-            cpu = os.getProcessCpuTime() - cpu;
-            check(records);
-            long start = Math.min(FIRST[0], FIRST[1]);
-            long end = Math.max(CLOSED[0], CLOSED[1]);
-            double rate = records / ((end - start) / 1e9);
-            System.out.printf("round %d %s %.0f %.1f %d%n", r, r < warmup ? "warmup" : "steady",
-                    rate, (double) cpu / records, result.getNetRuntime());
-            System.out.flush();
-        }
+        long cpu = os.getProcessCpuTime();
+        JobExecutionResult result = runJob(env, records);
+        cpu = os.getProcessCpuTime() - cpu;
+        check(records);
+        long start = Math.min(FIRST[0], FIRST[1]);
+        long end = Math.max(CLOSED[0], CLOSED[1]);
+        double rate = records / ((end - start) / 1e9);
+        System.out.printf("job %d %s %.0f %.1f %d%n", r, kind, rate, (double) cpu / records,
+                result.getNetRuntime());
+        System.out.flush();
     }
 }
