@@ -20,6 +20,13 @@ masquerades what h3 sends: the driver sees h3's connections come from
 10.231.0.9, an address that is not h3's own (as behind a NAT or with
 several interfaces).
 
+A worker may run as on a host that sets no ``SPARK_LOCAL_IP`` and whose
+name resolves to a loopback address (``start_worker(..., name_ip=...)``):
+``ip netns exec`` puts ``/etc/netns/<namespace>/hosts`` in the place of
+``/etc/hosts`` for what it runs, and the harness writes one there mapping
+this machine's name to that address (127.0.1.1, as on Debian); the
+namespaces share the machine's host name.
+
 Every process runs in a process group of its own; :meth:`Cluster.kill_host`
 kills every process of a namespace (``ip netns pids``), :meth:`Cluster.close`
 every process of every namespace and deletes the namespaces.  Namespace
@@ -35,6 +42,7 @@ import re
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -52,6 +60,7 @@ WORKER_PORT = 7080
 DRIVER_PORT = 7078
 BLOCK_MANAGER_PORT = 7079
 _PREFIX = "fbmh"
+NETNS_ETC = "/etc/netns"     # where `ip netns exec` finds a namespace's own /etc files
 _DIE = 10.0                 # seconds for the processes of a namespace to go
 
 
@@ -124,6 +133,7 @@ def remove_stale():
             continue
         _kill_namespace(name)
         _run("ip", "netns", "del", name, check=False)
+        shutil.rmtree(os.path.join(NETNS_ETC, name), ignore_errors=True)
 
 
 def spark_home():
@@ -315,10 +325,15 @@ class Cluster:
 
     def spawn(self, host, argv, name, env=None, **popen):
         """Start ``argv`` in ``host``'s namespace, in a process group of its
-        own, its output to ``<logs>/<name>.log``."""
+        own, its output to ``<logs>/<name>.log``; ``env``: variables to
+        set (None: to unset)."""
         log = os.path.join(self.logs, f"{name}.log")
         full = dict(os.environ)
-        full.update(env or {})
+        for key, value in (env or {}).items():
+            if value is None:
+                full.pop(key, None)          # unset
+            else:
+                full[key] = value
         out = open(log, "ab")
         try:
             proc = subprocess.Popen(["ip", "netns", "exec", self.ns(host), *argv],
@@ -362,13 +377,31 @@ class Cluster:
     def master_url(self):
         return f"spark://{ADDRESSES['h0']}:{MASTER_PORT}"
 
-    def start_worker(self, host, cores=2):
+    def start_worker(self, host, cores=2, name_ip=None):
+        """A worker on ``host``; with ``name_ip``, as on a host that sets
+        no ``SPARK_LOCAL_IP`` and whose name resolves to ``name_ip``."""
         cls = os.path.join(spark_home(), "bin", "spark-class")
+        env = self._spark_env(host)
+        self.set_name_ip(host, name_ip)
+        if name_ip is not None:
+            env["SPARK_LOCAL_IP"] = None
         self.spawn(host, [cls, "org.apache.spark.deploy.worker.Worker", "--host",
                           ADDRESSES[host], "--port", str(WORKER_PORT), "--webui-port", "0",
                           "--cores", str(cores), "--memory", "2g", self.master_url],
-                   f"worker-{host}", self._spark_env(host))
+                   f"worker-{host}", env)
         self.workers.add(host)
+
+    def set_name_ip(self, host, ip):
+        """What this machine's name resolves to in ``host``'s namespace,
+        for what starts there from now on: ``ip``, or (None) what
+        ``/etc/hosts`` says."""
+        directory = os.path.join(NETNS_ETC, self.ns(host))
+        if ip is None:
+            shutil.rmtree(directory, ignore_errors=True)
+            return
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, "hosts"), "w") as f:
+            f.write(f"127.0.0.1 localhost\n{ip} {socket.gethostname()}\n")
 
     def wait_for_log(self, log, pattern, count=1, timeout=60):
         deadline = time.monotonic() + timeout
@@ -448,4 +481,5 @@ class Cluster:
                 _run("ip", "netns", "del", ns, check=False)
             except Exception:               # noqa: BLE001
                 pass
+            shutil.rmtree(os.path.join(NETNS_ETC, ns), ignore_errors=True)
         self.namespaces.clear()

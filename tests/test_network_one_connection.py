@@ -98,10 +98,7 @@ def test_a_process_setting_up_a_peers_connection_does_not_dial_that_peer(monkeyp
 
     monkeypatch.setattr(ConnectionTable, "keep_accepting", keep_slowly)
     try:
-        ps = create_partition(small.network_buffer_pool, 1)
-        small.register_partition("from-small", ps)
-        pl = create_partition(large.network_buffer_pool, 1)
-        large.register_partition("from-large", pl)
+        ps, pl = _registered(small, "from-small"), _registered(large, "from-large")
         tl, gl = run_in_thread(large.create_input_gate, [(small.address, "from-small", 0)],
                                codec="bytes")
         assert kept.wait(10)
@@ -110,12 +107,7 @@ def test_a_process_setting_up_a_peers_connection_does_not_dial_that_peer(monkeyp
         tl.join(20)
         ts.join(20)
         assert "error" not in gl and "error" not in gs, (gl, gs)
-        for part, tag in ((ps, b"s"), (pl, b"l")):
-            with RecordWriter(part, codec="bytes", buffer_timeout=None) as w:
-                for i in range(50):
-                    w.emit(tag + bytes([i]))
-        assert [bytes(r) for r in gl["value"]] == [b"s" + bytes([i]) for i in range(50)]
-        assert [bytes(r) for r in gs["value"]] == [b"l" + bytes([i]) for i in range(50)]
+        _both_ways([(ps, b"s", gl["value"]), (pl, b"l", gs["value"])])
         assert (open_connections(small), open_connections(large)) == (1, 1)
         assert not any(p.accepting for e in (small, large) for p in e._table._peers.values())
         gl["value"].close()
@@ -123,6 +115,24 @@ def test_a_process_setting_up_a_peers_connection_does_not_dial_that_peer(monkeyp
     finally:
         b.close()
         a.close()
+
+
+def _registered(env, name):
+    """A partition of one subpartition registered in ``env`` as ``name``."""
+    part = create_partition(env.network_buffer_pool, 1)
+    env.register_partition(name, part)
+    return part
+
+
+def _both_ways(flows, count=50):
+    """Each of ``flows``, ``(partition, tag, gate)``: ``count`` records
+    tagged ``tag`` written to the partition arrive in order at the gate."""
+    for part, tag, _ in flows:
+        with RecordWriter(part, codec="bytes", buffer_timeout=None) as w:
+            for i in range(count):
+                w.emit(tag + bytes([i]))
+    for _, tag, gate in flows:
+        assert [bytes(r) for r in gate] == [tag + bytes([i]) for i in range(count)]
 
 
 def _name(env):
@@ -136,10 +146,13 @@ def _keeps(env, peer):
     return env._table.keep_incoming(_name(peer))
 
 
-def _set_dialing(env, peer, dialing):
-    """Make ``env``'s table say it is (or is not) connecting to ``peer``."""
+def _set_dialing(env, peer, dialing, reached=True):
+    """Make ``env``'s table say it is (or is not) connecting to ``peer``,
+    its connect through (``reached``: its handshake under way) or not yet."""
     with env._table._lock:
-        env._table._peer(_name(peer)).dialing = dialing
+        entry = env._table._peer(_name(peer))
+        entry.dialing = dialing
+        entry.reached = dialing and reached
 
 
 def test_the_rule_that_decides_which_connection_is_kept():
@@ -155,6 +168,8 @@ def test_the_rule_that_decides_which_connection_is_kept():
         _set_dialing(large, small, True)
         assert not _keeps(small, large)    # its own wins
         assert _keeps(large, small)        # the other's wins
+        _set_dialing(small, large, True, reached=False)
+        assert _keeps(small, large)        # its own has not got through: the other's wins
         _set_dialing(small, large, False)
         _set_dialing(large, small, False)
         part = create_partition(large.network_buffer_pool, 1)
@@ -166,6 +181,77 @@ def test_the_rule_that_decides_which_connection_is_kept():
         gate.close()
         part.release()
     finally:
+        b.close()
+        a.close()
+
+
+def _black_hole():
+    """A listening socket whose queue is full: a connect to it hangs (the
+    kernel drops its SYN), as through a firewall that drops it."""
+    sink = socket.socket()
+    sink.bind(("127.0.0.1", 0))
+    sink.listen(0)
+    queued = socket.create_connection(sink.getsockname(), timeout=5)
+    return sink, queued
+
+
+@pytest.mark.one_transport
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("blocked", ["small", "large"])
+@pytest.mark.parametrize("first", ["blocked", "open"])
+def test_a_dial_that_cannot_get_through_gives_way_to_the_peers_connection(monkeypatch,
+                                                                           blocked, first):
+    """One process's connects to the other hang (a firewall drops that
+    direction) while the other way is open: whichever dials first, and
+    whichever has the smaller address, the blocked side gives up its
+    connect as soon as the peer's connection arrives and reads over it, so
+    each ends up with one connection, both ways over it, long before the
+    connect timeout."""
+    from flinkbuf.network import sockets
+
+    a, b = make_env(transport="tcp", connect_timeout=60.0), make_env(transport="tcp",
+                                                                     connect_timeout=60.0)
+    sink, queued = _black_hole()
+    small, large = sorted([a, b], key=_name)
+    stuck, other = (small, large) if blocked == "small" else (large, small)
+    real = sockets.connect_watching
+    dialing = threading.Event()
+
+    def connect_watching(host, port, timeout, give_up):
+        if threading.current_thread().name == "stuck-dials":
+            dialing.set()
+            return real(*sink.getsockname(), timeout, give_up)
+        return real(host, port, timeout, give_up)
+
+    monkeypatch.setattr(sockets, "connect_watching", connect_watching)
+    try:
+        p_stuck, p_other = _registered(stuck, "from-stuck"), _registered(other, "from-other")
+
+        def stuck_reads():
+            threading.current_thread().name = "stuck-dials"
+            return stuck.create_input_gate([(other.address, "from-other", 0)], codec="bytes")
+
+        def other_reads():
+            return other.create_input_gate([(stuck.address, "from-stuck", 0)], codec="bytes")
+
+        if first == "blocked":
+            t1, g_stuck = run_in_thread(stuck_reads)
+            assert dialing.wait(10)
+            t2, g_other = run_in_thread(other_reads)
+        else:
+            t2, g_other = run_in_thread(other_reads)
+            t2.join(20)
+            t1, g_stuck = run_in_thread(stuck_reads)
+        t1.join(30)
+        t2.join(30)
+        assert "value" in g_stuck and "value" in g_other, (g_stuck, g_other)
+        _both_ways([(p_stuck, b"s", g_other["value"]), (p_other, b"o", g_stuck["value"])])
+        assert (open_connections(stuck), open_connections(other)) == (1, 1)
+        g_stuck["value"].close()
+        g_other["value"].close()
+    finally:
+        queued.close()
+        sink.close()
         b.close()
         a.close()
 

@@ -474,9 +474,8 @@ def _threaded_spec(monkeypatch, fn, monitor, **options):
 
 def _reads_for(args):
     """The task whose gate connects: the subpartition its channels read
-    (create_input_gate's specs, or update_input_channel's channel)."""
-    first = args[0]
-    return first.subpartition if hasattr(first, "subpartition") else list(first)[0][2]
+    (update_input_channel's channel)."""
+    return args[0].subpartition
 
 
 @pytest.mark.parametrize("monitor", [None, lambda task: None], ids=["no-monitor", "monitor"])
@@ -487,7 +486,8 @@ def test_a_peer_gone_while_connecting_is_reported_after_the_peers_own_error(monk
     away: task 0 holds it back for the consequence delay, whatever phase
     it came in, so that Spark hears of task 1's ValueError first.  Without
     a monitor the gate's channels to peers are connected while records
-    flow (update_input_channel), with one before (create_input_gate)."""
+    flow, with one before; either way one by one (update_input_channel,
+    so that an error names the peer dialed)."""
     import threading
 
     from pyspark import BarrierTaskContext
@@ -504,7 +504,7 @@ def test_a_peer_gone_while_connecting_is_reported_after_the_peers_own_error(monk
     spec, contexts = _threaded_spec(monkeypatch, fn, monitor)
     task1_done = threading.Event()
     gate_failed_at = []
-    connects = "create_input_gate" if monitor else "update_input_channel"
+    connects = "update_input_channel"
     connect = getattr(NetworkEnvironment, connects)
 
     def late(env, *args, **kwargs):                    # task 0 connects after task 1 ended

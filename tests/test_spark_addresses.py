@@ -11,26 +11,33 @@ import threading
 import time
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from flinkbuf.errors import AuthenticationError, NoFreePortError, RemoteConnectionError
+from flinkbuf.network.addresses import is_loopback
 from flinkbuf.spark import _rendezvous, _slot_watch, _task_environment, _task_peers
 from flinkbuf.spark._session import ClassicSession
 from flinkbuf.spark._spec import Timeouts as _Timeouts
 from flinkbuf.spark._spec import check_options, make_spec
 
 SECRET = b"flinkbuf-spark-address-test-secret"
-# An address of no host here (TEST-NET-1, RFC 5737).
+# Addresses of no host here (TEST-NET-1, RFC 5737).
 ELSEWHERE = "192.0.2.7"
+ELSEWHERE_TOO = "192.0.2.8"
 
 
 class _Ctx:
-    """What the address logic asks of a BarrierTaskContext."""
+    """What the address logic asks of a BarrierTaskContext: task 0's
+    executor at ``seen``, task 1's at ``peer`` (by default the same)."""
 
-    def __init__(self, seen):
+    def __init__(self, seen, peer=None):
         self.seen = seen
+        self.peer = peer or seen
 
     def getTaskInfos(self):
-        return [collections.namedtuple("Info", "address")(self.seen)] * 2
+        info = collections.namedtuple("Info", "address")
+        return [info(self.seen), info(self.peer)]
 
 
 def _spec(**kw):
@@ -64,12 +71,76 @@ def test_own_host_behind_a_nat_takes_the_address_on_the_route_to_the_driver(monk
 
 
 def test_own_host_that_finds_no_address_says_what_to_set(monkeypatch):
+    """Every address found is loopback and a peer is on another host."""
     monkeypatch.setenv("SPARK_LOCAL_IP", ELSEWHERE)
     monkeypatch.setattr(socket, "gethostname", lambda: "no-such-host.invalid")
+    monkeypatch.setattr(_task_environment, "source_address", lambda target: None)
+    monkeypatch.setattr(_task_environment, "host_address", lambda: "127.0.0.1")
     with pytest.raises(RemoteConnectionError, match=rf"task 1 found no address of its own host "
                                                     rf".*SPARK_LOCAL_IP is {ELSEWHERE}.*Spark "
-                                                    rf"saw the executor at {ELSEWHERE}"):
-        _task_environment.own_host(_Ctx(f"{ELSEWHERE}:4000"), 1)
+                                                    rf"saw the executor at {ELSEWHERE_TOO}.*"
+                                                    rf"every address found is loopback"):
+        _task_environment.own_host(_Ctx(f"{ELSEWHERE}:4000", f"{ELSEWHERE_TOO}:4000"), 1)
+
+
+@pytest.mark.parametrize("name_ip", ["127.0.0.1", "127.0.1.1"])
+def test_own_host_never_advertises_loopback_to_a_peer_on_another_host(monkeypatch, name_ip):
+    """No SPARK_LOCAL_IP, the executor seen at an address not this host's
+    (a NAT's), no driver address (allGather), the host's name resolving to
+    loopback: the address this host reaches the peer's executor from."""
+    monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
+    monkeypatch.setattr(socket, "gethostbyname", lambda name: name_ip)
+    routes = {ELSEWHERE_TOO: "10.9.8.7"}
+    asked = []
+
+    def source_address(target):
+        asked.append(target)
+        return routes.get(target[0])
+
+    monkeypatch.setattr(_task_environment, "source_address", source_address)
+    monkeypatch.setattr(_task_environment, "host_address", lambda: "127.0.0.1")
+    ctx = _Ctx(f"{ELSEWHERE}:4000", f"{ELSEWHERE_TOO}:4000")
+    assert _task_environment.own_host(ctx, 0) == "10.9.8.7"
+    assert (ELSEWHERE_TOO, 9) in asked
+    # toward the driver first, when it is known
+    routes[ELSEWHERE] = "10.9.8.6"
+    assert _task_environment.own_host(ctx, 0, (ELSEWHERE, 7078)) == "10.9.8.6"
+    # with every peer on this host (its executor at the same address), the name's
+    routes.clear()
+    assert _task_environment.own_host(_Ctx(f"{ELSEWHERE}:4000"), 0) == name_ip
+
+
+def test_choose_host_skips_loopback_unless_every_peer_is_here():
+    choose = _task_environment.choose_host
+    here = {"10.0.0.1"}.__contains__
+    # a peer on another host: loopback is passed over, the rest keep their order
+    assert choose([None, "127.0.1.1", "10.0.0.1"], ["10.0.0.2"], is_own=here) == "10.0.0.1"
+    assert choose(["127.0.0.1", "127.0.1.1", "::1"], ["10.0.0.2"], is_own=here) is None
+    # every peer here: loopback, on this host itself, at its executor's address, or one of
+    # this host's: the first candidate
+    for peers in ([], ["127.0.0.1"], ["10.0.0.1"], ["exec-1"]):
+        assert choose(["127.0.1.1", "10.0.0.1"], peers, here=("exec-1",),
+                      is_own=here) == "127.0.1.1", peers
+    assert choose([None, None], [], is_own=here) is None
+
+
+@given(candidates=st.lists(st.sampled_from([None, "127.0.0.1", "127.0.1.1", "::1",
+                                            "10.0.0.1", "10.0.0.3", "fd00::1"]), max_size=5),
+       peers=st.lists(st.sampled_from(["127.0.0.1", "10.0.0.1", "10.0.0.2", "exec-1",
+                                       "exec-2"]), max_size=4))
+def test_choose_host_is_the_first_candidate_a_peer_can_reach(candidates, peers):
+    """The docstring's contract: the first candidate that is not loopback
+    when some peer is on another host, else the first one found; never
+    loopback while a peer is elsewhere."""
+    own = {"10.0.0.1"}
+    chosen = _task_environment.choose_host(candidates, peers, here=("exec-1",),
+                                           is_own=own.__contains__)
+    elsewhere = [p for p in peers if p not in own and p != "exec-1" and not
+                 p.startswith("127.")]
+    fits = [c for c in candidates if c and not (elsewhere and is_loopback(c))]
+    assert chosen == (fits[0] if fits else None)
+    if elsewhere and chosen is not None:
+        assert not is_loopback(chosen)
 
 
 def test_addresses_never_advertise_a_wildcard(monkeypatch):
@@ -375,6 +446,103 @@ def test_connection_errors_name_both_tasks_and_the_direction():
     assert peers.named(RemoteConnectionError("no address at all")) is None
 
 
+def test_a_dial_error_names_the_peer_dialed_whatever_its_message_names():
+    """The peer named is the one dialed, even when the message names
+    another's address (or this task's own)."""
+    peers = _task_peers.Peers(1, ["10.0.0.1:7100", "10.0.0.2:7100", "10.0.0.3:7100"])
+    named = peers.named(RemoteConnectionError(
+        "cannot connect to 10.0.0.3:7100: the peer at 10.0.0.2:7100 ... timed out"),
+        connecting=True, connect_timeout=2, peer=2)
+    assert str(named).startswith("task 1 at 10.0.0.2:7100 could not connect to task 2 at "
+                                 "10.0.0.3:7100 to read its output (within connect_timeout=2 s)")
+    # a message naming only this task's own address names no peer
+    assert peers.named(RemoteConnectionError("connection to 10.0.0.2:7100: gone")) is None
+
+
+def test_a_peer_whose_connection_did_not_arrive_gets_the_firewall_hint():
+    """The side whose connection the peer refused (it keeps its own) and
+    whose peer's connection never comes says what the side that timed out
+    says: a firewall, and task_port=."""
+    peers = _task_peers.Peers(0, ["10.0.0.1:7100", "10.0.0.2:7100"])
+    named = peers.named(RemoteConnectionError(
+        "connecting to 10.0.0.2:7100: the peer keeps its own connection to this process, "
+        "which did not arrive within 2 s"), connecting=True, connect_timeout=2, peer=1)
+    assert "(within connect_timeout=2 s)" in str(named)
+    assert "task_port=" in str(named) and "firewall" in str(named)
+
+
+def test_tasks_that_advertise_one_address_are_named_before_any_dial():
+    peers = _task_peers.Peers(2, ["10.0.0.1:7100", "10.0.0.2:7100", "10.0.0.1:7100"])
+    with pytest.raises(RemoteConnectionError, match=r"task 0 and task 2 of the exchange "
+                                                    r"advertise the same address, "
+                                                    r"10\.0\.0\.1:7100 \(seen from task 2\)"):
+        peers.check_distinct()
+    _task_peers.Peers(0, ["10.0.0.1:7100", "10.0.0.1:7101"]).check_distinct()
+
+
+class _Channel:
+    pass
+
+
+class _FakeGate:
+    def __init__(self, n):
+        self.channels = [_Channel() for _ in range(n)]
+        self.num_channels = n
+
+
+class _FakeEnv:
+    """An environment whose dial to ``refusing`` fails as the dialer's do."""
+
+    def __init__(self, refusing, message="timed out"):
+        self.refusing, self.message = refusing, message
+        self.dialed = []
+
+    def update_input_channel(self, channel, address):
+        self.dialed.append(address)
+        if address == self.refusing:
+            raise RemoteConnectionError(f"cannot connect to {address}: {self.message}")
+
+    def expect_peers(self, peers):
+        self.expected = peers
+
+
+@pytest.mark.parametrize("path", ["monitor", "connector"])
+def test_every_path_that_dials_names_the_peer_dialed(monkeypatch, path):
+    """The channels a task connects before its records flow (with a
+    monitor) and those its Connector thread connects while they flow: an
+    error connecting names this task and the peer dialed, with the hint."""
+    addresses = ["10.0.0.1:7100", "10.0.0.2:7100", "10.0.0.3:7100"]
+    env, gate = _FakeEnv("10.0.0.3:7100"), _FakeGate(3)
+    spec = _spec(connect_timeout=2.0)
+    if path == "monitor":
+        with pytest.raises(RemoteConnectionError) as err:
+            _task_peers.connect_channels(env, gate, _task_peers.Peers(1, addresses), 2.0)
+        error = err.value
+    else:
+        class Ctx(_FakeTaskContext):
+            def partitionId(self):
+                return 1
+
+            def allGather(self, message):
+                import json
+                tid = json.loads(message)["task_attempt_id"]
+                return [json.dumps({"index": i, "address": a, "task_attempt_id": tid + i})
+                        for i, a in enumerate(addresses)]
+
+        monkeypatch.setattr(_task_peers, "UnknownInputChannel", _Channel)
+        failed = []
+        for channel in gate.channels:
+            channel.fail = failed.append
+        connector = _task_peers.Connector(spec, Ctx(), env, gate, 7, addresses[1], None)
+        connector.run()
+        error = connector.error
+        assert failed and all(f is error for f in failed)
+    assert env.dialed == ["10.0.0.1:7100", "10.0.0.3:7100"]
+    assert str(error).startswith("task 1 at 10.0.0.2:7100 could not connect to task 2 at "
+                                 "10.0.0.3:7100 to read its output (within connect_timeout=2 s)")
+    assert "task_port=" in str(error)
+
+
 # ---- the watch over stage attempts that cannot get their slots --------------------------------
 
 class _FakeSpark:
@@ -454,7 +622,30 @@ def test_the_watch_cancels_an_attempt_that_cannot_get_its_slots_after_the_timeou
     [(stage, reason)] = sc.cancelled
     assert stage == 5
     assert reason.startswith("flinkbuf: attempt 1 of stage 5, a barrier stage of an exchange, "
-                             "needs 4 task slots at once and the cluster has had 2 for 0.3 s")
+                             "needs 4 task slots at once and the cluster has 2 (a host or an "
+                             "executor was lost): the stage has waited for them longer than its "
+                             "timeout (0.3 s)")
+
+
+def test_the_watch_counts_from_the_first_look_that_found_the_stage_waiting():
+    """A retried attempt waits while the cluster still counts the slots of
+    a host that stopped answering (its executor not lost yet), and Spark
+    starts another attempt when it loses it: once the slots are short, the
+    stage is cancelled at once if it has waited for the timeout already."""
+    import weakref
+
+    sc, server = _FakeSpark(), _FakeServer([5])
+    ref, since = weakref.ref(server), {}
+    sc.active[5] = [4, 0, 1]          # attempt 1 waits; the slots look enough
+    _slot_watch.SlotWatch._check(ref, sc, 4, 0.3, since)
+    time.sleep(0.35)
+    _slot_watch.SlotWatch._check(ref, sc, 4, 0.3, since)
+    assert sc.cancelled == []         # the slots are there (Spark says)
+    sc.active[5] = [4, 0, 2]          # the executor lost: another attempt, slots short
+    sc.slots = 2
+    _slot_watch.SlotWatch._check(ref, sc, 4, 0.3, since)
+    [(stage, reason)] = sc.cancelled
+    assert stage == 5 and reason.startswith("flinkbuf: attempt 2 of stage 5"), reason
 
 
 def test_the_watch_lets_an_attempt_run_when_its_slots_come_back_in_time():
@@ -468,8 +659,10 @@ def test_the_watch_lets_an_attempt_run_when_its_slots_come_back_in_time():
     sc.slots = 4                      # the host came back
     time.sleep(0.35)
     _slot_watch.SlotWatch._check(ref, sc, 4, 0.3, since)
-    assert since == {}                # its clock starts afresh if the slots go again
+    assert sc.cancelled == []
     sc.active[5] = [4, 4, 1]          # the attempt runs
+    _slot_watch.SlotWatch._check(ref, sc, 4, 0.3, since)
+    assert since == {}                # its clock starts afresh if it waits again
     sc.slots = 2
     sc.active[6] = [4, 0, 0]          # stage 6: slots enough at submission? not now
     del sc.active[6]                  # ... and no longer active: nothing to watch

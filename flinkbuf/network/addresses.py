@@ -4,11 +4,13 @@ and what a host string says (a wildcard, this host)."""
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import socket
 from typing import Union
 
 __all__ = ["Address", "OwnAddresses", "WILDCARD_HOSTS", "format_address", "host_address",
-           "is_host_address", "is_wildcard", "source_address", "split_address"]
+           "is_host_address", "is_loopback", "is_wildcard", "source_address",
+           "split_address"]
 
 # An address: (host, port) or "host:port".
 Address = Union[tuple[str, int], str]
@@ -21,6 +23,21 @@ def is_wildcard(host: str) -> bool:
     """Whether ``host`` binds every interface (``"0.0.0.0"``, ``"::"``, or
     empty): a peer cannot dial it."""
     return host in WILDCARD_HOSTS
+
+
+_LOOPBACK_NAMES = ("localhost", "localhost.", "ip6-localhost")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an address, IPv6 in brackets or not)
+    is this machine's loopback: ``localhost``, 127.0.0.0/8 (127.0.1.1
+    included, as Debian maps a host's name), ``::1``."""
+    if host in _LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]").split("%")[0]).is_loopback
+    except ValueError:
+        return False
 
 
 def format_address(address: Address) -> str:

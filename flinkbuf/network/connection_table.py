@@ -26,11 +26,12 @@ __all__ = ["ConnectionTable"]
 class _Peer:
     """What the table knows of one peer address."""
 
-    __slots__ = ("conn", "dialing", "accepting", "expected")
+    __slots__ = ("conn", "dialing", "reached", "accepting", "expected")
 
     def __init__(self) -> None:
         self.conn: Connection | None = None     # what reads to this address go over
         self.dialing = False                    # this process is connecting to it
+        self.reached = False                    # ... and its connect got through
         self.accepting = 0                      # its connections the acceptor is setting up
         self.expected: str | None = None        # the peer id it must say
 
@@ -121,7 +122,23 @@ class ConnectionTable:
                         self._changed.wait(accepting_until - now)
                         continue
                 peer.dialing = True
+                peer.reached = False
                 return None
+
+    def reached(self, address: str) -> None:
+        """This process's dial to ``address`` got through (the handshake
+        follows): from now on a connection from that peer is kept or
+        refused as :meth:`keep_incoming` says of two handshakes at once."""
+        with self._lock:
+            peer = self._peers.get(address)
+            if peer is not None and peer.dialing:
+                peer.reached = True
+
+    def usable(self, address: str) -> Connection | None:
+        """The open connection to ``address`` (to the peer expected there),
+        or None."""
+        with self._lock:
+            return self._usable(address)
 
     def end_dial(self, address: str, conn: Connection | None) -> None:
         """The dial :meth:`begin_dial` began ended, with the connection this
@@ -130,7 +147,7 @@ class ConnectionTable:
         raises EnvironmentClosedError; MemoryError if it cannot start."""
         with self._changed:
             peer = self._peer(address)
-            peer.dialing = False
+            peer.dialing = peer.reached = False
             self._changed.notify_all()
             failed = None
             if conn is not None and not self._closed:
@@ -178,7 +195,9 @@ class ConnectionTable:
         process made to it wins over a new one; when both are connecting to
         each other at once, the connection made by the smaller address wins
         (the other side's is refused with DUPLICATE, and that side waits for
-        this one).  A connection accepted earlier from a process that said
+        this one), unless this process's connect has not got through yet:
+        the peer's is kept, and this process's dial gives way to it (a
+        firewall may drop one direction only).  A connection accepted earlier from a process that said
         it is at ``peer_address`` does not refuse a new one: anyone with the
         secret may say so, and the process really there would then wait for
         a connection that never comes."""
@@ -193,7 +212,7 @@ class ConnectionTable:
         if conn is not None and conn.is_open and self._dialed(conn):
             return False
         if peer.dialing:
-            return self._own > peer_address
+            return not peer.reached or self._own > peer_address
         return True
 
     def keep_accepting(self, accepting: list[str], peer_address: str) -> bool:

@@ -26,6 +26,11 @@ class _Unproven(Exception):
     proved itself (its cause says how): TCP is tried next."""
 
 
+class _GaveWay(Exception):
+    """A connect in progress gave way to the connection the peer made to
+    this process meanwhile."""
+
+
 class Dialer:
     """Connects one environment to others (the client half of Flink's
     ``NettyConnectionManager``): at most one connection per peer, through
@@ -41,20 +46,27 @@ class Dialer:
     def connection_to(self, address: str) -> Connection:
         """The open connection to the process at ``address``, made (and
         authenticated) if there is none; if that process keeps its own
-        connection to this one instead, that one once it arrives."""
-        conn = self._table.begin_dial(address)
-        if conn is not None:
+        connection to this one instead, that one once it arrives.  A
+        connection the peer makes to this process while this one's connect
+        has not reached it yet (a firewall that drops this way and lets the
+        other through) is taken instead, at once."""
+        while True:
+            conn = self._table.begin_dial(address)
+            if conn is not None:
+                return conn
+            try:
+                conn = self.connect(address)
+            except _GaveWay:
+                self._table.end_dial(address, None)
+                continue                  # the peer's connection: begin_dial has it
+            except handshake.DuplicateConnection as dup:
+                self._table.end_dial(address, None)
+                return self._table.await_connection_from(address, dup.peer)
+            except BaseException:
+                self._table.end_dial(address, None)
+                raise
+            self._table.end_dial(address, conn)
             return conn
-        try:
-            conn = self.connect(address)
-        except handshake.DuplicateConnection as dup:
-            self._table.end_dial(address, None)
-            return self._table.await_connection_from(address, dup.peer)
-        except BaseException:
-            self._table.end_dial(address, None)
-            raise
-        self._table.end_dial(address, conn)
-        return conn
 
     def connect(self, address: str) -> Connection:
         """A new connection to the environment at ``address``: over its Unix
@@ -74,6 +86,7 @@ class Dialer:
             except OSError:
                 sock.close()             # another network namespace, or no Unix socket
             else:
+                self._table.reached(address)
                 try:
                     return self._connect_over(sock, address, seal, fallback=True)
                 except _Unproven as exc:
@@ -82,10 +95,14 @@ class Dialer:
                     log.warning("connecting to %s over its Unix socket failed (%s): "
                                 "connecting over TCP", address, exc.__cause__)
         try:
-            sock = socket.create_connection((host, port), timeout=self._config.connect_timeout)
+            tcp = sockets.connect_watching(host, port, self._config.connect_timeout,
+                                           lambda: self._table.usable(address) is not None)
         except OSError as exc:
             raise RemoteConnectionError(f"cannot connect to {address}: {exc}") from exc
-        return self._connect_over(sock, address, seal)
+        if tcp is None:
+            raise _GaveWay
+        self._table.reached(address)
+        return self._connect_over(tcp, address, seal)
 
     def _connect_over(self, sock: socket.socket, address: str, seal: bool,
                       fallback: bool = False) -> Connection:

@@ -4,13 +4,18 @@ other end of one."""
 
 from __future__ import annotations
 
+import errno
 import os
+import select
 import socket
+import time
+from collections.abc import Callable
 
 from flinkbuf.errors import AuthenticationError
 from flinkbuf.network import handshake
 
-__all__ = ["KEEPALIVE", "SOCKET_BUFFER", "peer_pidfd", "recv_handshake", "tune", "unix_name"]
+__all__ = ["KEEPALIVE", "SOCKET_BUFFER", "connect_watching", "peer_pidfd", "recv_handshake",
+           "tune", "unix_name"]
 
 # Dead-peer detection on TCP (a peer whose host vanished sends no FIN or RST):
 # keepalive probes after KEEPALIVE[0] s idle, every KEEPALIVE[1] s, the
@@ -27,6 +32,45 @@ KEEPALIVE: tuple[int, int, int] = (10, 5, 3)
 SOCKET_BUFFER = 2 << 20
 
 _SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)
+
+# How often a connect in progress looks whether it may give up.
+CONNECT_SLICE = 0.05
+
+
+def connect_watching(host: str, port: int, timeout: float,
+                     give_up: Callable[[], bool]) -> socket.socket | None:
+    """A TCP socket connected to ``(host, port)`` within ``timeout``
+    seconds, as :func:`socket.create_connection` makes it (its errors
+    too: TimeoutError "timed out"), or None as soon as ``give_up()``,
+    asked every ``CONNECT_SLICE`` seconds while the connect is in
+    progress, is true (the socket is closed then)."""
+    deadline = time.monotonic() + timeout
+    last: OSError | None = None
+    for family, kind, proto, _, sockaddr in socket.getaddrinfo(host, port,
+                                                              type=socket.SOCK_STREAM):
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setblocking(False)
+            err = sock.connect_ex(sockaddr)
+            poller = select.poll()
+            poller.register(sock, select.POLLOUT)
+            while err in (errno.EINPROGRESS, errno.EALREADY, errno.EWOULDBLOCK):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError("timed out")
+                if poller.poll(1000 * min(CONNECT_SLICE, remaining)):
+                    err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                elif give_up():
+                    sock.close()
+                    return None
+            if err:
+                raise OSError(err, os.strerror(err))
+            sock.settimeout(timeout)
+            return sock
+        except OSError as exc:
+            sock.close()
+            last = exc
+    raise last if last is not None else OSError(f"no address for {host}")
 
 
 def tune(sock: socket.socket) -> None:

@@ -17,7 +17,6 @@ or fails to read makes a traceback: a malformed request is answered 400
 import functools
 import http.server
 import io
-import ipaddress
 import json
 import logging
 import re
@@ -26,6 +25,7 @@ import socket
 import time
 import urllib.parse
 
+from flinkbuf.network.addresses import is_loopback
 from flinkbuf.spark import _live_page, _prometheus, _rendezvous
 
 _LOG = logging.getLogger("flinkbuf.spark")
@@ -36,19 +36,6 @@ REPLY_TIMEOUT = 30.0         # seconds from the reply being ready to its last by
 MAX_SEQ = 2 ** 63 - 1
 _SEQ = re.compile(r"[0-9]{1,19}\Z")
 _RECV = 16384
-_LOOPBACK_NAMES = ("localhost", "localhost.", "ip6-localhost")
-
-
-def is_loopback(host):
-    """Whether ``host`` (a name or an address, IPv6 in brackets or not)
-    is this machine's loopback."""
-    if host in _LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]").split("%")[0]).is_loopback
-    except ValueError:
-        return False
-
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     """One request, from its head in memory to its reply in memory

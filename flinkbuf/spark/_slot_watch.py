@@ -16,13 +16,17 @@ class SlotWatch:
     is submitted, so the attempt would wait forever.  One thread (while any
     rendezvous is open) looks every ``POLL`` seconds at the stages whose
     tasks registered with an open rendezvous: one that Spark runs with no
-    task launched while the cluster has fewer slots than it has tasks is
-    cancelled (with its job) once that has lasted the exchange's
-    ``slots`` bound; when the slots come back in time, the attempt runs."""
+    task launched (an attempt waiting for its slots) for the exchange's
+    ``slots`` bound, counted from the first look that found it so, is
+    cancelled (with its job) once the cluster has fewer slots than it has
+    tasks; when its tasks start in time, the clock stops.  So a stage
+    retried because a peer stalled (a host that stopped answering keeps
+    its slots until Spark declares its executor lost) is cancelled as soon
+    as that executor is lost, if it has waited that long already."""
 
     POLL = 0.5
     _lock = threading.Lock()
-    # [weakref to RendezvousServer, sc, n, timeout, {(stage, attempt): since}]
+    # [weakref to RendezvousServer, sc, n, timeout, {stage: waiting since}]
     _watched: list[list] = []
     _thread = None
 
@@ -77,24 +81,24 @@ class SlotWatch:
             info = tracker.getStageInfo(stage)
             if info is None or info.numActiveTasks() > 0:
                 continue
+            # Waiting for its slots, since this stage was first seen so
+            # (whichever attempt: losing an executor may start another).
+            waiting.add(stage)
+            start = since.setdefault(stage, now)
             jsc = sc._jsc.sc()
             slots = jsc.maxNumConcurrentTasks(
                 jsc.resourceProfileManager().defaultResourceProfile())
-            if slots >= info.numTasks():
+            if slots >= info.numTasks() or now - start < timeout:
                 continue
-            key = (stage, info.currentAttemptId())
-            waiting.add(key)
-            start = since.setdefault(key, now)
-            if now - start >= timeout:
-                since.pop(key, None)
-                reason = (f"flinkbuf: attempt {key[1]} of stage {stage}, a barrier stage of an "
-                          f"exchange, needs {info.numTasks()} task slots at once and the "
-                          f"cluster has had {slots} for {timeout:g} s (a host or an executor "
-                          f"was lost): Spark would wait for the slots forever. Add executors "
-                          f"or cores, or give the exchange a longer timeout to wait for the "
-                          f"lost ones to come back")
-                _LOG.error("%s", reason)
-                jsc.cancelStage(stage, reason)
+            since.pop(stage, None)
+            reason = (f"flinkbuf: attempt {info.currentAttemptId()} of stage {stage}, a barrier "
+                      f"stage of an exchange, needs {info.numTasks()} task slots at once and the "
+                      f"cluster has {slots} (a host or an executor was lost): the stage has "
+                      f"waited for them longer than its timeout ({timeout:g} s), and Spark "
+                      f"would wait forever. Add executors or cores, or give the exchange a "
+                      f"longer timeout to wait for the lost ones to come back")
+            _LOG.error("%s", reason)
+            jsc.cancelStage(stage, reason)
         for key in list(since):
             if key not in waiting:
                 del since[key]

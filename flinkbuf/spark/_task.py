@@ -28,10 +28,10 @@ from flinkbuf.spark._task_peers import (
     CONSEQUENCE_DELAY,
     Connector,
     Peers,
+    connect_channels,
     expect_peers,
     gather,
     is_consequence,
-    raise_connecting,
     register,
     root_error,
 )
@@ -224,10 +224,12 @@ class _TaskRun:
             codec=options.codec, buffer_timeout=options.buffer_timeout, name=f"exchange-{index}")
         gate_options = {"codec": options.codec, "max_record_size": options.max_record_size,
                         "name": f"exchange-{index}"}
+        # The peers' channels start unknown: connected one by one, so that
+        # an error connecting names the peer dialed.
+        self.gate = env.create_input_gate(
+            [(published if i == index else None, spec.exchange_id, index) for i in range(n)],
+            **gate_options)
         if options.monitor is None:
-            self.gate = env.create_input_gate(
-                [(published if i == index else None, spec.exchange_id, index)
-                 for i in range(n)], **gate_options)
             # Registered before any record flows (only the answer is awaited
             # in the thread): a task that fails on its input is known to
             # its stage attempt, whose retry's tasks then start a new one.
@@ -240,11 +242,7 @@ class _TaskRun:
             addresses, tids = gather(spec, self.ctx, index, n, self.tid, published)
             self.peers = Peers(index, addresses)
             expect_peers(env, index, addresses, tids)
-            try:
-                self.gate = env.create_input_gate(
-                    [(addresses[i], spec.exchange_id, index) for i in range(n)], **gate_options)
-            except RemoteConnectionError as exc:
-                raise_connecting(self.peers, exc, spec.timeouts.connect)
+            connect_channels(env, self.gate, self.peers, spec.timeouts.connect)
         task = ExchangeTask(index, n, published, env, self.partition, self.writer, self.gate)
         if spec.live is not None:
             self.reports = spec.live.start(task, self.ctx)

@@ -10,7 +10,13 @@ import socket
 from flinkbuf.errors import RemoteConnectionError
 from flinkbuf.io import task_segments
 from flinkbuf.network import NetworkEnvironment
-from flinkbuf.network.addresses import is_host_address, is_wildcard, source_address
+from flinkbuf.network.addresses import (
+    host_address,
+    is_host_address,
+    is_loopback,
+    is_wildcard,
+    source_address,
+)
 from flinkbuf.network.config import MAX_CONNECTIONS, MAX_PENDING_HANDSHAKES
 from flinkbuf.spark import _descriptors, _rendezvous
 
@@ -31,38 +37,72 @@ def connection_caps(n):
             max(MAX_PENDING_HANDSHAKES, peers + CONNECTION_MARGIN))
 
 
+def choose_host(candidates, peer_hosts, here=(), is_own=is_host_address):
+    """The address of this host a task advertises: the first of
+    ``candidates`` (this host's addresses, best first; None for one not
+    found) that its peers can reach.  A loopback address (127.0.0.1, or
+    127.0.1.1 where a host's name maps there) reaches only this host: it
+    is passed over unless every peer is on this host, that is each of
+    ``peer_hosts`` (where Spark says the other tasks' executors are) is
+    loopback, one of ``here`` (what names this host: its executor's
+    address as Spark tells it) or an address of this host (``is_own``).
+    None when no candidate fits."""
+    peers_here = all(is_loopback(h) or h in here or is_own(h) for h in peer_hosts)
+    for host in candidates:
+        if host and (peers_here or not is_loopback(host)):
+            return host
+    return None
+
+
+def _info_hosts(ctx):
+    """The host of each task's executor, by index, as Spark tells it."""
+    try:
+        return [i.address.rpartition(":")[0].strip("[]") for i in ctx.getTaskInfos()]
+    except Exception:       # noqa: BLE001 - none known
+        return []
+
+
+def _named_host():
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return ""
+
+
 def own_host(ctx, index, driver=None):
     """An address of this task's host for its peers, as Spark's own
     services on the executor use: ``SPARK_LOCAL_IP`` (set on the executor's
-    host); else the executor's address in the task infos when it is one of
-    this host's (it is the address the driver saw the executor's
+    host); else, by :func:`choose_host` (never loopback when a peer is on
+    another host), the executor's address in the task infos when it is one
+    of this host's (it is the address the driver saw the executor's
     connection come from: behind a NAT or with several interfaces, another
-    host's); else the address this host reaches the driver (``driver``,
-    ``(host, port)``) from; else the address of this host's name."""
+    host's), the address this host reaches the driver (``driver``,
+    ``(host, port)``) from, the one it reaches the other tasks' executors
+    (and its own as the driver saw it) from, the address of this host's
+    name, and the one it reaches the default route from."""
     local_ip = os.environ.get("SPARK_LOCAL_IP", "").strip().strip("[]")
     if local_ip and is_host_address(local_ip):
         return local_ip
-    try:
-        seen = ctx.getTaskInfos()[index].address.rpartition(":")[0].strip("[]")
-    except Exception:       # noqa: BLE001 - fall back below
-        seen = ""
-    if is_host_address(seen):
-        return seen
-    if driver is not None:
-        source = source_address(driver)
-        if source is not None:
-            return source
-    try:
-        name = socket.gethostbyname(socket.gethostname())
-    except OSError:
-        name = ""
-    if is_host_address(name):
-        return name
+    hosts = _info_hosts(ctx)
+    seen = hosts[index] if index < len(hosts) else ""
+    peers = [h for i, h in enumerate(hosts) if i != index and h]
+    own = seen if is_host_address(seen) else None
+    if own is not None and not is_loopback(own):
+        return own                      # the first candidate, and any peer reaches it
+    targets = [(h, 9) for h in dict.fromkeys(peers + [seen])
+               if h and h != own and not is_loopback(h)]
+    routes = [source_address(t) for t in ([driver] if driver is not None else []) + targets]
+    named = _named_host()
+    chosen = choose_host([own, *routes, named if is_host_address(named) else None,
+                          host_address()], peers, here=(seen,))
+    if chosen is not None:
+        return chosen
     raise RemoteConnectionError(
         f"task {index} found no address of its own host for its peers to reach it at "
         f"(SPARK_LOCAL_IP is {local_ip or 'not set'}, Spark saw the executor at "
-        f"{seen or 'an unknown address'}): set SPARK_LOCAL_IP on the executor's host, or "
-        f"host= and advertise=")
+        f"{seen or 'an unknown address'}, and every address found is loopback while a peer "
+        f"is on another host): set SPARK_LOCAL_IP on the executor's host, or host= and "
+        f"advertise=")
 
 
 def task_addresses(ctx, index, spec):

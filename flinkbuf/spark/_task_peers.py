@@ -65,13 +65,24 @@ def expect_peers(env, index, addresses, tids):
                       for i in range(len(addresses)) if i != index})
 
 
-def raise_connecting(peers, exc, connect_timeout):
-    """Raise ``exc``, an error connecting to a peer, with the peer named
-    (as it is if its message names none)."""
-    named = peers.named(exc, connecting=True, connect_timeout=connect_timeout)
-    if named is None:
-        raise exc
-    raise named from exc
+def raise_connecting(peers, exc, connect_timeout, peer):
+    """Raise ``exc``, an error connecting to task ``peer``, with this task
+    and that peer named."""
+    raise peers.named(exc, connecting=True, connect_timeout=connect_timeout, peer=peer) from exc
+
+
+def connect_channels(env, gate, peers, connect_timeout):
+    """Put a channel reading each peer in the place of the gate's unknown
+    channel for it (the peers' addresses are ``peers``'s), one by one; an
+    error connecting to one names it (:func:`raise_connecting`)."""
+    peers.check_distinct()
+    for i, channel in enumerate(gate.channels):
+        if i == peers.index:
+            continue
+        try:
+            env.update_input_channel(channel, peers.addresses[i])
+        except RemoteConnectionError as exc:
+            raise_connecting(peers, exc, connect_timeout, i)
 
 
 class Connector(threading.Thread):
@@ -97,13 +108,7 @@ class Connector(threading.Thread):
                                      self._registration)
             self.peers = peers = Peers(index, addresses)
             expect_peers(env, index, addresses, tids)
-            for i, channel in enumerate(gate.channels):
-                if i == index:
-                    continue
-                try:
-                    env.update_input_channel(channel, addresses[i])
-                except RemoteConnectionError as exc:
-                    raise_connecting(peers, exc, spec.timeouts.connect)
+            connect_channels(env, gate, peers, spec.timeouts.connect)
         except BaseException as exc:     # noqa: BLE001 - the gate raises it to the reader
             self.error = exc
             for channel in gate.channels:
@@ -124,41 +129,64 @@ class Peers:
         self.index = index
         self.addresses = addresses
 
-    def _peer_in(self, text):
+    def check_distinct(self):
+        """RemoteConnectionError naming two tasks that advertise the same
+        address (a peer would reach one for the other, or this task
+        itself), if there are any."""
+        first = {}
         for j, address in enumerate(self.addresses):
-            if j != self.index and address and re.search(
+            if address in first:
+                i = first[address]
+                raise RemoteConnectionError(
+                    f"task {i} and task {j} of the exchange advertise the same address, "
+                    f"{address} (seen from task {self.index}): each task must advertise an "
+                    f"address of its own host that its peers reach (set SPARK_LOCAL_IP on "
+                    f"each executor's host, or host= and advertise=)")
+            first[address] = j
+
+    def _peer_in(self, text):
+        own = self.addresses[self.index]
+        for j, address in enumerate(self.addresses):
+            if j != self.index and address and address != own and re.search(
                     rf"(?<![\w.:]){re.escape(address)}(?!\d)", text):
                 return j
         return None
 
-    def named(self, exc, connecting=False, connect_timeout=None):
+    def named(self, exc, connecting=False, connect_timeout=None, peer=None):
         """``exc`` (a RemoteConnectionError) with the task at the other end
         named, and which way: this task connecting to it, or reading from
-        it; None when its message names no peer."""
+        it.  ``peer``: the index of that task (connecting, the one dialed);
+        by default the peer whose address the message names, and None when
+        it names none."""
         text = str(exc)
-        j = self._peer_in(text)
+        j = self._peer_in(text) if peer is None else peer
         if j is None:
             return None
         me = f"task {self.index} at {self.addresses[self.index]}"
-        peer = f"task {j} at {self.addresses[j]}"
+        other = f"task {j} at {self.addresses[j]}"
         if connecting:
-            low = text.lower()
-            if "timed out" in low or "did not complete the handshake in time" in low:
-                hint = (f" (within connect_timeout={connect_timeout:g} s): connections from "
-                        f"this host to that one's task ports must be let through (pin them with "
-                        f"task_port= and open them)")
-            elif "refused" in low and "server refused" not in low:
-                hint = (": nothing listens there any more (the task ended), or a firewall "
-                        "rejects connections to that host's task ports (pin them with "
-                        "task_port= and open them)")
-            else:
-                hint = ""
-            message = f"{me} could not connect to {peer} to read its output{hint}: {text}"
+            message = (f"{me} could not connect to {other} to read its output"
+                       f"{_connect_hint(text, connect_timeout)}: {text}")
         else:
-            message = f"{me} lost its connection to {peer} while reading its output: {text}"
+            message = f"{me} lost its connection to {other} while reading its output: {text}"
         kind = AuthenticationError if isinstance(exc, AuthenticationError) else \
             RemoteConnectionError
         return kind(message)
+
+
+def _connect_hint(text, connect_timeout):
+    """What a connecting error's message (``text``) suggests to open."""
+    low = text.lower()
+    if ("timed out" in low or "did not complete the handshake in time" in low
+            or "did not arrive" in low):
+        return (f" (within connect_timeout={connect_timeout:g} s): connections from one of "
+                f"these two hosts to the other's task ports must be let through (does a "
+                f"firewall drop them? pin the ports with task_port= and open them)")
+    if "refused" in low and "server refused" not in low:
+        return (": nothing listens there any more (the task ended), or a firewall rejects "
+                "connections to that host's task ports (pin them with task_port= and open "
+                "them)")
+    return ""
 
 
 def root_error(consumer_error, producer_error):
