@@ -15,6 +15,7 @@ from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.number cimport PyIndex_Check
 from cpython.object cimport PyTypeObject
+from cpython.pyport cimport PY_SSIZE_T_MAX
 from cpython.pythread cimport PyThread_get_thread_ident
 from cpython.ref cimport Py_DECREF, Py_INCREF
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
@@ -111,6 +112,7 @@ include "debloat.pyx"
 include "channel_selector.pyx"
 include "result_partition.pyx"
 include "record_writer.pyx"
+include "emit_all.pyx"
 include "back_pressure.pyx"
 include "output_flusher.pyx"
 include "gate_debloat.pyx"

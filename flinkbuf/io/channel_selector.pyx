@@ -188,11 +188,18 @@ cdef class HashSelector(ChannelSelector):
         self._key_index = index
         self._max_parallelism = mp
 
+    def __dealloc__(self):
+        fb_key_assignment_free(&self._assign)
+
     cdef int _setup(self, int32_t num_channels) except -1:
         if num_channels > self._max_parallelism:
             raise ValueError(f"{num_channels} channels exceed max_parallelism "
                              f"{self._max_parallelism}")
-        return ChannelSelector._setup(self, num_channels)
+        ChannelSelector._setup(self, num_channels)
+        fb_key_assignment_free(&self._assign)
+        if fb_key_assignment_init(&self._assign, num_channels, self._max_parallelism) != FB_OK:
+            raise MemoryError("no memory for the key groups' channels")
+        return 0
 
     @classmethod
     def by_first_field(cls, *, max_parallelism=128):
@@ -225,9 +232,13 @@ cdef class HashSelector(ChannelSelector):
             key = self._key(record)
         else:
             key = record
-        _java_hash(key, &h, 0)
-        return fb_operator_index(fb_key_group(h, self._max_parallelism), self._n,
-                                 self._max_parallelism)
+        if type(key) is int:
+            h = _java_int(key)
+        else:
+            _java_hash(key, &h, 0)
+        if self._assign.channel == NULL:
+            raise RuntimeError("selector is not set up: call setup(num_channels)")
+        return fb_key_assignment_channel(&self._assign, h)
 
     @property
     def max_parallelism(self):
