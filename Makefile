@@ -97,6 +97,7 @@ bench-smoke: build-dev
 	$(PY) bench/debloat_sojourn.py --smoke
 	$(PY) bench/debloat_release.py --smoke
 	$(PY) bench/exchange_width.py --widths 2 4 --records 10
+	$(PY) bench/emit_all.py --smoke
 
 # Every generated file, wherever the sources sit: builds, outputs, the fuzzing
 # corpus; in-place extensions, the library of csrc/ (libflinkbuf.so.0) and

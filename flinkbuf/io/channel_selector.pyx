@@ -214,17 +214,26 @@ cdef class HashSelector(ChannelSelector):
     cdef int32_t _select(self, object record) except -1:
         cdef object key
         cdef int32_t h
+        cdef long long x
+        cdef PyObject *field
         cdef Py_ssize_t index = self._key_index
-        cdef type t = type(record)
+        cdef PyTypeObject *t = Py_TYPE(record)
+        if self._assign.channel == NULL:
+            raise RuntimeError("selector is not set up: call setup(num_channels)")
         if index == _KEY_FIRST_FIELD:       # pairs: field 0 of a sequence, else the record
-            index = 0 if t is tuple or isinstance(record, (tuple, list)) else -1
+            index = 0 if t == <PyTypeObject *>tuple or isinstance(record, (tuple, list)) else -1
         if index >= 0:
             # Exact tuples and lists inline: the length is compared and the
-            # item taken with no Python code in between; the rest, and every
-            # error, in _field.
-            if t is tuple and index < PyTuple_GET_SIZE(record):
-                key = <object>PyTuple_GET_ITEM(record, index)
-            elif t is list and index < PyList_GET_SIZE(record):
+            # item taken with no Python code in between (a small int key
+            # hashed without a reference count or a call); the rest, and
+            # every error, in _field.
+            if t == <PyTypeObject *>tuple and index < PyTuple_GET_SIZE(record):
+                field = PyTuple_GET_ITEM(record, index)
+                if (Py_TYPE(<object>field) == <PyTypeObject *>int and fb_small_long(field, &x)
+                        and -2147483648 <= x <= 2147483647):
+                    return fb_key_assignment_channel(&self._assign, <int32_t>x)
+                key = <object>field
+            elif t == <PyTypeObject *>list and index < PyList_GET_SIZE(record):
                 key = <object>PyList_GET_ITEM(record, index)
             else:
                 key = _field(record, index)
@@ -236,8 +245,6 @@ cdef class HashSelector(ChannelSelector):
             h = _java_int(key)
         else:
             _java_hash(key, &h, 0)
-        if self._assign.channel == NULL:
-            raise RuntimeError("selector is not set up: call setup(num_channels)")
         return fb_key_assignment_channel(&self._assign, h)
 
     @property

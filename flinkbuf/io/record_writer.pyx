@@ -263,7 +263,7 @@ the records before it are written, no later one is taken."""
                     self._bad_channel(ch)
             # The common case inline: a small record written straight into
             # the channel's buffer (no code runs); else staged and copied.
-            cur = self._current[ch]
+            cur = <object>PyList_GET_ITEM(self._current, ch)     # ch < self._n, checked
             flags = 0
             if cur is not None and self._state == _W_OPEN:
                 flags = self._ser._write_record(<Buffer>cur, record)
