@@ -98,6 +98,7 @@ bench-smoke: build-dev
 	$(PY) bench/debloat_release.py --smoke
 	$(PY) bench/exchange_width.py --widths 2 4 --records 10
 	$(PY) bench/keyed_count.py --records 20000 --rows 262144 --rounds 1 --no-flink
+	$(PY) bench/emit_all.py --smoke
 
 # Every generated file, wherever the sources sit: builds, outputs, the fuzzing
 # corpus; in-place extensions, the library of csrc/ (libflinkbuf.so.0) and

@@ -6,30 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Java int arithmetic: wrap modulo 2^32. */
-static inline uint32_t rotl32(uint32_t x, int r) { return (x << r) | (x >> (32 - r)); }
-
 int32_t fb_murmur_hash(int32_t code)
 {
-    uint32_t h = (uint32_t)code;
-    h *= 0xcc9e2d51u;
-    h = rotl32(h, 15);
-    h *= 0x1b873593u;
-    h = rotl32(h, 13);
-    h = h * 5u + 0xe6546b64u;
-    h ^= 4u; /* the input length in bytes */
-    h ^= h >> 16;
-    h *= 0x85ebca6bu;
-    h ^= h >> 13;
-    h *= 0xc2b2ae35u;
-    h ^= h >> 16;
-    /* Flink: h if h >= 0, -h if not, and 0 for MIN_VALUE; without a branch
-     * (the sign is a coin toss): |h|, whose top bit is set only for
-     * MIN_VALUE, without that bit. */
-    {
-        uint32_t sign = 0u - (h >> 31);
-        return (int32_t)(((h ^ sign) - sign) & 0x7fffffffu);
-    }
+    return fb_murmur_hash_inline(code);
 }
 
 int32_t fb_key_group(int32_t hash_code, int32_t max_parallelism)
@@ -150,16 +129,7 @@ int fb_java_utf8_hash(const unsigned char *p, size_t n, int32_t *out)
     return FB_OK;
 }
 
-/* What the vectorized assignment needs to map a hash code to its channel
- * without a division per key: the channel of every key group, and the key
- * group of a murmur hash by a mask where max_parallelism is a power of two. */
-typedef struct {
-    int16_t *channel;          /* channel[key_group], max_parallelism entries */
-    uint32_t mask;             /* max_parallelism - 1 if a power of two, else 0 */
-    uint32_t max_parallelism;
-} assignment;
-
-static int assignment_init(assignment *a, int32_t parallelism, int32_t max_parallelism)
+int fb_key_assignment_init(fb_key_assignment_t *a, int32_t parallelism, int32_t max_parallelism)
 {
     int32_t kg;
     a->channel = malloc((size_t)max_parallelism * sizeof *a->channel);
@@ -169,13 +139,14 @@ static int assignment_init(assignment *a, int32_t parallelism, int32_t max_paral
         a->channel[kg] = (int16_t)fb_operator_index(kg, parallelism, max_parallelism);
     a->max_parallelism = (uint32_t)max_parallelism;
     a->mask = (max_parallelism & (max_parallelism - 1)) == 0 ? (uint32_t)max_parallelism - 1 : 0;
+    a->magic = UINT64_MAX / (uint64_t)max_parallelism + 1;
     return FB_OK;
 }
 
-static inline int32_t channel_of(const assignment *a, int32_t hash_code)
+void fb_key_assignment_free(fb_key_assignment_t *a)
 {
-    uint32_t h = (uint32_t)fb_murmur_hash(hash_code);   /* non-negative */
-    return a->channel[a->mask || a->max_parallelism == 1 ? h & a->mask : h % a->max_parallelism];
+    free(a->channel);
+    a->channel = NULL;
 }
 
 static inline void store(void *out, int out_width, size_t i, int32_t v)
@@ -208,7 +179,7 @@ static int check_assignment(int32_t parallelism, int32_t max_parallelism, int ou
         const T *k = (const T *)keys;                                                \
         O *o = (O *)out;                                                             \
         for (i = 0; i < n; i++)                                                      \
-            o[i] = (O)channel_of(&a, HASH(k[i]));                                    \
+            o[i] = (O)fb_key_assignment_channel(&a, HASH(k[i]));                     \
     } while (0)
 #define ASSIGN_LOOP(T, HASH)                                                        \
     do {                                                                             \
@@ -239,7 +210,8 @@ static int check_assignment(int32_t parallelism, int32_t max_parallelism, int ou
         table = malloc(((size_t)(span) + 1) * sizeof *table);                        \
         if (table != NULL)                                                           \
             for (j_ = 0; j_ <= (span); j_++)                                         \
-                table[j_] = (int16_t)channel_of(&a, HASH((T)((uint64_t)(lo) + j_))); \
+                table[j_] = (int16_t)fb_key_assignment_channel(                      \
+                    &a, HASH((T)((uint64_t)(lo) + j_)));                             \
     } while (0)
 #define RANGE_LOOKUP(T, O)                                                          \
     do {                                                                             \
@@ -286,7 +258,7 @@ int fb_assign_keys(const void *keys, int kind, int width, size_t n, int32_t para
 {
     size_t i;
     int done = 0;
-    assignment a;
+    fb_key_assignment_t a;
     if (check_assignment(parallelism, max_parallelism, out_width) != FB_OK)
         return FB_EINVAL;
     switch (kind * 16 + width) {
@@ -301,7 +273,7 @@ int fb_assign_keys(const void *keys, int kind, int width, size_t n, int32_t para
     }
     if (n == 0)
         return FB_OK;
-    if (assignment_init(&a, parallelism, max_parallelism) != FB_OK)
+    if (fb_key_assignment_init(&a, parallelism, max_parallelism) != FB_OK)
         return FB_ENOMEM;
     switch (kind * 16 + width) {
     case FB_KEYS_SIGNED * 16 + 1: ASSIGN_RANGE(int8_t, AS_INT, done); break;
@@ -316,7 +288,7 @@ int fb_assign_keys(const void *keys, int kind, int width, size_t n, int32_t para
     default: break;
     }
     if (done) {
-        free(a.channel);
+        fb_key_assignment_free(&a);
         return FB_OK;
     }
     switch (kind * 16 + width) {
@@ -332,7 +304,7 @@ int fb_assign_keys(const void *keys, int kind, int width, size_t n, int32_t para
     case FB_KEYS_FLOAT * 16 + 4: ASSIGN_LOOP(float, fb_java_double_hash); break;
     default: ASSIGN_LOOP(double, fb_java_double_hash); break;
     }
-    free(a.channel);
+    fb_key_assignment_free(&a);
     return FB_OK;
 }
 
@@ -344,13 +316,13 @@ int fb_assign_varlen_keys(const unsigned char *data, size_t data_len, const void
     int64_t start, end;
     int32_t h;
     int rc = FB_OK;
-    assignment a;
+    fb_key_assignment_t a;
     if (check_assignment(parallelism, max_parallelism, out_width) != FB_OK
             || (offset_width != 4 && offset_width != 8))
         return FB_EINVAL;
     if (n == 0)
         return FB_OK;
-    if (assignment_init(&a, parallelism, max_parallelism) != FB_OK)
+    if (fb_key_assignment_init(&a, parallelism, max_parallelism) != FB_OK)
         return FB_ENOMEM;
     start = offset_width == 4 ? ((const int32_t *)offsets)[0] : ((const int64_t *)offsets)[0];
     for (i = 0; i < n; i++) {
@@ -365,9 +337,9 @@ int fb_assign_varlen_keys(const unsigned char *data, size_t data_len, const void
         }
         if (!utf8)
             h = fb_java_bytes_hash(data + start, (size_t)(end - start));
-        store(out, out_width, i, channel_of(&a, h));
+        store(out, out_width, i, fb_key_assignment_channel(&a, h));
         start = end;
     }
-    free(a.channel);
+    fb_key_assignment_free(&a);
     return rc;
 }

@@ -13,14 +13,71 @@
 #include <stdint.h>
 
 /* Flink's MathUtils.murmurHash: MurmurHash3_x86_32 of the int's four
- * little-endian bytes with seed 0, made non-negative (MIN_VALUE -> 0). */
+ * little-endian bytes with seed 0, made non-negative (MIN_VALUE -> 0).
+ * fb_murmur_hash_inline is the same, for the per-record paths. */
 int32_t fb_murmur_hash(int32_t code);
+
+static inline uint32_t fb_rotl32_(uint32_t x, int r) { return (x << r) | (x >> (32 - r)); }
+
+static inline int32_t fb_murmur_hash_inline(int32_t code)
+{
+    uint32_t h = (uint32_t)code;
+    h *= 0xcc9e2d51u;
+    h = fb_rotl32_(h, 15);
+    h *= 0x1b873593u;
+    h = fb_rotl32_(h, 13);
+    h = h * 5u + 0xe6546b64u;
+    h ^= 4u; /* the input length in bytes */
+    h ^= h >> 16;
+    h *= 0x85ebca6bu;
+    h ^= h >> 13;
+    h *= 0xc2b2ae35u;
+    h ^= h >> 16;
+    /* Flink: h if h >= 0, -h if not, and 0 for MIN_VALUE; without a branch
+     * (the sign is a coin toss): |h|, whose top bit is set only for
+     * MIN_VALUE, without that bit. */
+    {
+        uint32_t sign = 0u - (h >> 31);
+        return (int32_t)(((h ^ sign) - sign) & 0x7fffffffu);
+    }
+}
 
 /* murmur(hash) % max_parallelism */
 int32_t fb_key_group(int32_t hash_code, int32_t max_parallelism);
 
 /* key_group * parallelism / max_parallelism, in 64-bit to avoid overflow. */
 int32_t fb_operator_index(int32_t key_group, int32_t parallelism, int32_t max_parallelism);
+
+/* A hash code's channel among `parallelism` without a division: the
+ * channel of every key group, and the key group of a murmur hash by a mask
+ * where max_parallelism is a power of two, else by a multiplication
+ * (Lemire's remainder by direct computation, exact for 32-bit dividends).
+ * Init: FB_OK, or FB_ENOMEM; the caller checked 1 <= parallelism <=
+ * max_parallelism <= 32768.  Free: idempotent (also after a failed init). */
+typedef struct {
+    int16_t *channel;          /* channel[key_group], max_parallelism entries */
+    uint32_t mask;             /* max_parallelism - 1 if a power of two, else 0 */
+    uint32_t max_parallelism;
+    uint64_t magic;            /* 2**64 / max_parallelism, rounded up (mod 2**64) */
+} fb_key_assignment_t;
+
+int fb_key_assignment_init(fb_key_assignment_t *a, int32_t parallelism, int32_t max_parallelism);
+void fb_key_assignment_free(fb_key_assignment_t *a);
+
+static inline int32_t fb_key_assignment_channel(const fb_key_assignment_t *a, int32_t hash_code)
+{
+    uint32_t h = (uint32_t)fb_murmur_hash_inline(hash_code);   /* non-negative */
+    uint32_t kg;
+    if (a->mask || a->max_parallelism == 1)
+        kg = h & a->mask;
+    else
+#ifdef __SIZEOF_INT128__
+        kg = (uint32_t)(((unsigned __int128)(a->magic * h) * a->max_parallelism) >> 64);
+#else
+        kg = h % a->max_parallelism;
+#endif
+    return a->channel[kg];
+}
 
 /* Java's Long.hashCode, Double.hashCode (with doubleToLongBits' canonical NaN),
  * Arrays.hashCode(byte[]) and String.hashCode over UTF-16 code units of the

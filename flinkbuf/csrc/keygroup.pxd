@@ -1,8 +1,16 @@
 # csrc/io/keygroup.h: Flink's key groups and Java's hashCode()s.
-from libc.stdint cimport int32_t, int64_t, uint64_t
+from libc.stdint cimport int16_t, int32_t, int64_t, uint64_t
 
 cdef extern from "io/keygroup.h" nogil:
     int32_t fb_murmur_hash(int32_t code)
+    int32_t fb_murmur_hash_inline(int32_t code)
+
+    ctypedef struct fb_key_assignment_t:
+        int16_t *channel
+    int fb_key_assignment_init(fb_key_assignment_t *a, int32_t parallelism,
+                               int32_t max_parallelism)
+    void fb_key_assignment_free(fb_key_assignment_t *a)
+    int32_t fb_key_assignment_channel(const fb_key_assignment_t *a, int32_t hash_code)
     int32_t fb_key_group(int32_t hash_code, int32_t max_parallelism)
     int32_t fb_operator_index(int32_t key_group, int32_t parallelism, int32_t max_parallelism)
     int32_t fb_java_long_hash(int64_t v)

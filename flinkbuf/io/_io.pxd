@@ -30,6 +30,7 @@ from libc.stdint cimport int32_t, int64_t
 from flinkbuf.buffer._buffer cimport Buffer, LocalBufferPool
 from flinkbuf.csrc.debloat cimport fb_debloater_t
 from flinkbuf.csrc.exchange cimport fb_gate_t, fb_item_t, fb_signal_t, fb_subpart_t
+from flinkbuf.csrc.keygroup cimport fb_key_assignment_t
 from flinkbuf.serialization._serialization cimport RecordDeserializer, RecordSerializer
 
 cdef class ResultPartition

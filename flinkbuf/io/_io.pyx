@@ -14,7 +14,8 @@ from cpython.exc cimport PyErr_CheckSignals
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.number cimport PyIndex_Check
-from cpython.object cimport PyTypeObject
+from cpython.object cimport PyObject, PyTypeObject, Py_TYPE
+from cpython.pyport cimport PY_SSIZE_T_MAX
 from cpython.pythread cimport PyThread_get_thread_ident
 from cpython.ref cimport Py_DECREF, Py_INCREF
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
@@ -24,7 +25,7 @@ from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
 
 from flinkbuf.buffer._buffer cimport Buffer, LocalBufferPool
-from flinkbuf.capi cimport write_unraisable
+from flinkbuf.capi cimport fb_small_long, write_unraisable
 from flinkbuf.checks cimport as_int32, as_timeout
 from flinkbuf.csrc.debloat cimport *
 from flinkbuf.csrc.clock cimport FB_WAIT_FOREVER, FB_WAIT_SLICE, fb_deadline_after, fb_monotonic_ns
@@ -111,6 +112,7 @@ include "debloat.pyx"
 include "channel_selector.pyx"
 include "result_partition.pyx"
 include "record_writer.pyx"
+include "emit_all.pyx"
 include "back_pressure.pyx"
 include "output_flusher.pyx"
 include "gate_debloat.pyx"

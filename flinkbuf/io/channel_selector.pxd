@@ -22,6 +22,7 @@ cdef class HashSelector(ChannelSelector):
     cdef object _key            # callable or None
     cdef Py_ssize_t _key_index  # record[index] as the key, or -1
     cdef int32_t _max_parallelism
+    cdef fb_key_assignment_t _assign    # hash code -> channel, once set up
 
 
 cdef class BroadcastSelector(ChannelSelector):

@@ -188,11 +188,18 @@ cdef class HashSelector(ChannelSelector):
         self._key_index = index
         self._max_parallelism = mp
 
+    def __dealloc__(self):
+        fb_key_assignment_free(&self._assign)
+
     cdef int _setup(self, int32_t num_channels) except -1:
         if num_channels > self._max_parallelism:
             raise ValueError(f"{num_channels} channels exceed max_parallelism "
                              f"{self._max_parallelism}")
-        return ChannelSelector._setup(self, num_channels)
+        ChannelSelector._setup(self, num_channels)
+        fb_key_assignment_free(&self._assign)
+        if fb_key_assignment_init(&self._assign, num_channels, self._max_parallelism) != FB_OK:
+            raise MemoryError("no memory for the key groups' channels")
+        return 0
 
     @classmethod
     def by_first_field(cls, *, max_parallelism=128):
@@ -207,17 +214,26 @@ cdef class HashSelector(ChannelSelector):
     cdef int32_t _select(self, object record) except -1:
         cdef object key
         cdef int32_t h
+        cdef long long x
+        cdef PyObject *field
         cdef Py_ssize_t index = self._key_index
-        cdef type t = type(record)
+        cdef PyTypeObject *t = Py_TYPE(record)
+        if self._assign.channel == NULL:
+            raise RuntimeError("selector is not set up: call setup(num_channels)")
         if index == _KEY_FIRST_FIELD:       # pairs: field 0 of a sequence, else the record
-            index = 0 if t is tuple or isinstance(record, (tuple, list)) else -1
+            index = 0 if t == <PyTypeObject *>tuple or isinstance(record, (tuple, list)) else -1
         if index >= 0:
             # Exact tuples and lists inline: the length is compared and the
-            # item taken with no Python code in between; the rest, and every
-            # error, in _field.
-            if t is tuple and index < PyTuple_GET_SIZE(record):
-                key = <object>PyTuple_GET_ITEM(record, index)
-            elif t is list and index < PyList_GET_SIZE(record):
+            # item taken with no Python code in between (a small int key
+            # hashed without a reference count or a call); the rest, and
+            # every error, in _field.
+            if t == <PyTypeObject *>tuple and index < PyTuple_GET_SIZE(record):
+                field = PyTuple_GET_ITEM(record, index)
+                if (Py_TYPE(<object>field) == <PyTypeObject *>int and fb_small_long(field, &x)
+                        and -2147483648 <= x <= 2147483647):
+                    return fb_key_assignment_channel(&self._assign, <int32_t>x)
+                key = <object>field
+            elif t == <PyTypeObject *>list and index < PyList_GET_SIZE(record):
                 key = <object>PyList_GET_ITEM(record, index)
             else:
                 key = _field(record, index)
@@ -225,9 +241,11 @@ cdef class HashSelector(ChannelSelector):
             key = self._key(record)
         else:
             key = record
-        _java_hash(key, &h, 0)
-        return fb_operator_index(fb_key_group(h, self._max_parallelism), self._n,
-                                 self._max_parallelism)
+        if type(key) is int:
+            h = _java_int(key)
+        else:
+            _java_hash(key, &h, 0)
+        return fb_key_assignment_channel(&self._assign, h)
 
     @property
     def max_parallelism(self):

@@ -71,7 +71,11 @@ cdef class InputGate:
     cdef int32_t _countdown
     cdef int _debloat_tick(self) except -1
 
+    cdef object _deferred       # an error read_many met after its first item, raised next
     cdef inline object _next(self, int32_t *channel)
-    cdef object _advance(self, int32_t *channel)
-    cdef int _wait_item(self, int32_t *channel, fb_item_t *item) except -1
+    cdef inline object _current_record(self)
+    cdef object _advance(self, int32_t *channel, bint block)
+    cdef object _raise_deferred(self)
+    cdef int _read_rest(self, list out, Py_ssize_t limit) except -1
+    cdef int _wait_item(self, int32_t *channel, fb_item_t *item, bint block) except -1
     cdef int _check_open(self) except -1

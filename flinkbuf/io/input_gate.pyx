@@ -1,5 +1,7 @@
 # InputGate and its input channels.  Included by _io.pyx.
 
+cdef object _NO_ITEM = object()     # _advance without waiting: no channel has an item
+
 
 cdef object item_object(fb_item_t *item, LocalBufferPool pool):
     """What the gate reads from an item a channel handed over, which owns
@@ -343,43 +345,111 @@ cdef class InputGate:
         item = self._next(&ch)
         return ch, item
 
-    cdef inline object _next(self, int32_t *channel):
-        cdef RecordDeserializer des
+    @cython.always_allow_keywords(False)
+    @cython.embedsignature(False)
+    def read_many(self, n):
+        """read_many($self, n, /)
+--
+
+Up to ``n`` records and events (an int >= 1), in the order iteration
+yields them: waits as ``next()`` does until there is one, then takes
+what the channels hold already without waiting again.  ``[]`` once every
+channel ended (where iteration stops).  An error met after the first
+item is raised by the next read (``read_many`` or ``next``), so the
+items before it are returned first, as iteration yields them first."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            check_int(n, "n", 1, sys.maxsize)
+        cdef Py_ssize_t limit = PY_SSIZE_T_MAX if n >= PY_SSIZE_T_MAX else n
         cdef int32_t ch
+        cdef list out = []
+        try:
+            out.append(self._next(&ch))
+        except StopIteration:
+            return out
+        if limit > 1:
+            try:
+                self._read_rest(out, limit)
+            except Exception as exc:
+                self._deferred = exc
+                self._cur_des = None         # the next read goes to _advance
+        return out
+
+    cdef int _read_rest(self, list out, Py_ssize_t limit) except -1:
+        """Append records and events until ``out`` holds ``limit`` or no
+        channel has more now."""
+        cdef object rec
+        cdef int32_t ch
+        while PyList_GET_SIZE(out) < limit:
+            if self._cur_des is not None:
+                rec = self._current_record()
+                if not is_no_record(rec):
+                    out.append(rec)
+                    continue
+            if self._num_finished == self._n:
+                return 0
+            rec = self._advance(&ch, False)
+            if rec is _NO_ITEM:
+                return 0
+            if rec is not None:
+                out.append(rec)             # a user event
+        return 0
+
+    cdef object _raise_deferred(self):
+        """Raise the error read_many put off, and go on where it was (the
+        current channel's deserializer is current again)."""
+        err = self._deferred
+        self._deferred = None
+        if self._current >= 0 and not self._closed:
+            self._cur_des = <RecordDeserializer>self._deserializers[self._current]
+        raise err
+
+    cdef inline object _next(self, int32_t *channel):
         cdef object rec
         while True:
             # The common case: the current channel's buffer holds another record.
-            des = self._cur_des
-            if des is not None:
-                ch = self._current
-                rec = des._next_record()
+            if self._cur_des is not None:
+                rec = self._current_record()
                 if not is_no_record(rec):
-                    self._records_in += 1
-                    self._countdown -= 1
-                    if self._countdown <= 0:
-                        self._debloat_tick()
-                    channel[0] = ch
+                    channel[0] = self._current
                     return rec
-                self._cur_des = None
-                self._current = -1
-                (<InputChannel>self._channels[ch])._reader_dry()
-            rec = self._advance(channel)
+            rec = self._advance(channel, True)
             if rec is not None:
                 return rec
 
-    cdef object _advance(self, int32_t *channel):
-        """Take the next item of any channel (waiting for one): a data buffer
-        goes to its channel's deserializer, which becomes the current one,
-        and EndOfPartition ends its channel (None is returned for both); a
-        user event is returned.  StopIteration once every channel ended."""
+    cdef inline object _current_record(self):
+        """The next record of the current channel's buffers (counted), or
+        NO_RECORD when they hold no more (the channel is current no longer)."""
+        cdef int32_t ch = self._current
+        cdef object rec = self._cur_des._next_record()
+        if not is_no_record(rec):
+            self._records_in += 1
+            self._countdown -= 1
+            if self._countdown <= 0:
+                self._debloat_tick()
+            return rec
+        self._cur_des = None
+        self._current = -1
+        (<InputChannel>self._channels[ch])._reader_dry()
+        return rec
+
+    cdef object _advance(self, int32_t *channel, bint block):
+        """Take the next item of any channel (waiting for one if ``block``,
+        else _NO_ITEM when none is there): a data buffer goes to its
+        channel's deserializer, which becomes the current one, and
+        EndOfPartition ends its channel (None is returned for both); a user
+        event is returned.  StopIteration once every channel ended.  An
+        error read_many put off is raised first."""
         cdef int32_t ch
         cdef fb_item_t item
         cdef object obj, event, des_obj
+        if self._deferred is not None:
+            return self._raise_deferred()
         if self._num_finished == self._n:
             raise StopIteration
         if self._closed or self._error is not None:
             self._check_open()
-        self._wait_item(&ch, &item)
+        if not self._wait_item(&ch, &item, block):
+            return _NO_ITEM
         obj = (<InputChannel>self._channels[ch])._take(&item)
         des_obj = self._deserializers[ch]
         if des_obj is None:             # closed by another thread meanwhile
@@ -427,8 +497,9 @@ cdef class InputGate:
         channel[0] = ch
         return event
 
-    cdef int _wait_item(self, int32_t *channel, fb_item_t *item) except -1:
-        """Block (without the GIL) until a channel has an item, and take it."""
+    cdef int _wait_item(self, int32_t *channel, fb_item_t *item, bint block) except -1:
+        """Block (without the GIL) until a channel has an item, and take it:
+        1; without ``block``, 0 at once when no channel has one."""
         cdef int32_t ch = -1
         cdef int rc
         cdef int64_t t0 = 0, deadline
@@ -437,6 +508,8 @@ cdef class InputGate:
         try:
             while True:
                 rc = fb_gate_wait(&self._c, 0, &ch)          # a try, no waiting
+                if rc == FB_ETIMEDOUT and not block:
+                    return 0
                 if rc == FB_ETIMEDOUT:
                     if t0 == 0:
                         t0 = fb_monotonic_ns()
@@ -453,7 +526,7 @@ cdef class InputGate:
                 rc = chan._poll(item)
                 if rc == FB_OK:
                     channel[0] = ch
-                    return 0
+                    return 1
                 if rc == FB_EMPTY:
                     continue
                 if rc == FB_EFAILED:
@@ -490,6 +563,7 @@ cdef class InputGate:
         self._closed = True
         self._cur_des = None
         self._current = -1
+        self._deferred = None
         fb_gate_close(&self._c)
         try:
             self._release_channels()

@@ -16,11 +16,10 @@ from flinkbuf.io._io import RecordWriter, monotonic_ns
 __all__ = ["ProducerThread", "emit_all"]
 
 
-def emit_all(writer: RecordWriter, records: Iterable[Any]) -> None:
-    """Emit every record of ``records`` through ``writer``."""
-    emit = writer.emit
-    for record in records:
-        emit(record)
+def emit_all(writer: RecordWriter, records: Iterable[Any]) -> int:
+    """Emit every record of ``records`` through ``writer``
+    (:meth:`RecordWriter.emit_all`); the number of records written."""
+    return writer.emit_all(records)
 
 
 class ProducerThread(threading.Thread):

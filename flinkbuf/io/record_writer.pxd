@@ -35,6 +35,7 @@ cdef class RecordWriter:
     cdef int _concurrent_use(self) except -1
     cdef inline int _emit(self, object record) except -1
     cdef int _emit_entered(self, object record) except -1
+    cdef Py_ssize_t _emit_all(self, object records) except -1   # emit_all.pyx
     cdef int32_t _bad_channel(self, int32_t channel) except -1
     cdef int _broadcast_emit(self, object record) except -1
     cdef int _channel_released(self, int32_t channel) except -1

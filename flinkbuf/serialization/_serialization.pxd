@@ -3,6 +3,10 @@
 #
 # Contract for cimporters:
 #   ser._serialize_record(record)   stage one record (prefix + encoded value)
+#   ser._write_record(buf, record)  a small record of a common shape written
+#                                   straight into buf (nothing staged, no Python
+#                                   code run): the flags of _copy_to_buffer, or 0
+#                                   when it takes the staged path
 #   ser._copy_to_buffer(buf)        copy at buf's writer index; returns the bit
 #                                   flags FULL_RECORD | FULL_BUFFER
 #   ser._has_serialized_data()      part of the staged record is not copied yet
@@ -101,6 +105,7 @@ cdef class RecordSerializer:
     cdef void *_path[MAX_DEPTH + 1]
 
     cdef int _serialize_record(self, object record) except -1
+    cdef int _write_record(self, Buffer buf, object record) noexcept
     cdef int _serialize_general(self, object record) except -1
     cdef int _copy_to_buffer(self, Buffer buf) except -1
     cdef bint _has_serialized_data(self) noexcept

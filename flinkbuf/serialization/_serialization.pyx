@@ -12,7 +12,7 @@ from cpython.float cimport PyFloat_AS_DOUBLE, PyFloat_AsDouble, PyFloat_FromDoub
 from cpython.list cimport PyList_New, PyList_GET_ITEM, PyList_GET_SIZE, PyList_SET_ITEM
 from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_FromLongLong
 from cpython.mem cimport PyMem_Malloc, PyMem_Realloc, PyMem_Free
-from cpython.object cimport PyObject
+from cpython.object cimport PyObject, PyTypeObject, Py_TYPE
 from cpython.ref cimport Py_INCREF, Py_DECREF
 from cpython.tuple cimport PyTuple_New, PyTuple_GET_ITEM, PyTuple_GET_SIZE, PyTuple_SET_ITEM
 from cpython.unicode cimport PyUnicode_DATA, PyUnicode_DecodeUTF8, PyUnicode_GET_LENGTH
@@ -20,7 +20,7 @@ from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, u
 from libc.string cimport memcpy, memset
 
 from flinkbuf.buffer._buffer cimport Buffer
-from flinkbuf.capi cimport PyUnicode_IS_COMPACT_ASCII, write_unraisable
+from flinkbuf.capi cimport PyUnicode_IS_COMPACT_ASCII, fb_small_long, write_unraisable
 from flinkbuf.csrc.byteorder cimport *
 
 import pickle

@@ -90,6 +90,34 @@ cdef class RecordSerializer:
                 return _stage_record(self, 4, record, PyBytes_AS_STRING(record), n)
         return self._serialize_general(record)
 
+    cdef int _write_record(self, Buffer buf, object record) noexcept:
+        """Write ``record`` (prefix and payload) straight into ``buf`` at its
+        writer index when it is of a shape the fast paths encode and fits
+        the room left, nothing staged and no Python code run: FULL_RECORD,
+        with FULL_BUFFER if it filled the buffer; 0 when it did not (stage
+        it with _serialize_record).  Declines while an earlier record holds
+        values staged by reference, which only staging lets go."""
+        cdef char *p = buf._data
+        cdef Py_ssize_t n, space = buf._capacity - buf._writer
+        if (p == NULL or space < 5 or self._busy or self._owner is not None
+                or self._nviews or self._stage_cap > STAGE_KEEP_MAX):
+            return 0
+        p += buf._writer
+        if self._codec == CODEC_TYPED:
+            n = _enc_flat(p + 4, p + space, record)
+            if n < 0:
+                return 0
+        elif self._codec == CODEC_BYTES and type(record) is bytes:
+            n = PyBytes_GET_SIZE(record)
+            if n > space - 4:
+                return 0
+            memcpy(p + 4, PyBytes_AS_STRING(record), <size_t>n)
+        else:
+            return 0
+        fb_store_u32(p, <uint32_t>n, 1)
+        buf._writer += 4 + n
+        return FULL_RECORD | FULL_BUFFER if buf._writer == buf._capacity else FULL_RECORD
+
     cdef int _serialize_general(self, object record) except -1:
         if self._stage_cap < STAGE_INITIAL:
             _stage_grow(self, STAGE_INITIAL)

@@ -269,49 +269,51 @@ cdef int _enc_other(RecordSerializer s, object v, int depth) except -1:
 # takes the general path.
 
 
-cdef inline Py_ssize_t _enc_scalar_fast(char *p, const char *end, object v) noexcept:
-    cdef type t = type(v)
+cdef inline Py_ssize_t _enc_scalar_fast(char *p, const char *end, PyObject *o) noexcept:
+    # ``o`` borrowed, its type a pointer: no reference counts on this path
+    cdef PyTypeObject *t = Py_TYPE(<object>o)
     cdef int overflow = 0
     cdef long long x
     cdef Py_ssize_t n
-    if t is int:
+    if t == <PyTypeObject *>int:
         if end - p < 9:
             return -1
-        x = PyLong_AsLongLongAndOverflow(v, &overflow)   # cannot fail for an exact int
-        if overflow:
-            return -1
+        if not fb_small_long(o, &x):
+            x = PyLong_AsLongLongAndOverflow(<object>o, &overflow)   # cannot fail for an exact int
+            if overflow:
+                return -1
         return _store_int64(p, x)
-    if t is float:
+    if t == <PyTypeObject *>float:
         if end - p < 9:
             return -1
         p[0] = <char>T_FLOAT64
-        fb_store_f64(p + 1, PyFloat_AS_DOUBLE(v), 0)
+        fb_store_f64(p + 1, PyFloat_AS_DOUBLE(<object>o), 0)
         return 9
-    if t is str:
-        if not PyUnicode_IS_COMPACT_ASCII(v):     # ASCII: the UTF-8 bytes are the data
+    if t == <PyTypeObject *>str:
+        if not PyUnicode_IS_COMPACT_ASCII(<object>o):     # ASCII: the UTF-8 bytes are the data
             return -1
-        n = PyUnicode_GET_LENGTH(v)
+        n = PyUnicode_GET_LENGTH(<object>o)
         if n >= 256 or end - p < n + 2:
             return -1
         p[0] = <char>T_STR8
         p[1] = <char><uint8_t>n
-        memcpy(p + 2, PyUnicode_DATA(v), <size_t>n)
+        memcpy(p + 2, PyUnicode_DATA(<object>o), <size_t>n)
         return n + 2
-    if t is bytes:
-        n = PyBytes_GET_SIZE(v)
+    if t == <PyTypeObject *>bytes:
+        n = PyBytes_GET_SIZE(<object>o)
         if n >= 256 or end - p < n + 2:           # below EXTERNAL_MIN: inline
             return -1
         p[0] = <char>T_BYTES8
         p[1] = <char><uint8_t>n
-        memcpy(p + 2, PyBytes_AS_STRING(v), <size_t>n)
+        memcpy(p + 2, PyBytes_AS_STRING(<object>o), <size_t>n)
         return n + 2
     if end - p < 1:
         return -1
-    if v is None:
+    if <object>o is None:
         p[0] = <char>T_NONE
         return 1
-    if t is bool:
-        p[0] = <char>(T_TRUE if v is True else T_FALSE)
+    if t == <PyTypeObject *>bool:
+        p[0] = <char>(T_TRUE if <object>o is True else T_FALSE)
         return 1
     return -1
 
@@ -330,13 +332,13 @@ cdef Py_ssize_t _enc_flat(char *p, const char *end, object v) noexcept:
         p[1] = <char><uint8_t>n
         q = p + 2
         for i in range(n):
-            k = _enc_scalar_fast(q, end, <object>(PyTuple_GET_ITEM(v, i) if t is tuple
-                                                  else PyList_GET_ITEM(v, i)))
+            k = _enc_scalar_fast(q, end, PyTuple_GET_ITEM(v, i) if t is tuple
+                                 else PyList_GET_ITEM(v, i))
             if k < 0:
                 return -1
             q += k
         return q - p
-    return _enc_scalar_fast(p, end, v)
+    return _enc_scalar_fast(p, end, <PyObject *>v)
 
 
 cdef int _enc(RecordSerializer s, object v, int depth) except -1:
