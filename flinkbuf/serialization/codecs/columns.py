@@ -397,4 +397,9 @@ def _decode_arrow(payload, kind, rows, header, at):
         at += nbytes
     if at != size:
         raise _corrupt(f"{size - at} bytes after the last column")
-    return pa.RecordBatch.from_arrays(columns, schema=schema)
+    batch = pa.RecordBatch.from_arrays(columns, schema=schema)
+    try:
+        batch.validate(full=True)             # the values of dates and times, say
+    except pa.ArrowException as exc:
+        raise _corrupt(f"values not valid for their types: {exc}") from None
+    return batch
