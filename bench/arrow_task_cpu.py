@@ -96,11 +96,11 @@ def run(rows, exchange, segment_size, encryption):
 
     parallelism = default_max_parallelism(TASKS)
     options = _spec.check_options(
-        TASKS, _count, num_partitions=None, key=None, selector=arrow._by_destination,
-        codec="typed", segment_size=segment_size, buffers_per_channel=2, floating_buffers=8,
+        TASKS, _count, num_partitions=None, key="k", selector="hash",
+        codec="arrow", segment_size=segment_size, buffers_per_channel=2, floating_buffers=8,
         buffer_timeout=0.1, max_record_size=256 << 20, max_parallelism=parallelism,
         host="127.0.0.1", timeout=60.0, monitor=None,
-        produce=arrow._route("k", parallelism), read=arrow._batches, encryption=encryption)
+        produce=arrow._route(), encryption=encryption)
     secret = _spec.new_secret()
     server = _rendezvous.RendezvousServer(secret, TASKS, timeout=60.0)
     spec = _spec.make_spec(options, secret=secret, rendezvous=server.address)

@@ -108,11 +108,11 @@ _CHANNELS = c_partitions(_ROWS % 1000, CONSUMERS, MAX_PARALLELISM)
 
 
 def c_pieces(batch, channels, n):
-    """arrow_exchange's own cut: order_by_channel, then Arrow's take
-    without a bounds check."""
-    from flinkbuf.spark.arrow import _pieces
+    """BatchWriter's own cut (arrow_exchange's): order_by_channel, then
+    Arrow's take without a bounds check."""
+    from flinkbuf.io.batch_writer import _Cut
 
-    return [piece for _, piece in _pieces(batch, channels, n)]
+    return [piece for _, piece in _Cut().batch(batch, channels, n)]
 
 
 def numpy_pieces(batch, channels, n):

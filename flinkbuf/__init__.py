@@ -39,6 +39,7 @@ from flinkbuf.errors import (
 )
 from flinkbuf.io import (
     BacklogAwareRebalanceSelector,
+    BatchWriter,
     BroadcastSelector,
     BufferDebloatConfig,
     BufferDebloater,
@@ -65,6 +66,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BacklogAwareRebalanceSelector",
+    "BatchWriter",
     "BroadcastSelector",
     "Buffer",
     "BufferDebloatConfig",

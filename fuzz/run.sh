@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Bounded coverage-guided fuzzing (the CI budget) of each target: the record
-# deserializer, the wire decoder of connections, and their frame reader fed
-# byte streams cut anywhere.
+# deserializer, the wire decoder of connections, their frame reader fed
+# byte streams cut anywhere, and the decoder of column batches (the arrow codec).
 # Usage: fuzz/run.sh [RUNS]     (default 100000 inputs per target)
 #
 # atheris ships libFuzzer in its wheels, so pip is all it needs.  Coverage of
@@ -46,7 +46,7 @@ fi
 
 ARTIFACTS=build/fuzz-artifacts/
 mkdir -p "$ARTIFACTS"
-for target in deserializer wire frame_reader; do
+for target in deserializer wire frame_reader columns; do
     CORPUS=fuzz/corpus-$target
     rm -rf "$CORPUS"
     "$PY" fuzz/fuzz_$target.py --write-seeds "$CORPUS"

@@ -276,6 +276,10 @@ class World:
         self.subpartition = self.partition.subpartition(0)
         self.selector = fb.HashSelector(0)
         self.writer = fb.RecordWriter(self.partition, self.selector, buffer_timeout=None)
+        self.batch_partition = fb.create_partition(self.nbp, 2)
+        self.batch_writer = fb.BatchWriter(self.batch_partition, "k", buffer_timeout=None)
+        self.batch_gate = fb.InputGate([(self.batch_partition, 0), (self.batch_partition, 1)],
+                                       codec="arrow")
         self.gate = fb.InputGate([(self.partition, 0), (self.partition, 1)])
         self.channel = fb.LocalInputChannel(fb.create_partition(self.nbp, 1), 0)
         # A gate whose second input is not known yet (its update may come).
@@ -305,6 +309,8 @@ class World:
     def close(self):
         for step in (self.gate.close, self.pending_gate.close,
                      lambda: self.writer.fail(RuntimeError("closed")),
+                     self.batch_gate.close,
+                     lambda: self.batch_writer.fail(RuntimeError("closed")),
                      self.partition.release, self.deserializer.close,
                      lambda: self.buffer.is_recycled or self.buffer.recycle(),
                      self.pool.destroy, self.nbp.destroy,
@@ -477,6 +483,7 @@ GROUPS = {
     "io": lambda: (
         [(f"io.{name}", False, (lambda f: lambda w: f)(getattr(fio, name)))
          for name in ("create_partition", "ResultPartition", "RecordWriter", "InputGate",
+                      "BatchWriter",
                       "LocalInputChannel", "UnknownInputChannel", "UserEvent",
                       "pointwise_connections",
                       "assign_key_to_operator", "assign_keys_to_operators",
@@ -491,6 +498,7 @@ GROUPS = {
         + _instance_targets("partition")
         + _instance_targets("subpartition")
         + _instance_targets("writer") + _instance_targets("gate")
+        + _instance_targets("batch_writer") + _instance_targets("batch_gate")
         + _instance_targets("channel") + _instance_targets("unknown")
         + _instance_targets("pending_gate") + _instance_targets("event")
         + _instance_targets("metrics")

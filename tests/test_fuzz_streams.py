@@ -124,7 +124,7 @@ def test_huge_counts_allocate_nothing():
     assert peak < 1 << 20
 
 
-@pytest.mark.parametrize("name", ["deserializer", "wire", "frame_reader"])
+@pytest.mark.parametrize("name", ["deserializer", "wire", "frame_reader", "columns"])
 def test_atheris_target_runs_a_few_inputs(name):
     """The coverage-guided targets under fuzz/ (CI runs each for >= 100,000
     inputs through fuzz/run.sh); here only a short smoke run."""

@@ -43,6 +43,13 @@ and :class:`BacklogAwareRebalanceSelector` (the backlog-aware round robin,
 :func:`assign_keys_to_operators` assigns a whole array of keys at once, and
 :func:`order_by_channel` groups the rows of such an array by channel.
 
+Column batches: a :class:`BatchWriter` routes the rows of Arrow record
+batches (or of mappings of column name -> numpy array) by a key column, as
+the hash selector routes records (:func:`key_partitions` says where each
+key goes), and sends each consumer its piece of every batch; an input gate
+of ``codec="arrow"`` yields each piece as a batch of the kind written,
+rebuilt over the received record's memory.
+
 Buffer debloating: a :class:`BufferDebloatConfig` says how input gates size
 the buffers their producers fill, so that the bytes in flight toward a
 consumer take about ``target`` seconds to consume; a :class:`BufferDebloater`
@@ -89,6 +96,8 @@ from flinkbuf.io._io import (
 )
 from flinkbuf.checks import check_int
 from flinkbuf.errors import PartitionReleasedError, ProducerFailedError
+from flinkbuf.io.batch_keys import key_partitions
+from flinkbuf.io.batch_writer import BatchWriter
 from flinkbuf.io.pipeline import LocalPipeline, local_pipeline
 from flinkbuf.io.pools import create_partition, partition_buffers, task_segments
 
@@ -96,6 +105,7 @@ __all__ = [
     "END_OF_PARTITION",
     "MAX_QUEUED_EVENTS",
     "BacklogAwareRebalanceSelector",
+    "BatchWriter",
     "BroadcastSelector",
     "BufferDebloatConfig",
     "BufferDebloater",
@@ -124,6 +134,7 @@ __all__ = [
     "default_max_parallelism",
     "java_hash_code",
     "key_group_for_hash",
+    "key_partitions",
     "local_pipeline",
     "monotonic_ns",
     "murmur_hash",

@@ -279,6 +279,8 @@ cdef class InputGate:
         cdef int32_t n = <int32_t>len(chans)
         cdef list deserializers = [RecordDeserializer(codec=codec, max_record_size=max_record_size)
                                    for _ in range(n)]
+        for k in range(n):                 # each names its channel in its errors
+            (<RecordDeserializer>deserializers[k]).where = f"input channel {k}"
         if fb_gate_init(&self._c, n) != FB_OK:     # n >= 1: only memory can fail
             raise MemoryError(f"cannot allocate an input gate of {n} channels")
         self._initialized = True

@@ -6,8 +6,10 @@ payload, and records span buffers freely (docs/FORMAT.md).  A
 buffers as it takes; a :class:`RecordDeserializer` reassembles records from
 buffers (or any bytes) fed in any chunks, validating lengths and contents
 before it allocates.  Codecs (:data:`CODECS`): ``typed`` (compact, written
-in Cython straight into segment memory), ``bytes`` and ``pickle`` (explicit
-opt-in: never unpickle what an unauthenticated peer sent).
+in Cython straight into segment memory), ``bytes``, ``pickle`` (explicit
+opt-in: never unpickle what an unauthenticated peer sent) and ``arrow``
+(pieces of column batches: a ``pyarrow.RecordBatch`` or a mapping of column
+name -> numpy array, rebuilt over the record's memory).
 """
 
 from typing import Literal
@@ -27,7 +29,7 @@ from flinkbuf.serialization._serialization import (
 )
 
 # The name of a codec, as every ``codec`` argument takes it (one of CODECS).
-CodecName = Literal["typed", "bytes", "pickle"]
+CodecName = Literal["typed", "bytes", "pickle", "arrow"]
 
 __all__ = [
     "CODECS",

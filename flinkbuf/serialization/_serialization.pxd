@@ -42,6 +42,7 @@ cdef enum:
     CODEC_TYPED = 0
     CODEC_BYTES = 1
     CODEC_PICKLE = 2
+    CODEC_ARROW = 3
 
 cpdef enum:
     MAX_DEPTH = 100        # containers nested deeper are refused (encode and decode)
@@ -159,6 +160,9 @@ cdef class RecordDeserializer:
     cdef object _deferred             # an error to raise at the next _next_record
     cdef object _spare                # the last bytes record returned (see _bytes_value)
     cdef object _spare_older          # ... and the one before
+    # what the deserializer reads (say "input channel 3"): named in its
+    # errors; None: nothing
+    cdef public object where
 
     cdef int _feed(self, object data) except -1
     cdef object _next_record(self)

@@ -8,7 +8,7 @@ from typing_extensions import Self
 
 from flinkbuf.buffer._buffer import Buffer
 
-_Codec = Literal["typed", "bytes", "pickle"]
+_Codec = Literal["typed", "bytes", "pickle", "arrow"]
 # The codecs by name (what every ``codec`` argument takes).
 CODECS: Final[tuple[_Codec, ...]]
 
@@ -52,6 +52,7 @@ class RecordSerializer:
 
 @final
 class RecordDeserializer:
+    where: str | None
     def __init__(self, codec: _Codec = "typed", max_record_size: int = 67108864) -> None: ...
     def feed(self, data: Buffer | _BufferProtocol, /) -> None: ...
     def records(self) -> Iterator[Any]: ...

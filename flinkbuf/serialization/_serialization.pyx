@@ -5,7 +5,8 @@
 cimport cython
 cimport numpy as cnp
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_CheckBuffer, PyObject_GetBuffer
-from cpython.bytearray cimport PyByteArray_FromStringAndSize, PyByteArray_AS_STRING
+from cpython.bytearray cimport (PyByteArray_AS_STRING, PyByteArray_FromStringAndSize,
+                                PyByteArray_GET_SIZE)
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_Next, PyDict_SetItem, PyDict_Size
 from cpython.float cimport PyFloat_AS_DOUBLE, PyFloat_AsDouble, PyFloat_FromDouble
@@ -58,6 +59,7 @@ include "staging.pyx"
 include "codecs/typed.pyx"
 include "codecs/bytes.pyx"
 include "codecs/pickle.pyx"
+include "codecs/arrow.pyx"
 include "serializer.pyx"
 include "deserializer.pyx"
 include "record_assembly.pyx"

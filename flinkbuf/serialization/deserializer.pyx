@@ -249,7 +249,10 @@ cdef class RecordDeserializer:
         return 0
 
     cdef int _fail(self, object exc) except -1:
-        """The stream is broken: remember why, release all input, raise ``exc``."""
+        """The stream is broken: remember why, release all input, raise ``exc``
+        (a CorruptRecordError says where, when the deserializer knows)."""
+        if self.where is not None and isinstance(exc, CorruptRecordError) and exc.args:
+            exc.args = (f"{self.where}: {exc.args[0]}",) + exc.args[1:]
         self._failure = str(exc)
         del self._ready[:]
         self._ready_head = 0
@@ -314,7 +317,7 @@ cdef class RecordDeserializer:
         # and nothing ready, broken, deferred or being decoded.  It decodes
         # without a try block (whose set-up costs as much as a small
         # record): an error is caught by _fail_raised.
-        if (self._span == SPAN_NONE and self._codec != CODEC_PICKLE and not self._busy
+        if (self._span == SPAN_NONE and self._codec <= CODEC_BYTES and not self._busy
                 and self._failure is None and self._deferred is None
                 and PyList_GET_SIZE(self._ready) == 0):
             avail = self._cur_end - self._cur_pos
@@ -487,6 +490,8 @@ cdef class RecordDeserializer:
             return _typed_decode(p, n, record_start + 4, record_start, base)
         if self._codec == CODEC_BYTES:
             return PyBytes_FromStringAndSize(p, n)
+        if self._codec == CODEC_ARROW:
+            return _arrow_decode(p, n, record_start, base)
         return _pickle_decode(p, n, record_start + 4, base)
 
     cdef object _bad_length(self, Py_ssize_t n):

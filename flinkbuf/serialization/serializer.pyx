@@ -2,8 +2,9 @@
 # buffers of any size.  Included by _serialization.pyx.
 
 # The record codecs by name, each at its number (CODEC_TYPED, CODEC_BYTES,
-# CODEC_PICKLE): the one table of codec names, which every layer imports.
-CODECS = ("typed", "bytes", "pickle")
+# CODEC_PICKLE, CODEC_ARROW): the one table of codec names, which every
+# layer imports.
+CODECS = ("typed", "bytes", "pickle", "arrow")
 cdef dict _CODECS = {name: number for number, name in enumerate(CODECS)}
 
 
@@ -134,6 +135,8 @@ cdef class RecordSerializer:
                 _enc(self, record, 0)
             elif self._codec == CODEC_BYTES:
                 _bytes_encode(self, record)
+            elif self._codec == CODEC_ARROW:
+                _arrow_encode(self, record)
             else:
                 _pickle_encode(self, record)
             _close_staged_piece(self)

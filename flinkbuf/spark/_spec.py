@@ -77,7 +77,9 @@ class Timeouts:
 class ExchangeOptions:
     """An exchange's options, checked (:func:`check_options`): what each
     task does (``fn``; ``produce(writer, iterator)`` writes its input,
-    ``read(task)`` its records to ``fn``, None: the gate's records), how it
+    ``read(task)`` its records to ``fn``, None: the gate's records; with
+    the ``arrow`` codec, ``produce`` writes through a
+    :class:`~flinkbuf.io.BatchWriter` by the column ``key``), how it
     routes and frames records, its buffers, where it binds and what it
     advertises, how tasks find each other, its bounds.  ``encryption`` and
     ``port_retries`` are the user's: None takes the session's."""
@@ -86,7 +88,7 @@ class ExchangeOptions:
     produce: Callable[..., Any]
     read: Callable[..., Any] | None
     selector: str | Callable[..., Any]
-    key: int | Callable[..., Any] | None
+    key: int | str | Callable[..., Any] | None
     codec: str
     segment_size: int
     buffers_per_channel: int
@@ -179,8 +181,11 @@ def check_options(n, fn, *, num_partitions, key, selector, codec, segment_size,
             raise ValueError(
                 f"num_partitions is {num_partitions} but the RDD has {n} partitions: a barrier "
                 f"stage runs one task per input partition (repartition the RDD first)")
-    selector = _check_selector(selector, key)
     check_choice(codec, "codec", CODECS)
+    if codec == "arrow" and produce is emit_all:
+        raise ValueError("the arrow codec carries column batches, which arrow_exchange "
+                         "exchanges (a DataFrame's): use arrow_exchange, or another codec")
+    selector = _check_selector(selector, key, codec)
     check_int(segment_size, "segment_size", 64, 1 << 30)
     check_buffers(buffers_per_channel, floating_buffers)
     check_seconds(buffer_timeout, "buffer_timeout", allow_none=True)
@@ -221,9 +226,9 @@ def check_options(n, fn, *, num_partitions, key, selector, codec, segment_size,
         monitor=monitor, timeouts=Timeouts.derive(timeout, connect_timeout))
 
 
-def _check_selector(selector, key):
+def _check_selector(selector, key, codec):
     """``selector`` as a task takes it (``"-"`` read as ``"_"``), checked
-    with ``key``."""
+    with ``key`` (for the arrow codec, a column name)."""
     if isinstance(selector, str):
         selector = selector.replace("-", "_")
     if not (callable(selector) or selector in SELECTORS):
@@ -232,7 +237,10 @@ def _check_selector(selector, key):
     if key is not None:
         if selector != "hash":
             raise ValueError(f"key applies to the hash selector only, not to {selector!r}")
-        if not callable(key):
+        if codec == "arrow":
+            if not isinstance(key, str):
+                raise TypeError(f"key must be a column name, got {type(key).__name__}")
+        elif not callable(key):
             check_int(key, "key", 0)
     return selector
 

@@ -12,6 +12,7 @@ import time
 
 from flinkbuf.errors import RemoteConnectionError
 from flinkbuf.io import (
+    BatchWriter,
     CustomSelector,
     HashSelector,
     RecordWriter,
@@ -202,7 +203,7 @@ class _TaskRun:
         self.out_buffers = partition_buffers(self.n, spec.options.buffers_per_channel)
         self.env = start_environment(spec, self.n, bind, advertised, peer_id(self.tid),
                                      self.out_buffers)
-        self.partition = self.writer = self.gate = self.producer = None
+        self.partition = self.writer = self.batch_writer = self.gate = self.producer = None
         self.connector = self.peers = self.reports = self.done = None
         self.failed = None
 
@@ -218,10 +219,17 @@ class _TaskRun:
                                           buffer_debloat=env.config.buffer_debloat)
         env.register_partition(spec.exchange_id, self.partition)
         published = format_address(env.advertised_address)
-        self.writer = RecordWriter(
-            self.partition,
-            make_selector(options.selector, options.key, options.max_parallelism),
-            codec=options.codec, buffer_timeout=options.buffer_timeout, name=f"exchange-{index}")
+        if options.codec == "arrow":           # column batches, routed by a key column
+            self.batch_writer = BatchWriter(
+                self.partition, options.key, max_parallelism=options.max_parallelism,
+                buffer_timeout=options.buffer_timeout, name=f"exchange-{index}")
+            self.writer = self.batch_writer.record_writer
+        else:
+            self.writer = RecordWriter(
+                self.partition,
+                make_selector(options.selector, options.key, options.max_parallelism),
+                codec=options.codec, buffer_timeout=options.buffer_timeout,
+                name=f"exchange-{index}")
         gate_options = {"codec": options.codec, "max_record_size": options.max_record_size,
                         "name": f"exchange-{index}"}
         # The peers' channels start unknown: connected one by one, so that
@@ -252,7 +260,11 @@ class _TaskRun:
 
     def start_producer(self, task, iterator):
         """The thread that writes the task's input (``iterator``)."""
-        self.producer = ProducerThread(self.writer, iterator, produce=self.spec.options.produce,
+        produce, batches = self.spec.options.produce, self.batch_writer
+        if batches is not None:                 # it writes through the batch writer
+            def produce(writer, source, produce=produce):
+                produce(batches, source)
+        self.producer = ProducerThread(self.writer, iterator, produce=produce,
                                        name=f"flinkbuf-exchange-producer-{self.index}")
         task.producer = self.producer
         task.started = time.monotonic()
