@@ -331,3 +331,32 @@ def test_remote_gates_rebuild_the_batches(transport, arrow):
     finally:
         consumer.close()
         producer.close()
+
+
+def test_the_first_batch_goes_out_at_once_later_ones_fill_buffers():
+    """Without an output flusher, the first batch with rows still reaches its
+    consumer at once; a later small one waits in its buffer until flushed."""
+    with NetworkBufferPool(num_segments=16, segment_size=32768) as nbp:
+        part = create_partition(nbp, 1, min_buffers=8)
+        gate = InputGate([(part, 0)], codec="arrow")
+        got, arrived = [], threading.Semaphore(0)
+
+        def read():
+            for batch in gate:
+                got.append(batch)
+                arrived.release()
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        w = BatchWriter(part, "k", buffer_timeout=None)
+        w.emit({"k": np.arange(0, dtype=np.int64)})          # no rows: nothing flushed
+        w.emit({"k": np.arange(10, dtype=np.int64)})
+        assert arrived.acquire(timeout=10), "the first batch was held back"
+        w.emit({"k": np.arange(10, 20, dtype=np.int64)})
+        assert not arrived.acquire(timeout=0.3), "a later batch was flushed without a flush"
+        w.flush()
+        assert arrived.acquire(timeout=10), "flush() did not hand over the second batch"
+        w.close()
+        reader.join(10)
+        assert not reader.is_alive()
+        assert [b["k"].tolist() for b in got] == [list(range(10)), list(range(10, 20))]

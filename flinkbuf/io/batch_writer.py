@@ -154,8 +154,10 @@ class BatchWriter:
     One thread at a time emits (RuntimeError otherwise); ``fail()`` may
     come from any thread.  ``close()`` ends every subpartition,
     ``fail(exc)`` makes consumers raise; as a context manager it closes on
-    success and fails on an exception.  ``buffer_timeout`` and ``name``: as
-    :class:`RecordWriter`'s.
+    success and fails on an exception.  The first batch with rows is handed
+    to its consumers at once; later ones fill buffers, and a partly filled
+    buffer waits at most ``buffer_timeout`` (as for :class:`RecordWriter`,
+    with ``name``).
     """
 
     def __init__(self, partition, key=None, *, selector=None, max_parallelism=None, name=None,
@@ -214,6 +216,10 @@ class BatchWriter:
                                 f"a {self._kind}")
             rows = self._emit_arrow(batch) if arrow else self._emit_numpy(batch)
             self._kind = kind
+            if rows and not self._rows_out:
+                # The first rows go out at once, not after buffer_timeout:
+                # consumers start as soon as the first batch is cut.
+                self._writer.flush()
             self._rows_out += rows
         finally:
             self._lock.release()
