@@ -19,7 +19,12 @@ from flinkbuf.io._io import (
     order_by_channel,
 )
 from flinkbuf.io.batch_keys import check_key_type, partition_dtype, partitions
-from flinkbuf.serialization.codecs.columns import check_columns, value_type, value_views
+from flinkbuf.serialization.codecs.columns import (
+    ArrowValues,
+    check_columns,
+    schema_values,
+    value_views,
+)
 
 __all__ = ["BatchWriter"]
 
@@ -192,7 +197,6 @@ class BatchWriter:
         self._dtype = partition_dtype(n)
         self._kind = None
         self._cut = _Cut()
-        self._types = None                # (schema, each field's value type or None)
         self._lock = threading.Lock()
         self._rows_out = 0
 
@@ -240,32 +244,19 @@ class BatchWriter:
         check_key_type(self._key, keys)
         dest = None if self._n == 1 else partitions(keys, self._n, self._max_parallelism,
                                                     self._dtype)
-        schema, types = self._value_types(batch.schema)
+        ipc, types = schema_values(batch.schema)
         views = None if types is None else value_views(batch, types)
         if views is None:
             for j, piece in self._cut.batch(batch, dest, self._n):
                 router.channel = j
                 emit(piece)
             return rows
-        import pyarrow as pa
-
         for j, arrays in self._cut.arrays(views, dest, self._n):
             router.channel = j
             # each piece is copied into the buffers here, before the next
             # is gathered into the same arrays
-            emit(pa.RecordBatch.from_arrays(
-                [pa.Array.from_buffers(f.type, len(a), [None, pa.py_buffer(a)])
-                 for f, a in zip(schema, arrays)], schema=schema))
+            emit(ArrowValues(ipc, len(arrays[0]), arrays))
         return rows
-
-    def _value_types(self, schema):
-        """``(schema, types)``: each field's value type, or types None when
-        a field has none (the batch travels as IPC)."""
-        if self._types is None or not self._types[0].equals(schema, check_metadata=True):
-            types = [value_type(field.type) for field in schema]
-            self._types = (schema, types if types and all(t is not None for t in types)
-                           else None)
-        return self._types
 
     def _emit_numpy(self, batch):
         names, arrays, rows = check_columns(batch)

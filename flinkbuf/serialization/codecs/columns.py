@@ -25,8 +25,8 @@ import numpy as np
 
 from flinkbuf.errors import CorruptRecordError
 
-__all__ = ["ALIGN", "KIND_ARROW_IPC", "KIND_ARROW_VALUES", "KIND_NUMPY", "check_columns",
-           "decode_piece", "encode_parts", "value_type", "value_views"]
+__all__ = ["ALIGN", "ArrowValues", "KIND_ARROW_IPC", "KIND_ARROW_VALUES", "KIND_NUMPY", "check_columns",
+           "decode_piece", "encode_parts", "schema_values", "value_type", "value_views"]
 
 MAGIC = b"FBC"
 KIND_NUMPY, KIND_ARROW_VALUES, KIND_ARROW_IPC = 1, 2, 3
@@ -138,6 +138,25 @@ def value_views(batch, types):
     return views
 
 
+class ArrowValues:
+    """A piece of an Arrow batch whose columns all travel as their values
+    (:func:`schema_values`), already gathered: ``schema`` (the IPC bytes of
+    the batch's schema), ``rows`` and ``arrays`` (one contiguous 1-D numpy
+    array of each column's values).  It encodes as that batch's piece would,
+    without an Arrow batch made of the arrays first."""
+
+    __slots__ = ("schema", "rows", "arrays")
+
+    def __init__(self, schema, rows, arrays):
+        self.schema, self.rows, self.arrays = schema, rows, arrays
+
+
+def schema_values(schema):
+    """``(ipc, types)``: the IPC bytes of Arrow ``schema`` and each field's
+    :func:`value_type` (types None unless every field has one)."""
+    return _SchemaBytes.of(schema)
+
+
 class _SchemaBytes:
     """The IPC form of the last schema written (batches of one writer
     mostly share theirs), and its fields' value types (None unless all
@@ -148,7 +167,8 @@ class _SchemaBytes:
     @classmethod
     def of(cls, schema):
         last = cls.last
-        if last is None or not schema.equals(last[0], check_metadata=True):
+        if last is None or (schema is not last[0]
+                            and not schema.equals(last[0], check_metadata=True)):
             types = [value_type(field.type) for field in schema]
             last = (schema, schema.serialize().to_pybytes(),
                     types if types and all(t is not None for t in types) else None)
@@ -178,7 +198,10 @@ def _is_record_batch(record):
 def encode_parts(record):
     """The payload of ``record`` (a ``pyarrow.RecordBatch`` or a mapping of
     column name -> 1-D numpy array) as a list of bytes-like parts."""
-    if _is_record_batch(record):
+    if type(record) is ArrowValues:
+        kind, rows, header = KIND_ARROW_VALUES, record.rows, record.schema
+        sections = [a.view(np.uint8) for a in record.arrays]
+    elif _is_record_batch(record):
         kind, rows, header, sections = _arrow_parts(record)
     elif isinstance(record, Mapping):
         kind = KIND_NUMPY
