@@ -22,7 +22,8 @@ are exchanged) by one process only.  Rows:
   * ``batch``: numpy columns (``k``, ``v``; the keys a slice of a
     precomputed cycle of 0..999) in batches of 64 Ki rows through
     ``BatchWriter(partition, key="k")``, the gate made with
-    ``codec="arrow"``, counted with ``np.bincount``; 256 KiB network buffers.
+    ``codec="arrow"``, counted with ``np.bincount``; 256 KiB network buffers;
+    TCP between the processes, ``batch_shm`` the same over shared memory.
     ``numpy_floor``: the same batches counted with no exchange.
   * ``mp_queue``: ``multiprocessing.Queue`` (one per process, at most 64
     items in it), records routed by a table of each key's process and put in
@@ -424,6 +425,7 @@ ROWS = {
     "mp_queue": (mp_queue_task, mpq_shared, "records", True),
     "numpy_floor": (numpy_floor_task, None, "rows", False),
     "batch": (flinkbuf_task, None, "rows", True),
+    "batch_shm": (flinkbuf_task, None, "rows", True),
     "zmq_numpy": (zmq_numpy_task, None, "rows", True),
     "mp_numpy": (mp_numpy_task, mp_pipes, "rows", True),
     "flink_jvm": (None, None, "flink", True),
