@@ -72,8 +72,8 @@ def test_check_choice_lists_the_choices():
     assert check_choice("bytes", "codec", fb.serialization.CODECS) == "bytes"
     for bad, shown in (("json", "'json'"), (None, "None"), ([1], "list"),
                        (np.zeros(3), "ndarray")):
-        with pytest.raises(ValueError, match=f"^codec must be one of 'typed', 'bytes', 'pickle', "
-                                             f"got {shown}$"):
+        with pytest.raises(ValueError, match=f"^codec must be one of 'typed', 'bytes', "
+                                             f"'pickle', 'arrow', got {shown}$"):
             check_choice(bad, "codec", fb.serialization.CODECS)
 
 
@@ -92,7 +92,7 @@ def test_every_layer_reports_through_the_one_checker():
     with pytest.raises(ValueError, match="^port must be <= 65535, got 70000$"):
         NetworkEnvironment(4, 64, secret=b"s" * 32, port=70000)
     with pytest.raises(ValueError, match="^codec must be one of 'typed', 'bytes', 'pickle', "
-                                         "got 'json'$"):
+                                         "'arrow', got 'json'$"):
         fb.RecordSerializer("json")
     with pytest.raises(ValueError, match="^window must be > 0 seconds, got 0$"):
         fb.TaskMetrics("t", window=0)
