@@ -412,12 +412,17 @@ def test_spark_demo_levels_are_those_of_their_intervals():
     levels = [r["backpressure_level"] for r in rows]
     slowed = [r["consumer_limit_pct"] < r["producer_limit_pct"] for r in rows]
     assert levels == ["HIGH" if s else "OK" for s in slowed], levels
-    assert rows[0]["producer_back_pressured_ms_per_s"] == pytest.approx(0, abs=5)
+    # An interval may hold a few ms of the phase before it (the steering's
+    # command lands just after the interval's first sample on a busy
+    # machine): 60 ms/s allows that, and is far from what a 1 s window
+    # still holding the calibration (600) or a slowed phase (950) reads.
+    slack = 60
+    assert rows[0]["producer_back_pressured_ms_per_s"] == pytest.approx(0, abs=slack)
     for r in (rows[8], rows[16]):                   # the first intervals after a release
-        assert r["producer_back_pressured_ms_per_s"] == pytest.approx(0, abs=5), r
+        assert r["producer_back_pressured_ms_per_s"] == pytest.approx(0, abs=slack), r
     for r, s in zip(rows, slowed):
         if s:
-            assert r["producer_back_pressured_ms_per_s"] == pytest.approx(950, abs=5), r
+            assert r["producer_back_pressured_ms_per_s"] == pytest.approx(950, abs=slack), r
     assert [r["producer_pct"] for r in rows[:4]] == pytest.approx([60] * 4, abs=1)
     live = [ln for ln in lines if re.match(r"^ *\d+\.\d ", ln)]
     assert [ln.split()[4] for ln in live] == levels
