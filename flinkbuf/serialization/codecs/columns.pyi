@@ -6,8 +6,8 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["ALIGN", "KIND_ARROW_IPC", "KIND_ARROW_VALUES", "KIND_NUMPY", "check_columns",
-           "decode_piece", "encode_parts", "value_type", "value_views"]
+__all__ = ["ALIGN", "ArrowValues", "KIND_ARROW_IPC", "KIND_ARROW_VALUES", "KIND_NUMPY", "check_columns",
+           "decode_piece", "encode_parts", "schema_values", "value_type", "value_views"]
 
 MAGIC: Final[bytes]
 KIND_NUMPY: Final[int]
@@ -15,6 +15,13 @@ KIND_ARROW_VALUES: Final[int]
 KIND_ARROW_IPC: Final[int]
 ALIGN: Final[int]
 
+class ArrowValues:
+    schema: bytes
+    rows: int
+    arrays: list[npt.NDArray[Any]]
+    def __init__(self, schema: bytes, rows: int, arrays: list[npt.NDArray[Any]]) -> None: ...
+
+def schema_values(schema: Any) -> tuple[bytes, list[np.dtype[Any]] | None]: ...
 def check_columns(
     columns: Mapping[str, npt.NDArray[np.generic]],
 ) -> tuple[list[str], list[npt.NDArray[np.generic]], int]: ...
