@@ -1,6 +1,7 @@
 #include "io/channel_order.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/status.h"
 
@@ -203,4 +204,56 @@ out_of_range:
     if (bad_channel != NULL)
         *bad_channel = value;
     return FB_EINVAL;
+}
+
+/* Gathering: out item k is item order[k] of the column, for items of SIZE
+ * bytes (a constant for the common widths: one load and one store each). */
+#define GATHER_TO(O, SIZE)                                                         \
+    do {                                                                           \
+        const O *ix = (const O *)order;                                            \
+        for (i = 0; i < n; i++)                                                    \
+            memcpy(dst + i * (SIZE), src + (ptrdiff_t)ix[i] * stride, (SIZE));     \
+    } while (0)
+#define GATHER(SIZE)                                                               \
+    do {                                                                           \
+        if (order_width == 4)                                                      \
+            GATHER_TO(int32_t, SIZE);                                              \
+        else                                                                       \
+            GATHER_TO(int64_t, SIZE);                                              \
+    } while (0)
+
+static void gather_column(const fb_column *column, const void *order, int order_width,
+                          size_t n)
+{
+    const char *src = (const char *)column->values;
+    char *dst = (char *)column->out;
+    ptrdiff_t stride = column->stride;
+    size_t i, size = column->itemsize;
+    switch (size) {
+    case 1: GATHER(1); break;
+    case 2: GATHER(2); break;
+    case 4: GATHER(4); break;
+    case 8: GATHER(8); break;
+    case 16: GATHER(16); break;
+    default: GATHER(size); break;
+    }
+}
+
+int fb_gather_by_channel(const void *channels, int width, size_t n, int32_t num_channels,
+                         void *order, int order_width, int64_t *counts,
+                         const fb_column *columns, size_t num_columns, size_t *bad,
+                         int64_t *bad_channel)
+{
+    size_t k;
+    int rc;
+    for (k = 0; k < num_columns; k++)
+        if (columns[k].itemsize == 0)
+            return FB_EINVAL;
+    rc = fb_order_by_channel(channels, width, n, num_channels, order, order_width, counts,
+                             bad, bad_channel);
+    if (rc != FB_OK)
+        return rc;
+    for (k = 0; k < num_columns; k++)
+        gather_column(&columns[k], order, order_width, n);
+    return FB_OK;
 }

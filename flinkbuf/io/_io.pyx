@@ -31,7 +31,7 @@ from flinkbuf.csrc.debloat cimport *
 from flinkbuf.csrc.clock cimport FB_WAIT_FOREVER, FB_WAIT_SLICE, fb_deadline_after, fb_monotonic_ns
 from flinkbuf.csrc.exchange cimport *
 from flinkbuf.csrc.keygroup cimport *
-from flinkbuf.csrc.channel_order cimport fb_order_by_channel
+from flinkbuf.csrc.channel_order cimport fb_column, fb_gather_by_channel, fb_order_by_channel
 from flinkbuf.csrc.status cimport *
 from flinkbuf.csrc.pool cimport FB_UNBOUNDED
 from flinkbuf.serialization._serialization cimport (FULL_BUFFER, FULL_RECORD, RecordDeserializer,

@@ -16,6 +16,7 @@ from flinkbuf.io._io import (
     RescaleSelector,
     ResultPartition,
     RoundRobinSelector,
+    _gather_by_channel,
     order_by_channel,
 )
 from flinkbuf.io.batch_keys import check_key_type, partition_dtype, partitions
@@ -33,14 +34,46 @@ _WHOLE_BATCH_NAMES = ("round_robin", "rebalance", "rescale", "broadcast", "forwa
 _WHOLE_BATCH_TYPES = (RoundRobinSelector, RescaleSelector, BroadcastSelector, ForwardSelector)
 
 
+# The unsigned integer type of each item size: a column is gathered as its
+# items' bytes (numpy exports no buffer of datetimes).
+_UINTS = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32),
+          8: np.dtype(np.uint64)}
+
+
+def _raw(values):
+    """``values`` (a 1-D numpy array of fixed-width items) as its items' bytes."""
+    size = values.dtype.itemsize
+    return values.view(_UINTS.get(size) or np.dtype(f"V{size}"))
+
+
+def _runs(counts):
+    """``(channel, start, count)`` of each channel with rows, the rows
+    grouped by channel as ``counts`` (rows per channel) says."""
+    start = 0
+    for j, c in enumerate(counts.tolist()):
+        if c:
+            yield j, start, c
+            start += c
+
+
 class _Cut:
     """Cuts batches into one piece per consumer (each piece's rows in
-    input order), reusing its arrays from batch to batch: a piece must be
-    written out before the next is cut."""
+    input order), reusing its arrays from batch to batch: a batch's pieces
+    must be written out before the next batch is cut."""
 
     def __init__(self):
         self._order = np.empty(0, dtype=np.int32)
-        self._out = []
+        self._counts = np.empty(0, dtype=np.int64)
+        self._out = []           # each column's values grouped by channel
+        self._raw = []           # ... the same memory, as _raw() gives it
+
+    def _scratch(self, rows, n):
+        """The order and counts arrays for a batch of ``rows`` rows."""
+        if len(self._order) < rows:
+            self._order = np.empty(rows, dtype=np.int32 if rows < 1 << 31 else np.int64)
+        if len(self._counts) != n:
+            self._counts = np.empty(n, dtype=np.int64)
+        return self._order[:rows], self._counts
 
     def split(self, dest, n):
         """``(consumer, rows)`` for each consumer with rows, in consumer
@@ -50,19 +83,13 @@ class _Cut:
             yield 0, None
             return
         rows = len(dest)
-        if len(self._order) < rows:
-            self._order = np.empty(rows, dtype=np.int32 if rows < 1 << 31 else np.int64)
-        order = self._order[:rows]
-        counts = np.empty(n, dtype=np.int64)
+        order, counts = self._scratch(rows, n)
         order_by_channel(dest, order, counts)
         if counts.max() == rows:
             yield int(dest[0]), None
             return
-        start = 0
-        for j, c in enumerate(counts.tolist()):
-            if c:
-                yield j, order[start:start + c]
-                start += c
+        for j, start, c in _runs(counts):
+            yield j, order[start:start + c]
 
     def batch(self, batch, dest, n):
         """``(consumer, RecordBatch)`` for each consumer with rows."""
@@ -74,22 +101,39 @@ class _Cut:
 
     def arrays(self, arrays, dest, n):
         """The same for 1-D numpy arrays of equal length: ``(consumer,
-        arrays)``, each piece gathered into arrays that the next reuses."""
+        arrays)``, every piece gathered in one call into arrays that the
+        next batch reuses (arrays of Python objects taken piece by piece)."""
+        if dest is None:
+            yield 0, arrays
+            return
+        if any(v.dtype.hasobject for v in arrays):
+            yield from self._take(arrays, dest, n)
+            return
+        rows = len(dest)
+        order, counts = self._scratch(rows, n)
+        out, raw = self._arrays(arrays, rows)
+        _gather_by_channel(dest, [_raw(v) for v in arrays], [r[:rows] for r in raw],
+                           order, counts)
+        if counts.max() == rows:
+            yield int(dest[0]), arrays
+            return
+        for j, start, c in _runs(counts):
+            yield j, [o[start:start + c] for o in out]
+
+    def _take(self, arrays, dest, n):
         for j, rows in self.split(dest, n):
             if rows is None:
                 yield j, arrays
                 continue
-            out = self._arrays(arrays)
             # order holds each row once, in range: clip checks nothing
-            yield j, [np.take(v, rows, out=o[:len(rows)], mode="clip")
-                      for v, o in zip(arrays, out)]
+            yield j, [np.take(v, rows, mode="clip") for v in arrays]
 
-    def _arrays(self, arrays):
-        rows = len(arrays[0])
+    def _arrays(self, arrays, rows):
         if (len(self._out) != len(arrays) or len(self._out[0]) < rows
                 or any(o.dtype != v.dtype for o, v in zip(self._out, arrays))):
             self._out = [np.empty(rows, dtype=v.dtype) for v in arrays]
-        return self._out
+            self._raw = [_raw(o) for o in self._out]
+        return self._out, self._raw
 
 
 class _Router:
