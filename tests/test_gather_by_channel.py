@@ -1,7 +1,11 @@
 """How a BatchWriter cuts a batch's columns: _gather_by_channel (every
 column grouped by channel in one C call) gives exactly what order_by_channel
 and a numpy take per column give, for every item width and stride, and a
-clear exception (never a crash, never a write) for a bad argument."""
+clear exception (never a crash, never a write) for a bad argument; and how
+a gate's deserializer assembles a record spanning buffers in a bytearray it
+reuses only once no batch views it."""
+
+import struct
 
 import numpy as np
 import pytest
@@ -9,8 +13,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from flinkbuf import RecordDeserializer
 from flinkbuf.io import order_by_channel
 from flinkbuf.io._io import _gather_by_channel
+from flinkbuf.serialization.codecs.columns import encode_parts
 
 CHANNEL_DTYPES = [np.int8, np.int16, np.int32, np.int64]
 # item widths 1, 2, 4, 8, 16 and others (the generic copy)
@@ -128,3 +134,54 @@ def test_a_datetime_column_is_gathered_as_its_items_bytes():
     out = np.empty(6, "M8[s]")
     _call(columns=[values.view(np.uint64)], outs=[out.view(np.uint64)])
     assert out.tolist() == values[[0, 4, 1, 3, 2, 5]].tolist()
+
+
+# ---- the receiving side's bytearrays -----------------------------------------------------
+
+def _record(batch):
+    payload = b"".join(bytes(memoryview(p).cast("B")) for p in encode_parts(batch))
+    return struct.pack(">I", len(payload)) + payload
+
+
+def _spanning(des, batch, chunk=20000):
+    """``batch`` fed to ``des`` in chunks (so assembled), and decoded."""
+    data = _record(batch)
+    for at in range(0, len(data), chunk):
+        des.feed(data[at:at + chunk])
+    [got] = list(des.records())
+    return got
+
+
+def _address(array):
+    return array.__array_interface__["data"][0]
+
+
+def test_a_dropped_batchs_memory_is_reused_and_a_held_ones_never():
+    des = RecordDeserializer(codec="arrow")
+    rng = np.random.default_rng(1)
+    held = []
+    for i in range(4):          # every batch held: none reused, none overwritten
+        sent = {"k": rng.integers(0, 1 << 60, 40000 + i)}
+        held.append((sent, _spanning(des, sent)))
+    for sent, got in held:
+        assert got["k"].tolist() == sent["k"].tolist()
+    assert len({_address(got["k"]) for _, got in held}) == 4
+    # the last two kept as spares: once dropped, the next records reuse them
+    addresses = {_address(got["k"]) for _, got in held[-2:]}
+    held.clear()
+    for i in range(6):
+        sent = {"k": rng.integers(0, 1 << 60, 40000 - i)}
+        got = _spanning(des, sent)
+        assert got["k"].tolist() == sent["k"].tolist()
+        assert _address(got["k"]) in addresses
+        del got
+
+
+def test_a_view_of_a_batch_keeps_its_memory_from_reuse():
+    des = RecordDeserializer(codec="arrow")
+    first = {"k": np.arange(50000)}
+    view = _spanning(des, first)["k"][10:20]     # the batch dropped, a view kept
+    for i in range(4):
+        sent = {"k": np.arange(50000) * (i + 2)}
+        assert _spanning(des, sent)["k"].tolist() == sent["k"].tolist()
+    assert view.tolist() == list(range(10, 20))

@@ -160,6 +160,8 @@ cdef class RecordDeserializer:
     cdef object _deferred             # an error to raise at the next _next_record
     cdef object _spare                # the last bytes record returned (see _bytes_value)
     cdef object _spare_older          # ... and the one before
+    cdef object _spare_array          # the last bytearray assembled (see _assembly_array)
+    cdef object _spare_array_older    # ... and the one before
     # what the deserializer reads (say "input channel 3"): named in its
     # errors; None: nothing
     cdef public object where

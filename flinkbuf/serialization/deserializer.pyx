@@ -538,6 +538,7 @@ cdef class RecordDeserializer:
         del self._ready[:]
         self._ready_head = 0
         self._spare = self._spare_older = None
+        self._spare_array = self._spare_array_older = None
         return self._release_input()
 
     # -- Python API -----------------------------------------------------------

@@ -9,6 +9,63 @@
 # Memory beyond ASSEMBLY_EAGER bytes is taken as the bytes arrive, so a
 # length prefix alone never costs more than that.
 
+cdef extern from *:
+    """
+    /* Whether bytearray o, which nobody but the caller references (reference
+     * count 1: no view of it either), can hold n bytes as it is: its whole
+     * allocation in use from its start, and n at least half of it (so that
+     * PyByteArray_Resize only sets the size).  Never where reference counts
+     * can change under us (no GIL). */
+    #if !defined(Py_GIL_DISABLED)
+    static inline int fb_bytearray_reusable(PyObject *o, Py_ssize_t n) {
+        PyByteArrayObject *b = (PyByteArrayObject *)o;
+        return Py_REFCNT(o) == 1 && PyByteArray_CheckExact(o) && b->ob_exports == 0
+            && b->ob_start == b->ob_bytes && n < b->ob_alloc && n >= b->ob_alloc / 2;
+    }
+    #else
+    static inline int fb_bytearray_reusable(PyObject *o, Py_ssize_t n) {
+        (void)o; (void)n;
+        return 0;
+    }
+    #endif
+    """
+    bint fb_bytearray_reusable(PyObject *o, Py_ssize_t n) noexcept
+
+# Records assembled in a bytearray of this many bytes are assembled again in
+# one of the last two such records' once the consumer dropped them (the
+# arrays of a batch view its record): below, malloc serves them from the
+# heap; above, a spare would pin much memory, and the copy dwarfs the cost of
+# fresh pages.  A new one is allocated with SPARE_ARRAY_SLACK more (never
+# touched until used), so that a slightly larger record fits it too.
+cdef Py_ssize_t SPARE_ARRAY_MIN = 1 << 16
+cdef Py_ssize_t SPARE_ARRAY_MAX = 4 << 20
+cdef Py_ssize_t SPARE_ARRAY_SLACK = 8         # 1/8 more
+
+
+cdef object _assembly_array(RecordDeserializer d, Py_ssize_t cap):
+    """A bytearray of ``cap`` bytes to assemble a record in: a spare (one
+    of the last two returned that nobody else references any more: no batch
+    views it) if one holds ``cap`` bytes, else a new one (remembered as a
+    spare if of a size worth it).  Its content is garbage: every byte is
+    written by the assembly before the record is decoded."""
+    cdef object ba
+    if cap < SPARE_ARRAY_MIN or cap > SPARE_ARRAY_MAX:
+        return PyByteArray_FromStringAndSize(NULL, cap)
+    if d._spare_array is not None and fb_bytearray_reusable(<PyObject *>d._spare_array, cap):
+        ba = d._spare_array
+    elif (d._spare_array_older is not None
+          and fb_bytearray_reusable(<PyObject *>d._spare_array_older, cap)):
+        ba = d._spare_array_older
+        d._spare_array_older = d._spare_array
+        d._spare_array = ba
+    else:
+        ba = PyByteArray_FromStringAndSize(NULL, cap + cap // SPARE_ARRAY_SLACK)
+        d._spare_array_older = d._spare_array
+        d._spare_array = ba
+    PyByteArray_Resize(ba, cap)          # within its allocation: sets the size
+    return ba
+
+
 cdef int _new_target(RecordDeserializer d, Py_ssize_t size, bint as_bytes) except -1:
     """Memory for a record (or its one bytes value) of ``size`` bytes.
     Up to ASSEMBLY_EAGER bytes, or what the input already holds, are
@@ -29,7 +86,7 @@ cdef int _new_target(RecordDeserializer d, Py_ssize_t size, bint as_bytes) excep
         d._target = PyBytes_FromStringAndSize(NULL, cap)
         d._dst = PyBytes_AS_STRING(d._target)
     else:
-        d._target = PyByteArray_FromStringAndSize(NULL, cap)
+        d._target = _assembly_array(d, cap)
         d._dst = PyByteArray_AS_STRING(d._target)
     d._target_is_value = as_bytes
     d._cap = cap
