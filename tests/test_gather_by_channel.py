@@ -1,9 +1,10 @@
 """How a BatchWriter cuts a batch's columns: _gather_by_channel (every
 column grouped by channel in one C call) gives exactly what order_by_channel
 and a numpy take per column give, for every item width and stride, and a
-clear exception (never a crash, never a write) for a bad argument; and how
-a gate's deserializer assembles a record spanning buffers in a bytearray it
-reuses only once no batch views it."""
+clear exception (never a crash, never a write) for a bad argument; how a
+gate's deserializer assembles a record spanning buffers in a bytearray it
+reuses only once no batch views it; and that a mapping's piece, emitted
+with its columns' layout made once, encodes as the mapping would."""
 
 import struct
 
@@ -16,7 +17,7 @@ from hypothesis.extra import numpy as hnp
 from flinkbuf import RecordDeserializer
 from flinkbuf.io import order_by_channel
 from flinkbuf.io._io import _gather_by_channel
-from flinkbuf.serialization.codecs.columns import encode_parts
+from flinkbuf.serialization.codecs.columns import NumpyLayout, NumpyValues, encode_parts
 
 CHANNEL_DTYPES = [np.int8, np.int16, np.int32, np.int64]
 # item widths 1, 2, 4, 8, 16 and others (the generic copy)
@@ -185,3 +186,25 @@ def test_a_view_of_a_batch_keeps_its_memory_from_reuse():
         sent = {"k": np.arange(50000) * (i + 2)}
         assert _spanning(des, sent)["k"].tolist() == sent["k"].tolist()
     assert view.tolist() == list(range(10, 20))
+
+
+# ---- a mapping piece's encoding ----------------------------------------------------------
+
+NUMPY_DTYPES = ["<i8", ">u2", "<f4", "?", "S4", "<U2", "<M8[ms]", ">m8[s]", "<c8"]
+
+
+@given(st.lists(st.sampled_from(NUMPY_DTYPES), min_size=1, max_size=4),
+       st.integers(0, 40), st.sampled_from(["k", "é" * 3, "a b"]))
+def test_a_piece_with_its_layout_encodes_as_its_mapping(dtypes, rows, name):
+    """NumpyValues (what a BatchWriter emits) writes the bytes that the
+    mapping of its names to its arrays would."""
+    rng = np.random.default_rng(rows)
+    names = [f"{name}{i}" for i in range(len(dtypes))]
+    arrays = [np.frombuffer(rng.bytes(2 * rows * np.dtype(d).itemsize), dtype=d)[::2]
+              for d in dtypes]
+    layout = NumpyLayout(names, [a.dtype for a in arrays])
+    want = b"".join(bytes(memoryview(p).cast("B"))
+                    for p in encode_parts(dict(zip(names, arrays))))
+    got = b"".join(bytes(memoryview(p).cast("B"))
+                   for p in encode_parts(NumpyValues(layout, rows, arrays)))
+    assert got == want

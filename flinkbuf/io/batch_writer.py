@@ -22,6 +22,8 @@ from flinkbuf.io._io import (
 from flinkbuf.io.batch_keys import check_key_type, partition_dtype, partitions
 from flinkbuf.serialization.codecs.columns import (
     ArrowValues,
+    NumpyLayout,
+    NumpyValues,
     check_columns,
     schema_values,
     value_views,
@@ -241,6 +243,7 @@ class BatchWriter:
         self._dtype = partition_dtype(n)
         self._kind = None
         self._cut = _Cut()
+        self._layout = None
         self._lock = threading.Lock()
         self._rows_out = 0
 
@@ -320,10 +323,24 @@ class BatchWriter:
         except TypeError as exc:
             raise TypeError(f"key column {self._key!r}: {exc}") from exc
         emit, router = self._writer.emit, self._router
+        layout = self._layout_of(names, arrays)
         for j, piece in self._cut.arrays(arrays, dest, self._n):
             router.channel = j
-            emit(dict(zip(names, piece)))
+            emit(dict(zip(names, piece)) if layout is None else
+                 NumpyValues(layout, len(piece[0]), piece))
         return rows
+
+    def _layout_of(self, names, arrays):
+        """The :class:`NumpyLayout` of these columns (the last batch's
+        while names and dtypes stay), or None with a column of objects."""
+        layout = self._layout
+        if (layout is None or len(layout.names) != len(names)
+                or any(a != b for a, b in zip(layout.names, names))
+                or any(a.dtype != d for a, d in zip(arrays, layout.dtypes))):
+            if any(a.dtype.hasobject for a in arrays):
+                return None
+            layout = self._layout = NumpyLayout(names, [a.dtype for a in arrays])
+        return layout
 
     def flush(self):
         """Hand every partly filled buffer to its subpartition now."""

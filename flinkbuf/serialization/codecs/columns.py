@@ -16,6 +16,7 @@ anything malformed is a :class:`~flinkbuf.errors.CorruptRecordError`.
 pyarrow is imported only for Arrow batches.
 """
 
+import functools
 import re
 import struct
 import sys
@@ -25,8 +26,9 @@ import numpy as np
 
 from flinkbuf.errors import CorruptRecordError
 
-__all__ = ["ALIGN", "ArrowValues", "KIND_ARROW_IPC", "KIND_ARROW_VALUES", "KIND_NUMPY", "check_columns",
-           "decode_piece", "encode_parts", "schema_values", "value_type", "value_views"]
+__all__ = ["ALIGN", "ArrowValues", "KIND_ARROW_IPC", "KIND_ARROW_VALUES", "KIND_NUMPY",
+           "NumpyLayout", "NumpyValues", "check_columns", "decode_piece", "encode_parts",
+           "schema_values", "value_type", "value_views"]
 
 MAGIC = b"FBC"
 KIND_NUMPY, KIND_ARROW_VALUES, KIND_ARROW_IPC = 1, 2, 3
@@ -81,6 +83,47 @@ def check_columns(columns):
     return names, arrays, rows or 0
 
 
+def _column_head(name, dtype):
+    """A numpy column's header entry but its size: its name and dtype."""
+    encoded = name.encode("utf-8")
+    if len(encoded) > 0xFFFF:
+        raise ValueError(f"column name {name[:40]!r}... is longer than 65535 bytes")
+    return _COLUMN_NAME.pack(len(encoded)) + encoded + bytes((len(dtype),)) + dtype
+
+
+class NumpyLayout:
+    """The header of the numpy pieces of columns ``names`` of ``dtypes``
+    (checked by :func:`check_columns`, none of Python objects), made once:
+    :meth:`header` of a piece of so many rows."""
+
+    __slots__ = ("names", "dtypes", "_struct", "_heads", "_itemsizes")
+
+    def __init__(self, names, dtypes):
+        self.names, self.dtypes = tuple(names), tuple(dtypes)
+        self._heads = [_column_head(n, d.str.encode("ascii")) for n, d in zip(names, dtypes)]
+        self._struct = struct.Struct("<I" + "".join(f"{len(h)}sQ" for h in self._heads))
+        self._itemsizes = [d.itemsize for d in dtypes]
+
+    def header(self, rows):
+        """The header of a piece of ``rows`` rows."""
+        args = [len(self._heads)]
+        for head, size in zip(self._heads, self._itemsizes):
+            args += (head, rows * size)
+        return self._struct.pack(*args)
+
+
+class NumpyValues:
+    """A piece of a mapping batch: ``layout`` (its columns'
+    :class:`NumpyLayout`), ``rows`` and ``arrays`` (its columns, 1-D numpy
+    arrays of the layout's dtypes).  It encodes as the mapping of the
+    layout's names to the arrays would, without checking them again."""
+
+    __slots__ = ("layout", "rows", "arrays")
+
+    def __init__(self, layout, rows, arrays):
+        self.layout, self.rows, self.arrays = layout, rows, arrays
+
+
 def _numpy_parts(columns):
     names, arrays, rows = check_columns(columns)
     header, sections = [struct.pack("<I", len(names))], []
@@ -96,11 +139,7 @@ def _numpy_parts(columns):
         else:
             data = np.ascontiguousarray(values).view(np.uint8)
             dtype = values.dtype.str.encode("ascii")
-        encoded = name.encode("utf-8")
-        if len(encoded) > 0xFFFF:
-            raise ValueError(f"column name {name[:40]!r}... is longer than 65535 bytes")
-        header += [_COLUMN_NAME.pack(len(encoded)), encoded, bytes((len(dtype),)), dtype,
-                   _COLUMN_SIZE.pack(len(data))]
+        header += [_column_head(name, dtype), _COLUMN_SIZE.pack(len(data))]
         sections.append(data)
     return rows, b"".join(header), sections
 
@@ -201,6 +240,9 @@ def encode_parts(record):
     if type(record) is ArrowValues:
         kind, rows, header = KIND_ARROW_VALUES, record.rows, record.schema
         sections = [a.view(np.uint8) for a in record.arrays]
+    elif type(record) is NumpyValues:
+        kind, rows, header = KIND_NUMPY, record.rows, record.layout.header(record.rows)
+        sections = [np.ascontiguousarray(a).view(np.uint8) for a in record.arrays]
     elif _is_record_batch(record):
         kind, rows, header, sections = _arrow_parts(record)
     elif isinstance(record, Mapping):
@@ -277,7 +319,10 @@ def _numpy_header(header):
     return columns
 
 
+@functools.lru_cache(maxsize=_SCHEMA_CACHE_SIZE)
 def _dtype(text):
+    """The dtype a column's header names (``text``), checked; the last
+    ones read are remembered (a piece's columns mostly repeat the last's)."""
     if not _DTYPE.fullmatch(text):
         raise _corrupt(f"dtype {text!r} is not one a batch carries")
     try:
