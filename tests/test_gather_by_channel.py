@@ -81,6 +81,33 @@ def test_each_channels_values_are_its_rows_in_input_order(batch):
         start += len(rows)
 
 
+@given(batches())
+def test_without_an_order_the_columns_and_counts_are_the_same(batch):
+    """order None (BatchWriter's call): the columns scattered straight to
+    their channels' places (many rows) or gathered through an order of its
+    own (few), identical to the ordered call."""
+    channels, num_channels, columns = batch
+    _, counts, outs = _as_gathered(channels, num_channels, columns)
+    bare_counts = np.full(num_channels, -1, dtype=np.int64)
+    bare_outs = [np.zeros(len(channels), dtype=c.dtype) for c in columns]
+    assert _gather_by_channel(channels, list(columns), bare_outs, None, bare_counts) is None
+    assert bare_counts.tolist() == counts.tolist()
+    for out, bare in zip(outs, bare_outs):
+        assert bare.tobytes() == out.tobytes()
+
+
+def test_an_order_of_none_still_checks_everything_before_writing():
+    channels = np.zeros(4096, np.int8)
+    channels[3000] = 5
+    counts = np.full(3, -1, np.int64)
+    out = np.full(4096, -1, np.int64)
+    with pytest.raises(ValueError, match=r"channel 5 of row 3000 is not in \[0, 3\)"):
+        _gather_by_channel(channels, [np.arange(4096)], [out], None, counts)
+    assert counts.tolist() == [-1] * 3 and (out == -1).all()
+    with pytest.raises(TypeError, match="order must be an array of int32 or int64"):
+        _gather_by_channel(channels, [], [], np.zeros(4096, np.float64), counts)
+
+
 def test_other_columns_are_left_alone_and_an_empty_list_only_orders():
     channels = np.array([1, 0, 1, 0], dtype=np.int8)
     order, counts, outs = _as_gathered(channels, 2, [])

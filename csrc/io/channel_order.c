@@ -102,16 +102,24 @@
             }                                                                      \
     } while (0)
 
+static void scatter_column(const fb_column *column, const void *channels, int width,
+                           size_t n, int32_t num_channels, const size_t *lane, size_t *pos);
+
+/* With `columns` (num_columns of them), each column is scattered by the
+ * lanes' slots as they are counted, and `order` (NULL: not wanted) is
+ * placed only when asked for. */
 static int order_in_lanes(const void *channels, int width, size_t n, int32_t num_channels,
-                          void *order, int order_width, int64_t *counts, size_t *bad,
+                          void *order, int order_width, int64_t *counts,
+                          const fb_column *columns, size_t num_columns, size_t *bad,
                           int64_t *bad_channel)
 {
-    size_t i, m = n / LANES, start = 0, k, *lane;
+    size_t i, m = n / LANES, start = 0, k, *lane, *pos;
     int64_t value = 0;
     int32_t ch;
-    lane = calloc((size_t)LANES * (size_t)num_channels, sizeof *lane);
+    lane = calloc((size_t)2 * LANES * (size_t)num_channels, sizeof *lane);
     if (lane == NULL)
         return FB_ENOMEM;
+    pos = lane + (size_t)LANES * (size_t)num_channels;
     switch (width) {
     case 1: LANE_COUNT(int8_t); break;
     case 2: LANE_COUNT(int16_t); break;
@@ -129,11 +137,15 @@ static int order_in_lanes(const void *channels, int width, size_t n, int32_t num
         }
         counts[ch] = total;
     }
-    switch (width) {
-    case 1: LANE_PLACE(int8_t); break;
-    case 2: LANE_PLACE(int16_t); break;
-    case 4: LANE_PLACE(int32_t); break;
-    default: LANE_PLACE(int64_t); break;
+    for (k = 0; k < num_columns; k++)
+        scatter_column(&columns[k], channels, width, n, num_channels, lane, pos);
+    if (order != NULL) {
+        switch (width) {
+        case 1: LANE_PLACE(int8_t); break;
+        case 2: LANE_PLACE(int16_t); break;
+        case 4: LANE_PLACE(int32_t); break;
+        default: LANE_PLACE(int64_t); break;
+        }
     }
     free(lane);
     return FB_OK;
@@ -171,7 +183,7 @@ int fb_order_by_channel(const void *channels, int width, size_t n, int32_t num_c
     }
     if (n >= LANES_MIN_ROWS && n / LANES >= (size_t)num_channels)
         return order_in_lanes(channels, width, n, num_channels, order, order_width, counts,
-                              bad, bad_channel);
+                              NULL, 0, bad, bad_channel);
     next = calloc((size_t)num_channels, sizeof *next);
     if (next == NULL)
         return FB_ENOMEM;
@@ -239,6 +251,57 @@ static void gather_column(const fb_column *column, const void *order, int order_
     }
 }
 
+/* Scattering: item i of a column to the next free slot of its row's channel
+ * in the lane of row i (the lanes' slots as LANE_PLACE_TO uses them), for
+ * channels of type T and items of SIZE bytes: the source read in order, no
+ * order array written or read. */
+#define SCATTER_TO(T, SIZE)                                                        \
+    do {                                                                           \
+        const T *c = (const T *)channels;                                          \
+        size_t *n0 = pos, *n1 = pos + num_channels;                                \
+        size_t *n2 = pos + 2 * (size_t)num_channels;                               \
+        size_t *n3 = pos + 3 * (size_t)num_channels;                               \
+        const char *s0 = src, *s1 = src + (ptrdiff_t)m * stride;                   \
+        const char *s2 = src + 2 * (ptrdiff_t)m * stride;                          \
+        const char *s3 = src + 3 * (ptrdiff_t)m * stride;                          \
+        for (i = 0; i < m; i++) {                                                  \
+            memcpy(dst + n0[c[i]]++ * (SIZE), s0, (SIZE));                         \
+            memcpy(dst + n1[c[m + i]]++ * (SIZE), s1, (SIZE));                     \
+            memcpy(dst + n2[c[2 * m + i]]++ * (SIZE), s2, (SIZE));                 \
+            memcpy(dst + n3[c[3 * m + i]]++ * (SIZE), s3, (SIZE));                 \
+            s0 += stride; s1 += stride; s2 += stride; s3 += stride;                \
+        }                                                                          \
+        for (i = LANES * m; i < n; i++)                                            \
+            memcpy(dst + n3[c[i]]++ * (SIZE), src + (ptrdiff_t)i * stride, (SIZE));  \
+    } while (0)
+#define SCATTER(SIZE)                                                              \
+    do {                                                                           \
+        switch (width) {                                                           \
+        case 1: SCATTER_TO(int8_t, SIZE); break;                                   \
+        case 2: SCATTER_TO(int16_t, SIZE); break;                                  \
+        case 4: SCATTER_TO(int32_t, SIZE); break;                                  \
+        default: SCATTER_TO(int64_t, SIZE); break;                                 \
+        }                                                                          \
+    } while (0)
+
+static void scatter_column(const fb_column *column, const void *channels, int width,
+                           size_t n, int32_t num_channels, const size_t *lane, size_t *pos)
+{
+    const char *src = (const char *)column->values;
+    char *dst = (char *)column->out;
+    ptrdiff_t stride = column->stride;
+    size_t i, m = n / LANES, size = column->itemsize;
+    memcpy(pos, lane, (size_t)LANES * (size_t)num_channels * sizeof *pos);
+    switch (size) {
+    case 1: SCATTER(1); break;
+    case 2: SCATTER(2); break;
+    case 4: SCATTER(4); break;
+    case 8: SCATTER(8); break;
+    case 16: SCATTER(16); break;
+    default: SCATTER(size); break;
+    }
+}
+
 int fb_gather_by_channel(const void *channels, int width, size_t n, int32_t num_channels,
                          void *order, int order_width, int64_t *counts,
                          const fb_column *columns, size_t num_columns, size_t *bad,
@@ -246,14 +309,28 @@ int fb_gather_by_channel(const void *channels, int width, size_t n, int32_t num_
 {
     size_t k;
     int rc;
+    void *own = NULL;
     for (k = 0; k < num_columns; k++)
         if (columns[k].itemsize == 0)
             return FB_EINVAL;
+    if (num_channels >= 1 && (width == 1 || width == 2 || width == 4 || width == 8)
+            && (order == NULL || order_width == 4 || order_width == 8)
+            && n >= LANES_MIN_ROWS && n / LANES >= (size_t)num_channels
+            && (order == NULL || order_width == 8 || n <= (size_t)INT32_MAX))
+        return order_in_lanes(channels, width, n, num_channels, order, order_width, counts,
+                              columns, num_columns, bad, bad_channel);
+    if (order == NULL) {        /* few rows or many channels: order, then gather */
+        own = malloc(n ? n * sizeof(int64_t) : 1);
+        if (own == NULL)
+            return FB_ENOMEM;
+        order = own;
+        order_width = 8;
+    }
     rc = fb_order_by_channel(channels, width, n, num_channels, order, order_width, counts,
                              bad, bad_channel);
-    if (rc != FB_OK)
-        return rc;
-    for (k = 0; k < num_columns; k++)
-        gather_column(&columns[k], order, order_width, n);
-    return FB_OK;
+    if (rc == FB_OK)
+        for (k = 0; k < num_columns; k++)
+            gather_column(&columns[k], order, order_width, n);
+    free(own);
+    return rc;
 }

@@ -41,9 +41,14 @@ int fb_order_by_channel(const void *channels, int width, size_t n, int32_t num_c
  * column by channel).  What a producer needs to cut a batch's columns into
  * one piece per consumer, in one pass per column.
  *
+ * `order` may be NULL when only the columns are wanted: with enough rows
+ * per channel (at least 1024 rows and 4 per channel) each column is then
+ * scattered straight to its channel's place, reading it once in input
+ * order, and no order is made.
+ *
  * Returns what fb_order_by_channel returns, with its *bad and *bad_channel;
- * FB_EINVAL also for a column of itemsize 0.  On an error no column is
- * written. */
+ * FB_EINVAL also for a column of itemsize 0; FB_ENOMEM if the working
+ * tables could not be had.  On an error no column is written. */
 int fb_gather_by_channel(const void *channels, int width, size_t n, int32_t num_channels,
                          void *order, int order_width, int64_t *counts,
                          const fb_column *columns, size_t num_columns, size_t *bad,

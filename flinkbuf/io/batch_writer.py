@@ -112,10 +112,10 @@ class _Cut:
             yield from self._take(arrays, dest, n)
             return
         rows = len(dest)
-        order, counts = self._scratch(rows, n)
+        _, counts = self._scratch(0, n)
         out, raw = self._arrays(arrays, rows)
         _gather_by_channel(dest, [_raw(v) for v in arrays], [r[:rows] for r in raw],
-                           order, counts)
+                           None, counts)
         if counts.max() == rows:
             yield int(dest[0]), arrays
             return

@@ -39,6 +39,21 @@ def order_by_channel(channels, order, counts):
     _raise_for_order(rc, bad, bad_channel, num_channels)
 
 
+cdef int _check_order(Py_buffer *ov, size_t n) except -1:
+    """An order of int32 or int64, one per row of ``n``."""
+    if (_key_kind(ov.format.decode("ascii"), ov.itemsize, "order") != FB_KEYS_SIGNED
+            or ov.itemsize not in (4, 8)):
+        raise TypeError(f"order must be an array of int32 or int64, got format "
+                        f"{ov.format.decode('ascii')!r}")
+    if <size_t>(ov.len // ov.itemsize) != n:
+        raise ValueError(f"order must hold one item per channel: {n} channels, "
+                         f"{ov.len // ov.itemsize} items in order")
+    if ov.itemsize == 4 and n > 2147483647:
+        raise ValueError(f"order holds 32-bit integers, too narrow for {n} rows: "
+                         f"use int64")
+    return 0
+
+
 cdef int _raise_for_order(int rc, size_t bad, int64_t bad_channel,
                           Py_ssize_t num_channels) except -1:
     if rc == FB_ENOMEM:
@@ -49,10 +64,11 @@ cdef int _raise_for_order(int rc, size_t bad, int64_t bad_channel,
 
 
 cdef Py_ssize_t _get_order_args(object channels, object order, object counts, Py_buffer *cv,
-                                Py_buffer *ov, Py_buffer *nv) except -1:
+                                Py_buffer *ov, Py_buffer *nv, bint order_optional=False) except -1:
     """The buffers of :func:`order_by_channel`'s arguments, checked, in
     ``cv``, ``ov`` and ``nv`` (none held if it raises); returns the number
-    of channels."""
+    of channels.  With ``order_optional``, an ``order`` of None leaves
+    ``ov`` empty (its ``buf`` and ``obj`` NULL)."""
     cdef int flags = PyBUF_FORMAT | PyBUF_STRIDES
     cdef size_t n
     cdef Py_ssize_t num_channels
@@ -62,18 +78,13 @@ cdef Py_ssize_t _get_order_args(object channels, object order, object counts, Py
             raise TypeError(f"channels must be an array of signed integers (int8 to int64), "
                             f"got format {cv.format.decode('ascii')!r}")
         n = <size_t>(cv.len // cv.itemsize)
-        _get_vector(order, ov, flags | PyBUF_WRITABLE, "order")
+        if order is None and order_optional:
+            memset(ov, 0, sizeof(Py_buffer))     # nothing held: releasing it is a no-op
+        else:
+            _get_vector(order, ov, flags | PyBUF_WRITABLE, "order")
         try:
-            if (_key_kind(ov.format.decode("ascii"), ov.itemsize, "order") != FB_KEYS_SIGNED
-                    or ov.itemsize not in (4, 8)):
-                raise TypeError(f"order must be an array of int32 or int64, got format "
-                                f"{ov.format.decode('ascii')!r}")
-            if <size_t>(ov.len // ov.itemsize) != n:
-                raise ValueError(f"order must hold one item per channel: {n} channels, "
-                                 f"{ov.len // ov.itemsize} items in order")
-            if ov.itemsize == 4 and n > 2147483647:
-                raise ValueError(f"order holds 32-bit integers, too narrow for {n} rows: "
-                                 f"use int64")
+            if order is not None or not order_optional:
+                _check_order(ov, n)
             _get_vector(counts, nv, flags | PyBUF_WRITABLE, "counts")
             try:
                 if (_key_kind(nv.format.decode("ascii"), nv.itemsize, "counts")
@@ -101,6 +112,8 @@ def _gather_by_channel(channels, columns, outs, order, counts):
     gathered in that order into the array of ``outs`` at its place, in C
     without the GIL: channel ``c``'s values are ``out[start:start +
     counts[c]]`` of each out, in input order (BatchWriter's pieces).
+    ``order`` None: only the columns are wanted (scattered in one pass
+    each when the rows are many enough), and no order is written.
 
     A column: a one-dimensional array of ``len(channels)`` items of any
     fixed width (strided too; not of Python objects); its out: a writable,
@@ -123,7 +136,7 @@ def _gather_by_channel(channels, columns, outs, order, counts):
     try:
         if views == NULL or cols == NULL:
             raise MemoryError(f"no memory for the views of {m} columns")
-        num_channels = _get_order_args(channels, order, counts, &cv, &ov, &nv)
+        num_channels = _get_order_args(channels, order, counts, &cv, &ov, &nv, True)
         n = <size_t>(cv.len // cv.itemsize)
         try:
             for k in range(m):
@@ -137,7 +150,8 @@ def _gather_by_channel(channels, columns, outs, order, counts):
                 cols[k].out = views[2 * k + 1].buf
             with nogil:
                 rc = fb_gather_by_channel(cv.buf, <int>cv.itemsize, n, <int32_t>num_channels,
-                                          ov.buf, <int>ov.itemsize, <int64_t *>nv.buf, cols,
+                                          ov.buf, <int>ov.itemsize if ov.buf != NULL else 8,
+                                          <int64_t *>nv.buf, cols,
                                           <size_t>m, &bad, &bad_channel)
         finally:
             PyBuffer_Release(&nv)
