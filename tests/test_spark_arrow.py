@@ -216,3 +216,43 @@ def test_the_arrow_codec_is_arrow_exchange_s():
     assert (options.key, options.codec) == ("k", "arrow")
     with pytest.raises(TypeError, match="key must be a column name"):
         check_options(2, None, key=0, codec="arrow", produce=print, **common)
+
+
+_SPARK_TYPES = ["ByteType()", "ShortType()", "IntegerType()", "LongType()", "FloatType()",
+                "DoubleType()", "BooleanType()", "StringType()", "BinaryType()", "NullType()",
+                "DecimalType(10, 2)", "DateType()", "TimestampType()",
+                "ArrayType(IntegerType())", "MapType(StringType(), LongType())",
+                "StructType([StructField('x', LongType())])", "DayTimeIntervalType()"]
+
+
+@pytest.mark.parametrize("spark_type", _SPARK_TYPES)
+def test_a_spark_key_column_is_refused_up_front_exactly_when_a_task_would_refuse_it(spark_type):
+    """arrow_exchange checks a DataFrame's key column before the job by
+    the rule BatchWriter applies to the task's Arrow batches: one rule."""
+    import types
+
+    import pyspark.sql.types as T
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    from flinkbuf.io.batch_keys import check_key_type
+    from flinkbuf.spark.arrow import _check_key_column
+
+    data_type = eval(spark_type, vars(T))      # noqa: S307 - the names above
+    df = types.SimpleNamespace(columns=["k"], schema=T.StructType([T.StructField("k", data_type)]))
+    column = pa.nulls(3, to_arrow_type(data_type, timezone="UTC"))
+    task_refuses = up_front_refuses = None
+    try:
+        check_key_type("k", column)
+    except TypeError as exc:
+        task_refuses = str(exc)
+    try:
+        _check_key_column(df, "k")
+    except TypeError as exc:
+        up_front_refuses = str(exc)
+    assert (task_refuses is None) == (up_front_refuses is None), (task_refuses, up_front_refuses)
+    if up_front_refuses:
+        assert up_front_refuses.startswith(
+            f"cannot hash key column 'k' of type {data_type.simpleString()} as Java would")
+    assert (up_front_refuses is None) == (spark_type.split("(")[0] in {
+        "ByteType", "ShortType", "IntegerType", "LongType", "FloatType", "DoubleType",
+        "BooleanType", "StringType", "BinaryType", "NullType"})

@@ -15,7 +15,8 @@ import numpy as np
 from flinkbuf.checks import check_int
 from flinkbuf.io._io import assign_key_to_operator, assign_keys_to_operators, java_hash_code
 
-__all__ = ["check_key_type", "is_arrow", "key_partitions", "partition_dtype", "partitions"]
+__all__ = ["check_key_type", "is_arrow", "is_key_type", "key_partitions", "key_type_error",
+           "partition_dtype", "partitions"]
 
 
 def partition_dtype(num_partitions):
@@ -117,29 +118,41 @@ def partitions(keys, num_partitions, max_parallelism, dtype=np.int64):
     return _numpy_partitions(keys, num_partitions, max_parallelism, dtype)
 
 
+def is_key_type(arrow_type):
+    """Whether keys of the Arrow type ``arrow_type`` hash as Java would:
+    integers, floats, booleans, strings, bytes, nulls, and dictionaries of
+    those (the one rule for key columns, Spark's included)."""
+    import pyarrow as pa
+
+    t = arrow_type.value_type if pa.types.is_dictionary(arrow_type) else arrow_type
+    return any(test(t) for test in (
+        pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean, pa.types.is_string,
+        pa.types.is_large_string, pa.types.is_binary, pa.types.is_large_binary,
+        pa.types.is_null))
+
+
+def key_type_error(name, what):
+    """The TypeError of key column ``name`` of a type (``what``) that
+    cannot be hashed as Java would."""
+    return TypeError(f"cannot hash key column {name!r} of type {what} as Java would: key "
+                     f"columns hold integers, floats, booleans, strings or bytes (cast it, "
+                     f"say to int64 or a string)")
+
+
 def check_key_type(name, column):
     """TypeError naming column ``name`` unless its keys (an Arrow array or
-    a numpy array) are of a type the hash selector hashes as Java does:
-    integers, floats, booleans, strings, bytes (and nulls, objects of
-    those types)."""
+    a numpy array) are of a type the hash selector hashes as Java does
+    (:func:`is_key_type`; numpy: integers, floats, booleans, strings,
+    bytes, and objects of those types)."""
     if is_arrow(column):
-        import pyarrow as pa
-
-        t = column.type
-        value_type = t.value_type if pa.types.is_dictionary(t) else t
-        if any(test(value_type) for test in (
-                pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean,
-                pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
-                pa.types.is_large_binary, pa.types.is_null)):
+        if is_key_type(column.type):
             return
-        what = str(t)
+        what = str(column.type)
     elif column.dtype.kind in "biufOUS":
         return
     else:
         what = str(column.dtype)
-    raise TypeError(f"cannot hash key column {name!r} of type {what} as Java would: key "
-                    f"columns hold integers, floats, booleans, strings or bytes (cast it, "
-                    f"say to int64 or a string)")
+    raise key_type_error(name, what)
 
 
 def _as_key_array(keys):

@@ -11,7 +11,7 @@ rebuilds each piece as a RecordBatch over the received record's memory.
 
 from flinkbuf.checks import check_int
 from flinkbuf.io import default_max_parallelism, partition_buffers, task_segments
-from flinkbuf.io.batch_keys import key_partitions
+from flinkbuf.io.batch_keys import is_key_type, key_partitions, key_type_error
 from flinkbuf.spark import live
 from flinkbuf.spark._dataframe import exchange_input
 from flinkbuf.spark._prepare import prepare
@@ -27,10 +27,6 @@ _SEGMENT_SIZE_MAX = 256 << 10
 _SEGMENT_SIZE_MIN = 32 << 10
 _TASK_BUFFERS_BUDGET = 8 << 20
 # Spark's types of the key columns arrow_exchange hashes (as Java would).
-_KEY_TYPES = frozenset(("boolean", "byte", "short", "integer", "long", "float", "double",
-                        "string", "binary"))
-
-
 def default_segment_size(num_tasks, buffers_per_channel=2, floating_buffers=8):
     """arrow_exchange's network buffer size for ``num_tasks`` tasks:
     256 KiB, halved (to 32 KiB at the least) while the buffers of a task
@@ -189,8 +185,13 @@ def _check_key_column(df, key):
     hashes as Java would."""
     if key not in df.columns:
         raise ValueError(f"key {key!r} is not a column of the DataFrame ({', '.join(df.columns)})")
-    key_type = df.schema[key].dataType.typeName()
-    if key_type not in _KEY_TYPES:
-        raise TypeError(f"cannot hash key column {key!r} of type {key_type}: key columns are "
-                        f"{', '.join(sorted(_KEY_TYPES))} (cast it, say to a string)")
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    data_type = df.schema[key].dataType
+    try:
+        arrow_type = to_arrow_type(data_type)
+    except Exception:                # noqa: BLE001 - a type Arrow cannot carry
+        arrow_type = None
+    if arrow_type is None or not is_key_type(arrow_type):
+        raise key_type_error(key, data_type.simpleString())
 
