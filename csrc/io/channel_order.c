@@ -102,8 +102,9 @@
             }                                                                      \
     } while (0)
 
-static void scatter_column(const fb_column *column, const void *channels, int width,
-                           size_t n, int32_t num_channels, const size_t *lane, size_t *pos);
+static void scatter_columns(const fb_column *columns, size_t num_columns,
+                            const void *channels, int width, size_t n, int32_t num_channels,
+                            const int64_t *counts, const size_t *lane, size_t *pos);
 
 /* With `columns` (num_columns of them), each column is scattered by the
  * lanes' slots as they are counted, and `order` (NULL: not wanted) is
@@ -137,8 +138,8 @@ static int order_in_lanes(const void *channels, int width, size_t n, int32_t num
         }
         counts[ch] = total;
     }
-    for (k = 0; k < num_columns; k++)
-        scatter_column(&columns[k], channels, width, n, num_channels, lane, pos);
+    scatter_columns(columns, num_columns, channels, width, n, num_channels, counts, lane,
+                    pos);
     if (order != NULL) {
         switch (width) {
         case 1: LANE_PLACE(int8_t); break;
@@ -299,6 +300,66 @@ static void scatter_column(const fb_column *column, const void *channels, int wi
     case 8: SCATTER(8); break;
     case 16: SCATTER(16); break;
     default: SCATTER(size); break;
+    }
+}
+
+/* Few channels: one pass over the rows per channel, the channel's items
+ * written in place with no counter in memory: each row writes its item at
+ * the channel's next slot and moves the slot on only when the row is the
+ * channel's, so a slot ends up holding its row's item (another row's item
+ * written there first is overwritten); past the channel's last slot the
+ * writes go to a spare.  Nothing outside the channel's slots is written. */
+#define COMPRESS_MAX 4
+#define COMPRESS_TO(T, SIZE)                                                       \
+    do {                                                                           \
+        const T *c = (const T *)channels;                                          \
+        for (ch = 0; ch < num_channels; ch++) {                                    \
+            size_t p = start, end = start + (size_t)counts[ch];                    \
+            for (i = 0; i < n; i++) {                                              \
+                char *d = p < end ? dst + p * (SIZE) : spare;                      \
+                memcpy(d, src + (ptrdiff_t)i * stride, (SIZE));                    \
+                p += c[i] == (T)ch;                                                \
+            }                                                                      \
+            start = end;                                                           \
+        }                                                                          \
+    } while (0)
+#define COMPRESS(SIZE)                                                             \
+    do {                                                                           \
+        switch (width) {                                                           \
+        case 1: COMPRESS_TO(int8_t, SIZE); break;                                  \
+        case 2: COMPRESS_TO(int16_t, SIZE); break;                                 \
+        case 4: COMPRESS_TO(int32_t, SIZE); break;                                 \
+        default: COMPRESS_TO(int64_t, SIZE); break;                                \
+        }                                                                          \
+    } while (0)
+
+static void compress_column(const fb_column *column, const void *channels, int width,
+                            size_t n, int32_t num_channels, const int64_t *counts)
+{
+    const char *src = (const char *)column->values;
+    char *dst = (char *)column->out;
+    char spare[16];
+    ptrdiff_t stride = column->stride;
+    size_t i, start = 0;
+    int32_t ch;
+    switch (column->itemsize) {
+    case 4: COMPRESS(4); break;
+    case 8: COMPRESS(8); break;
+    case 16: COMPRESS(16); break;
+    }
+}
+
+static void scatter_columns(const fb_column *columns, size_t num_columns,
+                            const void *channels, int width, size_t n, int32_t num_channels,
+                            const int64_t *counts, const size_t *lane, size_t *pos)
+{
+    size_t k, size;
+    for (k = 0; k < num_columns; k++) {
+        size = columns[k].itemsize;
+        if (num_channels <= COMPRESS_MAX && (size == 4 || size == 8 || size == 16))
+            compress_column(&columns[k], channels, width, n, num_channels, counts);
+        else
+            scatter_column(&columns[k], channels, width, n, num_channels, lane, pos);
     }
 }
 

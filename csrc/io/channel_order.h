@@ -42,9 +42,9 @@ int fb_order_by_channel(const void *channels, int width, size_t n, int32_t num_c
  * one piece per consumer, in one pass per column.
  *
  * `order` may be NULL when only the columns are wanted: with enough rows
- * per channel (at least 1024 rows and 4 per channel) each column is then
- * scattered straight to its channel's place, reading it once in input
- * order, and no order is made.
+ * per channel (at least 1024 rows and 4 per channel) each column's items
+ * then go straight to their channels' places (no order is made, none
+ * read back).
  *
  * Returns what fb_order_by_channel returns, with its *bad and *bad_channel;
  * FB_EINVAL also for a column of itemsize 0; FB_ENOMEM if the working
