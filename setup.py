@@ -3,10 +3,15 @@
 Environment switches:
   FLINKBUF_DEBUG=1        live-object counters and C asserts (the test build)
   FLINKBUF_SANITIZE=address   AddressSanitizer build (implies debug, -O1 -g)
+
+Cython and the C compiler run on every CPU this process may use, unless
+``build_ext --parallel N`` (``-j N``) says otherwise.
 """
 
+import multiprocessing
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy
 from Cython.Build import cythonize
@@ -110,6 +115,20 @@ def _embed_class_signatures():
 
 
 _embed_class_signatures()
+
+
+def _cpus():
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:      # not on Linux
+        return os.cpu_count() or 1
+
+
+def _cython_jobs():
+    """Processes for Cython: forked ones only, which inherit the transform
+    above (a spawned process would import a Cython without it)."""
+    return _cpus() if multiprocessing.get_start_method() == "fork" else 0
+
 
 MODE = f"asan-{SANITIZE}" if SANITIZE else "debug" if DEBUG else "release"
 CYTHON_BUILD_DIR = f"build/cython-{MODE}"
@@ -226,6 +245,8 @@ class BuildExt(build_ext):
         if self.build_temp is None:  # objects of each mode apart, unless told otherwise
             self.build_temp = os.path.join("build", f"temp-{MODE}")
         super().finalize_options()
+        if self.parallel in (None, True):
+            self.parallel = _cpus()
 
     def run(self):
         try:
@@ -251,6 +272,8 @@ class BuildExt(build_ext):
             # flinkbuf._testing sits beside the library, flinkbuf.io._io one below
             up = "/.." * (e.name.count(".") - 1)
             e.extra_link_args = [*ldflags, library, f"-Wl,-rpath,$ORIGIN{up}"]
+        # The largest C first, so that parallel jobs end close together.
+        self.extensions.sort(key=lambda e: -sum(map(os.path.getsize, e.sources)))
         super().build_extensions()
 
     def _build_library(self):
@@ -260,9 +283,12 @@ class BuildExt(build_ext):
         headers = sorted(_csrc_headers())
         if not (self.force or _older_than_any(library, [*sources, *headers, __file__])):
             return
-        objects = self.compiler.compile(sources, output_dir=self.build_temp, macros=macros,
-                                        include_dirs=["csrc"], extra_postargs=cflags,
-                                        depends=headers)
+        def compile_unit(source):
+            return self.compiler.compile([source], output_dir=self.build_temp, macros=macros,
+                                         include_dirs=["csrc"], extra_postargs=cflags,
+                                         depends=headers)
+        with ThreadPoolExecutor(max_workers=self.parallel) as jobs:
+            objects = [o for unit in jobs.map(compile_unit, sources) for o in unit]
         # The soname is what each extension records and the loader looks
         # for along the extension's rpath.
         self.compiler.link_shared_object(objects, library, libraries=LIBRARIES,
@@ -299,5 +325,6 @@ setup(
         # Debug and release builds must not share generated C.
         build_dir=CYTHON_BUILD_DIR,
         force=_c_older_than_setup() or None,
+        nthreads=_cython_jobs(),
     ),
 )

@@ -37,7 +37,7 @@ import flinkbuf.io as fio
 import flinkbuf.serialization as fser
 
 HANG_SECONDS = 60          # one call that long is a hang: dump and exit
-WAKE_SECONDS = 0.5         # then the example's objects are closed under the call
+WAKE_SECONDS = 0.05        # then the example's objects are closed under the call
 
 # Errors that say the program has a bug rather than that the arguments
 # were wrong.  (AttributeError from a setattr of a read-only property is
@@ -554,15 +554,51 @@ def _draw_call(data, target):
     return args, kwargs
 
 
+class Waker:
+    """One thread for the whole run that closes an example's objects when
+    the call into them has not returned ``WAKE_SECONDS`` after it began (a
+    thread started per call would cost more than most calls)."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._world = self._deadline = None
+        self._woke = False
+        threading.Thread(target=self._loop, name="waker", daemon=True).start()
+
+    def arm(self, world):
+        with self._cond:
+            self._world, self._woke = world, False
+            self._deadline = time.monotonic() + WAKE_SECONDS
+            self._cond.notify()
+
+    def disarm(self):
+        """Whether the world was closed under the call."""
+        with self._cond:
+            self._world = None
+            return self._woke
+
+    def _loop(self):
+        while True:
+            with self._cond:
+                while self._world is None or time.monotonic() < self._deadline:
+                    self._cond.wait(None if self._world is None
+                                    else self._deadline - time.monotonic())
+                world, self._world, self._woke = self._world, None, True
+            world.close()       # (not under the lock: a close may wait for the call)
+
+
+WAKER = []
+
+
 def _call(label, network, get_target, data):
+    if not WAKER:
+        WAKER.append(Waker())
     world = World(network)
-    timer = threading.Timer(WAKE_SECONDS, world.close)
-    timer.daemon = True
     faulthandler.dump_traceback_later(HANG_SECONDS, exit=True)
     try:
         target = get_target(world)
         args, kwargs = _draw_call(data, target)
-        timer.start()
+        WAKER[0].arm(world)
         try:
             result = target(*world.resolve(args), **{k: world.resolve(v)
                                                      for k, v in kwargs.items()})
@@ -581,7 +617,8 @@ def _call(label, network, get_target, data):
             OUTCOMES[label][type(exc).__name__] += 1
     finally:
         faulthandler.cancel_dump_traceback_later()
-        timer.cancel()
+        if WAKER[0].disarm():
+            OUTCOMES[label]["woken"] += 1
         world.close()
 
 
@@ -607,8 +644,10 @@ def run(group, max_examples):
             failures.append(f"{label}: {exc}")
         gc.collect()
     returned = sum(1 for label, _, _ in targets if OUTCOMES[label]["returned"])
+    woken = sum(OUTCOMES[label]["woken"] for label in {label for label, _, _ in targets})
     print(f"{group}: {len(targets)} targets, {max_examples} examples each; "
-          f"{returned} returned normally at least once", flush=True)
+          f"{returned} returned normally at least once; {woken} calls woken by closing",
+          flush=True)
     if os.environ.get("HOSTILE_VERBOSE"):
         for label, counts in OUTCOMES.items():
             print(f"  {label}: {dict(counts.most_common())}")
