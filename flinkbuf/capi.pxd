@@ -23,6 +23,9 @@ cdef extern from *:
 
 cdef extern from "Python.h":
     bint PyUnicode_IS_COMPACT_ASCII(object o)
+    # The garbage collector's tracking of a container (3.9+ for IsTracked).
+    bint PyObject_GC_IsTracked(object o) noexcept
+    void PyObject_GC_UnTrack(void *o) noexcept
 
 cdef extern from *:
     """
