@@ -26,7 +26,7 @@ from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
 
 from flinkbuf.buffer._buffer cimport Buffer, LocalBufferPool
-from flinkbuf.capi cimport fb_small_long, write_unraisable
+from flinkbuf.capi cimport fb_prefetch, fb_small_long, write_unraisable
 from flinkbuf.checks cimport as_int32, as_timeout
 from flinkbuf.csrc.debloat cimport *
 from flinkbuf.csrc.clock cimport FB_WAIT_FOREVER, FB_WAIT_SLICE, fb_deadline_after, fb_monotonic_ns

@@ -36,7 +36,8 @@ cdef struct _FastSelector:
     int kind
     Py_ssize_t index                    # _FAST_KEY_FIELD: the key's field
     const fb_key_assignment_t *assign   # _FAST_KEY_*: hash code -> channel
-    int32_t *next                       # _FAST_ROUND_ROBIN: the selector's _next
+    int32_t *next                       # _FAST_ROUND_ROBIN: the selector's _next ...
+    int32_t rr                          # ... as the fast path moves it on, then stored
     int32_t n                           # channels
     PyObject **current                  # the items of the writer's _current (n, for good)
 
@@ -66,6 +67,7 @@ cdef int _fast_selector(RecordWriter w, _FastSelector *fs) except -1:
     fs.index = 0
     fs.assign = NULL
     fs.next = NULL
+    fs.rr = 0
     fs.n = w._n
     fs.current = PySequence_Fast_ITEMS(w._current)
     if w._broadcast or w._flush_always or w._ser._codec != CODEC_TYPED:
@@ -97,7 +99,7 @@ cdef inline int32_t _fast_channel(const _FastSelector *fs, PyObject *record) noe
     cdef PyObject *key = record
     cdef long long x
     if fs.kind == _FAST_ROUND_ROBIN:
-        return fs.next[0]
+        return fs.rr
     if fs.kind == _FAST_KEY_FIELD:
         # by_first_field keys exact tuples and lists by field 0 too
         if t == <PyTypeObject *>tuple and fs.index < PyTuple_GET_SIZE(<object>record):
@@ -124,7 +126,7 @@ cdef inline bint _fast_ready(RecordWriter w) noexcept:
             and w._ser._writes_direct())
 
 
-cdef inline bint _write_fast(const _FastSelector *fs, PyObject *record) noexcept:
+cdef inline bint _write_fast(_FastSelector *fs, PyObject *record) noexcept:
     """Write ``record`` as _emit_entered would, when that is the common case
     (the selector picks its channel with no Python code, and write_flat
     encodes it into the channel's current buffer, leaving room): True; else
@@ -144,24 +146,52 @@ cdef inline bint _write_fast(const _FastSelector *fs, PyObject *record) noexcept
         return False
     (<Buffer>cur)._writer = at + n
     if fs.kind == _FAST_ROUND_ROBIN:
-        fs.next[0] = ch + 1 if ch + 1 < fs.n else 0
+        fs.rr = ch + 1 if ch + 1 < fs.n else 0
     return True
 
 
-cdef Py_ssize_t _fast_run(RecordWriter w, const _FastSelector *fs, object seq, bint is_list,
+cdef inline bint _write_one(_FastSelector *fs, PyObject *record) noexcept:
+    """_write_fast of one record, the round robin's position taken from the
+    selector and stored back."""
+    if fs.kind == _FAST_ROUND_ROBIN:
+        fs.rr = fs.next[0]
+    if not _write_fast(fs, record):
+        return False
+    if fs.kind == _FAST_ROUND_ROBIN:
+        fs.next[0] = fs.rr
+    return True
+
+
+cdef Py_ssize_t _fast_run(RecordWriter w, const _FastSelector *fs, object seq,
                           Py_ssize_t i, Py_ssize_t stop) noexcept:
-    """Write the records of ``seq`` from index ``i`` by _write_fast while it
-    takes them, up to ``stop`` (<= the length); the index of the first not
-    written.  No Python code runs: the writer's state and the list stay as
-    they are, other threads wait for the GIL."""
+    """Write the records of the list or tuple ``seq`` from index ``i`` by
+    _write_fast while it takes them, up to ``stop`` (<= the length); the
+    index of the first not written.  No Python code runs: the writer's
+    state and the list stay as they are, other threads wait for the GIL."""
     cdef Py_ssize_t start = i
-    if fs.kind == _FAST_NONE or not _fast_ready(w):
+    # A copy of *fs in local variables (the bytes stored into buffers could
+    # alias *fs for the compiler, which would reload it every record).
+    cdef _FastSelector f = fs[0]
+    cdef PyObject **items = PySequence_Fast_ITEMS(seq)
+    cdef PyObject *rec
+    if f.kind == _FAST_NONE or not _fast_ready(w):
         return i
+    if f.kind == _FAST_ROUND_ROBIN:
+        f.rr = f.next[0]
     while i < stop:
-        if not _write_fast(fs, PyList_GET_ITEM(seq, i) if is_list
-                           else PyTuple_GET_ITEM(seq, i)):
+        if i + 16 < stop:
+            # Records and the fields of pairs are mostly cache misses: ask
+            # for those a few records ahead.
+            fb_prefetch(items[i + 16])
+            rec = items[i + 8]
+            if Py_TYPE(<object>rec) == <PyTypeObject *>tuple and PyTuple_GET_SIZE(<object>rec) >= 2:
+                fb_prefetch(PyTuple_GET_ITEM(<object>rec, 0))
+                fb_prefetch(PyTuple_GET_ITEM(<object>rec, 1))
+        if not _write_fast(&f, items[i]):
             break
         i += 1
+    if f.kind == _FAST_ROUND_ROBIN:
+        f.next[0] = f.rr
     w._records_out += i - start
     return i
 
@@ -182,7 +212,7 @@ cdef Py_ssize_t _emit_sequence(RecordWriter w, object seq, bint is_list,
             stop = n if n < pause else pause
             if i >= stop:
                 break
-            i = _fast_run(w, fs, seq, is_list, i, stop)
+            i = _fast_run(w, fs, seq, i, stop)
             if i < stop:
                 at = _AT_RECORD
                 record = <object>(PyList_GET_ITEM(seq, i) if is_list
@@ -200,7 +230,7 @@ cdef Py_ssize_t _emit_sequence(RecordWriter w, object seq, bint is_list,
     return i
 
 
-cdef Py_ssize_t _emit_loop(RecordWriter w, object it, const _FastSelector *fs) except -1:
+cdef Py_ssize_t _emit_loop(RecordWriter w, object it, _FastSelector *fs) except -1:
     """Emit every record of the iterator ``it``, each by _write_fast or else
     by _emit_entered, as emit does; the count.  An exception gets a note
     naming the record's index."""
@@ -211,7 +241,7 @@ cdef Py_ssize_t _emit_loop(RecordWriter w, object it, const _FastSelector *fs) e
         for record in it:
             at = _AT_RECORD
             # the iterator ran Python code: the writer's state is checked again
-            if fast and _fast_ready(w) and _write_fast(fs, <PyObject *>record):
+            if fast and _fast_ready(w) and _write_one(fs, <PyObject *>record):
                 w._records_out += 1
             else:
                 w._emit_entered(record)
