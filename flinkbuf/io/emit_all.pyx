@@ -133,7 +133,11 @@ cdef inline bint _write_fast(_FastSelector *fs, PyObject *record) noexcept:
     False, and nothing changed (the buffer's bytes past its writer index
     aside).  The writer must be _fast_ready.  Borrowed references
     throughout: nothing here can drop one."""
-    cdef int32_t ch = _fast_channel(fs, record)
+    return _write_to(fs, _fast_channel(fs, record), record)
+
+
+cdef inline bint _write_to(_FastSelector *fs, int32_t ch, PyObject *record) noexcept:
+    """_write_fast with the channel _fast_channel gave (-1: not fast)."""
     if <uint32_t>ch >= <uint32_t>fs.n:
         return False
     cdef PyObject *cur = fs.current[ch]
@@ -162,6 +166,18 @@ cdef inline bint _write_one(_FastSelector *fs, PyObject *record) noexcept:
     return True
 
 
+cdef inline void _prefetch_ahead(PyObject **items, Py_ssize_t i, Py_ssize_t stop) noexcept:
+    """Ask for the record 16 ahead of ``i`` and the two fields of the pair 8
+    ahead (records are mostly cache misses), within ``stop``."""
+    cdef PyObject *rec
+    if i + 16 < stop:
+        fb_prefetch(items[i + 16])
+        rec = items[i + 8]
+        if Py_TYPE(<object>rec) == <PyTypeObject *>tuple and PyTuple_GET_SIZE(<object>rec) >= 2:
+            fb_prefetch(PyTuple_GET_ITEM(<object>rec, 0))
+            fb_prefetch(PyTuple_GET_ITEM(<object>rec, 1))
+
+
 cdef Py_ssize_t _fast_run(RecordWriter w, const _FastSelector *fs, object seq,
                           Py_ssize_t i, Py_ssize_t stop) noexcept:
     """Write the records of the list or tuple ``seq`` from index ``i`` by
@@ -173,25 +189,31 @@ cdef Py_ssize_t _fast_run(RecordWriter w, const _FastSelector *fs, object seq,
     # alias *fs for the compiler, which would reload it every record).
     cdef _FastSelector f = fs[0]
     cdef PyObject **items = PySequence_Fast_ITEMS(seq)
-    cdef PyObject *rec
+    cdef int32_t ch, ahead
     if f.kind == _FAST_NONE or not _fast_ready(w):
         return i
     if f.kind == _FAST_ROUND_ROBIN:
         f.rr = f.next[0]
-    while i < stop:
-        if i + 16 < stop:
-            # Records and the fields of pairs are mostly cache misses: ask
-            # for those a few records ahead.
-            fb_prefetch(items[i + 16])
-            rec = items[i + 8]
-            if Py_TYPE(<object>rec) == <PyTypeObject *>tuple and PyTuple_GET_SIZE(<object>rec) >= 2:
-                fb_prefetch(PyTuple_GET_ITEM(<object>rec, 0))
-                fb_prefetch(PyTuple_GET_ITEM(<object>rec, 1))
-        if not _write_fast(&f, items[i]):
-            break
-        i += 1
-    if f.kind == _FAST_ROUND_ROBIN:
+        while i < stop:
+            _prefetch_ahead(items, i, stop)
+            if not _write_fast(&f, items[i]):
+                break
+            i += 1
         f.next[0] = f.rr
+    elif i < stop:
+        # A key's channel one record ahead: where a record goes is known
+        # before the previous one is written (else the processor waits on,
+        # or guesses wrong about, which buffer the last one went to).
+        ch = _fast_channel(&f, items[i])
+        while True:
+            _prefetch_ahead(items, i, stop)
+            ahead = _fast_channel(&f, items[i + 1]) if i + 1 < stop else -1
+            if not _write_to(&f, ch, items[i]):
+                break
+            i += 1
+            if i == stop:
+                break
+            ch = ahead
     w._records_out += i - start
     return i
 
