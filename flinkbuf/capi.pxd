@@ -23,6 +23,9 @@ cdef extern from *:
 
 cdef extern from "Python.h":
     bint PyUnicode_IS_COMPACT_ASCII(object o)
+    # The garbage collector's tracking of a container (3.9+ for IsTracked).
+    bint PyObject_GC_IsTracked(object o) noexcept
+    void PyObject_GC_UnTrack(void *o) noexcept
 
 cdef extern from *:
     """
@@ -59,3 +62,10 @@ cdef extern from *:
     """
     # 1 and *out for a small int (no call, no error), 0 for other ints.
     bint fb_small_long(PyObject *v, long long *out) noexcept
+
+cdef extern from *:
+    """
+    /* A hint to load the cache line at `p` ahead of its use (no fault). */
+    static inline void fb_prefetch(const void *p) { __builtin_prefetch(p); }
+    """
+    void fb_prefetch(const void *p) noexcept nogil

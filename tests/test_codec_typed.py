@@ -1,10 +1,13 @@
 """The typed codec: exact bytes (docs/FORMAT.md), types, and every kind of
 malformed payload."""
 
+import gc
 import struct
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import flinkbuf as fb
 from flinkbuf.serialization import MAX_DEPTH, decode, encode
@@ -332,3 +335,61 @@ def test_empty_array_whose_other_dimensions_overflow():
         decode(head)
     with pytest.raises(ValueError, match="non-zero dimensions"):
         encode(np.empty((0, 2**20, 2**20)))
+
+
+# ---- the garbage collector ---------------------------------------------------------
+
+def _expect_tracked(value):
+    """Whether a decoded tuple or list is tracked by the garbage collector: a
+    list always; a tuple only if an item is a list, a dict or a tracked
+    tuple (what CPython's collector concludes of a tuple, at once)."""
+    if isinstance(value, tuple):
+        return any(isinstance(v, (list, dict)) or (isinstance(v, tuple) and _expect_tracked(v))
+                   for v in value)
+    return True
+
+
+def _containers(value):
+    yield value
+    items = value.values() if isinstance(value, dict) else \
+        value if isinstance(value, (tuple, list)) else ()
+    for v in items:
+        if isinstance(v, (tuple, list, dict)):
+            yield from _containers(v)
+
+
+scalars = st.one_of(st.integers(-2**70, 2**70), st.floats(allow_nan=False), st.text(max_size=8),
+                    st.binary(max_size=8), st.none(), st.booleans())
+nested = st.recursive(scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=4).map(tuple), st.lists(inner, max_size=4),
+    st.dictionaries(st.text(max_size=3), inner, max_size=3)), max_leaves=12)
+
+
+@given(nested.filter(lambda v: isinstance(v, (tuple, list, dict))))
+def test_decoded_tuples_of_untracked_values_are_not_tracked(value):
+    """Decoding leaves a tuple whose items the collector never tracks
+    (scalars, untracked tuples) untracked, so that thousands of decoded
+    records alive at once are not traversed by every collection; lists,
+    dicts and the tuples holding them are tracked.  Values unchanged."""
+    got = decode(encode(value))
+    assert got == value
+    for c in _containers(got):
+        if not isinstance(c, dict):         # CPython's own rule for dicts
+            assert gc.is_tracked(c) == _expect_tracked(c), c
+
+
+def test_decoded_records_read_through_a_gate_are_not_tracked():
+    k = 7
+    recs = [(k % 10, k, "v"), ((k, 1.5), None), (k, [k]), (k, {"a": k})]
+    nbp = fb.NetworkBufferPool(8, 256)
+    part = fb.create_partition(nbp, 1)
+    gate = fb.InputGate([(part, 0)])
+    with fb.RecordWriter(part, buffer_timeout=None) as w:
+        w.emit_all(recs)
+    got = gate.read_many(10)
+    gate.close()
+    part.pool.destroy()
+    nbp.destroy()
+    assert got == recs
+    assert [gc.is_tracked(r) for r in got] == [False, False, True, True]
+    assert not gc.is_tracked(got[1][0])

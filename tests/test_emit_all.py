@@ -6,6 +6,7 @@ stopped, the writer's state after it, threads, remote gates."""
 import itertools
 import threading
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -224,10 +225,11 @@ def test_fail_from_another_thread_while_emit_all_waits_for_buffers():
     assert_all_recycled(nbp, [part.pool])
 
 
-def test_fail_from_another_thread_during_a_long_list():
+@pytest.mark.parametrize("selector", ["round_robin", "hash_first_field"])
+def test_fail_from_another_thread_during_a_long_list(selector):
     """Over a list the loop runs no Python code, yet other threads get the
     GIL (a consumer, a thread calling fail()) while it runs."""
-    nbp, part, gates, readers, w = _exchange(2, "round_robin", segment_size=32768)
+    nbp, part, gates, readers, w = _exchange(2, SELECTORS[selector](), segment_size=32768)
     recs = [(1, 2)] * 2_000_000
     t, res = run_in_thread(w.emit_all, recs)
     assert wait_until(lambda: w.num_records_out > 1000)
@@ -302,6 +304,135 @@ def test_arguments_state_and_the_producer_helper():
     with pytest.raises(ValueError, match="closed"):
         w.emit_all([])
     assert _finish(nbp, part, gates, readers) == [["p", "q", "slow"]]
+
+
+# ---- the fused loop: common records straight into the buffers ---------------------
+
+# Fields the fused loop writes itself (small and large ints, floats, short
+# ASCII str, short bytes, None, bool) and ones it leaves to emit's path.
+fast_fields = st.one_of(st.integers(-2**31, 2**31 - 1), st.integers(-2**62, 2**62),
+                        st.floats(allow_nan=False), st.text("abcxyz 09", max_size=12),
+                        st.binary(max_size=30), st.none(), st.booleans())
+slow_fields = st.one_of(
+    st.integers(2**64, 2**80), st.integers(-2**80, -2**64),          # beyond int64
+    st.text("é€𝄞", min_size=1, max_size=4),                          # not ASCII
+    st.text("ab", min_size=256, max_size=300),                        # long
+    st.lists(st.integers(0, 9), max_size=3), st.tuples(st.integers(), st.none()),
+    st.dictionaries(st.text("k", max_size=2), st.integers(0, 3), max_size=2),
+    st.sampled_from([np.int64(-3), np.float64(2.5), np.int32(7)]))
+keys = st.one_of(st.integers(0, 999), st.integers(-2**62, 2**62), st.integers(2**64, 2**70),
+                 st.text("kéy", max_size=5), st.floats(allow_nan=False), st.none())
+mixed_records = st.one_of(
+    st.tuples(keys, st.lists(st.one_of(fast_fields, fast_fields, slow_fields), min_size=1,
+                             max_size=4)).map(lambda kv: (kv[0], *kv[1])),
+    st.tuples(keys, st.lists(fast_fields, min_size=1, max_size=3)).map(lambda kv: [kv[0], *kv[1]]),
+    keys, fast_fields, slow_fields)
+FUSED_SELECTORS = {
+    "round_robin": lambda: fb.RoundRobinSelector(start=1),
+    "hash_record": fb.HashSelector,
+    "hash_first_field": fb.HashSelector.by_first_field,
+    "hash_field_1": lambda: fb.HashSelector(1, max_parallelism=100),
+    "hash_callable": lambda: fb.HashSelector(lambda r: repr(r)[:3]),
+}
+
+
+def _keyable(recs, name):
+    """``recs`` as records the selector ``name`` can key: a record it cannot
+    hash (or without the keyed field) goes as ``(repr(record), 0)``."""
+    sel = FUSED_SELECTORS[name]()
+    sel.setup(3)
+    out = []
+    for r in recs:
+        try:
+            sel.select_channel(r)
+        except (TypeError, IndexError, KeyError, ValueError):
+            r = (repr(r), 0)
+        out.append(r)
+    return out
+
+
+def _raw_streams(name, recs, write, n=3, segment_size=64):
+    """What each channel's gate reads as raw payloads (codec "bytes": the
+    typed encoding of each record), and the writer's counters."""
+    nbp = fb.NetworkBufferPool(4 * n + 16, segment_size)
+    part = fb.create_partition(nbp, n, min_buffers=2 * n + 4)
+    gates = [fb.InputGate([(part, c)], codec="bytes") for c in range(n)]
+    readers = [run_in_thread(list, g) for g in gates]
+    with fb.RecordWriter(part, FUSED_SELECTORS[name](), buffer_timeout=None) as w:
+        write(w, recs)
+    counters = (w.num_records_out, w.num_bytes_out, w.num_buffers_out)
+    return _finish(nbp, part, gates, readers), counters
+
+
+@settings(max_examples=60, deadline=None)
+@given(recs=st.lists(mixed_records, max_size=80), name=st.sampled_from(sorted(FUSED_SELECTORS)),
+       shape=st.sampled_from(["list", "tuple", "gen"]), split=st.integers(0, 80))
+def test_the_fused_loop_writes_the_bytes_of_a_loop_of_emit(recs, name, shape, split):
+    """Common and uncommon records mixed, over buffers of 64 bytes (records
+    straddle them): emit_all, then emit for the rest, delivers to every
+    channel the bytes a loop of emit delivers, with the same counters (the
+    round robin's position and the buffers' boundaries carried over)."""
+    recs = _keyable(recs, name)
+    source = {"list": list, "tuple": tuple, "gen": lambda rs: (r for r in rs)}[shape]
+
+    def loop(w, items):
+        for r in items:
+            w.emit(r)
+
+    def fused(w, items):
+        assert w.emit_all(source(items[:split])) == len(items[:split])
+        loop(w, items[split:])
+
+    expected = _raw_streams(name, recs, loop)
+    assert _raw_streams(name, recs, fused) == expected
+    assert sum(map(len, expected[0])) == len(recs)
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 3000), data=st.data(), name=st.sampled_from(sorted(FUSED_SELECTORS)))
+def test_an_unencodable_record_in_a_fast_run(n, data, name):
+    """A record the codec refuses (a lone surrogate, which every selector
+    keys) at index i among common ones, past the pauses of a long list too:
+    exactly the first i are delivered, as by a loop of emit, and the note
+    names index i; the writer goes on."""
+    i = data.draw(st.integers(0, n - 1))
+    recs = [(k % 7, k) for k in range(n)]
+    recs[i] = (i % 7, i, "\ud800")
+
+    def stop_at_i(w, items):
+        with pytest.raises(UnicodeEncodeError) as info:
+            w.emit_all(items)
+        assert f"the record at index {i} of the iterable was not written; the {i} before" in \
+            _note(info.value)
+        assert w.num_records_out == i
+        w.emit_all([("after", 1)])
+
+    def loop(w, items):
+        for r in items[:i]:
+            w.emit(r)
+        with pytest.raises(UnicodeEncodeError):
+            w.emit(items[i])
+        w.emit(("after", 1))
+
+    assert _raw_streams(name, recs, stop_at_i, segment_size=256) == \
+        _raw_streams(name, recs, loop, segment_size=256)
+
+
+@pytest.mark.parametrize("timeout", [0, 0.0005])
+def test_the_output_flusher_and_a_buffer_timeout_of_zero(timeout):
+    """With a buffer timeout (the output flusher hands buffers over, or a
+    flush after every record) every record arrives, in order."""
+    nbp = fb.NetworkBufferPool(40, 4096)
+    part = fb.create_partition(nbp, 2, min_buffers=12)
+    gates = [fb.InputGate([(part, c)]) for c in range(2)]
+    readers = [run_in_thread(list, g) for g in gates]
+    recs = [(k % 10, k) for k in range(20_000)]
+    with fb.RecordWriter(part, fb.HashSelector.by_first_field(), buffer_timeout=timeout) as w:
+        assert w.emit_all(recs) == len(recs)
+    got = _finish(nbp, part, gates, readers)
+    sel = fb.HashSelector.by_first_field()
+    sel.setup(2)
+    assert got == [[r for r in recs if sel.select_channel(r) == c] for c in range(2)]
 
 
 # ---- read_many ------------------------------------------------------------------

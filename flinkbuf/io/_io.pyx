@@ -17,6 +17,7 @@ from cpython.number cimport PyIndex_Check
 from cpython.object cimport PyObject, PyTypeObject, Py_TYPE
 from cpython.pyport cimport PY_SSIZE_T_MAX
 from cpython.pythread cimport PyThread_get_thread_ident
+from cpython.sequence cimport PySequence_Fast_ITEMS
 from cpython.ref cimport Py_DECREF, Py_INCREF
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from cpython.unicode cimport PyUnicode_DATA, PyUnicode_GET_LENGTH, PyUnicode_KIND
@@ -25,7 +26,7 @@ from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memset
 
 from flinkbuf.buffer._buffer cimport Buffer, LocalBufferPool
-from flinkbuf.capi cimport fb_small_long, write_unraisable
+from flinkbuf.capi cimport fb_prefetch, fb_small_long, write_unraisable
 from flinkbuf.checks cimport as_int32, as_timeout
 from flinkbuf.csrc.debloat cimport *
 from flinkbuf.csrc.clock cimport FB_WAIT_FOREVER, FB_WAIT_SLICE, fb_deadline_after, fb_monotonic_ns
@@ -34,8 +35,10 @@ from flinkbuf.csrc.keygroup cimport *
 from flinkbuf.csrc.channel_order cimport fb_column, fb_gather_by_channel, fb_order_by_channel
 from flinkbuf.csrc.status cimport *
 from flinkbuf.csrc.pool cimport FB_UNBOUNDED
-from flinkbuf.serialization._serialization cimport (FULL_BUFFER, FULL_RECORD, RecordDeserializer,
-                                                  RecordSerializer, is_no_record)
+from flinkbuf.serialization._serialization cimport (CODEC_TYPED, FULL_BUFFER, FULL_RECORD,
+                                                  RecordDeserializer, RecordSerializer,
+                                                  is_no_record)
+from flinkbuf.serialization.typed_flat cimport write_flat
 
 import numbers
 import operator

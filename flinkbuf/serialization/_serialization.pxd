@@ -7,6 +7,9 @@
 #                                   straight into buf (nothing staged, no Python
 #                                   code run): the flags of _copy_to_buffer, or 0
 #                                   when it takes the staged path
+#   ser._writes_direct()            records may be written straight into buffers
+#                                   now (by _write_record, or typed_flat.pxd's
+#                                   write_flat for the typed codec)
 #   ser._copy_to_buffer(buf)        copy at buf's writer index; returns the bit
 #                                   flags FULL_RECORD | FULL_BUFFER
 #   ser._has_serialized_data()      part of the staged record is not copied yet
@@ -107,6 +110,7 @@ cdef class RecordSerializer:
 
     cdef int _serialize_record(self, object record) except -1
     cdef int _write_record(self, Buffer buf, object record) noexcept
+    cdef bint _writes_direct(self) noexcept
     cdef int _serialize_general(self, object record) except -1
     cdef int _copy_to_buffer(self, Buffer buf) except -1
     cdef bint _has_serialized_data(self) noexcept

@@ -21,7 +21,8 @@ from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, u
 from libc.string cimport memcpy, memset
 
 from flinkbuf.buffer._buffer cimport Buffer
-from flinkbuf.capi cimport PyUnicode_IS_COMPACT_ASCII, fb_small_long, write_unraisable
+from flinkbuf.capi cimport (PyObject_GC_IsTracked, PyObject_GC_UnTrack,
+                           PyUnicode_IS_COMPACT_ASCII, fb_small_long, write_unraisable)
 from flinkbuf.csrc.byteorder cimport *
 
 import pickle

@@ -69,7 +69,7 @@ cdef class RecordSerializer:
         # shapes encoded straight into the staging area.
         cdef char *p = self._stage + 4
         if self._codec == CODEC_TYPED:
-            n = _enc_flat(p, self._stage + self._stage_cap, record)
+            n = enc_flat(p, self._stage + self._stage_cap, record)
             if n >= 0:
                 return _stage_inline_record(self, 4 + n)
             if type(record) is bytes:
@@ -96,16 +96,14 @@ cdef class RecordSerializer:
         writer index when it is of a shape the fast paths encode and fits
         the room left, nothing staged and no Python code run: FULL_RECORD,
         with FULL_BUFFER if it filled the buffer; 0 when it did not (stage
-        it with _serialize_record).  Declines while an earlier record holds
-        values staged by reference, which only staging lets go."""
+        it with _serialize_record)."""
         cdef char *p = buf._data
         cdef Py_ssize_t n, space = buf._capacity - buf._writer
-        if (p == NULL or space < 5 or self._busy or self._owner is not None
-                or self._nviews or self._stage_cap > STAGE_KEEP_MAX):
+        if p == NULL or space < 5 or not self._writes_direct():
             return 0
         p += buf._writer
         if self._codec == CODEC_TYPED:
-            n = _enc_flat(p + 4, p + space, record)
+            n = write_flat(p, space, record)
             if n < 0:
                 return 0
         elif self._codec == CODEC_BYTES and type(record) is bytes:
@@ -113,11 +111,20 @@ cdef class RecordSerializer:
             if n > space - 4:
                 return 0
             memcpy(p + 4, PyBytes_AS_STRING(record), <size_t>n)
+            fb_store_u32(p, <uint32_t>n, 1)
+            n += 4
         else:
             return 0
-        fb_store_u32(p, <uint32_t>n, 1)
-        buf._writer += 4 + n
+        buf._writer += n
         return FULL_RECORD | FULL_BUFFER if buf._writer == buf._capacity else FULL_RECORD
+
+    cdef bint _writes_direct(self) noexcept:
+        """Records may be written straight into buffers (_write_record, or
+        write_flat for the typed codec) now: not encoding, and no earlier
+        record holds values staged by reference, which only staging lets
+        go."""
+        return not (self._busy or self._owner is not None or self._nviews
+                    or self._stage_cap > STAGE_KEEP_MAX)
 
     cdef int _serialize_general(self, object record) except -1:
         if self._stage_cap < STAGE_INITIAL:

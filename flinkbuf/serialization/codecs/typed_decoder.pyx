@@ -79,6 +79,19 @@ cdef object _dec_bytes(_Dec *d, int tag):
     return v
 
 
+cdef inline bint _never_tracked(PyObject *o) noexcept:
+    """``o`` is not tracked by the garbage collector and never will be: a
+    decoded scalar (int, float, str, bytes, None, bool) or an untracked
+    tuple (CPython's test for untracking a tuple, on the types decoding
+    makes: a list or a dict, and anything else, counts as tracked)."""
+    cdef PyTypeObject *t = Py_TYPE(<object>o)
+    if (t == <PyTypeObject *>int or t == <PyTypeObject *>str or t == <PyTypeObject *>float
+            or t == <PyTypeObject *>bytes or o == <PyObject *>None
+            or t == <PyTypeObject *>bool):
+        return True
+    return t == <PyTypeObject *>tuple and not PyObject_GC_IsTracked(<object>o)
+
+
 cdef object _dec_sequence(_Dec *d, int tag, int tag8, int depth):
     """A tuple (tag8 T_TUPLE8) or list (T_LIST8) of values."""
     cdef const char *at = d.p - 1
@@ -92,6 +105,7 @@ cdef object _dec_sequence(_Dec *d, int tag, int tag8, int depth):
     cdef tuple t
     cdef list l
     cdef object item
+    cdef bint untrack = True
     # Two loops, each with its own container type: this runs per record.
     if is_tuple:
         t = PyTuple_New(n)
@@ -99,6 +113,13 @@ cdef object _dec_sequence(_Dec *d, int tag, int tag8, int depth):
             item = _dec(d, depth + 1)
             Py_INCREF(item)
             PyTuple_SET_ITEM(t, i, item)
+            if untrack and not _never_tracked(<PyObject *>item):
+                untrack = False
+        if untrack:
+            # What CPython's collector does to such a tuple at its first
+            # collection, at once: thousands of decoded records alive at a
+            # time (read_many) would else be traversed by every collection.
+            PyObject_GC_UnTrack(<PyObject *>t)
         return t
     l = PyList_New(n)
     for i in range(n):

@@ -17,29 +17,6 @@ cdef inline int _enc_len_header(RecordSerializer s, int tag8, Py_ssize_t n) exce
     return 0
 
 
-cdef inline Py_ssize_t _store_int64(char *p, long long x) noexcept:
-    """Tag and bytes of a 64-bit int at ``p`` (the smallest form, at most
-    9 bytes); returns how many were written."""
-    if 0 <= x <= 127:
-        p[0] = <char>(T_FIXINT | <int>x)
-        return 1
-    if -128 <= x <= 127:
-        p[0] = <char>T_INT8
-        p[1] = <char><int8_t>x
-        return 2
-    if -32768 <= x <= 32767:
-        p[0] = <char>T_INT16
-        fb_store_u16(p + 1, <uint16_t><int16_t>x, 0)
-        return 3
-    if -2147483648 <= x <= 2147483647:
-        p[0] = <char>T_INT32
-        fb_store_u32(p + 1, <uint32_t><int32_t>x, 0)
-        return 5
-    p[0] = <char>T_INT64
-    fb_store_u64(p + 1, <uint64_t>x, 0)
-    return 9
-
-
 cdef int _enc_int(RecordSerializer s, object v) except -1:
     cdef int overflow = 0
     cdef long long x = PyLong_AsLongLongAndOverflow(v, &overflow)
@@ -258,87 +235,6 @@ cdef int _enc_other(RecordSerializer s, object v, int depth) except -1:
         f"with the typed codec (it supports None, bool, int, float, str, bytes, "
         f"bytearray, memoryview, tuple, list, dict and numpy arrays); "
         f"use RecordSerializer(codec='pickle') for arbitrary objects")
-
-
-# -- the flat fast path -----------------------------------------------------
-#
-# Scalars, and tuples or lists of scalars, that encode inline without
-# running Python code, raising or growing the staging area: the common
-# record shapes, written straight into the staging area.  Produces exactly
-# the bytes the general encoder (_enc) would; anything else returns -1 and
-# takes the general path.
-
-
-cdef inline Py_ssize_t _enc_scalar_fast(char *p, const char *end, PyObject *o) noexcept:
-    # ``o`` borrowed, its type a pointer: no reference counts on this path
-    cdef PyTypeObject *t = Py_TYPE(<object>o)
-    cdef int overflow = 0
-    cdef long long x
-    cdef Py_ssize_t n
-    if t == <PyTypeObject *>int:
-        if end - p < 9:
-            return -1
-        if not fb_small_long(o, &x):
-            x = PyLong_AsLongLongAndOverflow(<object>o, &overflow)   # cannot fail for an exact int
-            if overflow:
-                return -1
-        return _store_int64(p, x)
-    if t == <PyTypeObject *>float:
-        if end - p < 9:
-            return -1
-        p[0] = <char>T_FLOAT64
-        fb_store_f64(p + 1, PyFloat_AS_DOUBLE(<object>o), 0)
-        return 9
-    if t == <PyTypeObject *>str:
-        if not PyUnicode_IS_COMPACT_ASCII(<object>o):     # ASCII: the UTF-8 bytes are the data
-            return -1
-        n = PyUnicode_GET_LENGTH(<object>o)
-        if n >= 256 or end - p < n + 2:
-            return -1
-        p[0] = <char>T_STR8
-        p[1] = <char><uint8_t>n
-        memcpy(p + 2, PyUnicode_DATA(<object>o), <size_t>n)
-        return n + 2
-    if t == <PyTypeObject *>bytes:
-        n = PyBytes_GET_SIZE(<object>o)
-        if n >= 256 or end - p < n + 2:           # below EXTERNAL_MIN: inline
-            return -1
-        p[0] = <char>T_BYTES8
-        p[1] = <char><uint8_t>n
-        memcpy(p + 2, PyBytes_AS_STRING(<object>o), <size_t>n)
-        return n + 2
-    if end - p < 1:
-        return -1
-    if <object>o is None:
-        p[0] = <char>T_NONE
-        return 1
-    if t == <PyTypeObject *>bool:
-        p[0] = <char>(T_TRUE if <object>o is True else T_FALSE)
-        return 1
-    return -1
-
-
-cdef Py_ssize_t _enc_flat(char *p, const char *end, object v) noexcept:
-    """Encode ``v`` into ``[p, end)`` if it is a fast-path value; returns the
-    bytes written, or -1 (nothing is committed: use the general path)."""
-    cdef type t = type(v)
-    cdef Py_ssize_t i, k, n
-    cdef char *q
-    if t is tuple or t is list:
-        n = PyTuple_GET_SIZE(v) if t is tuple else PyList_GET_SIZE(v)
-        if n >= 256 or end - p < 2:
-            return -1
-        p[0] = <char>(T_TUPLE8 if t is tuple else T_LIST8)
-        p[1] = <char><uint8_t>n
-        q = p + 2
-        for i in range(n):
-            k = _enc_scalar_fast(q, end, PyTuple_GET_ITEM(v, i) if t is tuple
-                                 else PyList_GET_ITEM(v, i))
-            if k < 0:
-                return -1
-            q += k
-        return q - p
-    return _enc_scalar_fast(p, end, <PyObject *>v)
 
 
 cdef int _enc(RecordSerializer s, object v, int depth) except -1:
