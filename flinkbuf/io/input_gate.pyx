@@ -422,7 +422,10 @@ items before it are returned first, as iteration yields them first."""
         """The next record of the current channel's buffers (counted), or
         NO_RECORD when they hold no more (the channel is current no longer)."""
         cdef int32_t ch = self._current
-        cdef object rec = self._cur_des._next_record()
+        # A reference of its own: decoding may run the garbage collector,
+        # and so any code, close() included, which drops the gate's.
+        cdef RecordDeserializer des = self._cur_des
+        cdef object rec = des._next_record()
         if not is_no_record(rec):
             self._records_in += 1
             self._countdown -= 1
