@@ -3,7 +3,8 @@ cdef class RecordWriter:
     cdef LocalBufferPool _pool
     cdef ChannelSelector _selector
     cdef RecordSerializer _ser
-    cdef list _current          # per channel: the Buffer being filled, or None
+    cdef list _current          # per channel: the Buffer being filled, or None; made once
+                                # by __init__, never resized (emit_all keeps its items pointer)
     cdef list _subparts         # the partition's ResultSubpartitions
     cdef int32_t _n
     cdef bint _broadcast
