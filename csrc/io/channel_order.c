@@ -106,6 +106,27 @@ static void scatter_columns(const fb_column *columns, size_t num_columns,
                             const void *channels, int width, size_t n, int32_t num_channels,
                             const int64_t *counts, const size_t *lane, size_t *pos);
 
+/* The arguments both entry points share, checked (`order` NULL: none). */
+static int check_args(int width, size_t n, int32_t num_channels, const void *order,
+                      int order_width, size_t *bad)
+{
+    if (num_channels < 1 || (width != 1 && width != 2 && width != 4 && width != 8)
+            || (order != NULL && order_width != 4 && order_width != 8))
+        return FB_EINVAL;
+    if (order != NULL && order_width == 4 && n > (size_t)INT32_MAX) {
+        if (bad != NULL)
+            *bad = n;
+        return FB_EINVAL;
+    }
+    return FB_OK;
+}
+
+/* Whether the four lanes serve: rows enough, and enough of them a channel. */
+static int in_lanes(size_t n, int32_t num_channels)
+{
+    return n >= LANES_MIN_ROWS && n / LANES >= (size_t)num_channels;
+}
+
 /* With `columns` (num_columns of them), each column is scattered by the
  * lanes' slots as they are counted, and `order` (NULL: not wanted) is
  * placed only when asked for. */
@@ -117,7 +138,8 @@ static int order_in_lanes(const void *channels, int width, size_t n, int32_t num
     size_t i, m = n / LANES, start = 0, k, *lane, *pos;
     int64_t value = 0;
     int32_t ch;
-    lane = calloc((size_t)2 * LANES * (size_t)num_channels, sizeof *lane);
+    /* the lanes' first slots, and (with columns) a copy a scatter moves on */
+    lane = calloc((size_t)(num_columns ? 2 : 1) * LANES * (size_t)num_channels, sizeof *lane);
     if (lane == NULL)
         return FB_ENOMEM;
     pos = lane + (size_t)LANES * (size_t)num_channels;
@@ -174,15 +196,11 @@ int fb_order_by_channel(const void *channels, int width, size_t n, int32_t num_c
     size_t start = 0, count;
     int64_t value = 0;
     int32_t ch;
-    if (num_channels < 1 || (width != 1 && width != 2 && width != 4 && width != 8)
-            || (order_width != 4 && order_width != 8))
+    if (order == NULL)
         return FB_EINVAL;
-    if (order_width == 4 && n > (size_t)INT32_MAX) {
-        if (bad != NULL)
-            *bad = n;
+    if (check_args(width, n, num_channels, order, order_width, bad) != FB_OK)
         return FB_EINVAL;
-    }
-    if (n >= LANES_MIN_ROWS && n / LANES >= (size_t)num_channels)
+    if (in_lanes(n, num_channels))
         return order_in_lanes(channels, width, n, num_channels, order, order_width, counts,
                               NULL, 0, bad, bad_channel);
     next = calloc((size_t)num_channels, sizeof *next);
@@ -333,8 +351,9 @@ static void scatter_column(const fb_column *column, const void *channels, int wi
         }                                                                          \
     } while (0)
 
-static void compress_column(const fb_column *column, const void *channels, int width,
-                            size_t n, int32_t num_channels, const int64_t *counts)
+/* Returns 0, writing nothing, for an item size it does not take. */
+static int compress_column(const fb_column *column, const void *channels, int width,
+                           size_t n, int32_t num_channels, const int64_t *counts)
 {
     const char *src = (const char *)column->values;
     char *dst = (char *)column->out;
@@ -343,9 +362,10 @@ static void compress_column(const fb_column *column, const void *channels, int w
     size_t i, start = 0;
     int32_t ch;
     switch (column->itemsize) {
-    case 4: COMPRESS(4); break;
-    case 8: COMPRESS(8); break;
-    case 16: COMPRESS(16); break;
+    case 4: COMPRESS(4); return 1;
+    case 8: COMPRESS(8); return 1;
+    case 16: COMPRESS(16); return 1;
+    default: return 0;
     }
 }
 
@@ -353,14 +373,11 @@ static void scatter_columns(const fb_column *columns, size_t num_columns,
                             const void *channels, int width, size_t n, int32_t num_channels,
                             const int64_t *counts, const size_t *lane, size_t *pos)
 {
-    size_t k, size;
-    for (k = 0; k < num_columns; k++) {
-        size = columns[k].itemsize;
-        if (num_channels <= COMPRESS_MAX && (size == 4 || size == 8 || size == 16))
-            compress_column(&columns[k], channels, width, n, num_channels, counts);
-        else
+    size_t k;
+    for (k = 0; k < num_columns; k++)
+        if (num_channels > COMPRESS_MAX
+                || !compress_column(&columns[k], channels, width, n, num_channels, counts))
             scatter_column(&columns[k], channels, width, n, num_channels, lane, pos);
-    }
 }
 
 int fb_gather_by_channel(const void *channels, int width, size_t n, int32_t num_channels,
@@ -374,10 +391,9 @@ int fb_gather_by_channel(const void *channels, int width, size_t n, int32_t num_
     for (k = 0; k < num_columns; k++)
         if (columns[k].itemsize == 0)
             return FB_EINVAL;
-    if (num_channels >= 1 && (width == 1 || width == 2 || width == 4 || width == 8)
-            && (order == NULL || order_width == 4 || order_width == 8)
-            && n >= LANES_MIN_ROWS && n / LANES >= (size_t)num_channels
-            && (order == NULL || order_width == 8 || n <= (size_t)INT32_MAX))
+    if (check_args(width, n, num_channels, order, order_width, bad) != FB_OK)
+        return FB_EINVAL;
+    if (in_lanes(n, num_channels))
         return order_in_lanes(channels, width, n, num_channels, order, order_width, counts,
                               columns, num_columns, bad, bad_channel);
     if (order == NULL) {        /* few rows or many channels: order, then gather */

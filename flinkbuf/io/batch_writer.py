@@ -69,13 +69,17 @@ class _Cut:
         self._out = []           # each column's values grouped by channel
         self._raw = []           # ... the same memory, as _raw() gives it
 
-    def _scratch(self, rows, n):
-        """The order and counts arrays for a batch of ``rows`` rows."""
-        if len(self._order) < rows:
-            self._order = np.empty(rows, dtype=np.int32 if rows < 1 << 31 else np.int64)
+    def _counts_of(self, n):
+        """The counts array of ``n`` consumers."""
         if len(self._counts) != n:
             self._counts = np.empty(n, dtype=np.int64)
-        return self._order[:rows], self._counts
+        return self._counts
+
+    def _order_of(self, rows):
+        """The order array of a batch of ``rows`` rows."""
+        if len(self._order) < rows:
+            self._order = np.empty(rows, dtype=np.int32 if rows < 1 << 31 else np.int64)
+        return self._order[:rows]
 
     def split(self, dest, n):
         """``(consumer, rows)`` for each consumer with rows, in consumer
@@ -85,7 +89,7 @@ class _Cut:
             yield 0, None
             return
         rows = len(dest)
-        order, counts = self._scratch(rows, n)
+        order, counts = self._order_of(rows), self._counts_of(n)
         order_by_channel(dest, order, counts)
         if counts.max() == rows:
             yield int(dest[0]), None
@@ -112,7 +116,7 @@ class _Cut:
             yield from self._take(arrays, dest, n)
             return
         rows = len(dest)
-        _, counts = self._scratch(0, n)
+        counts = self._counts_of(n)
         out, raw = self._arrays(arrays, rows)
         _gather_by_channel(dest, [_raw(v) for v in arrays], [r[:rows] for r in raw],
                            None, counts)
