@@ -213,8 +213,7 @@ cdef class HashSelector(ChannelSelector):
 
     cdef int32_t _select(self, object record) except -1:
         cdef object key
-        cdef int32_t h
-        cdef long long x
+        cdef int32_t h, ch
         cdef PyObject *field
         cdef Py_ssize_t index = self._key_index
         cdef PyTypeObject *t = Py_TYPE(record)
@@ -229,9 +228,9 @@ cdef class HashSelector(ChannelSelector):
             # every error, in _field.
             if t == <PyTypeObject *>tuple and index < PyTuple_GET_SIZE(record):
                 field = PyTuple_GET_ITEM(record, index)
-                if (Py_TYPE(<object>field) == <PyTypeObject *>int and fb_small_long(field, &x)
-                        and -2147483648 <= x <= 2147483647):
-                    return fb_key_assignment_channel(&self._assign, <int32_t>x)
+                ch = _small_int_channel(&self._assign, field)
+                if ch >= 0:
+                    return ch
                 key = <object>field
             elif t == <PyTypeObject *>list and index < PyList_GET_SIZE(record):
                 key = <object>PyList_GET_ITEM(record, index)

@@ -97,7 +97,6 @@ cdef inline int32_t _fast_channel(const _FastSelector *fs, PyObject *record) noe
     else -1."""
     cdef PyTypeObject *t = Py_TYPE(<object>record)
     cdef PyObject *key = record
-    cdef long long x
     if fs.kind == _FAST_ROUND_ROBIN:
         return fs.rr
     if fs.kind == _FAST_KEY_FIELD:
@@ -110,11 +109,7 @@ cdef inline int32_t _fast_channel(const _FastSelector *fs, PyObject *record) noe
             return -1
     elif fs.kind != _FAST_KEY_RECORD:
         return -1
-    if Py_TYPE(<object>key) != <PyTypeObject *>int or not fb_small_long(key, &x):
-        return -1
-    if -2147483648 <= x <= 2147483647:      # _java_int: Integer, else Long
-        return fb_key_assignment_channel(fs.assign, <int32_t>x)
-    return fb_key_assignment_channel(fs.assign, fb_java_long_hash(<int64_t>x))
+    return _small_int_channel(fs.assign, key)
 
 
 cdef inline bint _fast_ready(RecordWriter w) noexcept:

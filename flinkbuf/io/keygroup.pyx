@@ -26,6 +26,19 @@ cdef int32_t _java_int(object v) except? -1:
     return <int32_t>h
 
 
+cdef inline int32_t _small_int_channel(const fb_key_assignment_t *assign,
+                                       PyObject *key) noexcept:
+    """The channel of ``key`` when it is an exact int that fits a long long,
+    hashed as _java_int hashes it (Integer, else Long), with no call or
+    reference count (the hot path of the hash selectors); else -1."""
+    cdef long long x
+    if Py_TYPE(<object>key) != <PyTypeObject *>int or not fb_small_long(key, &x):
+        return -1
+    if -2147483648 <= x <= 2147483647:
+        return fb_key_assignment_channel(assign, <int32_t>x)
+    return fb_key_assignment_channel(assign, fb_java_long_hash(<int64_t>x))
+
+
 cdef int _KEY_MAX_DEPTH = 100     # containers in a key, as the typed codec allows
 
 
